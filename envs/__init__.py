@@ -1,0 +1,27 @@
+"""Text environments for LLM agents: GSM8K and tau2-bench domains.
+
+Importing this package registers the Gymnasium ids::
+
+    import gymnasium as gym, envs
+    gym.register_envs(envs)
+    env = gym.make("GSM8K-v0", split="test")
+    env = gym.make("tau2/telecom-v0")
+
+Registration is lazy (entry-point strings): importing ``envs`` loads neither tau2 nor any data.
+This package never imports ``torchrl_grpo``.
+"""
+from gymnasium.envs.registration import register, registry
+
+__all__ = ["TAU2_DOMAINS", "ENV_IDS"]
+
+TAU2_DOMAINS = ("airline", "retail", "telecom", "mock")
+
+ENV_IDS = ["GSM8K-v0"] + [f"tau2/{d}-v0" for d in TAU2_DOMAINS]
+
+if "GSM8K-v0" not in registry:
+    register(id="GSM8K-v0", entry_point="envs.gsm8k.env:GSM8KEnv")
+
+for _domain in TAU2_DOMAINS:
+    _id = f"tau2/{_domain}-v0"
+    if _id not in registry:
+        register(id=_id, entry_point="envs.tau2.env:Tau2Env", kwargs={"domain": _domain})

@@ -1,0 +1,97 @@
+"""The rollout-backend interface: what the collector needs from an inference engine.
+
+A backend turns token-id prompts into sampled continuations with the behaviour log-probs of every
+sampled token, and accepts new weights from the trainer after each optimizer step.
+Implementations: :mod:`torchrl_grpo.backends.transformers_backend` (embedded default) and
+:mod:`torchrl_grpo.backends.vllm_backend` (optional extra ``[vllm]``).
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import torch
+
+__all__ = ["SamplingConfig", "Generation", "RolloutBackend"]
+
+
+@dataclass
+class SamplingConfig:
+    """Sampling settings for one ``generate`` call.
+
+    Attributes:
+        max_new_tokens: upper bound on generated tokens per prompt (tokens).
+        temperature: softmax temperature; ``0`` means greedy decoding.
+        top_p: nucleus sampling mass in (0, 1].
+        stop_token_ids: generation ends after any of these tokens (it is included in the output).
+        seed: optional seed for reproducible sampling.
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass
+class Generation:
+    """One sampled continuation.
+
+    Attributes:
+        token_ids: sampled token ids, length L (L <= max_new_tokens), including a final stop token if hit.
+        logprobs: behaviour log-probs (nats) of each sampled token under the sampling policy, length L.
+            With temperature T != 1 these are log-softmax(logits / T) — the distribution actually sampled.
+        finish_reason: ``"stop"`` (a stop token was produced) or ``"length"`` (hit max_new_tokens).
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+class RolloutBackend(abc.ABC):
+    """Abstract rollout engine.
+
+    ``policy_version`` counts weight syncs: 0 for the initial weights, +1 per :meth:`load_weights`.
+    """
+
+    policy_version: int = 0
+
+    @abc.abstractmethod
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
+        """Sample one continuation per prompt.
+
+        Args:
+            prompts: B token-id lists (unpadded, may differ in length). Repeat a prompt n times for a group.
+            sampling: sampling settings.
+
+        Returns:
+            B :class:`Generation` objects, in prompt order.
+
+        Raises:
+            ValueError: an empty prompt list or an empty prompt.
+        """
+
+    @abc.abstractmethod
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | dict[str, torch.Tensor]) -> None:
+        """Receive new policy weights (HF parameter names, full merged weights) and bump ``policy_version``."""
+
+    def close(self) -> None:  # pragma: no cover - optional
+        """Release engine resources."""
+
+
+def iter_named_weights(weights: Iterable[tuple[str, torch.Tensor]] | dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Normalise a state dict or an iterator of (name, tensor) pairs into an iterator of pairs."""
+    if isinstance(weights, dict):
+        return iter(weights.items())
+    return iter(weights)
