@@ -1,0 +1,183 @@
+"""Embedded rollout backend on a transformers causal LM (the default; no extra dependency).
+
+It runs its own batched decode loop over a KV cache instead of ``model.generate`` so that it can
+
+* prefill every *distinct* prompt once and fan its KV cache out to the ``n`` samples of its group
+  (GRPO groups share a prompt; tau2 system prompts are thousands of tokens),
+* drop finished sequences from the batch as they stop (short answers free compute for long ones),
+* return the behaviour log-prob of each sampled token under the distribution actually sampled from
+  (``log_softmax(top_p(logits / T))``), with no second forward pass.
+
+When colocated with the trainer (``share_module=True``) it samples from the very module being trained, so
+:meth:`load_weights` only bumps ``policy_version``; otherwise it copies the weights in.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from .base import Generation, RolloutBackend, SamplingConfig, iter_named_weights
+
+__all__ = ["TransformersBackend", "sample_next_token"]
+
+
+def sample_next_token(
+    logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row.
+
+    Args:
+        logits: float [N, V] next-token logits.
+        sampling: temperature (0 = greedy) and top_p.
+        generator: RNG for reproducible sampling.
+
+    Returns:
+        ``(token_ids [N] long, log_probs [N] float32)`` — log-prob of each chosen token under the sampled
+        distribution (temperature-scaled, nucleus-truncated and renormalised; raw softmax when greedy).
+    """
+    logits = logits.float()
+    if sampling.temperature == 0:
+        logp = F.log_softmax(logits, dim=-1)
+        tok = logp.argmax(-1)
+        return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+    scaled = logits / sampling.temperature
+    if sampling.top_p < 1.0:
+        sorted_logits, sorted_idx = scaled.sort(dim=-1, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        # drop tokens once the mass *before* them already reaches top_p (always keep the first)
+        drop_sorted = (cum - sorted_logits.softmax(-1)) >= sampling.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, sorted_idx, drop_sorted)
+        scaled = scaled.masked_fill(drop, float("-inf"))
+    logp = F.log_softmax(scaled, dim=-1)
+    tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+class TransformersBackend(RolloutBackend):
+    """Rollout backend over an in-process HF causal LM.
+
+    Args:
+        model: HF causal LM (may be a peft model); used in eval mode under ``torch.no_grad``.
+        pad_token_id: id used for left padding.
+        share_module: True if ``model`` is the trainer's own module (colocated); then no copy is made on sync.
+        max_batch_size: most sequences decoded at once (longer request lists are processed in chunks,
+            keeping each group's samples together).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        pad_token_id: int,
+        share_module: bool = True,
+        max_batch_size: int = 64,
+    ) -> None:
+        self.model = model
+        self.pad_token_id = int(pad_token_id)
+        self.share_module = share_module
+        self.max_batch_size = int(max_batch_size)
+        self.policy_version = 0
+        self._generator: torch.Generator | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | dict[str, torch.Tensor] | None = None) -> None:
+        """Sync new weights. Colocated (shared module): nothing to copy. Otherwise copy by parameter name.
+
+        Raises:
+            KeyError: a weight name the backend's model does not have.
+        """
+        if not self.share_module and weights is not None:
+            params = dict(self.model.named_parameters())
+            params.update(dict(self.model.named_buffers()))
+            with torch.no_grad():
+                for name, tensor in iter_named_weights(weights):
+                    if name not in params:
+                        raise KeyError(f"backend model has no parameter {name!r}")
+                    params[name].copy_(tensor.to(params[name].dtype))
+        self.policy_version += 1
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
+        if not prompts:
+            raise ValueError("generate() needs at least one prompt")
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"prompt {i} is empty")
+        if sampling.seed is not None:
+            self._generator = torch.Generator(device="cpu").manual_seed(int(sampling.seed))
+        elif self._generator is None:
+            self._generator = torch.Generator(device="cpu").manual_seed(torch.initial_seed() % (2**63))
+        # chunk by max_batch_size, keeping identical prompts in the same chunk when possible
+        order = sorted(range(len(prompts)), key=lambda i: (tuple(prompts[i]), i))
+        out: list[Generation | None] = [None] * len(prompts)
+        for s in range(0, len(order), self.max_batch_size):
+            idx = order[s : s + self.max_batch_size]
+            for i, g in zip(idx, self._generate_chunk([prompts[i] for i in idx], sampling)):
+                out[i] = g
+        return out  # type: ignore[return-value]
+
+    @torch.no_grad()
+    def _generate_chunk(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
+        model, dev = self.model, self.device
+        was_training = model.training
+        model.eval()
+        try:
+            # 1. prefill each distinct prompt once
+            uniq: dict[tuple[int, ...], int] = {}
+            row_to_uniq = [uniq.setdefault(tuple(p), len(uniq)) for p in prompts]
+            uprompts = list(uniq.keys())
+            P = max(len(p) for p in uprompts)
+            ids = torch.full((len(uprompts), P), self.pad_token_id, dtype=torch.long)
+            am = torch.zeros((len(uprompts), P), dtype=torch.long)
+            for u, p in enumerate(uprompts):
+                ids[u, P - len(p) :] = torch.tensor(p, dtype=torch.long)
+                am[u, P - len(p) :] = 1
+            ids, am = ids.to(dev), am.to(dev)
+            pos = (am.cumsum(-1) - 1).clamp_min(0)
+            cache = DynamicCache()
+            logits = model(input_ids=ids, attention_mask=am, position_ids=pos, past_key_values=cache, use_cache=True).logits[:, -1]
+            # 2. fan out to rows
+            fan = torch.tensor(row_to_uniq, dtype=torch.long, device=dev)
+            cache.reorder_cache(fan)
+            logits = logits.index_select(0, fan)
+            am = am.index_select(0, fan)
+            next_pos = pos[:, -1].index_select(0, fan) + 1
+            B = len(prompts)
+            stop = set(sampling.stop_token_ids)
+            stop_t = torch.tensor(sorted(stop), dtype=torch.long, device=dev) if stop else None
+            toks: list[list[int]] = [[] for _ in range(B)]
+            lps: list[list[float]] = [[] for _ in range(B)]
+            finish = ["length"] * B
+            active = torch.arange(B, device=dev)  # row ids still generating, aligned with cache rows
+            for step in range(sampling.max_new_tokens):
+                tok, lp = sample_next_token(logits, sampling, self._generator if dev.type == "cpu" else None)
+                tok_l, lp_l, act_l = tok.tolist(), lp.tolist(), active.tolist()
+                for r, t, l in zip(act_l, tok_l, lp_l):
+                    toks[r].append(t)
+                    lps[r].append(l)
+                done = torch.isin(tok, stop_t) if stop_t is not None else torch.zeros_like(tok, dtype=torch.bool)
+                for j in done.nonzero().flatten().tolist():
+                    finish[act_l[j]] = "stop"
+                if step == sampling.max_new_tokens - 1:
+                    break
+                keep = (~done).nonzero().flatten()
+                if keep.numel() == 0:
+                    break
+                if keep.numel() < active.numel():
+                    cache.reorder_cache(keep)
+                    active, tok, am, next_pos = active[keep], tok[keep], am[keep], next_pos[keep]
+                am = torch.cat([am, am.new_ones((am.shape[0], 1))], dim=1)
+                logits = model(
+                    input_ids=tok[:, None], attention_mask=am, position_ids=next_pos[:, None],
+                    past_key_values=cache, use_cache=True,
+                ).logits[:, -1]
+                next_pos = next_pos + 1
+            return [Generation(token_ids=toks[r], logprobs=lps[r], finish_reason=finish[r]) for r in range(B)]
+        finally:
+            if was_training:
+                model.train()

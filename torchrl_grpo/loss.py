@@ -1,0 +1,308 @@
+r"""GRPO loss: clipped surrogate over response tokens, optional k3 KL to a reference, entropy bonus.
+
+Sources and equations (token ``t`` of episode ``i``; ``A_i`` the group-relative advantage,
+see :mod:`torchrl_grpo.advantage`):
+
+* Ratio: :math:`\rho_{i,t} = \exp(\log\pi_\theta(o_{i,t}|\cdot) - \log\pi_{old}(o_{i,t}|\cdot))`.
+* Clipped surrogate — DeepSeekMath (Shao et al., 2024, arXiv:2402.03300), Eq. (3), with the
+  asymmetric "clip-higher" bounds of DAPO (Yu et al., 2025, arXiv:2503.14476), Eq. (10):
+  :math:`L^{clip}_{i,t} = \min(\rho_{i,t} A_i,\ \mathrm{clip}(\rho_{i,t}, 1-\epsilon_{low}, 1+\epsilon_{high}) A_i)`.
+* KL to a frozen reference — DeepSeekMath Eq. (4), the unbiased "k3" estimator (Schulman, 2020):
+  :math:`D_{i,t} = \frac{\pi_{ref}}{\pi_\theta} - \log\frac{\pi_{ref}}{\pi_\theta} - 1`.
+* Objective: :math:`\mathcal{L} = -\mathrm{agg}(L^{clip}) + \beta\,\mathrm{agg}(D) - c_H\,\mathrm{agg}(H)`.
+* Aggregation ``agg`` over the response-token mask ``m``:
+
+  - ``"token_mean"`` — DAPO Eq. (8), token-level mean over the whole batch:
+    :math:`\sum_{i,t} m_{i,t} x_{i,t} / \sum_{i,t} m_{i,t}`.
+  - ``"seq_mean_token_mean"`` — DeepSeekMath Eq. (3): mean over each sequence's tokens, then over sequences.
+  - ``"seq_mean_token_sum_norm"`` — Dr. GRPO (Liu et al., 2025, arXiv:2503.20783), Eq. (3): per-sequence token
+    sum divided by a constant ``max_tokens`` (not the sequence length), then mean over sequences.
+
+* Decoupled (off-policy) correction — AReaL (Fu et al., 2025, arXiv:2505.24298), Eq. (5): when the batch carries
+  both the behaviour log-probs (from the rollout engine) and proximal ``old_log_probs`` (recomputed by the
+  trainer), each token's surrogate is multiplied by the truncated importance weight
+  :math:`\min(\pi_{old}/\pi_{behav}, c)` with ``c = behaviour_weight_cap``.
+
+Metrics (all over response tokens only, never over prompt or padding):
+
+* ``ess``: normalised effective sample size of the importance weights
+  :math:`w_{i,t}=\pi_\theta/\pi_{behav}` — Kong (1992); Owen, *Monte Carlo theory* Eq. (9.13):
+  :math:`\mathrm{ESS} = (\sum w)^2 / (N \sum w^2)` in (0, 1]; 1 when the policy equals the behaviour policy.
+* ``clip_fraction``: fraction of tokens whose ratio lies outside ``[1-eps_low, 1+eps_high]``
+  (``clip_fraction_low`` / ``clip_fraction_high`` split it), the quantity TorchRL's ``GRPOLoss`` reports.
+* ``kl_ref`` (k3 to the reference), ``kl_behaviour`` (k1 estimate :math:`\log\pi_{behav}-\log\pi_\theta`),
+  ``entropy`` (nats/token), ``ratio_mean``, ``ratio_max``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDict, TensorDictBase
+from torchrl.objectives.common import LossModule
+
+__all__ = ["GRPOLoss", "token_log_probs", "masked_aggregate", "AGGREGATIONS"]
+
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+
+
+def token_log_probs(
+    model: torch.nn.Module,
+    tokens: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    logits_chunk: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs of ``tokens`` under a causal LM.
+
+    Args:
+        model: HF causal LM (``model(input_ids, attention_mask).logits``).
+        tokens: long [B, T]; right- or left-padded sequences.
+        attention_mask: bool/int [B, T]; 1 for real tokens.
+        temperature: logits are divided by it, to match the distribution the behaviour policy sampled from.
+        with_entropy: also return the per-token entropy (nats) of the predictive distribution.
+        logits_chunk: if > 0, run the model on chunks of this many sequences to bound peak memory
+            (the [B, T, vocab] logits dominate it).
+
+    Returns:
+        ``(log_probs, entropy)``: float32 [B, T] each; position ``t`` holds ``log p(tokens[t] | tokens[<t])``;
+        position 0 (no context) and padded positions are 0. ``entropy`` is None unless requested.
+    """
+    if tokens.ndim != 2 or attention_mask.shape != tokens.shape:
+        raise ValueError(f"tokens [B, T] and attention_mask [B, T] expected, got {tuple(tokens.shape)} / {tuple(attention_mask.shape)}")
+    am = attention_mask.long()
+    # positions count only real tokens, so left padding does not shift rotary positions
+    position_ids = (am.cumsum(-1) - 1).clamp_min(0)
+    B = tokens.shape[0]
+    step = logits_chunk if logits_chunk > 0 else B
+    lps, ents = [], []
+    for s in range(0, B, step):
+        sl = slice(s, s + step)
+        logits = model(input_ids=tokens[sl], attention_mask=am[sl], position_ids=position_ids[sl]).logits
+        logits = logits[:, :-1].float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        logp_all = F.log_softmax(logits, dim=-1)
+        lp = logp_all.gather(-1, tokens[sl, 1:].unsqueeze(-1)).squeeze(-1)
+        lps.append(F.pad(lp, (1, 0)))
+        if with_entropy:
+            ent = -(logp_all.exp() * logp_all).sum(-1)
+            ents.append(F.pad(ent, (1, 0)))
+    lp = torch.cat(lps) * am.to(torch.float32)
+    ent = torch.cat(ents) * am.to(torch.float32) if with_entropy else None
+    return lp, ent
+
+
+def masked_aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str, max_tokens: int | None = None) -> torch.Tensor:
+    """Reduce a per-token quantity [B, T] over masked tokens to a scalar (see module docstring).
+
+    Raises:
+        ValueError: unknown ``mode``.
+    """
+    m = mask.to(x.dtype)
+    if mode == "token_mean":
+        return (x * m).sum() / m.sum().clamp_min(1.0)
+    per_seq_count = m.sum(-1)
+    has_tokens = per_seq_count > 0
+    n_seq = has_tokens.sum().clamp_min(1)
+    if mode == "seq_mean_token_mean":
+        per_seq = (x * m).sum(-1) / per_seq_count.clamp_min(1.0)
+        return (per_seq * has_tokens).sum() / n_seq
+    if mode == "seq_mean_token_sum_norm":
+        norm = float(max_tokens) if max_tokens else float(x.shape[-1])
+        per_seq = (x * m).sum(-1) / norm
+        return (per_seq * has_tokens).sum() / n_seq
+    raise ValueError(f"unknown aggregation {mode!r}; expected one of {AGGREGATIONS}")
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    m = mask.to(x.dtype)
+    return (x * m).sum() / m.sum().clamp_min(1.0)
+
+
+class GRPOLoss(LossModule):
+    """GRPO / DAPO / Dr. GRPO policy loss as a TorchRL ``LossModule`` (formulas in the module docstring).
+
+    Input TensorDict, batch size [B] (one row per episode; T = padded sequence length):
+
+    * ``tokens`` long [B, T] — prompt + response (+ env/tool/user tokens in multi-turn episodes).
+    * ``attention_mask`` bool [B, T] — real (non-padding) tokens.
+    * ``response_mask`` bool [B, T] — tokens the policy generated (assistant tokens); the loss and every metric
+      are computed over these only.
+    * ``sample_log_probs`` float [B, T] — behaviour log-probs of generated tokens (0 elsewhere).
+    * ``advantage`` float [B] — group-relative advantage (see :func:`torchrl_grpo.advantage.group_advantages`).
+    * optional ``old_log_probs`` float [B, T] — proximal policy log-probs recomputed by the trainer (PPO anchor
+      for several updates per batch, and the decoupled correction); defaults to ``sample_log_probs``.
+    * optional ``ref_log_probs`` float [B, T] — frozen reference log-probs (needed when ``kl_coef > 0``).
+
+    Output TensorDict (scalars): ``loss_objective``, ``loss_kl``, ``loss_entropy`` (sum them to get the loss to
+    backpropagate; :meth:`total_loss` does it), and metrics ``ess``, ``clip_fraction``, ``clip_fraction_low``,
+    ``clip_fraction_high``, ``kl_ref``, ``kl_behaviour``, ``entropy``, ``ratio_mean``, ``ratio_max``,
+    ``behaviour_weight_mean``, ``num_tokens``.
+
+    Args:
+        actor: HF causal LM (a ``torch.nn.Module`` returning ``.logits``), possibly wrapped by peft.
+        clip_eps_low / clip_eps_high: ε_low / ε_high (DAPO recommends 0.2 / 0.28; symmetric GRPO 0.2 / 0.2).
+        kl_coef: β of the k3 KL penalty to the reference (0 disables it; then ``ref_log_probs`` is not needed).
+        entropy_coef: c_H of the entropy bonus (0 disables the term, entropy is still logged when cheap).
+        aggregation: one of :data:`AGGREGATIONS`.
+        max_tokens: the Dr. GRPO constant for ``seq_mean_token_sum_norm`` (defaults to T).
+        temperature: the sampling temperature; logits are divided by it before the log-softmax so the ratio
+            compares the same distributions the behaviour policy sampled from.
+        behaviour_weight_cap: truncation ``c`` of the decoupled behaviour importance weight (AReaL Eq. 5);
+            ``None`` disables the correction.
+
+    Raises:
+        ValueError: on bad hyper-parameters, missing keys, or shape mismatches.
+    """
+
+    @dataclass
+    class _AcceptedKeys(LossModule._AcceptedKeys):
+        tokens: str = "tokens"
+        attention_mask: str = "attention_mask"
+        response_mask: str = "response_mask"
+        sample_log_probs: str = "sample_log_probs"
+        old_log_probs: str = "old_log_probs"
+        ref_log_probs: str = "ref_log_probs"
+        advantage: str = "advantage"
+
+    default_keys = _AcceptedKeys
+
+    def __init__(
+        self,
+        actor: torch.nn.Module,
+        *,
+        clip_eps_low: float = 0.2,
+        clip_eps_high: float = 0.28,
+        kl_coef: float = 0.0,
+        entropy_coef: float = 0.0,
+        aggregation: str = "token_mean",
+        max_tokens: int | None = None,
+        temperature: float = 1.0,
+        behaviour_weight_cap: float | None = None,
+        logits_chunk: int = 0,
+    ) -> None:
+        super().__init__()
+        if not 0 <= clip_eps_low < 1:
+            raise ValueError(f"clip_eps_low must be in [0, 1), got {clip_eps_low}")
+        if clip_eps_high < 0:
+            raise ValueError(f"clip_eps_high must be >= 0, got {clip_eps_high}")
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"unknown aggregation {aggregation!r}; expected one of {AGGREGATIONS}")
+        if kl_coef < 0 or entropy_coef < 0:
+            raise ValueError("kl_coef and entropy_coef must be >= 0")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0 for the loss, got {temperature}")
+        if behaviour_weight_cap is not None and behaviour_weight_cap <= 0:
+            raise ValueError("behaviour_weight_cap must be > 0 or None")
+        # stored as a plain attribute: LossModule would otherwise try to make functional copies of it
+        self.__dict__["actor"] = actor
+        self.clip_eps_low = float(clip_eps_low)
+        self.clip_eps_high = float(clip_eps_high)
+        self.kl_coef = float(kl_coef)
+        self.entropy_coef = float(entropy_coef)
+        self.aggregation = aggregation
+        self.max_tokens = max_tokens
+        self.temperature = float(temperature)
+        self.behaviour_weight_cap = behaviour_weight_cap
+        self.logits_chunk = int(logits_chunk)
+
+    @property
+    def in_keys(self):
+        k = self.tensor_keys
+        return [k.tokens, k.attention_mask, k.response_mask, k.sample_log_probs, k.advantage]
+
+    @property
+    def out_keys(self):
+        return ["loss_objective", "loss_kl", "loss_entropy", "ess", "clip_fraction"]
+
+    def _get(self, td: TensorDictBase, key: str, required: bool = True):
+        if key in td.keys():
+            return td.get(key)
+        if required:
+            raise ValueError(f"GRPOLoss: input TensorDict lacks key {key!r}; present: {sorted(map(str, td.keys()))}")
+        return None
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        k = self.tensor_keys
+        tokens = self._get(tensordict, k.tokens)
+        attn = self._get(tensordict, k.attention_mask).bool()
+        mask = self._get(tensordict, k.response_mask).bool() & attn
+        behav = self._get(tensordict, k.sample_log_probs).float()
+        adv = self._get(tensordict, k.advantage).float().reshape(-1)
+        old = self._get(tensordict, k.old_log_probs, required=False)
+        old = behav if old is None else old.float()
+        if tokens.shape != attn.shape or behav.shape != tokens.shape or old.shape != tokens.shape:
+            raise ValueError("tokens, attention_mask, response_mask and log-probs must all be [B, T]")
+        if adv.shape[0] != tokens.shape[0]:
+            raise ValueError(f"advantage has {adv.shape[0]} rows, tokens {tokens.shape[0]}")
+
+        need_entropy = self.entropy_coef > 0
+        logp, ent = token_log_probs(
+            self.actor, tokens, attn, temperature=self.temperature, with_entropy=need_entropy,
+            logits_chunk=self.logits_chunk,
+        )
+        zeros = torch.zeros_like(logp)
+        log_ratio = torch.where(mask, logp - old, zeros)
+        ratio = log_ratio.exp()
+        A = adv[:, None].expand_as(ratio)
+        clipped = ratio.clamp(1.0 - self.clip_eps_low, 1.0 + self.clip_eps_high)
+        surrogate = torch.minimum(ratio * A, clipped * A)
+        behaviour_weight = None
+        if self.behaviour_weight_cap is not None and k.old_log_probs in tensordict.keys():
+            behaviour_weight = torch.where(mask, (old - behav).exp(), zeros + 1).clamp(max=self.behaviour_weight_cap)
+            surrogate = surrogate * behaviour_weight
+        agg = lambda x: masked_aggregate(x, mask, self.aggregation, self.max_tokens)  # noqa: E731
+        loss_objective = -agg(surrogate)
+
+        if self.kl_coef > 0:
+            ref = self._get(tensordict, k.ref_log_probs).float()
+            d = torch.where(mask, ref - logp, zeros)
+            kl_tok = d.exp() - d - 1.0
+            kl_ref = agg(kl_tok)
+            loss_kl = self.kl_coef * kl_ref
+        else:
+            kl_ref = None
+            loss_kl = loss_objective.new_zeros(())
+        if need_entropy:
+            entropy = agg(ent)
+            loss_entropy = -self.entropy_coef * entropy
+        else:
+            entropy = None
+            loss_entropy = loss_objective.new_zeros(())
+
+        with torch.no_grad():
+            r = ratio.detach()
+            below = (r < 1.0 - self.clip_eps_low) & mask
+            above = (r > 1.0 + self.clip_eps_high) & mask
+            n_tok = mask.sum()
+            lw = (logp.detach() - behav)[mask]  # log importance weights vs behaviour policy
+            if lw.numel():
+                ess = (2 * torch.logsumexp(lw, 0) - torch.logsumexp(2 * lw, 0)).exp() / lw.numel()
+            else:
+                ess = torch.tensor(float("nan"))
+            out = {
+                "loss_objective": loss_objective,
+                "loss_kl": loss_kl,
+                "loss_entropy": loss_entropy,
+                "ess": ess,
+                "clip_fraction": _masked_mean((below | above).float(), mask),
+                "clip_fraction_low": _masked_mean(below.float(), mask),
+                "clip_fraction_high": _masked_mean(above.float(), mask),
+                "kl_behaviour": _masked_mean(behav - logp.detach(), mask),
+                "ratio_mean": _masked_mean(r, mask),
+                "ratio_max": r[mask].max() if n_tok > 0 else torch.tensor(float("nan")),
+                "num_tokens": n_tok.float(),
+                "kl_ref": kl_ref.detach() if kl_ref is not None else torch.tensor(float("nan")),
+                "entropy": entropy.detach() if entropy is not None else torch.tensor(float("nan")),
+                "behaviour_weight_mean": _masked_mean(behaviour_weight, mask) if behaviour_weight is not None else torch.tensor(1.0),
+            }
+        return TensorDict(out, batch_size=[])
+
+    @staticmethod
+    def total_loss(losses: TensorDictBase) -> torch.Tensor:
+        """Sum of the ``loss_*`` entries: the scalar to backpropagate."""
+        return losses["loss_objective"] + losses["loss_kl"] + losses["loss_entropy"]
