@@ -1,0 +1,329 @@
+"""Final-answer extraction and grading for GSM8K.
+
+GSM8K (Cobbe et al., 2021, "Training Verifiers to Solve Math Word Problems", arXiv:2110.14168)
+solutions end with a line ``#### <number>``; a problem is solved when the model's final number
+equals that gold number. This module turns free-form model text into that number and scores it.
+
+Reward scheme (:func:`gsm8k_reward`), the usual RLVR / GRPO shaping:
+
+* ``1.0`` — the extracted final answer equals the gold number (numeric equality, see
+  :func:`is_correct`);
+* ``format_reward`` (default ``0.1``) — wrong, but the text ends in a well-formed final answer
+  (:func:`has_final_answer_format`); the same "format credit" idea as TorchRL's
+  ``torchrl.envs.llm.GSM8KRewardParser`` (which grants it for an ``<answer>`` tag), here granted
+  for the GSM8K ``####`` line, ``\\boxed{}`` or "The answer is N";
+* ``0.0`` — otherwise.
+
+Numbers are compared as exact rationals (:class:`fractions.Fraction`) with a relative tolerance of
+``1e-6``, never as strings, so ``"1,200"``, ``"$1200.00"`` and ``"1200"`` are the same answer.
+"""
+from __future__ import annotations
+
+import math
+import re
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+
+__all__ = [
+    "extract_answer",
+    "normalize_number",
+    "parse_gold",
+    "is_correct",
+    "has_final_answer_format",
+    "gsm8k_reward",
+]
+
+#: Relative tolerance used by :func:`is_correct` (absolute below magnitude 1).
+REL_TOL = 1e-6
+
+# Characters that mean "minus" in model output: ASCII hyphen, U+2212 MINUS SIGN, U+FE63 SMALL
+# HYPHEN-MINUS, U+FF0D FULLWIDTH HYPHEN-MINUS.
+_MINUS_CHARS = "\u2212\ufe63\uff0d"
+_CURRENCY = "$€£¥₹"
+
+# One number token: optional sign (only when not glued to a preceding word/digit, so "5-3" is not
+# "-3"), optional currency, digits with optional thousands commas and decimals, optional "/den".
+_NUMBER_RE = re.compile(
+    r"(?P<sign>(?<![A-Za-z0-9_.)\]])-)?"
+    r"(?:(?<![A-Za-z0-9_.])[" + re.escape(_CURRENCY) + r"]\s*)?"
+    r"(?<![A-Za-z0-9_.])(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
+    r"(?:(?P<exp>[eE][-+]?\d+)(?![A-Za-z]))?"
+    r"(?:\s*/\s*(?P<den>\d+(?:\.\d+)?))?"
+    r"(?![\d,]\d)"
+)
+_HASH_RE = re.compile(r"####")
+_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_ANSWER_IS_RE = re.compile(
+    r"(?:the\s+)?(?:final\s+)?answer\s+is\s*:?", re.IGNORECASE
+)
+_ANSWER_COLON_RE = re.compile(r"(?:final\s+)?answer\s*:", re.IGNORECASE)
+_LATEX_FRAC_RE = re.compile(r"\\[dt]?frac\s*\{\s*([^{}]*?)\s*\}\s*\{\s*([^{}]*?)\s*\}")
+
+
+def _clean(text: str) -> str:
+    """Undo LaTeX and unicode spellings of numbers so that one regex can read them."""
+    for ch in _MINUS_CHARS:
+        text = text.replace(ch, "-")
+    text = text.replace("{,}", ",").replace("\\,", "").replace("\\!", "")
+    text = text.replace("\\$", "$").replace("\\%", "%")
+    text = _LATEX_FRAC_RE.sub(r"\1/\2", text)
+    return text
+
+
+def _to_fraction(
+    sign: str | None, num: str, exp: str | None, den: str | None
+) -> Fraction | None:
+    try:
+        value = Fraction(Decimal(num.replace(",", "") + (exp or "")))
+        if den is not None:
+            d = Fraction(Decimal(den))
+            if d == 0:
+                return None
+            value /= d
+    except (InvalidOperation, ValueError, ZeroDivisionError):
+        return None
+    return -value if sign else value
+
+
+def _format_fraction(value: Fraction) -> str:
+    """Canonical string: integers as ``"12"``, terminating decimals as ``"0.75"``, else ``"1/3"``."""
+    if value.denominator == 1:
+        return str(value.numerator)
+    den = value.denominator
+    for p in (2, 5):
+        while den % p == 0:
+            den //= p
+    if den != 1:  # non-terminating decimal: keep exact
+        return f"{value.numerator}/{value.denominator}"
+    text = format(Decimal(value.numerator) / Decimal(value.denominator), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _numbers(text: str) -> list[tuple[str, Fraction]]:
+    """All number tokens in ``text`` (already cleaned), as (canonical string, value)."""
+    out = []
+    for m in _NUMBER_RE.finditer(text):
+        value = _to_fraction(m.group("sign"), m.group("num"), m.group("exp"), m.group("den"))
+        if value is not None:
+            out.append((_format_fraction(value), value))
+    return out
+
+
+def normalize_number(s: str | int | float | None) -> str | None:
+    """Canonical string form of one number written the way people and models write it.
+
+    Accepts thousands commas (``"1,200"``), currency (``"$5"``), percent (``"50%"``), trailing
+    ``.``/``.0``/zeros (``"72."``, ``"3.50"``), negatives with ASCII or unicode minus
+    (``"−4"``), leading-dot decimals (``".5"``), simple fractions (``"3/4"``, ``\\frac{3}{4}``),
+    scientific notation (``"1e3"``) and surrounding whitespace or a trailing unit word.
+
+    Args:
+        s: the text of one number (or an ``int``/``float``).
+
+    Returns:
+        ``"72"``, ``"-3.5"``, ``"0.75"`` (terminating decimals are written out), ``"1/3"``
+        (exact fraction when the decimal does not terminate); ``None`` when ``s`` holds no
+        number or is not a string/number.
+    """
+    if s is None or isinstance(s, bool):
+        return None
+    if isinstance(s, (int, float)):
+        if isinstance(s, float) and not math.isfinite(s):
+            return None
+        return _format_fraction(Fraction(Decimal(repr(s)) if isinstance(s, float) else s))
+    if not isinstance(s, str):
+        return None
+    text = _clean(s)
+    nums = _numbers(text)
+    return nums[0][0] if nums else None
+
+
+def _first_number(segment: str) -> str | None:
+    nums = _numbers(segment)
+    return nums[0][0] if nums else None
+
+
+def _boxed_contents(text: str) -> list[str]:
+    """Contents of every ``\\boxed{...}`` (nested braces balanced), in order."""
+    out = []
+    for m in _BOXED_RE.finditer(text):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            if text[i] == "{":
+                depth += 1
+            elif text[i] == "}":
+                depth -= 1
+            i += 1
+        if depth == 0:
+            out.append(text[m.end() : i - 1])
+    return out
+
+
+def _after_marker(text: str, pattern: re.Pattern) -> str | None:
+    """First number after the last occurrence of ``pattern`` that is followed by a number.
+
+    The number must sit on the marker's line (up to the end of that line).
+    """
+    for m in reversed(list(pattern.finditer(text))):
+        line = text[m.end() :].split("\n", 1)[0]
+        num = _first_number(line)
+        if num is not None:
+            return num
+    return None
+
+
+def _hash_answer(text: str) -> str | None:
+    return _after_marker(text, _HASH_RE)
+
+
+def _boxed_answer(text: str) -> str | None:
+    for content in reversed(_boxed_contents(text)):
+        content = re.sub(r"\\text\s*\{[^{}]*\}", " ", content)
+        num = _first_number(content)
+        if num is not None:
+            return num
+    return None
+
+
+def extract_answer(text: str | None) -> str | None:
+    """Extract the final numeric answer from model output or a GSM8K solution.
+
+    Rules, first that yields a number wins:
+
+    1. the last ``####`` followed by a number on its line (GSM8K's own format);
+    2. the last ``\\boxed{...}`` holding a number (nested braces, ``\\frac{a}{b}``, ``\\text{}``
+       units and ``{,}`` separators handled);
+    3. the last "The (final) answer is N";
+    4. the last "(Final) Answer: N";
+    5. the last number anywhere in the text.
+
+    Args:
+        text: model output (any length). Non-strings give ``None``.
+
+    Returns:
+        The answer normalized by :func:`normalize_number` (e.g. ``"1200"``), or ``None`` when
+        the text contains no number.
+    """
+    if not isinstance(text, str) or not text:
+        return None
+    text = _clean(text)
+    for rule in (
+        _hash_answer,
+        _boxed_answer,
+        lambda t: _after_marker(t, _ANSWER_IS_RE),
+        lambda t: _after_marker(t, _ANSWER_COLON_RE),
+    ):
+        ans = rule(text)
+        if ans is not None:
+            return ans
+    nums = _numbers(text)
+    return nums[-1][0] if nums else None
+
+
+def has_final_answer_format(text: str | None) -> bool:
+    """Whether ``text`` states its final answer in a recognised, well-formed way.
+
+    True when a ``####`` marker, a ``\\boxed{}`` or "The (final) answer is" is followed by a
+    parseable number (same parsing as :func:`extract_answer`). A bare trailing number or
+    "Answer: N" does not count: the format credit rewards the format we ask for.
+
+    Args:
+        text: model output; non-strings give ``False``.
+    """
+    if not isinstance(text, str) or not text:
+        return False
+    text = _clean(text)
+    return (
+        _hash_answer(text) is not None
+        or _boxed_answer(text) is not None
+        or _after_marker(text, _ANSWER_IS_RE) is not None
+    )
+
+
+def parse_gold(solution: str) -> str:
+    """Gold final answer of a GSM8K reference solution (the number on its ``####`` line).
+
+    Args:
+        solution: the dataset's ``answer`` field, e.g. ``"...\\n#### 1,200"``.
+
+    Returns:
+        The normalized number, e.g. ``"1200"``.
+
+    Raises:
+        ValueError: ``solution`` is not a string, has no ``####`` line, or no number after it.
+    """
+    if not isinstance(solution, str):
+        raise ValueError(f"GSM8K solution must be a string, got {type(solution).__name__}")
+    if "####" not in solution:
+        raise ValueError(f"GSM8K solution has no '#### <number>' line: {solution[-80:]!r}")
+    gold = _hash_answer(_clean(solution))
+    if gold is None:
+        raise ValueError(f"GSM8K solution has no number after '####': {solution[-80:]!r}")
+    return gold
+
+
+def _value(s: str | int | float) -> Fraction | None:
+    norm = normalize_number(s)
+    return None if norm is None else Fraction(norm)
+
+
+def is_correct(pred: str | int | float | None, gold: str | int | float) -> bool:
+    """Numeric equality of a predicted and a gold answer.
+
+    Both sides go through :func:`normalize_number`; they are equal when
+    ``|pred - gold| <= 1e-6 * max(1, |gold|)`` (exact rational arithmetic, so ``"0.5"`` equals
+    ``"1/2"``, ``"1,200"`` equals ``"1200.00"``).
+
+    Args:
+        pred: predicted answer; ``None`` or unparseable gives ``False``.
+        gold: gold answer (a number string such as ``"72"``).
+
+    Raises:
+        ValueError: ``gold`` holds no number.
+    """
+    g = _value(gold)
+    if g is None:
+        raise ValueError(f"gold answer {gold!r} is not a number")
+    if pred is None:
+        return False
+    p = _value(pred)
+    if p is None:
+        return False
+    return abs(p - g) <= Fraction(REL_TOL) * max(Fraction(1), abs(g))
+
+
+def gsm8k_reward(
+    text: str | None, gold: str | int | float, format_reward: float = 0.1
+) -> tuple[float, dict]:
+    """Score one model response against a gold GSM8K answer.
+
+    Args:
+        text: the model's full response.
+        gold: gold number (``"72"``), or a whole reference solution ending in ``#### N``.
+        format_reward: reward for a wrong answer stated in a well-formed final-answer format
+            (see module docstring; TorchRL's ``GSM8KRewardParser`` uses the same 0.1 default).
+
+    Returns:
+        ``(reward, info)``: reward is ``1.0``, ``format_reward`` or ``0.0``; info holds
+        ``extracted`` (str | None), ``correct`` (bool), ``formatted`` (bool), ``answer`` (the
+        normalized gold).
+
+    Raises:
+        ValueError: ``gold`` holds no number.
+    """
+    if isinstance(gold, str) and "####" in gold:
+        gold_norm = parse_gold(gold)
+    else:
+        gold_norm = normalize_number(gold)
+        if gold_norm is None:
+            raise ValueError(f"gold answer {gold!r} is not a number")
+    extracted = extract_answer(text)
+    correct = is_correct(extracted, gold_norm)
+    formatted = has_final_answer_format(text)
+    reward = 1.0 if correct else (float(format_reward) if formatted else 0.0)
+    return reward, {
+        "extracted": extracted,
+        "correct": correct,
+        "formatted": formatted,
+        "answer": gold_norm,
+    }
