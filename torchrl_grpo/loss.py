@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from tensordict import TensorDict, TensorDictBase
 from torchrl.objectives.common import LossModule
 
-__all__ = ["GRPOLoss", "token_log_probs", "masked_aggregate", "AGGREGATIONS"]
+__all__ = ["GRPOLoss", "total_loss", "token_log_probs", "masked_aggregate", "AGGREGATIONS"]
 
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
@@ -139,7 +139,7 @@ class GRPOLoss(LossModule):
     * optional ``ref_log_probs`` float [B, T] — frozen reference log-probs (needed when ``kl_coef > 0``).
 
     Output TensorDict (scalars): ``loss_objective``, ``loss_kl``, ``loss_entropy`` (sum them to get the loss to
-    backpropagate; :meth:`total_loss` does it), and metrics ``ess``, ``clip_fraction``, ``clip_fraction_low``,
+    backpropagate; :func:`total_loss` does it), and metrics ``ess``, ``clip_fraction``, ``clip_fraction_low``,
     ``clip_fraction_high``, ``kl_ref``, ``kl_behaviour``, ``entropy``, ``ratio_mean``, ``ratio_max``,
     ``behaviour_weight_mean``, ``num_tokens``.
 
@@ -302,7 +302,7 @@ class GRPOLoss(LossModule):
             }
         return TensorDict(out, batch_size=[])
 
-    @staticmethod
-    def total_loss(losses: TensorDictBase) -> torch.Tensor:
-        """Sum of the ``loss_*`` entries: the scalar to backpropagate."""
-        return losses["loss_objective"] + losses["loss_kl"] + losses["loss_entropy"]
+
+def total_loss(losses: TensorDictBase) -> torch.Tensor:
+    """Sum of the ``loss_*`` entries of a :class:`GRPOLoss` output: the scalar to backpropagate."""
+    return losses["loss_objective"] + losses["loss_kl"] + losses["loss_entropy"]

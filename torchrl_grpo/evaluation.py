@@ -1,0 +1,77 @@
+"""Evaluation of a policy on a fixed subset of tasks: greedy accuracy, pass@k and pass^k.
+
+* pass@k — probability that at least one of k samples succeeds; unbiased estimator from n >= k samples with
+  c successes (Chen et al., 2021, "Evaluating LLMs Trained on Code", arXiv:2107.03374, Eq. 1):
+  ``1 - C(n - c, k) / C(n, k)``.
+* pass^k — probability that *all* k i.i.d. samples succeed (tau-bench, Yao et al., 2024, arXiv:2406.12045,
+  Sec. 4): ``C(c, k) / C(n, k)``, averaged over tasks.
+
+An episode succeeds when its reward is >= ``success_threshold`` (1.0: a correct GSM8K answer; a full tau2
+reward). The GSM8K format credit (0.1) is therefore not counted as success.
+"""
+from __future__ import annotations
+
+from math import comb
+
+from .backends.base import SamplingConfig
+from .collector import GroupCollector
+
+__all__ = ["pass_at_k", "pass_hat_k", "evaluate"]
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one task (Chen et al., 2021, Eq. 1). Raises ValueError if k > n or c > n."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def pass_hat_k(n: int, c: int, k: int) -> float:
+    """pass^k for one task (tau-bench): C(c, k) / C(n, k). Raises ValueError if k > n or c > n."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    return comb(c, k) / comb(n, k)
+
+
+def evaluate(
+    collector: GroupCollector,
+    *,
+    n_problems: int,
+    greedy: bool = True,
+    pass_k: int = 0,
+    temperature: float = 1.0,
+    max_new_tokens: int = 256,
+    step: int = 0,
+    success_threshold: float = 1.0,
+    prefix: str = "eval",
+) -> dict[str, float]:
+    """Evaluate on the first ``n_problems`` tasks of the collector's env (indices 0..n-1, a fixed subset).
+
+    Returns:
+        ``{prefix}/accuracy`` (greedy success rate), ``{prefix}/reward`` (greedy mean reward), and when
+        ``pass_k > 0``: ``{prefix}/pass@k``, ``{prefix}/pass^k`` and ``{prefix}/pass@1`` from k samples per task
+        at ``temperature``; plus ``{prefix}/time_s``.
+    """
+    import time
+
+    t0 = time.perf_counter()
+    tasks = [{"index": i} for i in range(n_problems)]
+    out: dict[str, float] = {}
+    if greedy:
+        td = collector.collect(tasks, 1, step=step, sampling=SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0))
+        r = td["reward"]
+        out[f"{prefix}/accuracy"] = (r >= success_threshold).float().mean().item()
+        out[f"{prefix}/reward"] = r.mean().item()
+        out[f"{prefix}/tokens_per_s"] = collector.last_stats.get("rollout/tokens_per_s", 0.0)
+    if pass_k > 0:
+        td = collector.collect(tasks, pass_k, step=step,
+                               sampling=SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, seed=12345))
+        ok = (td["reward"] >= success_threshold).reshape(len(tasks), pass_k)
+        c = ok.sum(-1).tolist()
+        out[f"{prefix}/pass@{pass_k}"] = sum(pass_at_k(pass_k, ci, pass_k) for ci in c) / len(c)
+        out[f"{prefix}/pass^{pass_k}"] = sum(pass_hat_k(pass_k, ci, pass_k) for ci in c) / len(c)
+        out[f"{prefix}/pass@1"] = sum(pass_at_k(pass_k, ci, 1) for ci in c) / len(c)
+    out[f"{prefix}/time_s"] = time.perf_counter() - t0
+    return out

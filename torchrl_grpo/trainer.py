@@ -1,0 +1,400 @@
+"""Synchronous GRPO trainer.
+
+One step: sample ``train.batch_size`` tasks → collect ``gconfig.n_samples`` episodes each (a group) with the
+rollout backend → group-relative advantages → ``train.ppo_epochs`` passes of minibatch updates (gradient
+accumulation over micro-batches, grad-norm clipping, AdamW) → push the new weights to the backend → log,
+evaluate and checkpoint on schedule.
+
+Everything random is derived from ``seed`` and the step number (task order, sampling seeds), and the
+checkpoint stores model, optimizer, scheduler and RNG states, so ``train.resume_from`` continues exactly.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from tensordict import TensorDict
+
+from .advantage import group_advantages, group_reward_std
+from .backends.base import RolloutBackend, SamplingConfig
+from .checkpoint import load_checkpoint, save_checkpoint
+from .collector import GroupCollector
+from .env_factory import env_kwargs_from_config, make_env_fn, num_tasks
+from .evaluation import evaluate
+from .loss import GRPOLoss, token_log_probs, total_loss
+from .models import load_model_and_tokenizer
+from .stats_logger import StatsLogger
+from .weight_sync import export_hf_weights
+
+__all__ = ["GRPOTrainer", "seed_everything"]
+
+log = logging.getLogger(__name__)
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("train.device=cuda but no CUDA device is available")
+    return torch.device(name)
+
+
+def _make_scheduler(opt: torch.optim.Optimizer, kind: str, warmup: int, total: int):
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if kind == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        if kind == "linear":
+            return max(0.0, 1.0 - progress)
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+class GRPOTrainer:
+    """Sync GRPO trainer driven by a :class:`torchrl_grpo.config.GRPOConfig` (an OmegaConf node).
+
+    Args:
+        cfg: the resolved config.
+        run_dir: output directory (``metrics.jsonl``, ``checkpoints/``).
+        model / tokenizer: optional preloaded policy (tests, notebooks); otherwise loaded from ``actor.path``.
+        backend: optional rollout backend; otherwise built from ``rollout.backend``.
+
+    Raises:
+        ValueError: bad config values; FileNotFoundError: missing data or checkpoint.
+    """
+
+    def __init__(self, cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: RolloutBackend | None = None) -> None:
+        from .config import validate_config
+
+        validate_config(cfg)
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        seed_everything(cfg.seed)
+        self.device = _device(cfg.train.device)
+        t0 = time.perf_counter()
+        if model is None:
+            model, tokenizer = load_model_and_tokenizer(cfg.actor.path, dtype=cfg.actor.dtype, device=self.device)
+        elif tokenizer is None:
+            raise ValueError("a preloaded model needs its tokenizer")
+        self.load_time_s = time.perf_counter() - t0
+        self.tokenizer = tokenizer
+        model.to(self.device)
+        if cfg.actor.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.config.use_cache = False
+        self.ref_model = None
+        if cfg.actor.peft.enable:
+            from peft import LoraConfig, get_peft_model
+
+            p = cfg.actor.peft
+            target = p.target_modules if isinstance(p.target_modules, str) else list(p.target_modules)
+            model = get_peft_model(model, LoraConfig(r=p.r, lora_alpha=p.lora_alpha, lora_dropout=p.lora_dropout,
+                                                     target_modules=target, task_type="CAUSAL_LM"))
+        elif cfg.loss.kl_coef > 0:
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.model = model
+        self.backend = backend or self._build_backend()
+        self.sampling = SamplingConfig(max_new_tokens=cfg.gconfig.max_new_tokens, temperature=cfg.gconfig.temperature,
+                                       top_p=cfg.gconfig.top_p)
+        env_id, kw = env_kwargs_from_config(cfg, cfg.train_dataset.split, cfg.train_dataset.path)
+        self.collector = GroupCollector(make_env_fn(env_id, **kw), self.backend, tokenizer, self.sampling,
+                                        max_turns=cfg.econfig.max_turns, max_context_tokens=cfg.rollout.max_context_tokens,
+                                        seed=cfg.seed)
+        self.n_train_tasks = num_tasks(self.collector._envs(1)[0])
+        if cfg.train_dataset.limit:
+            self.n_train_tasks = min(self.n_train_tasks, int(cfg.train_dataset.limit))
+        if self.n_train_tasks < 1:
+            raise ValueError(f"train split {cfg.train_dataset.split!r} of {env_id} has no tasks")
+        vid, vkw = env_kwargs_from_config(cfg, cfg.valid_dataset.split, cfg.valid_dataset.path or cfg.train_dataset.path)
+        self.eval_collector = GroupCollector(make_env_fn(vid, **vkw), self.backend, tokenizer, self.sampling,
+                                             max_turns=cfg.econfig.max_turns,
+                                             max_context_tokens=cfg.rollout.max_context_tokens, seed=cfg.seed + 1)
+        self.loss_fn = GRPOLoss(
+            self.model, clip_eps_low=cfg.loss.clip_eps_low, clip_eps_high=cfg.loss.clip_eps_high,
+            kl_coef=cfg.loss.kl_coef, entropy_coef=cfg.loss.entropy_coef, aggregation=cfg.loss.aggregation,
+            max_tokens=cfg.gconfig.max_new_tokens * cfg.econfig.max_turns,
+            temperature=cfg.gconfig.temperature if cfg.gconfig.temperature > 0 else 1.0,
+            behaviour_weight_cap=cfg.loss.behaviour_weight_cap,
+        )
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        o = cfg.optimizer
+        self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
+        episodes = cfg.train.batch_size * cfg.gconfig.n_samples
+        mb = cfg.train.minibatch_size or episodes
+        self.opt_steps_per_batch = cfg.train.ppo_epochs * (episodes // mb)
+        self.scheduler = _make_scheduler(self.optimizer, o.scheduler, o.warmup_steps, cfg.train.steps * self.opt_steps_per_batch)
+        self.step = 0
+        if cfg.train.resume_from:
+            state = load_checkpoint(cfg.train.resume_from, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+            self.step = int(state["step"])
+            self.backend.load_weights(self._weights_for_backend())
+            log.info("resumed from %s at step %d", state["path"], self.step)
+        self.logger = StatsLogger(
+            self.run_dir, OmegaConf.to_container(cfg, resolve=True), wandb_mode=cfg.stats_logger.wandb.mode,
+            project=cfg.stats_logger.wandb.project, entity=cfg.stats_logger.wandb.entity,
+            name=cfg.stats_logger.wandb.name, console=cfg.stats_logger.console, resume=bool(cfg.train.resume_from),
+        )
+
+    # ------------------------------------------------------------------ setup helpers
+    def _build_backend(self) -> RolloutBackend:
+        r = self.cfg.rollout
+        if r.backend == "transformers":
+            from .backends.transformers_backend import TransformersBackend
+
+            return TransformersBackend(self.model, pad_token_id=self.tokenizer.pad_token_id, share_module=True,
+                                       max_batch_size=r.max_batch_size)
+        from .backends.vllm_backend import VLLMBackend  # raises a clear ImportError without the [vllm] extra
+        from .models import resolve_model_path
+
+        src = resolve_model_path(self.cfg.actor.path)
+        backend = VLLMBackend(src.path, tokenizer=self.tokenizer, dtype=r.vllm.dtype, max_model_len=r.vllm.max_model_len,
+                              seed=self.cfg.seed)
+        if self.cfg.actor.peft.enable or self.cfg.train.resume_from:
+            backend.load_weights(self._weights_for_backend())
+        return backend
+
+    def _weights_for_backend(self):
+        from .backends.transformers_backend import TransformersBackend
+
+        if isinstance(self.backend, TransformersBackend) and self.backend.share_module:
+            return None
+        return export_hf_weights(self.model)
+
+    def _autocast(self):
+        if self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return nullcontext()
+
+    # ------------------------------------------------------------------ data
+    def tasks_for_step(self, step: int) -> list[dict]:
+        """The task indices of ``step``: an epoch-wise permutation of the train tasks seeded by (seed, epoch)."""
+        bs, n = self.cfg.train.batch_size, self.n_train_tasks
+        out = []
+        for k in range(step * bs, (step + 1) * bs):
+            epoch, pos = divmod(k, n)
+            perm = np.random.default_rng([self.cfg.seed, epoch]).permutation(n)
+            out.append({"index": int(perm[pos])})
+        return out
+
+    # ------------------------------------------------------------------ one step
+    def train_step(self) -> dict[str, Any]:
+        """Run one GRPO step (collect, advantages, updates, weight sync). Returns its metrics."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        batch = self.collector.collect(self.tasks_for_step(self.step), cfg.gconfig.n_samples, step=self.step)
+        metrics: dict[str, Any] = dict(self.collector.last_stats)
+        metrics.update(self._batch_metrics(batch))
+        reward = batch["reward"]
+        batch["advantage"] = group_advantages(reward, batch["group_id"], scale=cfg.loss.adv_scale,
+                                              baseline=cfg.loss.adv_baseline)
+        zero_var = group_reward_std(reward, batch["group_id"]) == 0
+        metrics["groups/zero_variance_fraction"] = zero_var.float().mean().item()
+        if cfg.loss.filter_zero_variance_groups:
+            batch = batch[~zero_var]
+            metrics["groups/kept_episodes"] = float(batch.shape[0])
+        t_train = time.perf_counter()
+        if batch.shape[0] == 0 or not batch["response_mask"].any():
+            reason = "no episodes left after zero-variance filtering" if batch.shape[0] == 0 else "no response tokens"
+            log.warning("step %d: optimizer step skipped (%s)", self.step, reason)
+            metrics["train/skipped"] = 1.0
+            metrics["train/skip_reason"] = reason
+        else:
+            metrics.update(self._update(batch.exclude("task", "info")))
+        metrics["time/train_s"] = time.perf_counter() - t_train
+        t_sync = time.perf_counter()
+        self.backend.load_weights(self._weights_for_backend())
+        metrics["time/sync_s"] = time.perf_counter() - t_sync
+        metrics["time/step_s"] = time.perf_counter() - t0
+        metrics["policy_version"] = self.backend.policy_version
+        metrics["lr"] = self.scheduler.get_last_lr()[0]
+        self.step += 1
+        return metrics
+
+    def _batch_metrics(self, batch: TensorDict) -> dict[str, float]:
+        r = batch["reward"]
+        infos = batch["info"].tolist() if hasattr(batch["info"], "tolist") else list(batch["info"])
+        out = {
+            "reward/mean": r.mean().item(), "reward/std": r.std().item() if r.numel() > 1 else 0.0,
+            "reward/max": r.max().item(), "reward/success_rate": (r >= 1.0).float().mean().item(),
+            "episode/response_tokens": batch["response_tokens"].float().mean().item(),
+            "episode/total_tokens": batch["attention_mask"].sum(-1).float().mean().item(),
+            "episode/turns": batch["num_turns"].float().mean().item(),
+            "episode/context_truncated": batch["context_truncated"].float().mean().item(),
+            "episode/empty_response_fraction": (batch["response_tokens"] == 0).float().mean().item(),
+        }
+        parse_fail = [i.get("tool_parse_errors") for i in infos if isinstance(i, dict) and i.get("tool_parse_errors") is not None]
+        if parse_fail:
+            out["episode/tool_parse_errors"] = float(np.mean(parse_fail))
+        reasons: dict[str, int] = {}
+        for i in infos:
+            if isinstance(i, dict) and i.get("termination_reason"):
+                reasons[str(i["termination_reason"])] = reasons.get(str(i["termination_reason"]), 0) + 1
+        for k, v in reasons.items():
+            out[f"termination/{k}"] = v / len(infos)
+        return out
+
+    def _micro_batches(self, td: TensorDict, size: int):
+        for s in range(0, td.shape[0], size):
+            mb = td[s : s + size]
+            T = int(mb["attention_mask"].sum(-1).max().item())
+            yield mb.apply(lambda x: x[:, :T] if x.ndim == 2 and x.shape[-1] == td["tokens"].shape[-1] else x,
+                           batch_size=mb.batch_size)
+
+    @torch.no_grad()
+    def _fill_log_probs(self, td: TensorDict, key: str, model) -> None:
+        out = torch.zeros_like(td["sample_log_probs"])
+        size = self.cfg.train.micro_batch_size
+        for s in range(0, td.shape[0], size):
+            sl = slice(s, s + size)
+            with self._autocast():
+                lp, _ = token_log_probs(model, td["tokens"][sl].to(self.device), td["attention_mask"][sl].to(self.device),
+                                        temperature=self.loss_fn.temperature)
+            out[sl] = lp.float().cpu()
+        td[key] = out
+
+    def _update(self, batch: TensorDict) -> dict[str, float]:
+        cfg = self.cfg
+        n = batch.shape[0]
+        mb_size = min(cfg.train.minibatch_size or n, n)
+        multi_update = cfg.train.ppo_epochs > 1 or mb_size < n
+        self.model.train()
+        if cfg.loss.kl_coef > 0:
+            if self.ref_model is not None:
+                self._fill_log_probs(batch, "ref_log_probs", self.ref_model)
+            else:  # LoRA: the reference is the base model, i.e. the adapter switched off
+                with self.model.disable_adapter():
+                    self._fill_log_probs(batch, "ref_log_probs", self.model)
+        if multi_update or cfg.loss.behaviour_weight_cap is not None:
+            self._fill_log_probs(batch, "old_log_probs", self.model)
+        agg_tokens = cfg.loss.aggregation == "token_mean"
+        sums: dict[str, float] = {}
+        weights: dict[str, float] = {}
+        n_opt, n_skipped, grad_norms = 0, 0, []
+        gen = torch.Generator().manual_seed(cfg.seed * 31 + self.step)
+        for _epoch in range(cfg.train.ppo_epochs):
+            perm = torch.randperm(n, generator=gen) if multi_update else torch.arange(n)
+            for ms in range(0, n, mb_size):
+                mini = batch[perm[ms : ms + mb_size]]
+                denom = float(mini["response_mask"].sum() if agg_tokens else (mini["response_tokens"] > 0).sum())
+                self.optimizer.zero_grad(set_to_none=True)
+                finite = True
+                for micro in self._micro_batches(mini, cfg.train.micro_batch_size):
+                    num = float(micro["response_mask"].sum() if agg_tokens else (micro["response_tokens"] > 0).sum())
+                    if num == 0:
+                        continue
+                    micro = micro.to(self.device)
+                    with self._autocast():
+                        losses = self.loss_fn(micro)
+                    loss = total_loss(losses)
+                    if not torch.isfinite(loss):
+                        finite = False
+                        break
+                    (loss * (num / max(denom, 1.0))).backward()
+                    for k, v in losses.items():
+                        v = float(v.detach())
+                        if math.isfinite(v):
+                            w = float(micro["response_mask"].sum()) if k not in ("num_tokens",) else 1.0
+                            sums[k] = sums.get(k, 0.0) + v * w
+                            weights[k] = weights.get(k, 0.0) + w
+                    sums["loss/total"] = sums.get("loss/total", 0.0) + float(loss) * num / max(denom, 1.0)
+                if not finite:
+                    self.optimizer.zero_grad(set_to_none=True)
+                    n_skipped += 1
+                    log.warning("step %d: non-finite loss, minibatch skipped", self.step)
+                    continue
+                gn = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad],
+                                                    cfg.optimizer.max_grad_norm)
+                if not torch.isfinite(gn):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    n_skipped += 1
+                    log.warning("step %d: non-finite gradient norm, minibatch skipped", self.step)
+                    continue
+                grad_norms.append(float(gn))
+                self.optimizer.step()
+                self.scheduler.step()
+                n_opt += 1
+        self.model.eval()
+        out = {k: sums[k] / weights[k] for k in sums if k in weights and weights[k] > 0}
+        if "loss/total" in sums:
+            out["loss/total"] = sums["loss/total"] / max(1, n_opt + n_skipped)
+        if "num_tokens" in sums:
+            out["num_tokens"] = sums["num_tokens"]
+        out["train/optimizer_steps"] = float(n_opt)
+        out["train/skipped_minibatches"] = float(n_skipped)
+        if grad_norms:
+            out["grad_norm"] = float(np.mean(grad_norms))
+        return out
+
+    # ------------------------------------------------------------------ eval / checkpoint / loop
+    def evaluate(self) -> dict[str, float]:
+        e = self.cfg.eval
+        return evaluate(self.eval_collector, n_problems=e.n_problems, greedy=e.greedy, pass_k=e.pass_k,
+                        temperature=self.cfg.gconfig.temperature or 1.0, max_new_tokens=self.cfg.gconfig.max_new_tokens,
+                        step=self.step)
+
+    def save(self) -> Path:
+        c = self.cfg.checkpoint
+        return save_checkpoint(self.run_dir / "checkpoints", self.step, model=self.model, tokenizer=self.tokenizer,
+                               optimizer=self.optimizer, scheduler=self.scheduler,
+                               config_yaml=OmegaConf.to_yaml(self.cfg, resolve=True), keep_last=c.keep_last)
+
+    def fit(self) -> dict[str, Any]:
+        """Train for ``train.steps`` steps (from the resumed step). Returns the last metrics (and eval)."""
+        cfg = self.cfg
+        summary: dict[str, Any] = {"load_time_s": self.load_time_s}
+        if cfg.eval.at_start and self.step == 0 and cfg.eval.n_problems > 0:
+            ev = self.evaluate()
+            self.logger.log(ev, step=0)
+            summary["eval_start"] = ev
+        try:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=cfg.train.steps, initial=self.step, desc="GRPO", disable=not cfg.stats_logger.progress_bar)
+        except ImportError:  # pragma: no cover
+            bar = None
+        last: dict[str, Any] = {}
+        while self.step < cfg.train.steps:
+            last = self.train_step()
+            if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.train.steps and cfg.eval.n_problems > 0:
+                last.update(self.evaluate())
+            self.logger.log(last, step=self.step)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix({k: f"{last[k]:.3g}" for k in ("reward/mean", "loss/total", "ess") if isinstance(last.get(k), float)})
+            if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
+                summary["checkpoint"] = str(self.save())
+        if bar is not None:
+            bar.close()
+        if cfg.eval.at_end and cfg.eval.n_problems > 0:
+            ev = self.evaluate()
+            self.logger.log(ev, step=self.step)
+            summary["eval_end"] = ev
+        if cfg.checkpoint.save_final and not str(summary.get("checkpoint", "")).endswith(f"step_{self.step:06d}"):
+            summary["checkpoint"] = str(self.save())
+        summary["last"] = last
+        return summary
+
+    def close(self) -> None:
+        self.logger.close()
+        self.collector.close()
+        self.eval_collector.close()
