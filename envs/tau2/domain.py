@@ -1,0 +1,315 @@
+"""Per-domain runtime shared by all environments of a process.
+
+:func:`get_domain` returns one :class:`Tau2Domain` per domain name (cached): it loads the
+domain's database once through tau2's registry constructor, keeps copy-on-write snapshots of
+the agent and user databases (:mod:`envs.tau2.cow`), the policies, tool schemas, tool types
+and argument models, and builds per episode
+
+- a fresh tau2 ``Environment`` (the registry constructor, given a copy-on-write database copy)
+  in the task's initial state (``Environment.set_state`` as tau2's orchestrator does), and
+- the gold reference of a task (the gold actions replayed on a fresh environment the way tau2's
+  ``EnvironmentEvaluator`` does), cached per task as a small database delta.
+
+Tool calls go through :meth:`Tau2Domain.execute`: argument validation against the tool's own
+pydantic parameter model (strict, unknown keys rejected) *before* tau2 runs anything, so a
+malformed call can never touch the database, then tau2's ``Environment.get_response``.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from copy import deepcopy
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .cow import CowMode, DBSnapshot, db_hash
+from .logs import set_tau2_logging, tau2_logging_default
+from .tasks import DOMAINS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tau2.data_model.message import ToolCall, ToolMessage
+    from tau2.data_model.tasks import Task
+    from tau2.environment.environment import Environment
+
+__all__ = ["Tau2Domain", "get_domain", "GoldReference", "Episode", "STOP_TOOL", "STOP_TOKEN", "TRANSFER_TOOL"]
+
+#: Name of the tool that ends the episode (tau2's ``LLMSoloAgent`` / ``GymAgent`` convention).
+STOP_TOOL = "done"
+#: tau2's stop token: an agent message containing it ends the episode.
+STOP_TOKEN = "###STOP###"
+#: tau2's transfer tool (airline, retail, telecom, mock).
+TRANSFER_TOOL = "transfer_to_human_agents"
+
+# Domains whose registry constructor accepts solo_mode=True (tau2 raises for airline/retail).
+_SOLO_DOMAINS = ("telecom", "mock")
+
+
+def _stop_tool_schema() -> dict:
+    from tau2.environment.tool import as_tool
+
+    def done() -> str:
+        """Call this function when you are done with the task."""
+        return STOP_TOKEN
+
+    return as_tool(done).openai_schema
+
+
+@dataclass
+class GoldReference:
+    """What the agent and user databases must equal at the end of a task (tau2's DB check).
+
+    Either ``agent_delta``/``user_delta`` (copy-on-write deltas, see
+    :meth:`envs.tau2.cow.DBSnapshot.delta`) or ``agent_hash``/``user_hash`` (tau2 hashes) are set.
+    """
+
+    agent_delta: dict | None
+    user_delta: dict | None
+    agent_hash: str | None
+    user_hash: str | None
+
+
+@dataclass
+class Episode:
+    """A live tau2 environment and its copy-on-write mode (``None`` when the DB is not COW)."""
+
+    env: "Environment"
+    mode: CowMode | None
+
+
+class Tau2Domain:
+    """Everything about one tau2 domain that does not change between episodes.
+
+    Args:
+        name: ``"airline"``, ``"retail"``, ``"telecom"`` or ``"mock"``.
+
+    Raises:
+        ValueError: unknown domain.
+    """
+
+    def __init__(self, name: str):
+        if name not in DOMAINS:
+            raise ValueError(f"unknown tau2 domain {name!r}; expected one of {DOMAINS}")
+        set_tau2_logging(tau2_logging_default())
+        from tau2.environment.environment import Environment
+        from tau2.environment.toolkit import ToolType
+        from tau2.registry import registry
+
+        self.name = name
+        self.constructor = registry.get_env_constructor(name)
+        base = self.constructor()  # reads the database files once
+        self.supports_solo = name in _SOLO_DOMAINS
+        self.agent_snapshot = DBSnapshot(base.tools.db)
+        user_db = base.user_tools.db if base.user_tools is not None else None
+        self.user_snapshot = DBSnapshot(user_db) if user_db is not None else None
+        # READ tools may share records with the pristine DB only if nothing else mutates the DB
+        # as a side effect of a call (tau2's sync_tools hook, overridden by telecom).
+        self._share_reads_ok = type(base).sync_tools is Environment.sync_tools
+        self._read_tools = {n for n in base.tools.tools if base.tools.tool_type(n) == ToolType.READ}
+        kits = [base.tools] + ([base.user_tools] if base.user_tools is not None else [])
+        #: names of tau2 tools of type WRITE (agent and user tool kits), for the partial reward
+        self.write_tool_names = frozenset(n for kit in kits for n in kit.tools if kit.tool_type(n) == ToolType.WRITE)
+        agent_tools = base.get_tools()
+        user_tools = base.get_user_tools() if base.user_tools is not None else []
+        self.agent_tool_names = tuple(t.name for t in agent_tools)
+        self.user_tool_names = tuple(t.name for t in user_tools)
+        self.params = {t.name: t.params for t in agent_tools + user_tools}
+        self._agent_schemas = [t.openai_schema for t in agent_tools]
+        self._user_schemas = [t.openai_schema for t in user_tools]
+        self.user_tool_objects = user_tools  # tau2 Tool objects, for tau2's UserSimulator
+        self._stop_schema = _stop_tool_schema()
+        self._policies: dict[bool, str] = {False: base.get_policy()}
+        self._gold: dict[str, GoldReference] = {}
+        self._lock = threading.Lock()
+
+    # -- prompt and tools --------------------------------------------------------------------
+    def policy(self, solo: bool) -> str:
+        """The domain policy text (tau2's solo variant for ``solo=True``)."""
+        if solo not in self._policies:
+            self._check_solo(solo)
+            self._policies[solo] = self.constructor(solo_mode=True).get_policy()
+        return self._policies[solo]
+
+    def _check_solo(self, solo: bool) -> None:
+        if solo and not self.supports_solo:
+            raise ValueError(
+                f"tau2 domain {self.name!r} has no solo mode (tau2 supports it for {_SOLO_DOMAINS}); "
+                "use user='scripted', 'llm' or a user_fn"
+            )
+
+    def tool_schemas(self, solo: bool, stop_tool: bool = True) -> list[dict]:
+        """OpenAI tool schemas offered to the agent (user tools too in solo mode, plus ``done``)."""
+        schemas = list(self._agent_schemas)
+        if solo:
+            schemas += self._user_schemas
+        if stop_tool:
+            schemas.append(self._stop_schema)
+        return schemas
+
+    def agent_tool_set(self, solo: bool) -> frozenset[str]:
+        """Names of the tools the agent may call (without ``done``)."""
+        return frozenset(self.agent_tool_names + (self.user_tool_names if solo else ()))
+
+    def system_prompt(self, task: "Task", solo: bool) -> str:
+        """tau2's agent system prompt: instructions + policy (+ the ticket in solo mode).
+
+        Uses tau2's own templates (``tau2.agent.llm_agent``): ``SYSTEM_PROMPT`` with
+        ``AGENT_INSTRUCTION`` for conversations, ``SYSTEM_PROMPT_SOLO`` with
+        ``AGENT_SOLO_INSTRUCTION`` (stop tool ``done``) for solo tickets.
+
+        Raises:
+            ValueError: solo mode requested for a domain without it, or for a task without ticket.
+        """
+        from tau2.agent.llm_agent import (
+            AGENT_INSTRUCTION,
+            AGENT_SOLO_INSTRUCTION,
+            SYSTEM_PROMPT,
+            SYSTEM_PROMPT_SOLO,
+        )
+
+        if not solo:
+            return SYSTEM_PROMPT.format(domain_policy=self.policy(False), agent_instruction=AGENT_INSTRUCTION)
+        self._check_solo(True)
+        if not task.ticket:
+            raise ValueError(f"tau2 task {task.id!r} of {self.name!r} has no ticket; it cannot run in solo mode")
+        instruction = AGENT_SOLO_INSTRUCTION.format(stop_function_name=STOP_TOOL, stop_token=STOP_TOKEN)
+        return SYSTEM_PROMPT_SOLO.format(agent_instruction=instruction, domain_policy=self.policy(True), ticket=task.ticket)
+
+    # -- environments ------------------------------------------------------------------------
+    def new_environment(self, solo: bool = False) -> Episode:
+        """A fresh tau2 ``Environment`` over copy-on-write copies of the databases."""
+        self._check_solo(solo)
+        db, mode = self.agent_snapshot.fresh()
+        kwargs: dict[str, Any] = {"db": db, "solo_mode": solo}
+        if self.user_snapshot is not None:
+            kwargs["user_db"], _ = self.user_snapshot.fresh()
+        env = self.constructor(**kwargs)
+        return Episode(env, mode if self.agent_snapshot.cow_fields else None)
+
+    def start(self, task: "Task", solo: bool = False) -> Episode:
+        """A fresh environment in ``task``'s initial state (data, actions, message history),
+        exactly as tau2's orchestrator initializes it."""
+        ep = self.new_environment(solo)
+        _set_initial_state(ep.env, task)
+        return ep
+
+    # -- tool execution ----------------------------------------------------------------------
+    def validate_arguments(self, name: str, arguments: dict) -> str | None:
+        """Check ``arguments`` against tool ``name``'s parameter model (pydantic, strict).
+
+        Returns:
+            ``None`` if valid (or the tool is unknown: tau2 answers that itself), else an error text.
+        """
+        model = self.params.get(name)
+        if model is None:
+            return None
+        unknown = sorted(set(arguments) - set(model.model_fields))
+        if unknown:
+            return f"unexpected argument(s) {unknown} for tool '{name}'; expected {sorted(model.model_fields)}"
+        try:
+            model.model_validate(arguments, strict=True)
+        except Exception as e:  # pydantic.ValidationError
+            errors = getattr(e, "errors", None)
+            if callable(errors):
+                parts = [f"{'.'.join(str(x) for x in err.get('loc', ())) or '<root>'}: {err.get('msg')}" for err in errors()]
+                return f"invalid arguments for tool '{name}': " + "; ".join(parts)
+            return f"invalid arguments for tool '{name}': {e}"
+        return None
+
+    def execute(self, episode: Episode, tool_call: "ToolCall") -> "ToolMessage":
+        """Run a (validated) tool call through tau2's ``Environment.get_response``.
+
+        READ tools of domains without a ``sync_tools`` side effect run with shared (uncopied)
+        records; everything else copies records before they can change.
+        """
+        share = (
+            episode.mode is not None
+            and self._share_reads_ok
+            and tool_call.requestor == "assistant"
+            and tool_call.name in self._read_tools
+        )
+        if share:
+            with episode.mode.reading():
+                return episode.env.get_response(tool_call)
+        return episode.env.get_response(tool_call)
+
+    # -- gold reference ----------------------------------------------------------------------
+    def _build_gold(self, task: "Task") -> "Environment":
+        """tau2's gold environment: initial state + gold actions (errors ignored, as tau2 does)."""
+        ep = self.new_environment(solo=False)
+        _set_initial_state(ep.env, task)
+        criteria = task.evaluation_criteria
+        for action in (criteria.actions or []) if criteria is not None else []:
+            try:
+                ep.env.make_tool_call(tool_name=action.name, requestor=action.requestor, **action.arguments)
+            except Exception:
+                pass
+        return ep.env
+
+    def gold(self, task: "Task") -> GoldReference:
+        """The gold database reference of ``task`` (built once per task per process)."""
+        ref = self._gold.get(task.id)
+        if ref is None:
+            env = self._build_gold(task)
+            agent_db = env.tools.db
+            user_db = env.user_tools.db if env.user_tools is not None else None
+            agent_delta = self.agent_snapshot.delta(agent_db)
+            user_delta = self.user_snapshot.delta(user_db) if self.user_snapshot is not None else None
+            ref = GoldReference(
+                agent_delta=agent_delta,
+                user_delta=user_delta,
+                agent_hash=db_hash(agent_db) if agent_delta is None else None,
+                user_hash=db_hash(user_db) if user_delta is None else None,
+            )
+            with self._lock:
+                self._gold[task.id] = ref
+        return ref
+
+    def db_matches_gold(self, env: "Environment", task: "Task") -> bool:
+        """tau2's DB check: agent and user database hashes equal the gold environment's."""
+        ref = self.gold(task)
+        gold_env = None
+        results = []
+        for snap, live, delta, ghash, attr in (
+            (self.agent_snapshot, env.tools.db, ref.agent_delta, ref.agent_hash, "tools"),
+            (
+                self.user_snapshot,
+                env.user_tools.db if env.user_tools is not None else None,
+                ref.user_delta,
+                ref.user_hash,
+                "user_tools",
+            ),
+        ):
+            if snap is None:
+                results.append(live is None)
+                continue
+            live_delta = snap.delta(live) if delta is not None else None
+            if delta is not None and live_delta is not None:
+                results.append(snap.same(live_delta, delta))
+                continue
+            if ghash is None:  # gold kept only a delta but live is not a copy: rebuild once
+                gold_env = gold_env or self._build_gold(task)
+                ghash = db_hash(getattr(gold_env, attr).db)
+            results.append(db_hash(live) == ghash)
+        return all(results)
+
+
+def _set_initial_state(env: "Environment", task: "Task") -> None:
+    state = task.initial_state
+    if state is None:
+        env.sync_tools()
+        return
+    env.set_state(
+        initialization_data=state.initialization_data,
+        initialization_actions=state.initialization_actions,
+        message_history=deepcopy(state.message_history) if state.message_history else [],
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def get_domain(name: str) -> Tau2Domain:
+    """The process-wide :class:`Tau2Domain` of ``name`` (built on first use).
+
+    Raises:
+        ValueError: unknown domain.
+    """
+    return Tau2Domain(name)

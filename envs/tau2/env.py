@@ -1,0 +1,535 @@
+"""tau2-bench domains as a single-threaded Gymnasium text environment.
+
+Usage::
+
+    import gymnasium as gym, envs
+    gym.register_envs(envs)
+    env = gym.make("tau2/airline-v0", split="test", user="scripted")
+    obs, info = env.reset(seed=0, options={"task_id": "3"})     # or {"index": i}, or sampled
+    obs, reward, terminated, truncated, info = env.step(model_text_or_assistant_message)
+
+One episode = one tau2 task of one domain, played over tau2's own domain code (tools, databases,
+policies, user simulator, evaluator) by a plain loop -- no threads, no polling, no re-reading of
+files (compare ``tau2.gym.AgentGymEnv``; ``benchmarks/env_bench.py`` measures both).
+
+Observation: the list of chat messages (OpenAI format, see :mod:`envs.tau2.messages`) that are
+new to the agent since its last action. On reset: the system message (tau2's agent instructions
+and domain policy; in solo mode the solo instructions, solo policy and the task's ticket), the
+task's prior history if it has one, then -- with a user -- tau2's greeting ``"Hi! How can I
+help you today?"`` and the customer's opening message. After a tool-calling action: one
+``tool`` message per call, in order. After a message to the customer: the customer's reply.
+
+Action (:mod:`envs.tau2.actions`): an assistant message dict, or raw model text with Hermes /
+Qwen ``<tool_call>`` blocks, bare JSON, or tau2's ``name(arg=...)`` syntax; anything else is a
+message to the customer. Several calls in one action run in order. A malformed call (bad JSON,
+no name, arguments not an object), a call with arguments that fail the tool's parameter model
+(strict pydantic validation, unknown keys rejected) and a call to an unknown tool are answered
+with a tool message starting with ``"Error:"``; the first two are never executed, the last is
+answered by tau2 (``"Error: Tool 'x' not found."``); none changes a database. The ``done`` tool
+(always offered) and a message containing ``###STOP###`` end the episode (tau2's agent stop).
+
+Reward: 0 until the episode ends, then tau2's reward (:mod:`envs.tau2.rewards`, equal to
+``evaluate_simulation(..., EvaluationType.ALL)``) or, with ``reward="partial"``, the documented
+progress reward; both are in ``info`` (``reward_binary``, ``reward_partial``).
+
+``terminated``: the agent stopped (``done``/``###STOP###``), the customer stopped (``###STOP###``,
+``###TRANSFER###``, ``###OUT-OF-SCOPE###``), the customer failed (``user_error``), a text message
+in solo mode (tau2's ``agent_error``), or ``max_errors`` tool errors (``too_many_errors``).
+``truncated``: ``max_steps`` actions without an ending (``max_steps``; reward 0 as in tau2).
+
+Info (every step): ``messages`` (whole agent-visible conversation), ``tools`` (OpenAI tool
+schemas), ``task_id``, ``index``, ``split``, ``domain``, ``user``, ``step`` (actions so far),
+``num_errors``; ``action_error`` when an action was unusable; at the end
+``termination_reason`` (tau2's ``TerminationReason`` value), ``reward_info`` (tau2's
+``RewardInfo`` as a dict), ``reward_binary``, ``reward_partial``, and ``user_error`` when the
+customer failed.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+import warnings
+from copy import deepcopy
+from typing import Any, Callable
+
+import gymnasium as gym
+
+from envs.gsm8k.spaces import AssistantAction, ChatMessages
+
+from .actions import TOOL_CALL_FORMAT_HINT, ParsedAction, ToolCallRequest, parse_action
+from .domain import STOP_TOKEN, STOP_TOOL, TRANSFER_TOOL, Tau2Domain, get_domain
+from .logs import set_tau2_logging, tau2_logging_default
+from .messages import openai_tool_call, openai_tool_message, tau2_to_openai
+from .tasks import DEFAULT_SPLIT, load_tasks
+
+__all__ = ["Tau2Env", "USER_KINDS", "REWARD_KINDS"]
+
+#: Accepted values of ``user=`` (a callable is accepted too, like ``user_fn=``).
+USER_KINDS = ("solo", "scripted", "llm", "callable")
+#: Accepted values of ``reward=``.
+REWARD_KINDS = ("binary", "partial")
+_OPTION_KEYS = frozenset({"task_id", "index"})
+
+
+class Tau2Env(gym.Env):
+    """One tau2 domain; one task per episode (see the module docstring for the protocol).
+
+    Args:
+        domain: ``"airline"``, ``"retail"``, ``"telecom"`` or ``"mock"`` (set by the registered
+            ids ``tau2/<domain>-v0``).
+        split: a split tau2 defines for the domain (:mod:`envs.tau2.tasks`), default ``"base"``.
+        user: ``"solo"`` (no customer; telecom and mock only; telecom's default),
+            ``"scripted"`` (:class:`envs.tau2.users.ScriptedUser`; default elsewhere), ``"llm"``
+            (tau2's ``UserSimulator`` via litellm), ``"callable"`` (with ``user_fn``), or a
+            callable (same as ``user_fn=``).
+        user_fn: ``fn(messages, tools) -> str | dict`` playing the customer
+            (:data:`envs.tau2.users.UserFn`), e.g. a local model.
+        user_llm: litellm model name of the LLM customer (required for ``user="llm"``).
+        user_llm_base_url: ``api_base`` of an OpenAI-compatible endpoint for the LLM customer.
+        user_llm_args: extra litellm arguments (``temperature`` defaults to 0.0).
+        max_steps: actions per episode before truncation (>= 1).
+        max_errors: tool errors per episode that end it (``too_many_errors``); ``None`` = no limit.
+        reward: ``"binary"`` (tau2's reward is returned) or ``"partial"`` (the progress reward
+            is returned); both are always in ``info``.
+        evaluator: ``"fast"`` (default; live environment + cached gold databases) or ``"tau2"``
+            (tau2's ``evaluate_simulation`` itself; slower, same value).
+        scripted_max_turns: replies after which the scripted customer hangs up.
+        max_user_tool_rounds: consecutive customer tool-call rounds (telecom LLM customer)
+            before the customer is declared failed.
+        tau2_logging: let tau2's loguru output through (default: ``$TAU2_LOG``, else off).
+        render_mode: ``None`` or ``"ansi"``.
+
+    Raises:
+        ValueError: unknown domain, split, user kind, reward kind or evaluator; solo mode for a
+            domain without it; ``user="llm"`` without ``user_llm``; ``user="callable"`` without
+            ``user_fn``; ``max_steps < 1``.
+    """
+
+    metadata = {"render_modes": ["ansi"]}
+
+    def __init__(
+        self,
+        domain: str,
+        split: str = DEFAULT_SPLIT,
+        user: str | Callable | None = None,
+        user_fn: Callable | None = None,
+        user_llm: str | None = None,
+        user_llm_base_url: str | None = None,
+        user_llm_args: dict | None = None,
+        max_steps: int = 100,
+        max_errors: int | None = None,
+        reward: str = "binary",
+        evaluator: str = "fast",
+        scripted_max_turns: int = 20,
+        max_user_tool_rounds: int = 20,
+        tau2_logging: bool | None = None,
+        render_mode: str | None = None,
+    ):
+        set_tau2_logging(tau2_logging_default() if tau2_logging is None else bool(tau2_logging))
+        if callable(user):
+            user_fn, user = user, "callable"
+        if user is None:
+            user = "callable" if user_fn is not None else ("solo" if domain == "telecom" else "scripted")
+        if user not in USER_KINDS:
+            raise ValueError(f"user must be one of {USER_KINDS} or a callable, got {user!r}")
+        if user == "callable" and user_fn is None:
+            raise ValueError("user='callable' needs user_fn=<callable(messages, tools) -> str | dict>")
+        if user_fn is not None and not callable(user_fn):
+            raise ValueError(f"user_fn must be callable, got {type(user_fn).__name__}")
+        if user == "llm" and not user_llm:
+            raise ValueError("user='llm' needs user_llm=<litellm model name> (and usually user_llm_base_url)")
+        if reward not in REWARD_KINDS:
+            raise ValueError(f"reward must be one of {REWARD_KINDS}, got {reward!r}")
+        if evaluator not in ("fast", "tau2"):
+            raise ValueError(f"evaluator must be 'fast' or 'tau2', got {evaluator!r}")
+        if int(max_steps) < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        if render_mode not in (None, "ansi"):
+            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+
+        self.domain_name = domain
+        self.split = split
+        self.tasks = load_tasks(domain, split)  # validates domain and split
+        self.domain: Tau2Domain = get_domain(domain)
+        self.solo = user == "solo"
+        if self.solo:
+            self.domain._check_solo(True)
+        self.user_kind = user
+        self.user_fn = user_fn
+        self.user_llm = user_llm
+        self.user_llm_base_url = user_llm_base_url
+        self.user_llm_args = dict(user_llm_args or {})
+        self.max_steps = int(max_steps)
+        self.max_errors = None if max_errors is None else int(max_errors)
+        self.reward_kind = reward
+        self.evaluator = evaluator
+        self.scripted_max_turns = int(scripted_max_turns)
+        self.max_user_tool_rounds = int(max_user_tool_rounds)
+        self.render_mode = render_mode
+
+        self.tools = self.domain.tool_schemas(self.solo)
+        self._tool_names = self.domain.agent_tool_set(self.solo)
+        self.observation_space = ChatMessages()
+        self.action_space = AssistantAction()
+        self._task = None
+        self._done = True
+        self._reset_called = False
+
+    # ------------------------------------------------------------------------------------------
+    # reset
+    # ------------------------------------------------------------------------------------------
+    def _pick_task(self, options: dict | None) -> int:
+        options = options or {}
+        unknown = set(options) - _OPTION_KEYS
+        if unknown:
+            raise ValueError(f"unknown reset option(s) {sorted(unknown)}; expected 'task_id' or 'index'")
+        if options.get("task_id") is not None:
+            return self.tasks.index_of(str(options["task_id"]))
+        if options.get("index") is not None:
+            i = options["index"]
+            if isinstance(i, bool) or not isinstance(i, int) and not hasattr(i, "__index__"):
+                raise ValueError(f"options['index'] must be an int, got {type(i).__name__}")
+            i = int(i)
+            if not 0 <= i < len(self.tasks):
+                raise ValueError(f"options['index']={i} out of range for {self.domain_name}/{self.split} ({len(self.tasks)} tasks)")
+            return i
+        return int(self.np_random.integers(len(self.tasks)))
+
+    def _make_user(self, task):
+        from .users import CallableUser, ScriptedUser, make_llm_user
+
+        user_tools = self.domain.user_tool_objects or None
+        if self.user_kind == "scripted":
+            return ScriptedUser(task.user_scenario.instructions, max_turns=self.scripted_max_turns)
+        if self.user_kind == "llm":
+            return make_llm_user(
+                task.user_scenario, user_tools, self.user_llm, self.user_llm_base_url, self.user_llm_args
+            )
+        if self.user_kind == "callable":
+            return CallableUser(self.user_fn, task.user_scenario, user_tools)
+        return None
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[list, dict]:
+        """Start an episode on a task chosen by ``options`` (``task_id`` / ``index``) or by seed.
+
+        Raises:
+            ValueError / KeyError: bad options (unknown key, task id not in the split, index out
+                of range); a task whose history has customer messages in solo mode.
+        """
+        super().reset(seed=seed)
+        from tau2.agent.base import is_valid_agent_history_message
+        from tau2.data_model.message import AssistantMessage, UserMessage
+        from tau2.orchestrator.orchestrator import DEFAULT_FIRST_AGENT_MESSAGE
+
+        index = self._pick_task(options)
+        task = self.tasks[index]
+        history = deepcopy(task.initial_state.message_history) if task.initial_state and task.initial_state.message_history else []
+        for m in history:
+            m.turn_idx = None
+        if self.solo and any(isinstance(m, UserMessage) for m in history):
+            raise ValueError(f"tau2 task {task.id!r} has customer messages in its history; it cannot run in solo mode")
+        system = self.domain.system_prompt(task, self.solo)
+
+        self._task, self._index = task, index
+        self._episode = self.domain.start(task, self.solo)
+        self._trajectory: list = history
+        self._messages: list[dict] = [{"role": "system", "content": system}]
+        self._names: dict[str, str] = {}
+        for m in history:  # what tau2 shows its agent of the prior history
+            if is_valid_agent_history_message(m):
+                self._messages.extend(tau2_to_openai(m, self._names))
+        self._steps = 0
+        self._errors = 0
+        self._done = False
+        self._reset_called = True
+        self._start = time.perf_counter()
+        self._start_time = _now()
+        self._pending: tuple[str, str] | None = None
+        self._end_info: dict = {}
+        self._last_action_error: str | None = None
+        self.reward_info = None
+        self.termination_reason: str | None = None
+
+        self._user = self._make_user(task)
+        self._user_state = None
+        if self._user is not None:
+            self._user_state = self._user.get_init_state(
+                message_history=[m for m in history if _valid_user_history(m)]
+            )
+            incoming = None
+            if not history:
+                greeting = deepcopy(DEFAULT_FIRST_AGENT_MESSAGE)
+                greeting.timestamp = _now()
+                self._trajectory.append(greeting)
+                self._messages.append({"role": "assistant", "content": greeting.content})
+                incoming = greeting
+            elif isinstance(history[-1], AssistantMessage) and not history[-1].is_tool_call():
+                incoming = history[-1]
+            if incoming is not None:
+                _, ending = self._user_turn(incoming)
+                if ending is not None:
+                    # the episode cannot end inside reset(): it ends on the first step
+                    self._pending = ending
+                    if ending[0] == "user_error":
+                        warnings.warn(f"tau2 customer failed at reset: {ending[1]}", RuntimeWarning, stacklevel=2)
+        obs = list(self._messages)
+        return obs, self._info()
+
+    # ------------------------------------------------------------------------------------------
+    # step
+    # ------------------------------------------------------------------------------------------
+    def step(self, action: Any) -> tuple[list, float, bool, bool, dict]:
+        """Apply one agent action (never raises on bad actions; see the module docstring)."""
+        if not self._reset_called:
+            raise RuntimeError("call reset() before step()")
+        self._last_action_error = None
+        if self._done:
+            self._last_action_error = "the episode is over; call reset()"
+            return [], 0.0, True, False, self._info()
+        self._steps += 1
+        if self._pending is not None:
+            reason, msg = self._pending
+            self._pending = None
+            return self._finish([], reason, error=msg)
+
+        parsed = parse_action(action, id_prefix=f"call_{self._steps}", tool_names=self._tool_names | {STOP_TOOL})
+        if parsed.error is not None:
+            self._last_action_error = parsed.error
+            return self._after([], None)
+        stop_at = next((i for i, c in enumerate(parsed.tool_calls) if c.name == STOP_TOOL), None)
+        calls = parsed.tool_calls if stop_at is None else parsed.tool_calls[:stop_at]
+        stop = stop_at is not None or (parsed.content is not None and STOP_TOKEN in parsed.content)
+        self._messages.append(self._visible_assistant(parsed, calls, stop_at is not None))
+
+        if calls:
+            obs = self._run_agent_calls(parsed.content, calls)
+            if stop:
+                self._append_stop_message(stop_at is not None)
+                return self._finish(obs, "agent_stop")
+            return self._after(obs, None)
+        if stop:
+            self._append_stop_message(stop_at is not None, parsed.content)
+            return self._finish([], "agent_stop")
+        if parsed.content is None:
+            self._messages.pop()
+            self._last_action_error = "empty action: no message and no tool call"
+            return self._after([], None)
+
+        from tau2.data_model.message import AssistantMessage
+
+        amsg = AssistantMessage(role="assistant", content=parsed.content)
+        self._trajectory.append(amsg)
+        if self.solo:
+            return self._finish([], "agent_error", error="solo mode: the agent may only call tools (or 'done')")
+        obs, ending = self._user_turn(amsg)
+        return self._after(obs, ending)
+
+    def _visible_assistant(self, parsed: ParsedAction, calls: list[ToolCallRequest], done_called: bool) -> dict:
+        msg: dict = {"role": "assistant", "content": parsed.content}
+        entries = [self._visible_call(c) for c in calls]
+        if done_called:
+            entries.append(openai_tool_call(f"call_{self._steps}_done", STOP_TOOL, {}))
+        if entries:
+            msg["tool_calls"] = entries
+        return msg
+
+    @staticmethod
+    def _visible_call(c: ToolCallRequest) -> dict:
+        if c.ok:
+            return openai_tool_call(c.id, c.name, c.arguments)
+        return {"id": c.id, "type": "function", "function": {"name": c.name or "", "arguments": c.raw}}
+
+    def _append_stop_message(self, done_called: bool, content: str | None = None) -> None:
+        from tau2.data_model.message import AssistantMessage
+
+        # tau2 turns a ``done`` call into the stop message ``###STOP###`` (GymAgent/LLMSoloAgent)
+        text = STOP_TOKEN if done_called or content is None else content
+        self._trajectory.append(AssistantMessage(role="assistant", content=text))
+
+    def _check_call(self, c: ToolCallRequest, allowed: frozenset | set) -> str | None:
+        """Error text for a call that must not run, ``None`` if tau2 may run it."""
+        if not c.ok:
+            return f"Error: {c.error}. {TOOL_CALL_FORMAT_HINT}"
+        if c.name in allowed:
+            err = self.domain.validate_arguments(c.name, c.arguments)
+            if err is not None:
+                return f"Error: {err}"
+        return None
+
+    def _run_agent_calls(self, content: str | None, calls: list[ToolCallRequest]) -> list[dict]:
+        from tau2.data_model.message import AssistantMessage, ToolCall
+
+        amsg = AssistantMessage(role="assistant", content=content, tool_calls=None)
+        accepted, tool_msgs, obs = [], [], []
+        for c in calls:
+            err = self._check_call(c, self._tool_names)
+            if err is not None:
+                self._errors += 1
+                out = openai_tool_message(c.id, c.name, err)
+            else:
+                tc = ToolCall(id=c.id, name=c.name, arguments=c.arguments, requestor="assistant")
+                tm = self.domain.execute(self._episode, tc)
+                accepted.append(tc)
+                tool_msgs.append(tm)
+                self._errors += bool(tm.error)
+                if c.name == TRANSFER_TOOL and not tm.error and hasattr(self._user, "transferred"):
+                    self._user.transferred = True
+                out = openai_tool_message(c.id, c.name, tm.content)
+            obs.append(out)
+        amsg.tool_calls = accepted or None
+        if accepted or content is not None:
+            self._trajectory.append(amsg)
+            self._trajectory.extend(tool_msgs)
+        self._messages.extend(obs)
+        return obs
+
+    def _user_turn(self, incoming: Any) -> tuple[list[dict], tuple[str, str] | None]:
+        """Let the customer answer ``incoming`` (running its tool calls); returns the new
+        agent-visible messages and ``(termination_reason, error text)`` if the episode ends."""
+        from tau2.data_model.message import MultiToolMessage, ToolCall, ToolMessage, UserMessage
+        from tau2.user.user_simulator import UserSimulator
+
+        user_tools = frozenset(self.domain.user_tool_names)
+        for _ in range(self.max_user_tool_rounds + 1):
+            try:
+                umsg, self._user_state = self._user.generate_next_message(incoming, self._user_state)
+                umsg.validate()
+            except Exception as e:
+                return [], ("user_error", f"{type(e).__name__}: {e}")
+            if not umsg.is_tool_call():
+                self._trajectory.append(umsg)
+                visible = {"role": "user", "content": umsg.content}
+                self._messages.append(visible)
+                if UserSimulator.is_stop(umsg):
+                    return [visible], ("user_stop", "")
+                return [visible], None
+            accepted, results = [], []
+            for tc in umsg.tool_calls:
+                req = ToolCallRequest(tc.id, tc.name, tc.arguments if isinstance(tc.arguments, dict) else None)
+                if req.arguments is None:
+                    req.error = "the arguments must be a JSON object"
+                err = self._check_call(req, user_tools)
+                if err is not None:
+                    results.append(ToolMessage(id=tc.id, role="tool", content=err, requestor="user", error=True))
+                    continue
+                call = ToolCall(id=tc.id, name=tc.name, arguments=tc.arguments, requestor="user")
+                tm = self.domain.execute(self._episode, call)
+                accepted.append(call)
+                results.append(tm)
+            if accepted or umsg.has_text_content():
+                self._trajectory.append(
+                    UserMessage(role="user", content=umsg.content, tool_calls=accepted or None, timestamp=umsg.timestamp)
+                )
+                self._trajectory.extend(r for r in results if r.id in {c.id for c in accepted})
+            incoming = results[0] if len(results) == 1 else MultiToolMessage(role="tool", tool_messages=results)
+        return [], ("user_error", f"the customer made more than {self.max_user_tool_rounds} tool-call rounds in a row")
+
+    # ------------------------------------------------------------------------------------------
+    # endings
+    # ------------------------------------------------------------------------------------------
+    def _after(self, obs: list[dict], ending: tuple[str, str] | None) -> tuple[list, float, bool, bool, dict]:
+        if ending is not None:
+            return self._finish(obs, ending[0], error=ending[1] or None)
+        if self.max_errors is not None and self._errors >= self.max_errors:
+            return self._finish(obs, "too_many_errors")
+        if self._steps >= self.max_steps:
+            return self._finish(obs, "max_steps")
+        return obs, 0.0, False, False, self._info()
+
+    def _finish(self, obs: list[dict], reason: str, error: str | None = None) -> tuple[list, float, bool, bool, dict]:
+        from .rewards import partial_reward, tau2_reward, tau2_reward_reference
+
+        self._done = True
+        self.termination_reason = reason
+        if self.evaluator == "tau2":
+            info = tau2_reward_reference(self.simulation_run(), self._task, self.domain_name, self.solo)
+        else:
+            info = tau2_reward(self.domain, self._task, self._episode.env, self._trajectory, reason)
+        binary = float(info.reward)
+        partial = float(partial_reward(self.domain, self._task, self._trajectory, info, binary, self._episode.env))
+        self.reward_info = info
+        self._end_info = {
+            "termination_reason": reason,
+            "reward_info": info.model_dump(mode="json"),
+            "reward_binary": binary,
+            "reward_partial": partial,
+        }
+        if reason == "user_error":
+            self._end_info["user_error"] = error or "unknown customer failure"
+        elif error:
+            self._last_action_error = error
+        reward = partial if self.reward_kind == "partial" else binary
+        return obs, reward, reason != "max_steps", reason == "max_steps", self._info()
+
+    # ------------------------------------------------------------------------------------------
+    # info, tau2 views, rendering
+    # ------------------------------------------------------------------------------------------
+    def _info(self) -> dict:
+        info = {
+            "messages": list(self._messages),
+            "tools": self.tools,
+            "task_id": self._task.id,
+            "index": self._index,
+            "split": self.split,
+            "domain": self.domain_name,
+            "user": self.user_kind,
+            "step": self._steps,
+            "num_errors": self._errors,
+        }
+        if self._last_action_error is not None:
+            info["action_error"] = self._last_action_error
+        if self._done:
+            info.update(self._end_info)
+        return info
+
+    @property
+    def task(self):
+        """The current tau2 ``Task`` (``None`` before the first reset)."""
+        return self._task
+
+    @property
+    def trajectory(self) -> list:
+        """tau2 messages of the episode so far (what tau2's evaluator sees)."""
+        return list(self._trajectory)
+
+    @property
+    def tau2_environment(self):
+        """The live tau2 ``Environment`` of the episode."""
+        return self._episode.env
+
+    def simulation_run(self):
+        """The episode as a tau2 ``SimulationRun`` (termination reason ``max_steps`` while running)."""
+        from tau2.data_model.simulation import SimulationRun, TerminationReason
+
+        return SimulationRun(
+            id=str(uuid.uuid4()),
+            task_id=self._task.id,
+            start_time=self._start_time,
+            end_time=_now(),
+            duration=time.perf_counter() - self._start,
+            termination_reason=TerminationReason(self.termination_reason or "max_steps"),
+            messages=deepcopy(self._trajectory),
+        )
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi" or self._task is None:
+            return None
+        lines = []
+        for m in self._messages:
+            text = m.get("content") or ""
+            for tc in m.get("tool_calls") or []:
+                text += f"\n  -> {tc['function']['name']}({tc['function']['arguments']})"
+            lines.append(f"[{m['role']}] {text}")
+        return "\n".join(lines)
+
+
+def _now() -> str:
+    from tau2.utils.utils import get_now
+
+    return get_now()
+
+
+def _valid_user_history(m: Any) -> bool:
+    from tau2.user.base import is_valid_user_history_message
+
+    return is_valid_user_history_message(m)
