@@ -316,7 +316,7 @@ class GRPOTrainer:
                             w = float(micro["response_mask"].sum()) if k not in ("num_tokens",) else 1.0
                             sums[k] = sums.get(k, 0.0) + v * w
                             weights[k] = weights.get(k, 0.0) + w
-                    sums["loss/total"] = sums.get("loss/total", 0.0) + float(loss) * num / max(denom, 1.0)
+                    sums["loss/total"] = sums.get("loss/total", 0.0) + float(loss.detach()) * num / max(denom, 1.0)
                 if not finite:
                     self.optimizer.zero_grad(set_to_none=True)
                     n_skipped += 1

@@ -1,0 +1,44 @@
+"""A tiny verifiable text task for end-to-end trainer tests (no data files, instant rewards).
+
+``ToyVowels-v0``: the prompt asks for vowels; the reward is the fraction of the reply's characters that are
+lowercase vowels (in [0, 1]). A random policy already scores 0.1-0.4 with spread inside every group, so GRPO has
+signal from step one and a learning policy visibly raises the mean reward.
+"""
+from __future__ import annotations
+
+import gymnasium as gym
+from gymnasium.envs.registration import register, registry
+
+
+class ToyVowelsEnv(gym.Env):
+    metadata = {"render_modes": []}
+
+    def __init__(self, split: str = "train", n_tasks: int = 8):
+        self.split = split
+        self.num_tasks = n_tasks
+        self.observation_space = gym.spaces.Text(4096)
+        self.action_space = gym.spaces.Text(4096)
+        self._done = True
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        idx = int((options or {}).get("index", self.np_random.integers(self.num_tasks)))
+        self._messages = [
+            {"role": "system", "content": "You only write vowels."},
+            {"role": "user", "content": f"Task {idx}: write many vowels."},
+        ]
+        self._done = False
+        return list(self._messages), {"messages": list(self._messages), "index": idx}
+
+    def step(self, action):
+        if self._done:
+            raise RuntimeError("reset() first")
+        text = action if isinstance(action, str) else str(action.get("content", ""))
+        self._done = True
+        reward = sum(c in "aeiou" for c in text) / max(1, len(text))
+        msgs = self._messages + [{"role": "assistant", "content": text}]
+        return [], float(reward), True, False, {"messages": msgs}
+
+
+if "ToyVowels-v0" not in registry:
+    register(id="ToyVowels-v0", entry_point="tests.toy_envs:ToyVowelsEnv")
