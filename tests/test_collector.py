@@ -1,0 +1,137 @@
+"""Collector: token-in/token-out multi-turn episodes, assistant mask, behaviour log-probs, truncation."""
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+import torch
+
+from torchrl_grpo.backends.base import Generation, RolloutBackend, SamplingConfig
+from torchrl_grpo.backends.transformers_backend import TransformersBackend
+from torchrl_grpo.chat_tokens import ChatRenderer
+from torchrl_grpo.collector import GroupCollector
+from torchrl_grpo.loss import token_log_probs
+
+REPLIES = ["Let me look that up.", "Found it: 42.", "Anything else?"]
+
+
+class ScriptedChatEnv(gym.Env):
+    """Three assistant turns: after turn 1 a tool result, after turn 2 a user reply, turn 3 ends it."""
+
+    def __init__(self, split="train"):
+        self.observation_space = gym.spaces.Text(4096)
+        self.action_space = gym.spaces.Text(4096)
+        self.num_tasks = 4
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.turn = 0
+        self.messages = [{"role": "system", "content": "You are a helpful agent."},
+                         {"role": "user", "content": f"Question {options.get('index', 0)}?"}]
+        return list(self.messages), {"messages": list(self.messages)}
+
+    def step(self, action):
+        self.messages.append({"role": "assistant", "content": action})
+        self.turn += 1
+        if self.turn == 1:
+            new = [{"role": "tool", "content": '{"result": 42}', "tool_call_id": "c1"}]
+        elif self.turn == 2:
+            new = [{"role": "user", "content": "Thanks! One more thing."}]
+        else:
+            return [], 1.0, True, False, {"messages": list(self.messages), "termination_reason": "agent_stop"}
+        self.messages += new
+        return new, 0.0, False, False, {"messages": list(self.messages)}
+
+
+class ScriptedBackend(RolloutBackend):
+    """Returns the tokenisation of REPLIES[turn] + eos, with fake log-probs -(position+1)/100."""
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        self.calls = 0
+        self.policy_version = 7
+
+    def generate(self, prompts, sampling):
+        text = REPLIES[self.calls % len(REPLIES)]
+        self.calls += 1
+        ids = self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id]
+        return [Generation(ids, [-(i + 1) / 100 for i in range(len(ids))], "stop") for _ in prompts]
+
+    def load_weights(self, weights=None):
+        self.policy_version += 1
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_and_tokenizer):
+    return tiny_model_and_tokenizer[1]
+
+
+def test_mask_covers_exactly_assistant_tokens_and_matches_fresh_render(tok):
+    be = ScriptedBackend(tok)
+    col = GroupCollector(ScriptedChatEnv, be, tok, SamplingConfig(max_new_tokens=32), max_turns=5)
+    td = col.collect([{"index": 0}], n_samples=2)
+    assert td.shape == (2,)
+    L = int(td["attention_mask"][0].sum())
+    ids = td["tokens"][0, :L].tolist()
+    mask = td["response_mask"][0, :L].tolist()
+    # the accumulated ids equal a fresh render of the final conversation
+    msgs = td["info"][0]["messages"]
+    fresh = ChatRenderer(tok)._render(msgs, add_generation_prompt=False)
+    assert ids == fresh[: len(ids)] and len(fresh) - len(ids) == len(ChatRenderer(tok).assistant_suffix)
+    # masked tokens are exactly the three generated replies (each + eos), in order
+    expected = []
+    for r in REPLIES:
+        expected += tok.encode(r, add_special_tokens=False) + [tok.eos_token_id]
+    assert [t for t, m in zip(ids, mask) if m] == expected
+    # behaviour log-probs sit on masked tokens only
+    lp = td["sample_log_probs"][0, :L]
+    assert torch.all(lp[~td["response_mask"][0, :L]] == 0)
+    assert torch.all(lp[td["response_mask"][0, :L]] < 0)
+    assert td["num_turns"].tolist() == [3, 3]
+    assert td["reward"].tolist() == [1.0, 1.0]
+    assert td["policy_version"].tolist() == [7, 7]
+    assert td["terminated"].all() and not td["truncated"].any()
+    assert td["info"][0]["termination_reason"] == "agent_stop"
+
+
+def test_context_limit_truncates_with_flag(tok):
+    be = ScriptedBackend(tok)
+    col = GroupCollector(ScriptedChatEnv, be, tok, SamplingConfig(max_new_tokens=32), max_turns=5,
+                         max_context_tokens=60)
+    td = col.collect([{"index": 1}], n_samples=1)
+    assert bool(td["context_truncated"][0])
+    assert int(td["attention_mask"][0].sum()) <= 60
+    assert td["reward"][0].item() == 0.0
+
+
+def test_max_turns_truncates(tok):
+    col = GroupCollector(ScriptedChatEnv, ScriptedBackend(tok), tok, SamplingConfig(max_new_tokens=32), max_turns=2)
+    td = col.collect([{"index": 0}], n_samples=1)
+    assert td["num_turns"].item() == 2 and bool(td["truncated"][0]) and not bool(td["terminated"][0])
+
+
+def test_behaviour_log_probs_match_trainer_recompute(tiny_model_and_tokenizer):
+    model, tok = tiny_model_and_tokenizer
+    be = TransformersBackend(model, pad_token_id=tok.pad_token_id)
+    col = GroupCollector(ScriptedChatEnv, be, tok, SamplingConfig(max_new_tokens=12, temperature=1.0), max_turns=3)
+    td = col.collect([{"index": 0}, {"index": 1}], n_samples=3, step=5)
+    lp, _ = token_log_probs(model, td["tokens"], td["attention_mask"])
+    m = td["response_mask"]
+    assert m.sum() > 0
+    assert torch.allclose(lp[m], td["sample_log_probs"][m], atol=1e-4)
+    # groups: 2 tasks x 3 samples, task-major
+    assert td["group_id"].tolist() == [0, 0, 0, 1, 1, 1]
+    # same step -> same samples (seeds derive from step), another step -> different
+    td2 = col.collect([{"index": 0}, {"index": 1}], n_samples=3, step=5)
+    assert torch.equal(td["tokens"], td2["tokens"])
+
+
+def test_env_exception_ends_episode_without_crash(tok):
+    class Broken(ScriptedChatEnv):
+        def step(self, action):
+            raise RuntimeError("boom")
+
+    col = GroupCollector(Broken, ScriptedBackend(tok), tok, SamplingConfig(max_new_tokens=8), max_turns=3)
+    td = col.collect([{"index": 0}], n_samples=1)
+    assert td["info"][0]["termination_reason"] == "env_error"
+    assert "boom" in td["info"][0]["error"]
+    assert td["reward"].item() == 0.0
