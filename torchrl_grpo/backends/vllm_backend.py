@@ -373,8 +373,8 @@ class VLLMBackend(RolloutBackend):
         Args:
             weights: every weight of the policy under HF checkpoint names, as a state dict or an
                 iterable of ``(name, tensor)`` (any float dtype and device; cast to the engine
-                dtype on copy). Tied ``lm_head.weight`` and ``rotary_emb`` buffers are accepted and
-                ignored. For LoRA policies pass merged weights
+                dtype on copy). ``rotary_emb`` buffers are ignored. For tied-embedding models
+                ``lm_head.weight`` may be given or left out (the embedding is then used for it). For LoRA policies pass merged weights
                 (:func:`torchrl_grpo.weight_sync.export_hf_weights`). The iterable is materialised
                 once (references only) to validate the names before anything is written.
 
@@ -388,6 +388,18 @@ class VLLMBackend(RolloutBackend):
         for n, t in items:
             if not isinstance(t, torch.Tensor) or not t.is_floating_point():
                 raise ValueError(f"load_weights: {n!r} is not a floating-point tensor")
+        if self._tied and not any(n == "lm_head.weight" for n, _ in items):
+            # vLLM ties lm_head to the embedding by sharing one Parameter, but its in-place reload
+            # treats lm_head as a layer of its own: if no lm_head weight arrives, it puts the *old*
+            # tensor back and the output layer goes stale. named_parameters() of a tied HF model
+            # omits lm_head.weight, so feed the embedding under that name too.
+            emb = [(n, t) for n, t in items if n.endswith("embed_tokens.weight")]
+            if len(emb) != 1:
+                raise ValueError(
+                    "load_weights: tied-embedding model without lm_head.weight and no unique "
+                    "'*embed_tokens.weight' to tie it to; pass lm_head.weight explicitly"
+                )
+            items.append(("lm_head.weight", emb[0][1]))
         t0 = time.perf_counter()
         # vLLM's weight loaders copy (and cast) into its own parameters, on its own device
         live = ((n, t.detach()) for n, t in items)
