@@ -1,0 +1,97 @@
+"""Hydra config schema and the grpo.py command line (tiny model, real GSM8K data)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from torchrl_grpo.config import register_configs, validate_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _compose(overrides):
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        return compose(config_name="grpo_gsm8k", overrides=overrides)
+
+
+def test_default_config_is_valid():
+    cfg = _compose([])
+    validate_config(cfg)
+    assert cfg.actor.path == "smollm2-135m-instruct"
+    assert cfg.econfig.env_id == "GSM8K-v0" and cfg.econfig.format_reward == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("override", ["optimizer.lrr=1e-5", "gconfig.n_sample=8", "actor.peft.rank=4"])
+def test_unknown_key_fails_naming_it(override):
+    with pytest.raises((ConfigCompositionException, ConfigKeyError)) as e:
+        _compose([override])
+    msg = str(e.value) + str(e.value.__cause__)
+    assert override.split("=")[0].split(".")[-1] in msg
+
+
+def test_wrong_type_fails():
+    with pytest.raises((ConfigCompositionException, ValidationError)):
+        _compose(["train.steps=abc"])
+
+
+@pytest.mark.parametrize("override,needle", [("rollout.backend=tgi", "rollout.backend"),
+                                             ("gconfig.n_samples=0", "gconfig.n_samples"),
+                                             ("optimizer.lr=-1", "optimizer.lr")])
+def test_bad_values_fail_naming_key(override, needle):
+    cfg = _compose([override])
+    with pytest.raises(ValueError, match=needle):
+        validate_config(cfg)
+
+
+def _run(args, cwd, timeout=600):
+    env = {**os.environ, "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "1"}
+    return subprocess.run([sys.executable, str(REPO / "grpo.py"), *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+COMMON = ["actor.path=tiny-random", "train.steps=2", "train.batch_size=1", "gconfig.n_samples=2",
+          "gconfig.max_new_tokens=8", "eval.n_problems=2", "checkpoint.every=1", "stats_logger.wandb.mode=disabled",
+          "stats_logger.progress_bar=false"]
+
+
+def test_cli_run_writes_outputs(tmp_path, gsm8k_dir):
+    p = _run(COMMON + [f"train_dataset.path={gsm8k_dir}"], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    runs = list((tmp_path / "outputs").glob("*/*"))
+    assert len(runs) == 1
+    run = runs[0]
+    assert (run / ".hydra" / "config.yaml").is_file()
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert {r["step"] for r in rows} == {0, 1, 2}
+    assert any("eval/accuracy" in r for r in rows) and any("reward/mean" in r for r in rows)
+    assert sorted(x.name for x in (run / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
+    # eval-only entry on the checkpoint
+    p2 = _run(COMMON + [f"train_dataset.path={gsm8k_dir}", "eval_only=true",
+                        f"train.resume_from={run / 'checkpoints'}"], cwd=tmp_path)
+    assert p2.returncode == 0, p2.stderr[-3000:]
+    assert "eval/accuracy" in p2.stdout + p2.stderr
+
+
+def test_cli_multirun_sweep(tmp_path, gsm8k_dir):
+    p = _run(["--multirun"] + COMMON + [f"train_dataset.path={gsm8k_dir}", "train.steps=1", "eval.n_problems=0",
+                                        "optimizer.lr=1e-5,1e-6"], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    jobs = sorted((tmp_path / "multirun").glob("*/*/*/metrics.jsonl"))
+    assert len(jobs) == 2
+    lrs = sorted(json.loads(j.read_text().splitlines()[0])["lr"] for j in jobs)
+    assert lrs == pytest.approx([1e-6, 1e-5])
+
+
+def test_cli_missing_data_dir_is_a_clear_error(tmp_path):
+    p = _run(COMMON + [f"train_dataset.path={tmp_path / 'nope'}"], cwd=tmp_path)
+    assert p.returncode != 0
+    assert "nope" in p.stderr and ("GSM8K_DATA_DIR" in p.stderr or "not found" in p.stderr.lower())
