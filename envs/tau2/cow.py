@@ -207,7 +207,7 @@ class DBSnapshot:
             :class:`CowTable` in copies; every other field is restored from a pickle.
     """
 
-    def __init__(self, db: BaseModel, min_table_size: int = 64):
+    def __init__(self, db: BaseModel, min_table_size: int = 8):
         self.pristine = db
         fields = db.__dict__
         self.cow_fields = tuple(

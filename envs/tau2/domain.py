@@ -16,6 +16,7 @@ malformed call can never touch the database, then tau2's ``Environment.get_respo
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from copy import deepcopy
@@ -179,10 +180,16 @@ class Tau2Domain:
         """A fresh tau2 ``Environment`` over copy-on-write copies of the databases."""
         self._check_solo(solo)
         db, mode = self.agent_snapshot.fresh()
-        kwargs: dict[str, Any] = {"db": db, "solo_mode": solo}
+        kwargs: dict[str, Any] = {"db": db}
         if self.user_snapshot is not None:
             kwargs["user_db"], _ = self.user_snapshot.fresh()
         env = self.constructor(**kwargs)
+        if solo:
+            # What tau2's constructor does for solo_mode=True (solo policy + Environment.solo_mode),
+            # without re-running validate_solo_mode, which rebuilds every Tool object (~0.15 s);
+            # it was checked once when the solo policy was loaded.
+            env.policy = self.policy(True)
+            env.solo_mode = True
         return Episode(env, mode if self.agent_snapshot.cow_fields else None)
 
     def start(self, task: "Task", solo: bool = False) -> Episode:
@@ -221,16 +228,18 @@ class Tau2Domain:
         READ tools of domains without a ``sync_tools`` side effect run with shared (uncopied)
         records; everything else copies records before they can change.
         """
+        with self._reading(episode, tool_call.name, tool_call.requestor):
+            return episode.env.get_response(tool_call)
+
+    def _reading(self, episode: Episode, name: str, requestor: str):
+        """Context sharing pristine records while a READ tool of the agent's kit runs."""
         share = (
             episode.mode is not None
             and self._share_reads_ok
-            and tool_call.requestor == "assistant"
-            and tool_call.name in self._read_tools
+            and requestor == "assistant"
+            and name in self._read_tools
         )
-        if share:
-            with episode.mode.reading():
-                return episode.env.get_response(tool_call)
-        return episode.env.get_response(tool_call)
+        return episode.mode.reading(share) if episode.mode is not None else contextlib.nullcontext()
 
     # -- gold reference ----------------------------------------------------------------------
     def _build_gold(self, task: "Task") -> "Environment":
@@ -240,7 +249,8 @@ class Tau2Domain:
         criteria = task.evaluation_criteria
         for action in (criteria.actions or []) if criteria is not None else []:
             try:
-                ep.env.make_tool_call(tool_name=action.name, requestor=action.requestor, **action.arguments)
+                with self._reading(ep, action.name, action.requestor):
+                    ep.env.make_tool_call(tool_name=action.name, requestor=action.requestor, **action.arguments)
             except Exception:
                 pass
         return ep.env
