@@ -4,54 +4,75 @@
 ``envs`` (observation: the list of new OpenAI-format chat messages; action: raw model text or an
 assistant message dict; ``info["messages"]`` the whole conversation, optional ``info["tools"]``)
 as one :class:`torchrl.envs.EnvBase` with ``batch_size=[B]``. Single-turn (GSM8K) and multi-turn
-tool-using envs (tau2) go through the same code.
+tool-using envs (tau2) go through the same code; :func:`make_torchrl_env` builds one from a
+registered id.
 
-Data layout (``B`` = batch size, ``T_b`` = number of messages of conversation ``b``, ``L_b`` =
-number of prompt tokens of conversation ``b``; ragged dims are lazily stacked):
+Output of ``reset`` / ``step`` (``B`` batch size, ``T_b`` messages in conversation ``b``, ``L``
+longest prompt in tokens; ``T_b`` is ragged, so ``History`` is lazily stacked):
 
-========================  ==================================  ===================================
-key                       type / shape                        content
-========================  ==================================  ===================================
-``"observation"``         NonTensor ``[B]``                   new messages since the last step
-                                                              (``list[dict]``)
-``"messages"``            NonTensor ``[B]``                   whole conversation (``list[dict]``)
-``("history","prompt")``  :class:`~torchrl.data.llm.History`  whole conversation as torchrl
-                          ``[B, T_b]``                        ``History`` (role, content,
-                                                              tool_calls)
-``"tools"``               NonTensor ``[B]``                   OpenAI tool schemas or ``None``
-``"info"``                NonTensor ``[B]``                   the env's ``info`` dict without
-                                                              ``messages``/``tools``
-``("text","prompt")``     NonTensor ``[B]`` (tokenizer only)  chat template applied, generation
-                                                              prompt added
-``("tokens","prompt")``   int64 ``[B, L_b]`` (tokenizer only) token ids of that text
-``"reward"``              float32 ``[B, 1]``                  env reward of the last step
-``"done"``, ``"terminated"``, ``"truncated"``  bool ``[B, 1]``  Gymnasium flags (done = or)
-``"action"``              NonTensor ``[B]`` (input of step)   ``str`` or assistant message dict
-========================  ==================================  ===================================
+===========================  =======================================  ===============================
+key                          type, shape                              content
+===========================  =======================================  ===============================
+``"observation"``            NonTensor ``[B]``                        new messages since last step
+``"messages"``               NonTensor ``[B]``                        whole conversation, OpenAI
+                                                                      format (the lossless record)
+``("history", "prompt")``    ``History [B, T_b]`` (role, content,     whole conversation as torchrl
+                             is_complete)                             ``History``
+``"tools"``                  NonTensor ``[B]``                        OpenAI tool schemas or None
+``"info"``                   NonTensor ``[B]``                        env ``info`` minus messages,
+                                                                      tools (answer, task_id, ...)
+``("text", "prompt")``       NonTensor ``[B]`` (with tokenizer)       chat template + generation
+                                                                      prompt
+``("tokens", "prompt")``     int64 ``[B, L]`` (with tokenizer)        its token ids, left-padded
+                                                                      with ``pad_token_id``
+``"attention_mask"``         bool ``[B, L]`` (with tokenizer)         True on real prompt tokens
+``"reward"``                 float32 ``[B, 1]``                       reward of the last step
+``"done"`` / ``"terminated"`` / ``"truncated"``  bool ``[B, 1]``      Gymnasium flags, done = or
+===========================  =======================================  ===============================
 
-Reset inputs (all optional): ``"_reset"`` bool ``[B, 1]`` (partial reset: only those envs are
-reset, the others keep their current observation), ``"options"`` NonTensor ``[B]`` of per-env
-Gymnasium reset options (``dict`` or ``None``), ``"task_index"`` int ``[B]``/``[B, 1]``
-(``i >= 0`` means ``options={"index": i}``, negative means "draw one").
+Input of ``step``: ``"action"``, NonTensor ``[B]`` of ``str`` or assistant message dicts. When it
+is absent, the output of a TorchRL LLM wrapper is used: ``("text", "response")``, else the last
+message of ``("history", "response")``, else ``("tokens", "response")`` decoded.
 
-Conventions kept from TorchRL's own LLM envs (``torchrl.envs.llm.ChatEnv`` and friends, 0.14):
-the conversation lives in a :class:`~torchrl.modules.llm.policies.ChatHistory` under
-``"history"`` with the policy input in ``("history", "prompt")``; text and tokens under
-``("text", "prompt")`` / ``("tokens", "prompt")`` (:class:`~torchrl.modules.llm.policies.Text` /
-:class:`~torchrl.modules.llm.policies.Tokens`), ragged data lazily stacked. So a TorchRL LLM
-wrapper (``TransformersWrapper``/``vLLMWrapper``) in ``input_mode="history"`` or ``"text"``
-can read the prompt directly, and its ``("text", "response")`` / ``("history", "response")``
-output is accepted as the action when ``"action"`` is absent.
+Input of ``reset`` (all optional): ``"_reset"`` bool ``[B, 1]`` (partial reset: only those envs
+restart, the others keep their data), ``"options"`` NonTensor ``[B]`` of per-env Gymnasium
+reset options (dict or None), ``"task_index"`` int ``[B]`` (``i >= 0`` means
+``options={"index": i}``, negative means "draw one"). Auto-resets inside ``rollout`` /
+``step_and_maybe_reset`` pass only ``"_reset"``: those envs draw their next task from their own
+seeded RNG.
 
-Where we diverge from ``ChatEnv``: (1) the *environment* owns the conversation, the task and the
-reward (``ChatEnv`` is a blank canvas fed by a ``DataLoadingPrimer`` and scored by reward
-transforms such as ``GSM8KRewardParser``), because tau2's tool execution, user simulator and
-evaluator live in the Gymnasium env; (2) the action is plain text (``"action"``), not the
-policy's ``("history", "full")``, so any generator can drive it; (3) OpenAI message extras that
-``History`` has no field for (``tool_call_id``, ``name``) are kept in ``"messages"`` only, which
-is the lossless record; (4) tokens are rendered with ``tokenizer.apply_chat_template`` on the
-OpenAI messages (with ``tools=``), not with ``History.apply_chat_template``, so tool schemas
-reach templates that support them.
+Conventions kept from TorchRL's LLM envs (``torchrl.envs.llm.ChatEnv``, torchrl 0.14): the
+conversation is a :class:`~torchrl.modules.llm.policies.ChatHistory` under ``"history"`` with the
+policy input in ``("history", "prompt")``; text in :class:`~torchrl.modules.llm.policies.Text`
+``("text", "prompt")``; token ids in :class:`~torchrl.modules.llm.policies.Tokens`
+``("tokens", "prompt")`` left-padded with the mask under ``"attention_mask"`` (the default
+``attention_mask_key`` of ``TransformersWrapper``). Verified in the tests: a
+``TransformersWrapper(input_mode="text")`` drives single- and multi-turn batches through
+``rollout``; ``input_mode="history"`` works while all conversations in the batch have the same
+length (torchrl 0.14's wrapper cannot extend ragged histories); ``input_mode="tokens"`` is not
+supported (the wrapper re-derives the padding by value and re-pads prompts in place).
+
+Where we diverge from ``ChatEnv``, and why:
+
+1. The Gymnasium env owns the conversation, the task and the reward (``ChatEnv`` is a blank
+   canvas fed by a ``DataLoadingPrimer`` and scored by reward transforms such as
+   ``GSM8KRewardParser``): tau2's tool execution, user simulator and evaluator live in the env.
+2. The action is plain text (``"action"``), not the policy's ``("history", "full")``, so any
+   generator (our rollout backends, a fixed policy) can drive it.
+3. ``History`` holds role, content and is_complete only: OpenAI extras (``tool_calls``,
+   ``tool_call_id``, ``name``) stay in ``"messages"``. A ``History`` with all five fields is ~3x
+   slower to build and to clone in ``step_mdp`` (measured at ``B=64``).
+4. Prompts are rendered with ``tokenizer.apply_chat_template`` on the OpenAI messages (with
+   ``tools=``), not ``History.apply_chat_template``, so tool schemas and tool calls reach the
+   templates that support them.
+5. Token ids are left-padded dense tensors, not the nested tensors of ``IncrementalTokenizer``:
+   torchrl 0.14 cannot ``torch.stack`` nested tensors across time in ``rollout``, and ragged
+   lazy stacks fail ``check_env_specs``.
+6. A partial reset replaces each top-level entry instead of ``TensorDict.where`` (which cannot
+   merge conversations of different lengths); see :meth:`TextEnv._reset_proc_data`.
+7. These are re-rendered prompts: a collector that generates turn after turn should extend its
+   own token ids (no decode / re-encode of earlier turns) and use ``"observation"`` for the new
+   messages.
 """
 from __future__ import annotations
 
@@ -68,7 +89,7 @@ from tensordict import (
     TensorDictBase,
     lazy_stack,
 )
-from torchrl.data import Categorical, Composite, NonTensor, Unbounded
+from torchrl.data import Bounded, Categorical, Composite, NonTensor, Unbounded
 from torchrl.data.llm import History
 from torchrl.envs import EnvBase
 from torchrl.modules.llm.policies import ChatHistory, Text, Tokens
@@ -76,16 +97,16 @@ from torchrl.modules.llm.policies import ChatHistory, Text, Tokens
 __all__ = ["TextEnv", "make_torchrl_env"]
 
 def _to_history(messages: list[dict]) -> History:
-    """``History`` of shape ``[T]`` (role and content) from OpenAI messages.
+    """``History`` of shape ``[T]`` (role, content, is_complete) from OpenAI messages.
 
-    ``content=None`` becomes ``""``. Only ``role`` and ``content`` are filled: building and
-    cloning (``step_mdp`` clones every step) a ``History`` with all five fields costs about 3x
-    more, and tool calls / tool-call ids are kept losslessly in ``"messages"``.
+    ``content=None`` becomes ``""``. ``tool_calls`` / ``tool_responses`` are left out (see the
+    module docstring, divergence 3): the OpenAI messages keep them.
     """
     td = TensorDict(
         {
             "role": NonTensorStack.from_list([m.get("role", "user") for m in messages]),
             "content": NonTensorStack.from_list([m.get("content") or "" for m in messages]),
+            "is_complete": NonTensorStack.from_list([True] * len(messages)),
         },
         batch_size=[len(messages)],
     )
@@ -93,12 +114,13 @@ def _to_history(messages: list[dict]) -> History:
 
 
 def _history_spec(batch_size: torch.Size) -> Composite:
-    """Spec of ``("history", "prompt")``: ``History`` ``[B, -1]`` with role and content."""
+    """Spec of ``("history", "prompt")``: ``History [B, -1]`` with role, content, is_complete."""
     shape = batch_size + (-1,)
     return Composite(
         prompt=Composite(
             role=NonTensor(shape=shape, example_data="user"),
             content=NonTensor(shape=shape, example_data="hi"),
+            is_complete=NonTensor(shape=shape, example_data=True),
             shape=shape,
             data_cls=History,
         ),
@@ -111,6 +133,18 @@ def _history_spec(batch_size: torch.Size) -> Composite:
 def _non_tensor_stack(items: list) -> NonTensorStack:
     """``NonTensorStack [len(items)]`` holding each item as one datum (lists are not unrolled)."""
     return NonTensorStack(*[NonTensorData(x) for x in items])
+
+
+def _left_pad(seqs: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad 1-D int64 tensors to ``[B, L_max]``; returns (ids, attention mask bool)."""
+    length = max((len(s) for s in seqs), default=0)
+    ids = torch.full((len(seqs), length), pad_id, dtype=torch.int64)
+    mask = torch.zeros((len(seqs), length), dtype=torch.bool)
+    for b, s in enumerate(seqs):
+        if len(s):
+            ids[b, length - len(s) :] = s
+            mask[b, length - len(s) :] = True
+    return ids, mask
 
 
 def _options_list(value: Any, batch: int) -> list:
@@ -141,24 +175,22 @@ class TextEnv(EnvBase):
         template_kwargs: extra kwargs for ``tokenizer.apply_chat_template``.
         device: device of the tensors (``reward``, flags, tokens). Default CPU.
 
-    Step semantics: an env that is already done when stepped is not stepped again; it repeats
-    its last observation with ``reward=0`` and ``done=True`` (so ``rollout`` with
-    ``break_when_any_done=False, break_when_all_done=True`` works on a batch of episodes of
-    different lengths). An action that is neither text nor a dict is handed to the Gymnasium
-    env as-is, which answers it with an error observation (the envs never crash on bad actions).
+    Step semantics: an env whose episode has ended and that was not reset since is not stepped
+    again; it repeats its last observation with ``reward=0`` and its done flags, so a caller can
+    keep stepping the whole batch until every episode has ended. An action that is neither text
+    nor a dict is passed to the Gymnasium env unchanged: by the env contract it answers with an
+    error (GSM8K: reward 0 and ``info["error"]``), never an exception.
 
     Seeding: :meth:`set_seed` gives env ``b`` the seed ``seed + b`` on its next reset, as
     ``gymnasium.vector`` does.
 
     Raises:
-        ValueError: empty ``envs``; a malformed ``options``/``task_index`` entry at reset; an
+        ValueError: empty ``envs``; a tokenizer without ``chat_template``; a malformed
+            ``options``/``task_index`` entry at reset; a number of actions other than ``B``; an
             env that returns a non-list observation.
-        KeyError: ``step`` with no ``"action"`` (nor ``("text","response")`` /
-            ``("history","response")``) entry.
-        RuntimeError: ``step`` before ``reset``.
+        KeyError: ``step`` without ``"action"`` nor an LLM wrapper's response entry.
+        RuntimeError: ``step`` before ``reset``; a partial reset before the first full reset.
     """
-
-    batch_locked = True
 
     def __init__(
         self,
@@ -180,6 +212,10 @@ class TextEnv(EnvBase):
         self.envs = envs
         self.tokenizer = tokenizer
         self.template_kwargs = dict(template_kwargs or {})
+        self._pad_id = 0
+        if tokenizer is not None:
+            pad = tokenizer.pad_token_id
+            self._pad_id = int(pad if pad is not None else (tokenizer.eos_token_id or 0))
         n = len(envs)
         self._messages: list[list[dict]] = [[] for _ in range(n)]
         self._observation: list[list[dict]] = [[] for _ in range(n)]
@@ -187,7 +223,6 @@ class TextEnv(EnvBase):
         self._info: list[dict] = [{} for _ in range(n)]
         self._flags: list[tuple[bool, bool]] = [(False, False)] * n  # (terminated, truncated)
         self._started = [False] * n
-        self._history_cache: list[History | None] = [None] * n
         self._render_cache: list[tuple[str, torch.Tensor] | None] = [None] * n
         self._pending_seeds: list[int | None] = [None] * n
         self._make_specs()
@@ -204,12 +239,16 @@ class TextEnv(EnvBase):
         }
         if self.tokenizer is not None:
             obs["text"] = Text.default_spec(shape=bs, keys=["prompt"])
+            # torchrl's "tokens" input of LLM wrappers: prompt ids left-padded, plus the mask
+            # under the wrappers' default ``attention_mask_key``.
             obs["tokens"] = Composite(
-                prompt=Unbounded(shape=bs + (-1,), dtype=torch.int64),
+                prompt=Bounded(0, len(self.tokenizer), shape=bs + (-1,), dtype=torch.int64),
+                padded=NonTensor(shape=bs, example_data=True),
                 shape=bs,
                 data_cls=Tokens,
                 step_mdp_static=True,
             )
+            obs["attention_mask"] = Categorical(2, shape=bs + (-1,), dtype=torch.bool)
         self.full_observation_spec = Composite(obs, shape=bs).to(self.device)
         self.full_action_spec = Composite(
             action=NonTensor(shape=bs, example_data="#### 0"), shape=bs
@@ -238,12 +277,6 @@ class TextEnv(EnvBase):
             self._render_cache[b] = (text, torch.as_tensor(ids, dtype=torch.int64))
         return self._render_cache[b]
 
-    def _history(self, b: int) -> History:
-        """``History [T_b]`` of env ``b``'s conversation (cached)."""
-        if self._history_cache[b] is None:
-            self._history_cache[b] = _to_history(self._messages[b])
-        return self._history_cache[b]
-
     def _batch_td(self, rewards: list[float]) -> TensorDict:
         """The ``[B]`` TensorDict that every reset and step returns (module docstring)."""
         n = self.batch_size[0]
@@ -256,7 +289,7 @@ class TextEnv(EnvBase):
                 "tools": _non_tensor_stack([copy.deepcopy(t) for t in self._tools]),
                 "info": _non_tensor_stack(list(self._info)),
                 "history": ChatHistory(
-                    prompt=lazy_stack([self._history(b) for b in range(n)]),
+                    prompt=lazy_stack([_to_history(m) for m in self._messages]),
                     batch_size=self.batch_size,
                 ),
                 "reward": torch.tensor(rewards, dtype=torch.float32).unsqueeze(-1),
@@ -271,11 +304,13 @@ class TextEnv(EnvBase):
             td["text"] = Text(
                 prompt=_non_tensor_stack([t for t, _ in rendered]), batch_size=self.batch_size
             )
-            td["tokens"] = lazy_stack([Tokens(prompt=ids) for _, ids in rendered])
+            ids, mask = _left_pad([i for _, i in rendered], self._pad_id)
+            td["tokens"] = Tokens(prompt=ids, padded=True, batch_size=self.batch_size)
+            td["attention_mask"] = mask
         return td if self.device is None else td.to(self.device)
 
     def _record(self, b: int, obs: Any, info: dict, action_msg: dict | None) -> None:
-        """Store what env ``b`` returned; invalidate its cached History and rendering."""
+        """Store what env ``b`` returned; invalidate its cached rendering."""
         if not isinstance(obs, list):
             raise ValueError(
                 f"env {b} ({type(self.envs[b]).__name__}) returned a {type(obs).__name__} "
@@ -290,7 +325,6 @@ class TextEnv(EnvBase):
         if "tools" in info:  # latest report wins; envs may report tools at reset only
             self._tools[b] = info.pop("tools")
         self._info[b] = info
-        self._history_cache[b] = None
         self._render_cache[b] = None
 
     # ------------------------------------------------------------------ reset
@@ -364,11 +398,16 @@ class TextEnv(EnvBase):
         elif ("history", "response") in tensordict.keys(True):
             hist = tensordict.get(("history", "response"))
             return [h[-1].content for h in hist.unbind(0)]
+        elif ("tokens", "response") in tensordict.keys(True) and self.tokenizer is not None:
+            ids = tensordict.get(("tokens", "response"), as_list=True)
+            return self.tokenizer.batch_decode(
+                [torch.as_tensor(i).tolist() for i in ids], skip_special_tokens=True
+            )
         else:
             raise KeyError(
                 "TextEnv.step needs an 'action' entry (text or assistant message per env), or "
-                "a ('text', 'response') / ('history', 'response') entry from a TorchRL LLM "
-                "wrapper"
+                "a ('text', 'response') / ('history', 'response') / ('tokens', 'response') "
+                "entry from a TorchRL LLM wrapper"
             )
         if isinstance(action, NonTensorStack):
             action = action.tolist()
@@ -438,6 +477,7 @@ def make_torchrl_env(
         **env_kwargs: forwarded to every ``gymnasium.make(env_id, ...)``.
 
     Raises:
+        ValueError: ``batch_size < 1``.
         gymnasium.error.Error: unknown id.
     """
     import envs as _envs  # registers the ids
