@@ -105,7 +105,7 @@ class Tau2Env(gym.Env):
             ``user_fn``; ``max_steps < 1``.
     """
 
-    metadata = {"render_modes": ["ansi"]}
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}
 
     def __init__(
         self,
