@@ -23,6 +23,8 @@ policy_version         [N] long      backend policy version at the episode's fir
 prompt_length          [N] long      tokens before the first assistant turn
 response_tokens        [N] long      number of sampled tokens
 num_turns              [N] long      assistant turns
+action_errors          [N] long      turns whose action the env could not use (``info["action_error"]``:
+                                     malformed tool call, empty message)
 terminated/truncated   [N] bool      env flags at the end
 context_truncated      [N] bool      cut at ``max_context_tokens``
 =====================  ============  =====================================================================
@@ -63,6 +65,7 @@ class Episode:
     truncated: bool = False
     context_truncated: bool = False
     num_turns: int = 0
+    action_errors: int = 0
     policy_version: int = -1
     info: dict = field(default_factory=dict)
     renderer: ChatRenderer | None = None
@@ -204,6 +207,8 @@ class GroupCollector:
                     ep.info = {**ep.info, "error": f"{type(exc).__name__}: {exc}", "termination_reason": "env_error"}
                     continue
                 ep.info = info
+                if info.get("action_error"):
+                    ep.action_errors += 1
                 ep.reward = float(reward)
                 ep.terminated, ep.truncated = bool(terminated), bool(truncated)
                 if terminated or truncated:
@@ -261,6 +266,7 @@ class GroupCollector:
                 "prompt_length": torch.tensor([e.prompt_length for e in episodes], dtype=torch.long),
                 "response_tokens": rmask.sum(-1),
                 "num_turns": torch.tensor([e.num_turns for e in episodes], dtype=torch.long),
+                "action_errors": torch.tensor([e.action_errors for e in episodes], dtype=torch.long),
                 "terminated": torch.tensor([e.terminated for e in episodes], dtype=torch.bool),
                 "truncated": torch.tensor([e.truncated for e in episodes], dtype=torch.bool),
                 "context_truncated": torch.tensor([e.context_truncated for e in episodes], dtype=torch.bool),

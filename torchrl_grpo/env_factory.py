@@ -13,11 +13,16 @@ __all__ = ["env_kwargs_from_config", "make_env_fn", "num_tasks"]
 gym.register_envs(envs)
 
 
-def env_kwargs_from_config(cfg, split: str, dataset_path: str | None = None) -> tuple[str, dict]:
+def env_kwargs_from_config(cfg, split: str, dataset_path: str | None = None, user_fn=None) -> tuple[str, dict]:
     """Map the ``econfig`` / dataset sections to ``(env_id, gym.make kwargs)``.
 
+    tau2 users: ``econfig.user`` (solo | scripted | llm | local) or, when unset, ``solo`` if ``econfig.solo_mode``
+    else ``scripted``; ``econfig.user_llm=local`` (or ``user=local``) plays the customer with ``user_fn`` (a
+    :class:`torchrl_grpo.local_user.LocalUser` built by the trainer); another ``user_llm`` value selects tau2's
+    LLM user against ``user_llm_base_url``.
+
     Raises:
-        ValueError: an unknown env id.
+        ValueError: an unknown env id, or a local user without ``user_fn``.
     """
     e = cfg.econfig
     env_id = e.env_id
@@ -31,7 +36,13 @@ def env_kwargs_from_config(cfg, split: str, dataset_path: str | None = None) -> 
     if env_id.startswith("tau2/") or env_id == "tau2":
         domain = e.domain if env_id == "tau2" else env_id.split("/")[1].rsplit("-v", 1)[0]
         kw = {"split": split, "max_steps": int(e.max_steps), "reward": e.reward}
-        user = e.user or ("solo" if e.solo_mode else "scripted")
+        user = e.user or ("local" if e.user_llm == "local" else "llm" if e.user_llm
+                          else "solo" if e.solo_mode else "scripted")
+        if user == "local":
+            if user_fn is None:
+                raise ValueError("econfig.user_llm=local needs a user_fn (built by the trainer from its backend)")
+            kw["user_fn"] = user_fn
+            user = "callable"
         kw["user"] = user
         if user == "llm":
             kw.update(user_llm=e.user_llm, user_llm_base_url=e.user_llm_base_url, user_llm_args=dict(e.user_llm_args))
@@ -57,4 +68,7 @@ def num_tasks(env: gym.Env) -> int:
         n = getattr(env, attr, None)
         if n is not None:
             return int(n)
-    raise TypeError(f"{type(env).__name__} exposes neither num_tasks nor num_problems")
+    tasks = getattr(env, "tasks", None)
+    if tasks is not None:
+        return len(tasks)
+    raise TypeError(f"{type(env).__name__} exposes none of num_tasks, num_problems, tasks")

@@ -16,7 +16,10 @@ from math import comb
 from .backends.base import SamplingConfig
 from .collector import GroupCollector
 
-__all__ = ["pass_at_k", "pass_hat_k", "evaluate"]
+__all__ = ["pass_at_k", "pass_hat_k", "evaluate", "do_nothing_baseline", "format_eval_table", "TAU2_DO_NOTHING"]
+
+#: The do-nothing agent for tau2: end the conversation at once with the ``done`` tool.
+TAU2_DO_NOTHING = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "done", "arguments": {}}}]}
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -75,3 +78,26 @@ def evaluate(
         out[f"{prefix}/pass@1"] = sum(pass_at_k(pass_k, ci, 1) for ci in c) / len(c)
     out[f"{prefix}/time_s"] = time.perf_counter() - t0
     return out
+
+
+def do_nothing_baseline(make_env, n_problems: int, action, prefix: str = "eval/do_nothing") -> dict[str, float]:
+    """Reward of an agent that takes ``action`` once (e.g. ends at once) on tasks 0..n-1: the floor a trained
+    policy must beat (tau2 gives ~0.38 on airline base for it: some tasks require no change)."""
+    env = make_env()
+    rewards = []
+    for i in range(n_problems):
+        env.reset(seed=i, options={"index": i})
+        _, r, term, trunc, _ = env.step(action)
+        rewards.append(float(r))
+    env.close()
+    return {f"{prefix}_reward": sum(rewards) / max(1, len(rewards)),
+            f"{prefix}_pass^1": sum(r >= 1.0 for r in rewards) / max(1, len(rewards))}
+
+
+def format_eval_table(metrics: dict[str, float]) -> str:
+    """A fixed-width two-column table of evaluation metrics, for the console."""
+    rows = [(k, v) for k, v in sorted(metrics.items()) if isinstance(v, (int, float))]
+    width = max((len(k) for k, _ in rows), default=10)
+    line = "+" + "-" * (width + 2) + "+" + "-" * 12 + "+"
+    body = [f"| {k:<{width}} | {v:>10.4f} |" for k, v in rows]
+    return "\n".join([line, f"| {'metric':<{width}} | {'value':>10} |", line, *body, line])

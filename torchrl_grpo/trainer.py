@@ -28,7 +28,7 @@ from .backends.base import RolloutBackend, SamplingConfig
 from .checkpoint import load_checkpoint, save_checkpoint
 from .collector import GroupCollector
 from .env_factory import env_kwargs_from_config, make_env_fn, num_tasks
-from .evaluation import evaluate
+from .evaluation import TAU2_DO_NOTHING, do_nothing_baseline, evaluate, format_eval_table
 from .loss import GRPOLoss, token_log_probs, total_loss
 from .models import load_model_and_tokenizer
 from .stats_logger import StatsLogger
@@ -116,7 +116,14 @@ class GRPOTrainer:
         self.backend = backend or self._build_backend()
         self.sampling = SamplingConfig(max_new_tokens=cfg.gconfig.max_new_tokens, temperature=cfg.gconfig.temperature,
                                        top_p=cfg.gconfig.top_p)
-        env_id, kw = env_kwargs_from_config(cfg, cfg.train_dataset.split, cfg.train_dataset.path)
+        user_fn = None
+        if cfg.econfig.user == "local" or cfg.econfig.user_llm == "local":
+            from .local_user import LocalUser
+
+            user_fn = LocalUser(self.backend, tokenizer, SamplingConfig(max_new_tokens=cfg.gconfig.max_new_tokens,
+                                                                        temperature=0.7, seed=cfg.seed))
+        self.is_tau2 = cfg.econfig.env_id.startswith("tau2")
+        env_id, kw = env_kwargs_from_config(cfg, cfg.train_dataset.split, cfg.train_dataset.path, user_fn=user_fn)
         self.collector = GroupCollector(make_env_fn(env_id, **kw), self.backend, tokenizer, self.sampling,
                                         max_turns=cfg.econfig.max_turns, max_context_tokens=cfg.rollout.max_context_tokens,
                                         seed=cfg.seed)
@@ -125,7 +132,10 @@ class GRPOTrainer:
             self.n_train_tasks = min(self.n_train_tasks, int(cfg.train_dataset.limit))
         if self.n_train_tasks < 1:
             raise ValueError(f"train split {cfg.train_dataset.split!r} of {env_id} has no tasks")
-        vid, vkw = env_kwargs_from_config(cfg, cfg.valid_dataset.split, cfg.valid_dataset.path or cfg.train_dataset.path)
+        vid, vkw = env_kwargs_from_config(cfg, cfg.valid_dataset.split, cfg.valid_dataset.path or cfg.train_dataset.path,
+                                          user_fn=user_fn)
+        self._valid_env = (vid, vkw)
+        self._baseline: dict[str, float] | None = None
         self.eval_collector = GroupCollector(make_env_fn(vid, **vkw), self.backend, tokenizer, self.sampling,
                                              max_turns=cfg.econfig.max_turns,
                                              max_context_tokens=cfg.rollout.max_context_tokens, seed=cfg.seed + 1)
@@ -242,9 +252,8 @@ class GRPOTrainer:
             "episode/context_truncated": batch["context_truncated"].float().mean().item(),
             "episode/empty_response_fraction": (batch["response_tokens"] == 0).float().mean().item(),
         }
-        parse_fail = [i.get("tool_parse_errors") for i in infos if isinstance(i, dict) and i.get("tool_parse_errors") is not None]
-        if parse_fail:
-            out["episode/tool_parse_errors"] = float(np.mean(parse_fail))
+        out["episode/action_errors"] = batch["action_errors"].float().mean().item()
+        out["episode/action_error_rate"] = (batch["action_errors"].sum() / batch["num_turns"].sum().clamp_min(1)).item()
         reasons: dict[str, int] = {}
         for i in infos:
             if isinstance(i, dict) and i.get("termination_reason"):
@@ -347,10 +356,20 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ eval / checkpoint / loop
     def evaluate(self) -> dict[str, float]:
+        """Greedy accuracy / pass@k / pass^k on the first ``eval.n_problems`` tasks of the valid split; for tau2
+        also the do-nothing baseline (the agent ends at once) on the same tasks."""
         e = self.cfg.eval
-        return evaluate(self.eval_collector, n_problems=e.n_problems, greedy=e.greedy, pass_k=e.pass_k,
-                        temperature=self.cfg.gconfig.temperature or 1.0, max_new_tokens=self.cfg.gconfig.max_new_tokens,
-                        step=self.step)
+        n = min(e.n_problems, num_tasks(self.eval_collector._envs(1)[0]))
+        out = evaluate(self.eval_collector, n_problems=n, greedy=e.greedy, pass_k=e.pass_k,
+                       temperature=self.cfg.gconfig.temperature or 1.0, max_new_tokens=self.cfg.gconfig.max_new_tokens,
+                       step=self.step)
+        if self.is_tau2:
+            if self._baseline is None:
+                vid, vkw = self._valid_env
+                self._baseline = do_nothing_baseline(make_env_fn(vid, **vkw), n, action=TAU2_DO_NOTHING)
+            out.update(self._baseline)
+        log.info("evaluation at step %d (%d tasks):\n%s", self.step, n, format_eval_table(out))
+        return out
 
     def save(self) -> Path:
         c = self.cfg.checkpoint

@@ -3,7 +3,10 @@
 It runs its own batched decode loop over a KV cache instead of ``model.generate`` so that it can
 
 * prefill every *distinct* prompt once and fan its KV cache out to the ``n`` samples of its group
-  (GRPO groups share a prompt; tau2 system prompts are thousands of tokens),
+  (GRPO groups share a prompt),
+* keep the KV cache of the longest prefix shared by a whole batch (a tau2 domain's system prompt: policy and
+  tool schemas, ~10k tokens for telecom) across calls, so later turns and later batches prefill only what
+  follows it; the cache is dropped when the weights change (:meth:`load_weights`),
 * drop finished sequences from the batch as they stop (short answers free compute for long ones),
 * return the behaviour log-prob of each sampled token under the distribution actually sampled from
   (``log_softmax(top_p(logits / T))``), with no second forward pass.
@@ -13,6 +16,7 @@ When colocated with the trainer (``share_module=True``) it samples from the very
 """
 from __future__ import annotations
 
+import copy
 from typing import Iterable
 
 import torch
@@ -65,6 +69,7 @@ class TransformersBackend(RolloutBackend):
         share_module: True if ``model`` is the trainer's own module (colocated); then no copy is made on sync.
         max_batch_size: most sequences decoded at once (longer request lists are processed in chunks,
             keeping each group's samples together).
+        prefix_cache_min_tokens: reuse a shared-prefix KV cache only for prefixes at least this long (0 disables).
     """
 
     def __init__(
@@ -74,6 +79,7 @@ class TransformersBackend(RolloutBackend):
         pad_token_id: int,
         share_module: bool = True,
         max_batch_size: int = 64,
+        prefix_cache_min_tokens: int = 256,
     ) -> None:
         self.model = model
         self.pad_token_id = int(pad_token_id)
@@ -81,6 +87,9 @@ class TransformersBackend(RolloutBackend):
         self.max_batch_size = int(max_batch_size)
         self.policy_version = 0
         self._generator: torch.Generator | None = None
+        self.prefix_cache_min_tokens = int(prefix_cache_min_tokens)
+        self._prefix: tuple[tuple[int, ...], DynamicCache] | None = None
+        self.stats = {"prefix_hits": 0, "prefix_builds": 0, "prefilled_tokens": 0}
 
     @property
     def device(self) -> torch.device:
@@ -100,6 +109,7 @@ class TransformersBackend(RolloutBackend):
                     if name not in params:
                         raise KeyError(f"backend model has no parameter {name!r}")
                     params[name].copy_(tensor.to(params[name].dtype))
+        self._prefix = None  # cached keys/values belong to the old weights
         self.policy_version += 1
 
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
@@ -121,25 +131,62 @@ class TransformersBackend(RolloutBackend):
                 out[i] = g
         return out  # type: ignore[return-value]
 
+    def _shared_prefix(self, uprompts: list[tuple[int, ...]]) -> tuple[tuple[int, ...], DynamicCache | None]:
+        """The longest prefix all prompts share (leaving each >= 1 own token) and a private copy of its KV cache
+        (batch 1), built once and reused while the weights are unchanged; ``((), None)`` when not worth it."""
+        if self.prefix_cache_min_tokens <= 0:
+            return (), None
+        if self._prefix is not None:
+            pre, cache = self._prefix
+            if all(len(p) > len(pre) and p[: len(pre)] == pre for p in uprompts):
+                self.stats["prefix_hits"] += 1
+                return pre, copy.deepcopy(cache)
+        first = uprompts[0]
+        n = min(len(p) for p in uprompts) - 1
+        for p in uprompts[1:]:
+            k = 0
+            while k < n and p[k] == first[k]:
+                k += 1
+            n = k
+        if n < self.prefix_cache_min_tokens:
+            return (), None
+        pre = first[:n]
+        cache = DynamicCache()
+        ids = torch.tensor([pre], dtype=torch.long, device=self.device)
+        self.model(input_ids=ids, past_key_values=cache, use_cache=True)
+        self.stats["prefix_builds"] += 1
+        self.stats["prefilled_tokens"] += n
+        self._prefix = (pre, cache)
+        return pre, copy.deepcopy(cache)
+
     @torch.no_grad()
     def _generate_chunk(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
         model, dev = self.model, self.device
         was_training = model.training
         model.eval()
         try:
-            # 1. prefill each distinct prompt once
+            # 1. prefill each distinct prompt once, after a shared-prefix KV cache when there is one
             uniq: dict[tuple[int, ...], int] = {}
             row_to_uniq = [uniq.setdefault(tuple(p), len(uniq)) for p in prompts]
             uprompts = list(uniq.keys())
-            P = max(len(p) for p in uprompts)
-            ids = torch.full((len(uprompts), P), self.pad_token_id, dtype=torch.long)
-            am = torch.zeros((len(uprompts), P), dtype=torch.long)
+            U = len(uprompts)
+            prefix, cache = self._shared_prefix(uprompts)
+            Lp = len(prefix)
+            S = max(len(p) - Lp for p in uprompts)
+            ids = torch.full((U, S), self.pad_token_id, dtype=torch.long)
+            am = torch.zeros((U, Lp + S), dtype=torch.long)
+            am[:, :Lp] = 1
             for u, p in enumerate(uprompts):
-                ids[u, P - len(p) :] = torch.tensor(p, dtype=torch.long)
-                am[u, P - len(p) :] = 1
+                sfx = p[Lp:]
+                ids[u, S - len(sfx) :] = torch.tensor(sfx, dtype=torch.long)
+                am[u, Lp + S - len(sfx) :] = 1
             ids, am = ids.to(dev), am.to(dev)
-            pos = (am.cumsum(-1) - 1).clamp_min(0)
-            cache = DynamicCache()
+            pos = (am.cumsum(-1) - 1).clamp_min(0)[:, Lp:]
+            if cache is None:
+                cache = DynamicCache()
+            else:
+                cache.reorder_cache(torch.zeros(U, dtype=torch.long, device=dev))
+            self.stats["prefilled_tokens"] += int((am[:, Lp:] > 0).sum())
             logits = model(input_ids=ids, attention_mask=am, position_ids=pos, past_key_values=cache, use_cache=True).logits[:, -1]
             # 2. fan out to rows
             fan = torch.tensor(row_to_uniq, dtype=torch.long, device=dev)

@@ -1,0 +1,109 @@
+"""Transformers rollout backend: behaviour log-probs, stop tokens, group prefill sharing, shared-prefix cache."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from torchrl_grpo.backends.base import SamplingConfig
+from torchrl_grpo.backends.transformers_backend import TransformersBackend, sample_next_token
+from torchrl_grpo.loss import token_log_probs
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    return LlamaForCausalLM(cfg).eval()
+
+
+SYS = torch.randint(5, 300, (300,), generator=torch.Generator().manual_seed(1)).tolist()
+PROMPTS = [SYS + [5, 6, 7]] * 3 + [SYS + [10, 11, 12, 13, 14]] * 2 + [[12, 13]]
+STOP = list(range(0, 300, 9))
+
+
+def recompute_max_diff(model, prompts, gens, temperature):
+    seqs = [p + g.token_ids for p, g in zip(prompts, gens)]
+    L = max(map(len, seqs))
+    ids = torch.zeros(len(seqs), L, dtype=torch.long)
+    am = torch.zeros_like(ids)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s)
+        am[i, : len(s)] = 1
+    lp, _ = token_log_probs(model, ids, am, temperature=temperature)
+    return max((lp[i, len(p) : len(p) + len(g.token_ids)] - torch.tensor(g.logprobs)).abs().max().item()
+               for i, (p, g) in enumerate(zip(prompts, gens)))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+@pytest.mark.parametrize("prefix_min", [0, 16])
+def test_logprobs_equal_trainer_recompute(model, temperature, prefix_min):
+    be = TransformersBackend(model, pad_token_id=0, prefix_cache_min_tokens=prefix_min)
+    gens = be.generate(PROMPTS, SamplingConfig(max_new_tokens=10, temperature=temperature, stop_token_ids=STOP, seed=3))
+    assert len(gens) == len(PROMPTS)
+    for g in gens:
+        assert 1 <= len(g.token_ids) == len(g.logprobs) <= 10
+        assert g.finish_reason == ("stop" if g.token_ids[-1] in STOP else "length")
+        assert all(t not in STOP for t in g.token_ids[:-1])
+    assert recompute_max_diff(model, PROMPTS, gens, temperature if temperature > 0 else 1.0) < 1e-4
+
+
+def test_prefix_cache_gives_identical_samples_and_saves_prefill(model):
+    plain = TransformersBackend(model, pad_token_id=0, prefix_cache_min_tokens=0)
+    cached = TransformersBackend(model, pad_token_id=0, prefix_cache_min_tokens=16)
+    prompts = [SYS + [5, 6, 7], SYS + [10, 11], SYS + [9]]  # the 300-token SYS is shared by all
+    s = SamplingConfig(max_new_tokens=8, temperature=1.0, seed=11)
+    for _ in range(2):
+        a, b = plain.generate(prompts, s), cached.generate(prompts, s)
+        assert [g.token_ids for g in a] == [g.token_ids for g in b]
+        assert all(torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5) for x, y in zip(a, b))
+    assert cached.stats["prefix_builds"] == 1 and cached.stats["prefix_hits"] == 1
+    assert cached.stats["prefilled_tokens"] < plain.stats["prefilled_tokens"] / 2
+    cached.load_weights(None)  # new weights -> the cached keys/values are stale and dropped
+    cached.generate(prompts, s)
+    assert cached.stats["prefix_builds"] == 2 and cached.policy_version == 1
+
+
+def test_group_samples_share_prompt_but_differ(model):
+    be = TransformersBackend(model, pad_token_id=0)
+    gens = be.generate([[5, 6, 7, 8]] * 8, SamplingConfig(max_new_tokens=12, temperature=1.0, seed=0))
+    assert len({tuple(g.token_ids) for g in gens}) > 1
+    again = be.generate([[5, 6, 7, 8]] * 8, SamplingConfig(max_new_tokens=12, temperature=1.0, seed=0))
+    assert [g.token_ids for g in gens] == [g.token_ids for g in again]
+
+
+def test_greedy_is_argmax_and_top_p_truncates():
+    logits = torch.tensor([[0.0, 2.0, 1.0, -1.0]])
+    tok, lp = sample_next_token(logits, SamplingConfig(temperature=0.0), None)
+    assert tok.item() == 1 and lp.item() == pytest.approx(torch.log_softmax(logits, -1)[0, 1].item())
+    g = torch.Generator().manual_seed(0)
+    toks = {sample_next_token(logits, SamplingConfig(temperature=1.0, top_p=0.5), g)[0].item() for _ in range(50)}
+    assert toks == {1}  # token 1 alone holds > 50% of the mass
+    tok, lp = sample_next_token(logits, SamplingConfig(temperature=1.0, top_p=0.5), g)
+    assert lp.item() == pytest.approx(0.0, abs=1e-6)  # renormalised over the nucleus {1}
+
+
+def test_bad_input_raises(model):
+    be = TransformersBackend(model, pad_token_id=0)
+    with pytest.raises(ValueError):
+        be.generate([], SamplingConfig())
+    with pytest.raises(ValueError):
+        be.generate([[1, 2], []], SamplingConfig())
+    with pytest.raises(ValueError):
+        SamplingConfig(max_new_tokens=0)
+
+
+def test_non_shared_backend_copies_weights(model):
+    import copy
+
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.05)
+    be = TransformersBackend(copy.deepcopy(model), pad_token_id=0, share_module=False)
+    be.load_weights(dict(other.named_parameters()))
+    for (n, p), (_, q) in zip(be.model.named_parameters(), other.named_parameters()):
+        assert torch.equal(p, q), n
+    with pytest.raises(KeyError):
+        be.load_weights({"nope.weight": torch.zeros(1)})
