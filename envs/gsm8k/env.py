@@ -18,6 +18,7 @@ or an assistant message dict).
 from __future__ import annotations
 
 import copy
+import operator
 import os
 from typing import Any
 
@@ -133,9 +134,12 @@ class GSM8KEnv(gym.Env):
                 raise ValueError(f"task_id must be an integer string, got {options['task_id']!r}")
         if index is None:
             return int(self.np_random.integers(len(self._problems)))
-        if isinstance(index, bool) or not isinstance(index, (int,)) and not hasattr(index, "__index__"):
-            raise ValueError(f"options['index'] must be an int, got {index!r}")
-        index = int(index)
+        try:
+            if isinstance(index, bool):
+                raise TypeError
+            index = operator.index(index)  # int or numpy integer; not float / str
+        except TypeError:
+            raise ValueError(f"options['index'] must be an int, got {index!r}") from None
         if not 0 <= index < len(self._problems):
             raise ValueError(
                 f"options['index']={index} out of range for split {self.split!r} "
@@ -198,6 +202,7 @@ class GSM8KEnv(gym.Env):
         else:
             reward = 0.0
             grade = {"extracted": None, "correct": False, "formatted": False, "answer": gold}
+            # Keep a trace of what was sent (truncated repr) so the transcript stays complete.
             self._messages.append({"role": "assistant", "content": repr(action)[:2000]})
         info = self._info()
         info.update(grade)
