@@ -136,8 +136,8 @@ def render_chat(
         if ts:
             kwargs["tools"] = ts
         out = tokenizer.apply_chat_template(ms, **kwargs)
-        if tok and isinstance(out, dict):  # transformers 5 may return a BatchEncoding
-            out = out["input_ids"]
+        if tok and not isinstance(out, list):  # transformers 5 returns a BatchEncoding
+            out = list(out["input_ids"])
         return out
 
     if not tools or tool_prompt == "template":
