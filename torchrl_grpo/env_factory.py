@@ -8,7 +8,7 @@ import gymnasium as gym
 
 import envs
 
-__all__ = ["env_kwargs_from_config", "make_env_fn", "num_tasks"]
+__all__ = ["env_kwargs_from_config", "make_env_fn", "num_tasks", "usable_task_indices"]
 
 gym.register_envs(envs)
 
@@ -72,3 +72,23 @@ def num_tasks(env: gym.Env) -> int:
     if tasks is not None:
         return len(tasks)
     raise TypeError(f"{type(env).__name__} exposes none of num_tasks, num_problems, tasks")
+
+
+def usable_task_indices(env: gym.Env, limit: int | None = None, *, check: bool = False) -> list[int]:
+    """Task indices to train or evaluate on: ``0..n-1`` (first ``limit``), skipping with a warning the tasks whose
+    ``reset`` raises when ``check`` is set (e.g. tau2 tasks whose history has customer turns cannot run solo)."""
+    import logging
+
+    n = num_tasks(env)
+    out: list[int] = []
+    for i in range(n):
+        if limit is not None and len(out) >= limit:
+            break
+        if check:
+            try:
+                env.reset(seed=0, options={"index": i})
+            except Exception as exc:  # a task the env cannot play in this mode
+                logging.getLogger(__name__).warning("task %d skipped: %s", i, exc)
+                continue
+        out.append(i)
+    return out

@@ -41,7 +41,7 @@ def pass_hat_k(n: int, c: int, k: int) -> float:
 def evaluate(
     collector: GroupCollector,
     *,
-    n_problems: int,
+    task_indices: list[int],
     greedy: bool = True,
     pass_k: int = 0,
     temperature: float = 1.0,
@@ -50,7 +50,7 @@ def evaluate(
     success_threshold: float = 1.0,
     prefix: str = "eval",
 ) -> dict[str, float]:
-    """Evaluate on the first ``n_problems`` tasks of the collector's env (indices 0..n-1, a fixed subset).
+    """Evaluate on a fixed subset of the collector env's tasks (``options={"index": i}`` for i in ``task_indices``).
 
     Returns:
         ``{prefix}/accuracy`` (greedy success rate), ``{prefix}/reward`` (greedy mean reward), and when
@@ -60,7 +60,7 @@ def evaluate(
     import time
 
     t0 = time.perf_counter()
-    tasks = [{"index": i} for i in range(n_problems)]
+    tasks = [{"index": int(i)} for i in task_indices]
     out: dict[str, float] = {}
     if greedy:
         td = collector.collect(tasks, 1, step=step, sampling=SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0))
@@ -80,12 +80,12 @@ def evaluate(
     return out
 
 
-def do_nothing_baseline(make_env, n_problems: int, action, prefix: str = "eval/do_nothing") -> dict[str, float]:
-    """Reward of an agent that takes ``action`` once (e.g. ends at once) on tasks 0..n-1: the floor a trained
+def do_nothing_baseline(make_env, task_indices: list[int], action, prefix: str = "eval/do_nothing") -> dict[str, float]:
+    """Reward of an agent that takes ``action`` once (e.g. ends at once) on the given tasks: the floor a trained
     policy must beat (tau2 gives ~0.38 on airline base for it: some tasks require no change)."""
     env = make_env()
     rewards = []
-    for i in range(n_problems):
+    for i in task_indices:
         env.reset(seed=i, options={"index": i})
         _, r, term, trunc, _ = env.step(action)
         rewards.append(float(r))

@@ -27,7 +27,7 @@ from .advantage import group_advantages, group_reward_std
 from .backends.base import RolloutBackend, SamplingConfig
 from .checkpoint import load_checkpoint, save_checkpoint
 from .collector import GroupCollector
-from .env_factory import env_kwargs_from_config, make_env_fn, num_tasks
+from .env_factory import env_kwargs_from_config, make_env_fn, usable_task_indices
 from .evaluation import TAU2_DO_NOTHING, do_nothing_baseline, evaluate, format_eval_table
 from .loss import GRPOLoss, token_log_probs, total_loss
 from .models import load_model_and_tokenizer
@@ -127,15 +127,15 @@ class GRPOTrainer:
         self.collector = GroupCollector(make_env_fn(env_id, **kw), self.backend, tokenizer, self.sampling,
                                         max_turns=cfg.econfig.max_turns, max_context_tokens=cfg.rollout.max_context_tokens,
                                         seed=cfg.seed)
-        self.n_train_tasks = num_tasks(self.collector._envs(1)[0])
-        if cfg.train_dataset.limit:
-            self.n_train_tasks = min(self.n_train_tasks, int(cfg.train_dataset.limit))
+        self.train_tasks = usable_task_indices(self.collector._envs(1)[0], cfg.train_dataset.limit, check=self.is_tau2)
+        self.n_train_tasks = len(self.train_tasks)
         if self.n_train_tasks < 1:
             raise ValueError(f"train split {cfg.train_dataset.split!r} of {env_id} has no tasks")
         vid, vkw = env_kwargs_from_config(cfg, cfg.valid_dataset.split, cfg.valid_dataset.path or cfg.train_dataset.path,
                                           user_fn=user_fn)
         self._valid_env = (vid, vkw)
         self._baseline: dict[str, float] | None = None
+        self._eval_tasks: list[int] | None = None
         self.eval_collector = GroupCollector(make_env_fn(vid, **vkw), self.backend, tokenizer, self.sampling,
                                              max_turns=cfg.econfig.max_turns,
                                              max_context_tokens=cfg.rollout.max_context_tokens, seed=cfg.seed + 1)
@@ -203,7 +203,7 @@ class GRPOTrainer:
         for k in range(step * bs, (step + 1) * bs):
             epoch, pos = divmod(k, n)
             perm = np.random.default_rng([self.cfg.seed, epoch]).permutation(n)
-            out.append({"index": int(perm[pos])})
+            out.append({"index": self.train_tasks[int(perm[pos])]})
         return out
 
     # ------------------------------------------------------------------ one step
@@ -359,14 +359,16 @@ class GRPOTrainer:
         """Greedy accuracy / pass@k / pass^k on the first ``eval.n_problems`` tasks of the valid split; for tau2
         also the do-nothing baseline (the agent ends at once) on the same tasks."""
         e = self.cfg.eval
-        n = min(e.n_problems, num_tasks(self.eval_collector._envs(1)[0]))
-        out = evaluate(self.eval_collector, n_problems=n, greedy=e.greedy, pass_k=e.pass_k,
+        if self._eval_tasks is None:
+            self._eval_tasks = usable_task_indices(self.eval_collector._envs(1)[0], e.n_problems, check=self.is_tau2)
+        n = len(self._eval_tasks)
+        out = evaluate(self.eval_collector, task_indices=self._eval_tasks, greedy=e.greedy, pass_k=e.pass_k,
                        temperature=self.cfg.gconfig.temperature or 1.0, max_new_tokens=self.cfg.gconfig.max_new_tokens,
                        step=self.step)
         if self.is_tau2:
             if self._baseline is None:
                 vid, vkw = self._valid_env
-                self._baseline = do_nothing_baseline(make_env_fn(vid, **vkw), n, action=TAU2_DO_NOTHING)
+                self._baseline = do_nothing_baseline(make_env_fn(vid, **vkw), self._eval_tasks, action=TAU2_DO_NOTHING)
             out.update(self._baseline)
         log.info("evaluation at step %d (%d tasks):\n%s", self.step, n, format_eval_table(out))
         return out
