@@ -17,7 +17,7 @@ def tau2_cfg(domain, split, **over):
         "train_dataset": {"split": split}, "valid_dataset": {"split": split},
         "gconfig": {"n_samples": 2, "max_new_tokens": 12},
         "rollout": {"max_context_tokens": 32768},
-        "train": {"steps": 1, "batch_size": 1, "micro_batch_size": 2},
+        "train": {"steps": 1, "batch_size": 1, "micro_batch_size": 1},
         "eval": {"at_start": False, "at_end": False, "n_problems": 2, "pass_k": 2},
         "checkpoint": {"every": 0, "save_final": False},
         "stats_logger": {"wandb": {"mode": "disabled"}, "progress_bar": False, "console": False},
