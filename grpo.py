@@ -32,11 +32,7 @@ def run(cfg: DictConfig) -> dict:
     from torchrl_grpo.trainer import GRPOTrainer
 
     run_dir = cfg.output_dir or HydraConfig.get().runtime.output_dir
-    if cfg.mode == "async":
-        from torchrl_grpo.async_trainer import AsyncGRPOTrainer as Trainer
-    else:
-        Trainer = GRPOTrainer
-    trainer = Trainer(cfg, run_dir)
+    trainer = GRPOTrainer(cfg, run_dir)
     try:
         if cfg.eval_only:
             if not cfg.train.resume_from:

@@ -152,7 +152,7 @@ class StatsLoggerConfig:
 @dataclass
 class GRPOConfig:
     seed: int = 1
-    mode: str = "sync"  # sync | async
+    mode: str = "sync"  # sync (the async trainer is not part of this release)
     eval_only: bool = False
     output_dir: Optional[str] = None  # default: hydra's run dir
     actor: ActorConfig = field(default_factory=ActorConfig)
@@ -170,7 +170,7 @@ class GRPOConfig:
 
 
 _CHOICES = {
-    "mode": ("sync", "async"),
+    "mode": ("sync",),
     "actor.dtype": ("float32", "bfloat16", "float16", "auto"),
     "rollout.backend": ("transformers", "vllm"),
     "loss.aggregation": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"),

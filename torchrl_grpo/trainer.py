@@ -177,8 +177,9 @@ class GRPOTrainer:
         from .models import resolve_model_path
 
         src = resolve_model_path(self.cfg.actor.path)
+        extra = {"gpu_memory_utilization": r.vllm.gpu_memory_utilization} if torch.cuda.is_available() else {}
         backend = VLLMBackend(src.path, tokenizer=self.tokenizer, dtype=r.vllm.dtype, max_model_len=r.vllm.max_model_len,
-                              seed=self.cfg.seed)
+                              seed=self.cfg.seed, **extra)
         if self.cfg.actor.peft.enable or self.cfg.train.resume_from:
             backend.load_weights(self._weights_for_backend())
         return backend
@@ -234,6 +235,17 @@ class GRPOTrainer:
         t_sync = time.perf_counter()
         self.backend.load_weights(self._weights_for_backend())
         metrics["time/sync_s"] = time.perf_counter() - t_sync
+        every = self.cfg.rollout.vllm.check_sync_every
+        if every and self.cfg.rollout.backend == "vllm" and self.backend.policy_version % every == 0:
+            from .backends.vllm_backend import check_weight_sync
+
+            row = batch[0]
+            seq = row["tokens"][row["attention_mask"]].tolist()[: self.cfg.rollout.vllm.max_model_len]
+            chk = check_weight_sync(self.backend, self.model, seq)
+            metrics["sync/max_abs_logprob_diff"] = chk["max_abs_diff"]
+            metrics["sync/mean_abs_logprob_diff"] = chk["mean_abs_diff"]
+            if not chk["ok"]:
+                log.warning("step %d: vLLM and trainer log-probs disagree after sync: %s", self.step, chk)
         metrics["time/step_s"] = time.perf_counter() - t0
         metrics["policy_version"] = self.backend.policy_version
         metrics["lr"] = self.scheduler.get_last_lr()[0]
