@@ -3,7 +3,8 @@
 
 Every task of airline base, retail base, telecom base and telecom small (solo) is replayed;
 tau2's evaluator (which rebuilds two environments from disk per call) is the slow part, so the
-do-nothing and perturbed comparisons use every task for telecom and every 4th task elsewhere.
+do-nothing and perturbed comparisons use every task for telecom and every 10th task elsewhere
+(the do-nothing reward of every task is still computed and checked to be in range).
 """
 import gymnasium as gym
 import pytest
@@ -63,7 +64,7 @@ def test_gold_replay_every_task_scores_one_like_tau2(domain, split, user):
 def test_do_nothing_and_perturbed_agents_get_tau2_reward(domain, split, user):
     env = gym.make(f"tau2/{domain}-v0", split=split, user=user, max_steps=200)
     u = env.unwrapped
-    stride = 1 if domain == "telecom" else 4
+    stride = 1 if domain == "telecom" else 10  # tau2's evaluator costs ~1 s per airline/retail call
     do_nothing, checked = [], 0
     for i in range(len(u.tasks)):
         env.reset(options={"index": i})
