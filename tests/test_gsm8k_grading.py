@@ -262,3 +262,23 @@ def test_gold_solutions_grade_correct(split, n):
         reward, info = gsm8k_reward(r["answer"], gold)
         assert reward == 1.0, (r["answer"][-80:], info)
         assert has_final_answer_format(r["answer"])
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("answer is " * 20000, None),  # many markers on one line (was quadratic)
+        ("\\boxed{" * 20000 + "}" * 20000, None),  # deep nesting, no number
+        ("\\boxed{" * 20000 + "4", "4"),  # unclosed boxes: falls back to the last number
+        ("#### \n" * 20000 + "#### 8", "8"),
+        ("1 " * 100000, "1"),
+    ],
+)
+def test_degenerate_outputs_stay_linear(text, expected):
+    """Degenerate generations (repetition loops) are graded in well under a second, not minutes."""
+    import time
+
+    start = time.perf_counter()
+    assert extract_answer(text) == expected
+    gsm8k_reward(text, "8")
+    assert time.perf_counter() - start < 20.0

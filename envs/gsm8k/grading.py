@@ -53,6 +53,7 @@ _NUMBER_RE = re.compile(
 )
 _HASH_RE = re.compile(r"####")
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BRACE_RE = re.compile(r"[{}]")
 _ANSWER_IS_RE = re.compile(
     r"(?:the\s+)?(?:final\s+)?answer\s+is\s*:?", re.IGNORECASE
 )
@@ -99,14 +100,28 @@ def _format_fraction(value: Fraction) -> str:
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
-def _numbers(text: str) -> list[tuple[str, Fraction]]:
-    """All number tokens in ``text`` (already cleaned), as (canonical string, value)."""
-    out = []
+def _match_number(m: re.Match) -> str | None:
+    """Canonical string of one ``_NUMBER_RE`` match; ``None`` if invalid (e.g. ``x/0``)."""
+    value = _to_fraction(m.group("sign"), m.group("num"), m.group("exp"), m.group("den"))
+    return None if value is None else _format_fraction(value)
+
+
+def _first_number(text: str) -> str | None:
+    """The first valid number in ``text`` (already cleaned)."""
     for m in _NUMBER_RE.finditer(text):
-        value = _to_fraction(m.group("sign"), m.group("num"), m.group("exp"), m.group("den"))
-        if value is not None:
-            out.append((_format_fraction(value), value))
-    return out
+        num = _match_number(m)
+        if num is not None:
+            return num
+    return None
+
+
+def _last_number(text: str) -> str | None:
+    """The last valid number in ``text`` (already cleaned); converts only from the end."""
+    for m in reversed(list(_NUMBER_RE.finditer(text))):
+        num = _match_number(m)
+        if num is not None:
+            return num
+    return None
 
 
 def normalize_number(s: str | int | float | None) -> str | None:
@@ -133,42 +148,46 @@ def normalize_number(s: str | int | float | None) -> str | None:
         return _format_fraction(Fraction(Decimal(repr(s)) if isinstance(s, float) else s))
     if not isinstance(s, str):
         return None
-    text = _clean(s)
-    nums = _numbers(text)
-    return nums[0][0] if nums else None
+    return _first_number(_clean(s))
 
 
-def _first_number(segment: str) -> str | None:
-    nums = _numbers(segment)
-    return nums[0][0] if nums else None
+def _boxed_spans(text: str) -> list[tuple[int, int]]:
+    """``(start, end)`` of the contents of every closed ``\\boxed{...}``, by opening position.
 
-
-def _boxed_contents(text: str) -> list[str]:
-    """Contents of every ``\\boxed{...}`` (nested braces balanced), in order."""
-    out = []
-    for m in _BOXED_RE.finditer(text):
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            if text[i] == "{":
-                depth += 1
-            elif text[i] == "}":
-                depth -= 1
-            i += 1
-        if depth == 0:
-            out.append(text[m.end() : i - 1])
-    return out
+    One pass with a brace stack, so the cost stays linear even with many unclosed boxes.
+    """
+    box_opens = {m.end() - 1 for m in _BOXED_RE.finditer(text)}  # index of each box's "{"
+    if not box_opens:
+        return []
+    spans, stack = [], []
+    for m in _BRACE_RE.finditer(text, min(box_opens)):
+        pos = m.start()
+        if text[pos] == "{":
+            stack.append(pos)
+        elif stack:
+            start = stack.pop()
+            if start in box_opens:
+                spans.append((start + 1, pos))
+    return sorted(spans)
 
 
 def _after_marker(text: str, pattern: re.Pattern) -> str | None:
-    """First number after the last occurrence of ``pattern`` that is followed by a number.
+    """First number after the last occurrence of ``pattern`` that has one on its line.
 
-    The number must sit on the marker's line (up to the end of that line).
+    Markers are tried from the last; the number must sit between the marker and the end of its
+    line. A stretch already scanned for a later marker on the same line is not scanned again, so
+    the cost is linear in ``len(text)``.
     """
+    scanned: tuple[int, int] | None = None  # (line end, start of the scanned stretch)
     for m in reversed(list(pattern.finditer(text))):
-        line = text[m.end() :].split("\n", 1)[0]
-        num = _first_number(line)
-        if num is not None:
-            return num
+        line_end = text.find("\n", m.end())
+        line_end = len(text) if line_end < 0 else line_end
+        end = scanned[1] if scanned is not None and scanned[0] == line_end else line_end
+        for n in _NUMBER_RE.finditer(text, m.end(), end):
+            num = _match_number(n)
+            if num is not None:
+                return num
+        scanned = (line_end, m.end())
     return None
 
 
@@ -176,9 +195,13 @@ def _hash_answer(text: str) -> str | None:
     return _after_marker(text, _HASH_RE)
 
 
+#: Only the last boxes are examined (bounds the cost on degenerate, deeply nested output).
+_MAX_BOXES = 64
+
+
 def _boxed_answer(text: str) -> str | None:
-    for content in reversed(_boxed_contents(text)):
-        content = re.sub(r"\\text\s*\{[^{}]*\}", " ", content)
+    for start, end in reversed(_boxed_spans(text)[-_MAX_BOXES:]):
+        content = re.sub(r"\\text\s*\{[^{}]*\}", " ", text[start:end])
         num = _first_number(content)
         if num is not None:
             return num
@@ -216,8 +239,7 @@ def extract_answer(text: str | None) -> str | None:
         ans = rule(text)
         if ans is not None:
             return ans
-    nums = _numbers(text)
-    return nums[-1][0] if nums else None
+    return _last_number(text)
 
 
 def has_final_answer_format(text: str | None) -> bool:
