@@ -357,7 +357,7 @@ class TextEnv(EnvBase):
         options = self._reset_options(tensordict)
         for b in range(n):
             if not mask[b]:
-                continue  # keeps its current data (torchrl merges by the '_reset' mask)
+                continue  # not reset: its current data is returned unchanged
             seed, self._pending_seeds[b] = self._pending_seeds[b], None
             obs, info = self.envs[b].reset(seed=seed, options=options[b])
             self._messages[b] = []
