@@ -23,12 +23,18 @@ Modules (one concept each):
 - :mod:`envs.tau2.logs` -- tau2's loguru output switch (off by default).
 
 Importing this package sets ``LITELLM_LOCAL_MODEL_COST_MAP=True`` (unless already set) so that
-litellm, which tau2 imports, never fetches its model cost map over the network; tau2 itself is
+litellm, which tau2 imports, never fetches its model cost map over the network, and turns tau2's
+loguru output off (unless ``$TAU2_LOG`` is ``1``; see :mod:`envs.tau2.logs`); tau2 itself is
 imported only by the submodules that need it.
 """
 import os as _os
 
 _os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from .logs import set_tau2_logging as _set_tau2_logging, tau2_logging_default as _tau2_logging_default
+
+# tau2 logs at import time too (".env", litellm cache notes): silence it before any import of tau2.
+_set_tau2_logging(_tau2_logging_default())
 
 __all__ = ["Tau2Env"]
 
