@@ -299,7 +299,8 @@ class Tau2Env(gym.Env):
         stop_at = next((i for i, c in enumerate(parsed.tool_calls) if c.name == STOP_TOOL), None)
         calls = parsed.tool_calls if stop_at is None else parsed.tool_calls[:stop_at]
         stop = stop_at is not None or (parsed.content is not None and STOP_TOKEN in parsed.content)
-        self._messages.append(self._visible_assistant(parsed, calls, stop_at is not None))
+        done_call = parsed.tool_calls[stop_at] if stop_at is not None else None
+        self._messages.append(self._visible_assistant(parsed, calls, done_call))
 
         if calls:
             obs = self._run_agent_calls(parsed.content, calls)
@@ -324,11 +325,13 @@ class Tau2Env(gym.Env):
         obs, ending = self._user_turn(amsg)
         return self._after(obs, ending)
 
-    def _visible_assistant(self, parsed: ParsedAction, calls: list[ToolCallRequest], done_called: bool) -> dict:
+    def _visible_assistant(
+        self, parsed: ParsedAction, calls: list[ToolCallRequest], done_call: ToolCallRequest | None
+    ) -> dict:
         msg: dict = {"role": "assistant", "content": parsed.content}
         entries = [self._visible_call(c) for c in calls]
-        if done_called:
-            entries.append(openai_tool_call(f"call_{self._steps}_done", STOP_TOOL, {}))
+        if done_call is not None:  # recorded as written; it ends the episode, so no tool answer
+            entries.append(self._visible_call(done_call))
         if entries:
             msg["tool_calls"] = entries
         return msg
