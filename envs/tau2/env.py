@@ -169,6 +169,7 @@ class Tau2Env(gym.Env):
 
         self.tools = self.domain.tool_schemas(self.solo)
         self._tool_names = self.domain.agent_tool_set(self.solo)
+        self._parse_names = self._tool_names | {STOP_TOOL}
         self.observation_space = ChatMessages()
         self.action_space = AssistantAction()
         self._task = None
@@ -292,7 +293,7 @@ class Tau2Env(gym.Env):
             self._pending = None
             return self._finish([], reason, error=msg)
 
-        parsed = parse_action(action, id_prefix=f"call_{self._steps}", tool_names=self._tool_names | {STOP_TOOL})
+        parsed = parse_action(action, id_prefix=f"call_{self._steps}", tool_names=self._parse_names)
         if parsed.error is not None:
             self._last_action_error = parsed.error
             return self._after([], None)
