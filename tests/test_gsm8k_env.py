@@ -16,7 +16,7 @@ import envs
 from envs.gsm8k import data as gsm8k_data
 from envs.gsm8k.data import load_gsm8k
 from envs.gsm8k.env import DEFAULT_SYSTEM_PROMPT, GSM8KEnv
-from envs.gsm8k.spaces import AssistantAction, ChatMessages
+from envs.spaces import AssistantAction, ChatMessages
 
 
 def _data_dir() -> Path | None:

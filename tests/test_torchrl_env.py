@@ -12,7 +12,7 @@ from tensordict import NonTensorStack, TensorDict
 from torchrl.envs.utils import check_env_specs
 
 from envs.gsm8k.env import GSM8KEnv
-from envs.gsm8k.spaces import AssistantAction, ChatMessages
+from envs.spaces import AssistantAction, ChatMessages
 from envs.torchrl import TextEnv, make_torchrl_env
 
 

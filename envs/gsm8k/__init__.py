@@ -13,7 +13,7 @@ from .grading import (
     normalize_number,
     parse_gold,
 )
-from .spaces import AssistantAction, ChatMessages
+from envs.spaces import AssistantAction, ChatMessages
 
 __all__ = [
     "GSM8KEnv",

@@ -11,8 +11,8 @@ Usage::
 
 The episode is one turn: the policy answers, the answer is graded with
 :func:`envs.gsm8k.grading.gsm8k_reward` (1.0 correct / ``format_reward`` well-formed but wrong /
-0.0), and the episode terminates. Spaces: observation :class:`~envs.gsm8k.spaces.ChatMessages`
-(a list of OpenAI-format messages), action :class:`~envs.gsm8k.spaces.AssistantAction` (raw text
+0.0), and the episode terminates. Spaces: observation :class:`~envs.spaces.ChatMessages`
+(a list of OpenAI-format messages), action :class:`~envs.spaces.AssistantAction` (raw text
 or an assistant message dict).
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import gymnasium as gym
 
 from .data import load_gsm8k
 from .grading import gsm8k_reward, normalize_number, parse_gold
-from .spaces import AssistantAction, ChatMessages
+from envs.spaces import AssistantAction, ChatMessages
 
 __all__ = ["GSM8KEnv", "DEFAULT_SYSTEM_PROMPT"]
 

@@ -54,7 +54,7 @@ from typing import Any, Callable
 
 import gymnasium as gym
 
-from envs.gsm8k.spaces import AssistantAction, ChatMessages
+from envs.spaces import AssistantAction, ChatMessages
 
 from .actions import TOOL_CALL_FORMAT_HINT, ParsedAction, ToolCallRequest, parse_action
 from .domain import STOP_TOKEN, STOP_TOOL, TRANSFER_TOOL, Tau2Domain, get_domain
