@@ -18,7 +18,7 @@ def make_cfg(**over):
         "econfig": {"env_id": "ToyVowels-v0"},
         "gconfig": {"n_samples": 8, "max_new_tokens": 16},
         "train": {"steps": 10, "batch_size": 2, "micro_batch_size": 16},
-        "optimizer": {"lr": 2e-2},
+        "optimizer": {"lr": 5e-2},
         "eval": {"at_start": False, "at_end": False},
         "checkpoint": {"every": 0, "save_final": False},
         "stats_logger": {"wandb": {"mode": "disabled"}, "progress_bar": False, "console": False},
