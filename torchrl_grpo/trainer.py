@@ -180,8 +180,8 @@ class GRPOTrainer:
         extra = {"gpu_memory_utilization": r.vllm.gpu_memory_utilization} if torch.cuda.is_available() else {}
         backend = VLLMBackend(src.path, tokenizer=self.tokenizer, dtype=r.vllm.dtype, max_model_len=r.vllm.max_model_len,
                               seed=self.cfg.seed, **extra)
-        if self.cfg.actor.peft.enable or self.cfg.train.resume_from:
-            backend.load_weights(self._weights_for_backend())
+        if self.cfg.actor.peft.enable:  # LoRA layers may be initialised non-zero: push the merged policy
+            backend.load_weights(export_hf_weights(self.model))
         return backend
 
     def _weights_for_backend(self):
