@@ -105,3 +105,25 @@ def test_bad_config_values_fail_clearly(tmp_path):
         GRPOTrainer(make_cfg(rollout={"backend": "tgi"}), tmp_path)
     with pytest.raises(ValueError, match="minibatch_size"):
         GRPOTrainer(make_cfg(train={"minibatch_size": 5}), tmp_path)
+
+
+def test_non_finite_loss_skips_the_update_with_a_reason(tmp_path, monkeypatch, caplog):
+    import torch
+
+    trainer = GRPOTrainer(make_cfg(), tmp_path)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    real = trainer.loss_fn.forward
+
+    def nan_loss(td):
+        out = real(td)
+        out["loss_objective"] = out["loss_objective"] * float("nan")
+        return out
+
+    monkeypatch.setattr(trainer.loss_fn, "forward", nan_loss)
+    with caplog.at_level("WARNING"):
+        m = trainer.train_step()
+    trainer.close()
+    assert m["train/skipped_minibatches"] == 1.0 and m["train/optimizer_steps"] == 0.0
+    assert "non-finite loss" in caplog.text
+    for n, p in trainer.model.named_parameters():
+        assert torch.equal(p, before[n]), n
