@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED_GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
+from tests.gsm8k_data import SHARED_GSM8K
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "disabled")

@@ -18,15 +18,7 @@ from envs.gsm8k.data import load_gsm8k
 from envs.gsm8k.env import DEFAULT_SYSTEM_PROMPT, GSM8KEnv
 from envs.spaces import AssistantAction, ChatMessages
 
-
-def _data_dir() -> Path | None:
-    env = os.environ.get("GSM8K_DATA_DIR")
-    path = Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared/data/gsm8k"
-    return path if (path / "train.jsonl").is_file() else None
-
-
-DATA_DIR = _data_dir()
-needs_data = pytest.mark.skipif(DATA_DIR is None, reason="GSM8K data not found (GSM8K_DATA_DIR)")
+from tests.gsm8k_data import DATA_DIR, needs_data  # noqa: E402
 
 TOY = [
     {"question": "What is 2 + 3?", "answer": "5"},

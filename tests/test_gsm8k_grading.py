@@ -16,15 +16,7 @@ from envs.gsm8k.grading import (
     parse_gold,
 )
 
-
-def _data_dir() -> Path | None:
-    env = os.environ.get("GSM8K_DATA_DIR")
-    path = Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared/data/gsm8k"
-    return path if (path / "train.jsonl").is_file() else None
-
-
-DATA_DIR = _data_dir()
-needs_data = pytest.mark.skipif(DATA_DIR is None, reason="GSM8K data not found (GSM8K_DATA_DIR)")
+from tests.gsm8k_data import DATA_DIR, needs_data  # noqa: E402
 
 
 # (model text, expected extracted answer)
