@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""GRPO training entry point (sync mode).
+"""GRPO training entry point (sync mode; ``mode=async`` or ``grpo-async.py`` for the async trainer).
 
     python grpo.py                                   # SmolLM2-135M on GSM8K, short CPU run
     python grpo.py actor.path=Qwen/Qwen2.5-0.5B-Instruct train.steps=200 gconfig.n_samples=8
@@ -29,10 +29,13 @@ log = logging.getLogger("grpo")
 
 
 def run(cfg: DictConfig) -> dict:
-    from torchrl_grpo.trainer import GRPOTrainer
+    if cfg.mode == "async":
+        from torchrl_grpo.async_trainer import AsyncGRPOTrainer as Trainer
+    else:
+        from torchrl_grpo.trainer import GRPOTrainer as Trainer
 
     run_dir = cfg.output_dir or HydraConfig.get().runtime.output_dir
-    trainer = GRPOTrainer(cfg, run_dir)
+    trainer = Trainer(cfg, run_dir)
     try:
         if cfg.eval_only:
             if not cfg.train.resume_from:

@@ -152,7 +152,7 @@ class StatsLoggerConfig:
 @dataclass
 class GRPOConfig:
     seed: int = 1
-    mode: str = "sync"  # sync (the async trainer is not part of this release)
+    mode: str = "sync"  # sync | async (rollouts overlapped with updates, staleness <= train.max_staleness)
     eval_only: bool = False
     output_dir: Optional[str] = None  # default: hydra's run dir
     actor: ActorConfig = field(default_factory=ActorConfig)
@@ -170,7 +170,7 @@ class GRPOConfig:
 
 
 _CHOICES = {
-    "mode": ("sync",),
+    "mode": ("sync", "async"),
     "actor.dtype": ("float32", "bfloat16", "float16", "auto"),
     "rollout.backend": ("transformers", "vllm"),
     "loss.aggregation": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"),
@@ -200,6 +200,8 @@ def validate_config(cfg) -> None:
     for key in positive:
         if OmegaConf.select(cfg, key) < 1:
             raise ValueError(f"config {key} must be >= 1, got {OmegaConf.select(cfg, key)}")
+    if cfg.train.max_staleness < 0:
+        raise ValueError(f"config train.max_staleness must be >= 0, got {cfg.train.max_staleness}")
     if cfg.optimizer.lr <= 0:
         raise ValueError(f"config optimizer.lr must be > 0, got {cfg.optimizer.lr}")
     if cfg.gconfig.temperature < 0 or not 0 < cfg.gconfig.top_p <= 1:

@@ -218,24 +218,7 @@ class GRPOTrainer:
         t0 = time.perf_counter()
         batch = self.collector.collect(self.tasks_for_step(self.step), cfg.gconfig.n_samples, step=self.step)
         metrics: dict[str, Any] = dict(self.collector.last_stats)
-        metrics.update(self._batch_metrics(batch))
-        reward = batch["reward"]
-        batch["advantage"] = group_advantages(reward, batch["group_id"], scale=cfg.loss.adv_scale,
-                                              baseline=cfg.loss.adv_baseline)
-        zero_var = group_reward_std(reward, batch["group_id"]) == 0
-        metrics["groups/zero_variance_fraction"] = zero_var.float().mean().item()
-        if cfg.loss.filter_zero_variance_groups:
-            batch = batch[~zero_var]
-            metrics["groups/kept_episodes"] = float(batch.shape[0])
-        t_train = time.perf_counter()
-        if batch.shape[0] == 0 or not batch["response_mask"].any():
-            reason = "no episodes left after zero-variance filtering" if batch.shape[0] == 0 else "no response tokens"
-            log.warning("step %d: optimizer step skipped (%s)", self.step, reason)
-            metrics["train/skipped"] = 1.0
-            metrics["train/skip_reason"] = reason
-        else:
-            metrics.update(self._update(batch.exclude("task", "info")))
-        metrics["time/train_s"] = time.perf_counter() - t_train
+        metrics.update(self._learn(batch))
         t_sync = time.perf_counter()
         self.backend.load_weights(self._weights_for_backend())
         metrics["time/sync_s"] = time.perf_counter() - t_sync
@@ -254,6 +237,29 @@ class GRPOTrainer:
         metrics["policy_version"] = self.backend.policy_version
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         self.step += 1
+        return metrics
+
+    def _learn(self, batch: TensorDict) -> dict[str, Any]:
+        """Advantages, optional zero-variance group filter and the optimizer updates on one collected batch."""
+        cfg = self.cfg
+        metrics: dict[str, Any] = self._batch_metrics(batch)
+        reward = batch["reward"]
+        batch["advantage"] = group_advantages(reward, batch["group_id"], scale=cfg.loss.adv_scale,
+                                              baseline=cfg.loss.adv_baseline)
+        zero_var = group_reward_std(reward, batch["group_id"]) == 0
+        metrics["groups/zero_variance_fraction"] = zero_var.float().mean().item()
+        if cfg.loss.filter_zero_variance_groups:
+            batch = batch[~zero_var]
+            metrics["groups/kept_episodes"] = float(batch.shape[0])
+        t_train = time.perf_counter()
+        if batch.shape[0] == 0 or not batch["response_mask"].any():
+            reason = "no episodes left after zero-variance filtering" if batch.shape[0] == 0 else "no response tokens"
+            log.warning("step %d: optimizer step skipped (%s)", self.step, reason)
+            metrics["train/skipped"] = 1.0
+            metrics["train/skip_reason"] = reason
+        else:
+            metrics.update(self._update(batch.exclude("task", "info")))
+        metrics["time/train_s"] = time.perf_counter() - t_train
         return metrics
 
     def _batch_metrics(self, batch: TensorDict) -> dict[str, float]:

@@ -1,0 +1,177 @@
+r"""Asynchronous GRPO: rollouts for the next steps are collected in a background thread while the trainer updates.
+
+Pipeline (one process; torch releases the GIL inside its kernels, so generation and the update overlap on
+separate cores / devices)::
+
+    rollout thread:  collect batch s with the newest weights it has  ──► queue ──► trainer: update on batch s
+                     (applies weights the trainer published, only between batches)   publish weights v = s+1
+
+Staleness bound — AReaL (Fu et al., 2025, arXiv:2505.24298), Sec. 5.1: a batch generated with policy version
+``v`` may be trained at version ``w`` only if ``w - v <= η`` (``train.max_staleness``). The rollout thread starts
+batch ``s`` only when the trainer has finished at least ``s - η`` updates, and it always generates with the newest
+published weights, so every trained batch satisfies the bound (logged as ``async/staleness``). ``η = 0`` gives
+back the sync schedule; ``η = 1`` is the classic one-step-off-policy pipeline.
+
+Off-policy correction: with ``loss.behaviour_weight_cap`` set, the trainer recomputes proximal log-probs and uses
+AReaL's decoupled objective (Eq. 5, see :mod:`torchrl_grpo.loss`); without it, the clipped ratio is taken against
+the behaviour policy directly (PPO's off-policy surrogate).
+
+The rollout backend never shares the training module: the transformers backend gets its own copy (LoRA merged),
+vLLM its own engine; weights are handed over as a snapshot (``export_hf_weights``, cloned) and loaded by the rollout
+thread between batches, so the trainer never waits for generation to finish a batch.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from .trainer import GRPOTrainer
+from .weight_sync import export_hf_weights
+
+__all__ = ["AsyncGRPOTrainer"]
+
+log = logging.getLogger(__name__)
+
+
+class AsyncGRPOTrainer(GRPOTrainer):
+    """GRPO with rollouts overlapped with updates (``mode=async``; entry point ``grpo-async.py``).
+
+    Same arguments and outputs as :class:`~torchrl_grpo.trainer.GRPOTrainer`; adds the metrics
+    ``async/staleness`` (trainer version minus the batch's generating version, in optimizer steps),
+    ``async/wait_s`` (seconds the trainer waited for a batch) and ``async/queued`` (ready batches left).
+
+    Raises:
+        ValueError: ``train.max_staleness < 0``.
+        RuntimeError: from :meth:`train_step` when the rollout thread failed (the original exception is chained).
+    """
+
+    def __init__(self, cfg, run_dir, *, model=None, tokenizer=None, backend=None) -> None:
+        if cfg.train.max_staleness < 0:
+            raise ValueError(f"config train.max_staleness must be >= 0, got {cfg.train.max_staleness}")
+        if backend is not None and getattr(backend, "share_module", False):
+            raise ValueError("async mode needs a rollout backend with its own weights (share_module=False)")
+        if cfg.loss.behaviour_weight_cap is None and cfg.train.max_staleness > 0:
+            log.warning("async mode without loss.behaviour_weight_cap: stale batches are clipped against the "
+                        "behaviour policy (PPO surrogate); AReaL's decoupled objective (cap ~2) learns faster")
+        super().__init__(cfg, run_dir, model=model, tokenizer=tokenizer, backend=backend)
+        self._cond = threading.Condition()
+        self._gen_lock = threading.Lock()  # one user of the backend at a time: rollout thread or evaluation
+        self._ready: deque = deque()
+        self._pending: tuple[int, list] | None = None  # (version, weights) published by the trainer
+        self._backend_version = self.step  # trainer version of the weights the backend holds
+        self._next_collect = self.step
+        self._trained = self.step
+        self._error: BaseException | None = None
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ backend with its own weights
+    def _build_backend(self):
+        if self.cfg.rollout.backend != "transformers":
+            return super()._build_backend()
+        from .backends.transformers_backend import TransformersBackend
+
+        gen_model = copy.deepcopy(self.model)
+        if hasattr(gen_model, "peft_config"):
+            gen_model = gen_model.merge_and_unload()
+        gen_model.eval().requires_grad_(False)
+        return TransformersBackend(gen_model, pad_token_id=self.tokenizer.pad_token_id, share_module=False,
+                                   max_batch_size=self.cfg.rollout.max_batch_size)
+
+    def _publish_weights(self) -> None:
+        snapshot = [(n, t.detach().clone()) for n, t in export_hf_weights(self.model)]
+        with self._cond:
+            self._pending = (self._trained, snapshot)
+            self._cond.notify_all()
+
+    def _apply_pending(self) -> None:
+        """Load published weights into the backend (caller holds ``_gen_lock``)."""
+        with self._cond:
+            pending, self._pending = self._pending, None
+        if pending is not None:
+            self.backend.load_weights(pending[1])
+            self._backend_version = pending[0]
+
+    # ------------------------------------------------------------------ rollout thread
+    def _rollout_loop(self) -> None:
+        steps, eta, n = self.cfg.train.steps, self.cfg.train.max_staleness, self.cfg.gconfig.n_samples
+        try:
+            while True:
+                with self._cond:
+                    while not self._stop and self._next_collect < steps and self._next_collect - self._trained > eta:
+                        self._cond.wait()
+                    if self._stop or self._next_collect >= steps:
+                        return
+                    s = self._next_collect
+                    self._next_collect += 1
+                with self._gen_lock:
+                    self._apply_pending()
+                    version = self._backend_version
+                    t0 = time.perf_counter()
+                    batch = self.collector.collect(self.tasks_for_step(s), n, step=s)
+                    stats = dict(self.collector.last_stats)
+                    stats["time/rollout_wall_s"] = time.perf_counter() - t0
+                with self._cond:
+                    self._ready.append((s, version, batch, stats))
+                    self._cond.notify_all()
+        except BaseException as e:  # surfaced in the trainer thread by train_step
+            log.exception("rollout thread failed")
+            with self._cond:
+                self._error = e
+                self._cond.notify_all()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._rollout_loop, name="grpo-rollout", daemon=True)
+            self._thread.start()
+
+    # ------------------------------------------------------------------ trainer side
+    def train_step(self) -> dict[str, Any]:
+        """Train on the next ready batch (waiting for it if needed), then publish the new weights."""
+        self._start()
+        t0 = time.perf_counter()
+        with self._cond:
+            while not self._ready and self._error is None:
+                if not self._thread.is_alive():
+                    raise RuntimeError("rollout thread stopped without producing the next batch")
+                self._cond.wait(timeout=1.0)
+            if self._error is not None:
+                raise RuntimeError(f"rollout thread failed: {self._error!r}") from self._error
+            s, version, batch, stats = self._ready.popleft()
+            queued = len(self._ready)
+        wait_s = time.perf_counter() - t0
+        if s != self.step:  # cannot happen: batches are produced and consumed in step order
+            raise RuntimeError(f"async pipeline out of order: batch for step {s} at trainer step {self.step}")
+        metrics: dict[str, Any] = dict(stats)
+        metrics.update(self._learn(batch))
+        t_sync = time.perf_counter()
+        with self._cond:
+            self._trained += 1
+        self._publish_weights()
+        metrics["time/sync_s"] = time.perf_counter() - t_sync
+        metrics["async/staleness"] = float(s - version)
+        metrics["async/wait_s"] = wait_s
+        metrics["async/queued"] = float(queued)
+        metrics["time/step_s"] = time.perf_counter() - t0
+        metrics["policy_version"] = self._trained
+        metrics["lr"] = self.scheduler.get_last_lr()[0]
+        self.step += 1
+        return metrics
+
+    def evaluate(self) -> dict[str, float]:
+        """As the sync trainer, with the newest weights, while the rollout thread is held between batches."""
+        with self._gen_lock:
+            self._apply_pending()
+            return super().evaluate()
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+        super().close()
