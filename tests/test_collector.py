@@ -103,6 +103,15 @@ def test_context_limit_truncates_with_flag(tok):
     assert td["reward"][0].item() == 0.0
 
 
+def test_prompt_over_the_limit_ends_unplayed_with_a_warning(tok, caplog):
+    col = GroupCollector(ScriptedChatEnv, ScriptedBackend(tok), tok, SamplingConfig(max_new_tokens=32), max_turns=5,
+                         max_context_tokens=8)
+    with caplog.at_level("WARNING"):
+        td = col.collect([{"index": 1}], n_samples=2)
+    assert td["context_truncated"].all() and not td["response_mask"].any() and (td["reward"] == 0).all()
+    assert "max_context_tokens=8" in caplog.text and "2 of 2 episodes" in caplog.text
+
+
 def test_max_turns_truncates(tok):
     col = GroupCollector(ScriptedChatEnv, ScriptedBackend(tok), tok, SamplingConfig(max_new_tokens=32), max_turns=2)
     td = col.collect([{"index": 0}], n_samples=1)

@@ -95,3 +95,10 @@ def test_cli_missing_data_dir_is_a_clear_error(tmp_path):
     p = _run(COMMON + [f"train_dataset.path={tmp_path / 'nope'}"], cwd=tmp_path)
     assert p.returncode != 0
     assert "nope" in p.stderr and ("GSM8K_DATA_DIR" in p.stderr or "not found" in p.stderr.lower())
+
+
+def test_vllm_context_shorter_than_the_episode_limit_fails():
+    cfg = _compose(["rollout.backend=vllm", "rollout.max_context_tokens=4096", "rollout.vllm.max_model_len=2048"])
+    with pytest.raises(ValueError, match="rollout.vllm.max_model_len"):
+        validate_config(cfg)
+    validate_config(_compose(["rollout.backend=vllm", "rollout.max_context_tokens=2048"]))

@@ -34,6 +34,8 @@ plus non-tensor entries ``task`` (the reset options) and ``info`` (the env's fin
 """
 from __future__ import annotations
 
+import logging
+
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -47,6 +49,8 @@ from .chat_tokens import ChatRenderer
 
 __all__ = ["GroupCollector", "Episode"]
 
+
+log = logging.getLogger(__name__)
 
 @dataclass
 class Episode:
@@ -177,6 +181,11 @@ class GroupCollector:
                 if ep.prompt_length >= self.max_context_tokens:
                     ep.done = ep.context_truncated = True
                 episodes.append(ep)
+        over = [e.prompt_length for e in episodes if e.context_truncated]
+        if over:
+            log.warning("%d of %d episodes start with a prompt of %d+ tokens, at or over max_context_tokens=%d: they "
+                        "end unplayed (context_truncated, reward 0); raise rollout.max_context_tokens (and the model's "
+                        "context) or shorten the prompt", len(over), len(episodes), min(over), self.max_context_tokens)
         gen_time, gen_tokens, env_time = 0.0, 0, 0.0
         for turn in range(self.max_turns):
             live = [e for e in episodes if not e.done]

@@ -200,6 +200,11 @@ def validate_config(cfg) -> None:
     for key in positive:
         if OmegaConf.select(cfg, key) < 1:
             raise ValueError(f"config {key} must be >= 1, got {OmegaConf.select(cfg, key)}")
+    if cfg.rollout.backend == "vllm" and cfg.rollout.vllm.max_model_len < cfg.rollout.max_context_tokens:
+        raise ValueError(
+            f"config rollout.vllm.max_model_len={cfg.rollout.vllm.max_model_len} is below "
+            f"rollout.max_context_tokens={cfg.rollout.max_context_tokens}; raise it or lower the context limit"
+        )
     if cfg.train.max_staleness < 0:
         raise ValueError(f"config train.max_staleness must be >= 0, got {cfg.train.max_staleness}")
     if cfg.optimizer.lr <= 0:

@@ -99,6 +99,11 @@ class GRPOTrainer:
             raise ValueError("a preloaded model needs its tokenizer")
         self.load_time_s = time.perf_counter() - t0
         self.tokenizer = tokenizer
+        max_pos = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        if isinstance(max_pos, int) and cfg.rollout.max_context_tokens > max_pos:
+            log.warning("rollout.max_context_tokens=%d exceeds the trained context of %s (%d positions): longer "
+                        "episodes run on extrapolated positions (RoPE) or fail (absolute positions); lower it or pick "
+                        "a longer-context model", cfg.rollout.max_context_tokens, cfg.actor.path, max_pos)
         model.to(self.device)
         if cfg.actor.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
