@@ -66,6 +66,11 @@ def test_fit_writes_metrics_and_checkpoints(tmp_path):
             assert (d / f).is_file()
         assert list((d / "model").glob("*.safetensors"))
     assert summary["checkpoint"].endswith("step_000003")
+    # two example episodes per step (first of each group), decoded, with their rewards
+    samples = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [1, 1, 2, 2, 3, 3]
+    assert all(isinstance(s["text"], str) and s["text"] and "reward" in s for s in samples)
+    assert all(s["response_tokens"] > 0 for s in samples)
 
 
 @pytest.mark.parametrize("peft", [False, True])

@@ -147,6 +147,7 @@ class StatsLoggerConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
     console: bool = True
     progress_bar: bool = True
+    samples_per_step: int = 2  # episodes (first of each group) decoded into samples.jsonl per step; 0 disables
 
 
 @dataclass

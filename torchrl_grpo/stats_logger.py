@@ -1,4 +1,5 @@
-"""Metrics sink: console lines, ``metrics.jsonl`` (one JSON object per step) and Weights & Biases.
+"""Metrics sink: console lines, ``metrics.jsonl`` (one JSON object per step), Weights & Biases, and
+``samples.jsonl`` (decoded example episodes per step).
 
 wandb runs ``offline`` by default (no account or network needed; ``wandb sync`` uploads later); ``disabled``
 turns it off; ``online`` needs ``WANDB_API_KEY``. A wandb failure is logged and the run goes on with the
@@ -71,6 +72,14 @@ class StatsLogger:
             keys = [k for k in ("reward/mean", "eval/accuracy", "loss/total", "ess", "clip_fraction", "kl_ref",
                                 "entropy", "rollout/tokens_per_s", "time/step_s") if row.get(k) is not None]
             log.info("step %d | %s", step, " ".join(f"{k}={row[k]:.4g}" for k in keys))
+
+    def log_samples(self, samples: list[dict[str, Any]], step: int) -> None:
+        """Append episodes (decoded text and reward) to ``<run_dir>/samples.jsonl``, one JSON object per episode."""
+        if not samples:
+            return
+        with open(self.run_dir / "samples.jsonl", "a", encoding="utf-8") as fh:
+            for s in samples:
+                fh.write(json.dumps({"step": step, **{k: _clean(v) for k, v in s.items()}}, default=str) + "\n")
 
     def close(self) -> None:
         self._fh.close()

@@ -248,6 +248,7 @@ class GRPOTrainer:
         """Advantages, optional zero-variance group filter and the optimizer updates on one collected batch."""
         cfg = self.cfg
         metrics: dict[str, Any] = self._batch_metrics(batch)
+        self._log_samples(batch)
         reward = batch["reward"]
         batch["advantage"] = group_advantages(reward, batch["group_id"], scale=cfg.loss.adv_scale,
                                               baseline=cfg.loss.adv_baseline)
@@ -266,6 +267,27 @@ class GRPOTrainer:
             metrics.update(self._update(batch.exclude("task", "info")))
         metrics["time/train_s"] = time.perf_counter() - t_train
         return metrics
+
+    def _log_samples(self, batch: TensorDict) -> None:
+        k = self.cfg.stats_logger.samples_per_step
+        if k <= 0:
+            return
+        gids = batch["group_id"].tolist()
+        firsts = [i for i, g in enumerate(gids) if i == 0 or gids[i - 1] != g][:k]
+        infos = batch["info"].tolist() if hasattr(batch["info"], "tolist") else list(batch["info"])
+        out = []
+        for i in firsts:
+            row = batch[i]
+            ids = row["tokens"][row["attention_mask"]]
+            info = infos[i] if isinstance(infos[i], dict) else {}
+            out.append({"group_id": gids[i], "task": info.get("task_id", info.get("index")),
+                        "reward": float(row["reward"]), "response_tokens": int(row["response_mask"].sum()),
+                        "text": self.tokenizer.decode(ids[int(row["prompt_length"]):] if "prompt_length" in row.keys()
+                                                      else ids, skip_special_tokens=False)})
+        try:
+            self.logger.log_samples(out, step=self.step + 1)
+        except OSError as exc:  # samples are a convenience; never stop training for them
+            log.warning("could not write samples.jsonl: %s", exc)
 
     def _batch_metrics(self, batch: TensorDict) -> dict[str, float]:
         r = batch["reward"]
