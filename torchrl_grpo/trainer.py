@@ -275,12 +275,16 @@ class GRPOTrainer:
         gids = batch["group_id"].tolist()
         firsts = [i for i, g in enumerate(gids) if i == 0 or gids[i - 1] != g][:k]
         infos = batch["info"].tolist() if hasattr(batch["info"], "tolist") else list(batch["info"])
+        tasks = None
+        if "task" in batch.keys():
+            tasks = batch["task"].tolist() if hasattr(batch["task"], "tolist") else list(batch["task"])
         out = []
         for i in firsts:
             row = batch[i]
             ids = row["tokens"][row["attention_mask"]]
             info = infos[i] if isinstance(infos[i], dict) else {}
-            out.append({"group_id": gids[i], "task": info.get("task_id", info.get("index")),
+            task = tasks[i] if tasks is not None else info.get("task_id", info.get("index"))
+            out.append({"group_id": gids[i], "task": task,
                         "reward": float(row["reward"]), "response_tokens": int(row["response_mask"].sum()),
                         "text": self.tokenizer.decode(ids[int(row["prompt_length"]):] if "prompt_length" in row.keys()
                                                       else ids, skip_special_tokens=False)})
