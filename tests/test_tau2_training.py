@@ -48,3 +48,6 @@ def test_local_user_plays_the_customer(tmp_path):
     m = trainer.train_step()
     trainer.close()
     assert m["rollout/episodes"] == 2 and m["train/optimizer_steps"] == 1.0
+    # the two episodes' customer turns (opening messages at reset, replies after agent messages) are batched
+    st = trainer.collector.user_batcher.stats
+    assert st["calls"] >= 2 and st["batches"] < st["calls"], st

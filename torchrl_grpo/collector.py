@@ -35,6 +35,7 @@ plus non-tensor entries ``task`` (the reset options) and ``info`` (the env's fin
 from __future__ import annotations
 
 import logging
+import threading
 
 import time
 from dataclasses import dataclass, field
@@ -107,6 +108,7 @@ class GroupCollector:
         max_turns: int = 1,
         max_context_tokens: int = 2048,
         seed: int = 0,
+        user_batcher=None,
     ) -> None:
         if max_turns < 1:
             raise ValueError("max_turns must be >= 1")
@@ -118,6 +120,7 @@ class GroupCollector:
         self.max_turns = max_turns
         self.max_context_tokens = max_context_tokens
         self.seed = seed
+        self.user_batcher = user_batcher
         self._pool: list[gym.Env] = []
         self._renderers: dict[str, ChatRenderer] = {}
         probe = ChatRenderer(tokenizer)
@@ -126,6 +129,36 @@ class GroupCollector:
             sampling = SamplingConfig(**{**sampling.__dict__, "stop_token_ids": sorted(self.end_of_turn)})
         self.sampling = sampling
         self.last_stats: dict[str, float] = {}
+
+    def _run_all(self, fns: list[Callable[[], Any]]) -> list[Any]:
+        """Run env resets/steps; each result is the return value or the exception raised.
+
+        With a ``user_batcher`` (:class:`torchrl_grpo.local_user.LocalUser`) they run in threads inside its
+        ``batched`` scope, so the customer replies they ask for are generated in one batched backend call."""
+        results: list[Any] = [None] * len(fns)
+
+        def run(i: int) -> None:
+            try:
+                if self.user_batcher is not None:
+                    self.user_batcher.step_begin(i)
+                results[i] = fns[i]()
+            except Exception as exc:
+                results[i] = exc
+            finally:
+                if self.user_batcher is not None and len(fns) > 1:
+                    self.user_batcher.step_done()
+
+        if self.user_batcher is None or len(fns) < 2:
+            for i in range(len(fns)):
+                run(i)
+            return results
+        with self.user_batcher.batched(len(fns)):
+            threads = [threading.Thread(target=run, args=(i,), name=f"env-step-{i}") for i in range(len(fns))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        return results
 
     def _renderer(self, tools: list[dict] | None) -> ChatRenderer:
         import json
@@ -170,17 +203,22 @@ class GroupCollector:
         t0 = time.perf_counter()
         envs = self._envs(len(tasks) * n_samples)
         episodes: list[Episode] = []
-        for g, task in enumerate(tasks):
-            for s in range(n_samples):
-                env = envs[len(episodes)]
-                obs, info = env.reset(seed=self.seed + step * 100_003 + len(episodes), options=dict(task))
-                ren = self._renderer(info.get("tools"))
-                ep = Episode(group_id=g, task=dict(task), env=env, renderer=ren, info=info)
-                ep.extend(ren.prompt_ids(list(obs)), sampled=False)
-                ep.prompt_length = len(ep.tokens)
-                if ep.prompt_length >= self.max_context_tokens:
-                    ep.done = ep.context_truncated = True
-                episodes.append(ep)
+        jobs = [(g, task, g * n_samples + s) for g, task in enumerate(tasks) for s in range(n_samples)]
+        resets = self._run_all([
+            (lambda e=envs[i], i=i, task=task: e.reset(seed=self.seed + step * 100_003 + i, options=dict(task)))
+            for g, task, i in jobs
+        ])
+        for res in resets:
+            if isinstance(res, Exception):
+                raise res
+        for (g, task, i), (obs, info) in zip(jobs, resets):
+            ren = self._renderer(info.get("tools"))
+            ep = Episode(group_id=g, task=dict(task), env=envs[i], renderer=ren, info=info)
+            ep.extend(ren.prompt_ids(list(obs)), sampled=False)
+            ep.prompt_length = len(ep.tokens)
+            if ep.prompt_length >= self.max_context_tokens:
+                ep.done = ep.context_truncated = True
+            episodes.append(ep)
         over = [e.prompt_length for e in episodes if e.context_truncated]
         if over:
             log.warning("%d of %d episodes start with a prompt of %d+ tokens, at or over max_context_tokens=%d: they "
@@ -197,6 +235,7 @@ class GroupCollector:
             gens = self.backend.generate([e.tokens for e in live], turn_sampling)
             gen_time += time.perf_counter() - tg
             te = time.perf_counter()
+            stepping: list[tuple[Episode, list[int], str]] = []
             for ep, gen in zip(live, gens):
                 if ep.policy_version < 0:
                     ep.policy_version = self.backend.policy_version
@@ -208,13 +247,14 @@ class GroupCollector:
                 if len(gen.token_ids) > room:
                     ep.done = ep.context_truncated = True
                     continue
-                text = self.tokenizer.decode(ids, skip_special_tokens=True)
-                try:
-                    obs, reward, terminated, truncated, info = ep.env.step(text)
-                except Exception as exc:  # an env bug must not kill a training run: end the episode, keep the data
+                stepping.append((ep, ids, self.tokenizer.decode(ids, skip_special_tokens=True)))
+            results = self._run_all([(lambda e=ep, t=text: e.env.step(t)) for ep, _, text in stepping])
+            for (ep, ids, _), res in zip(stepping, results):
+                if isinstance(res, Exception):  # an env bug must not kill a training run: end the episode, keep the data
                     ep.done = True
-                    ep.info = {**ep.info, "error": f"{type(exc).__name__}: {exc}", "termination_reason": "env_error"}
+                    ep.info = {**ep.info, "error": f"{type(res).__name__}: {res}", "termination_reason": "env_error"}
                     continue
+                obs, reward, terminated, truncated, info = res
                 ep.info = info
                 if info.get("action_error"):
                     ep.action_errors += 1

@@ -132,7 +132,7 @@ class GRPOTrainer:
         env_id, kw = env_kwargs_from_config(cfg, cfg.train_dataset.split, cfg.train_dataset.path, user_fn=user_fn)
         self.collector = GroupCollector(make_env_fn(env_id, **kw), self.backend, tokenizer, self.sampling,
                                         max_turns=cfg.econfig.max_turns, max_context_tokens=cfg.rollout.max_context_tokens,
-                                        seed=cfg.seed)
+                                        seed=cfg.seed, user_batcher=user_fn)
         self.train_tasks = usable_task_indices(self.collector._envs(1)[0], cfg.train_dataset.limit, check=self.is_tau2)
         self.n_train_tasks = len(self.train_tasks)
         if self.n_train_tasks < 1:
@@ -144,7 +144,8 @@ class GRPOTrainer:
         self._eval_tasks: list[int] | None = None
         self.eval_collector = GroupCollector(make_env_fn(vid, **vkw), self.backend, tokenizer, self.sampling,
                                              max_turns=cfg.econfig.max_turns,
-                                             max_context_tokens=cfg.rollout.max_context_tokens, seed=cfg.seed + 1)
+                                             max_context_tokens=cfg.rollout.max_context_tokens, seed=cfg.seed + 1,
+                                             user_batcher=user_fn)
         self.loss_fn = GRPOLoss(
             self.model, clip_eps_low=cfg.loss.clip_eps_low, clip_eps_high=cfg.loss.clip_eps_high,
             kl_coef=cfg.loss.kl_coef, entropy_coef=cfg.loss.entropy_coef, aggregation=cfg.loss.aggregation,
