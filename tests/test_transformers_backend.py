@@ -121,3 +121,40 @@ def test_sampling_matches_the_distribution_and_never_picks_masked_tokens():
     assert ((freq - p).abs() <= 4 * se + 1e-12).all(), (freq, p)
     assert freq[3] == 0 and freq[5] == 0
     torch.testing.assert_close(lp, p.log()[tok].float())
+
+
+@pytest.mark.parametrize("n_kv", [1, 2, 4])
+def test_gqa_decode_attention_gives_the_same_generations(n_kv):
+    """Decode steps with query heads folded onto the KV heads (no repeat_kv) produce the same tokens and
+    log-probs as transformers' SDPA path, with left padding (prompts of different lengths) and row dropping."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from torchrl_grpo.backends.decode_attention import ATTN_IMPLEMENTATION, decode_attention
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=n_kv,
+                                         max_position_embeddings=256)).eval()
+    model.config._attn_implementation = "sdpa"
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [5, 6, 7, 8, 9, 10, 11], [12, 13, 14], [15, 16, 17, 18, 19]]
+    sc = SamplingConfig(max_new_tokens=20, temperature=1.0, seed=3, stop_token_ids=[0, 1, 2, 3])
+    import transformers.integrations.sdpa_attention as hf_sdpa
+
+    calls = []
+    orig = hf_sdpa.repeat_kv
+    hf_sdpa.repeat_kv = lambda x, n: (calls.append(x.shape[2]), orig(x, n))[1]
+    try:
+        ref = TransformersBackend(model, pad_token_id=0, gqa_decode=False).generate(prompts, sc)
+        n_ref = len(calls)
+        got = TransformersBackend(model, pad_token_id=0, gqa_decode=True).generate(prompts, sc)
+        n_got = len(calls) - n_ref
+    finally:
+        hf_sdpa.repeat_kv = orig
+    if n_kv < 4:  # GQA: KV heads are repeated at every decode step by the reference path, only at prefill by ours
+        assert n_ref > 10 * n_got and n_got <= 2 * 2, (n_ref, n_got)
+    for a, b in zip(ref, got):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=1e-4, atol=1e-5)
+    with decode_attention(model):
+        assert model.config._attn_implementation == ATTN_IMPLEMENTATION
+    assert model.config._attn_implementation == "sdpa"  # restored: the trainer's forward is untouched

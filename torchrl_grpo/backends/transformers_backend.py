@@ -8,6 +8,8 @@ It runs its own batched decode loop over a KV cache instead of ``model.generate`
   tool schemas, ~10k tokens for telecom) across calls, so later turns and later batches prefill only what
   follows it; the cache is dropped when the weights change (:meth:`load_weights`),
 * drop finished sequences from the batch as they stop (short answers free compute for long ones),
+* attend with grouped-query attention at decode steps without copying KV heads
+  (:mod:`torchrl_grpo.backends.decode_attention`),
 * return the behaviour log-prob of each sampled token under the distribution actually sampled from
   (``log_softmax(top_p(logits / T))``), with no second forward pass.
 
@@ -17,6 +19,7 @@ When colocated with the trainer (``share_module=True``) it samples from the very
 from __future__ import annotations
 
 import copy
+from contextlib import nullcontext
 from typing import Iterable
 
 import torch
@@ -24,6 +27,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from .base import Generation, RolloutBackend, SamplingConfig, iter_named_weights
+from .decode_attention import decode_attention
 
 __all__ = ["TransformersBackend", "sample_next_token"]
 
@@ -75,6 +79,8 @@ class TransformersBackend(RolloutBackend):
         max_batch_size: most sequences decoded at once (longer request lists are processed in chunks,
             keeping each group's samples together).
         prefix_cache_min_tokens: reuse a shared-prefix KV cache only for prefixes at least this long (0 disables).
+        gqa_decode: run decode steps of grouped-query-attention models without repeating KV heads
+            (:mod:`torchrl_grpo.backends.decode_attention`; same attention, less copying).
     """
 
     def __init__(
@@ -85,6 +91,7 @@ class TransformersBackend(RolloutBackend):
         share_module: bool = True,
         max_batch_size: int = 64,
         prefix_cache_min_tokens: int = 256,
+        gqa_decode: bool = True,
     ) -> None:
         self.model = model
         self.pad_token_id = int(pad_token_id)
@@ -93,6 +100,7 @@ class TransformersBackend(RolloutBackend):
         self.policy_version = 0
         self._generator: torch.Generator | None = None
         self.prefix_cache_min_tokens = int(prefix_cache_min_tokens)
+        self.gqa_decode = bool(gqa_decode)
         self._prefix: tuple[tuple[int, ...], DynamicCache] | None = None
         self.stats = {"prefix_hits": 0, "prefix_builds": 0, "prefilled_tokens": 0}
 
@@ -130,10 +138,11 @@ class TransformersBackend(RolloutBackend):
         # chunk by max_batch_size, keeping identical prompts in the same chunk when possible
         order = sorted(range(len(prompts)), key=lambda i: (tuple(prompts[i]), i))
         out: list[Generation | None] = [None] * len(prompts)
-        for s in range(0, len(order), self.max_batch_size):
-            idx = order[s : s + self.max_batch_size]
-            for i, g in zip(idx, self._generate_chunk([prompts[i] for i in idx], sampling)):
-                out[i] = g
+        with decode_attention(self.model) if self.gqa_decode else nullcontext():
+            for s in range(0, len(order), self.max_batch_size):
+                idx = order[s : s + self.max_batch_size]
+                for i, g in zip(idx, self._generate_chunk([prompts[i] for i in idx], sampling)):
+                    out[i] = g
         return out  # type: ignore[return-value]
 
     def _shared_prefix(self, uprompts: list[tuple[int, ...]]) -> tuple[tuple[int, ...], DynamicCache | None]:
