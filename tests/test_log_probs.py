@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchrl_grpo.log_probs import _window_logits, token_log_probs
+from torchrl_grpo.log_probs import _decoder_and_head, _window_outputs, token_log_probs
+
+
+def _window_logits(model, tokens, am, pos, start, share):
+    return _window_outputs(model, _decoder_and_head(model), tokens, am, pos, start, share)
 
 
 def _models():
@@ -61,9 +65,8 @@ def test_window_and_shared_prefix_match_plain_forward(arch):
     torch.testing.assert_close(ent[rm], ref_ent[rm], rtol=1e-5, atol=1e-5)
     for p, gref in zip(model.parameters(), ref_grads):
         torch.testing.assert_close(p.grad, gref, rtol=1e-4, atol=1e-5)
-    # columns before the window are not computed and are 0
-    start = int(rm.any(0).nonzero()[0])
-    assert (lp[:, :start] == 0).all()
+    # only response tokens are scored; everything else is 0
+    assert (lp[~rm] == 0).all() and (ent[~rm] == 0).all()
 
 
 def test_shared_prefix_path_is_taken_and_runs_each_prompt_once():
@@ -102,3 +105,30 @@ def test_response_mask_shape_checked():
     tokens, am, rm = _grouped_batch()
     with pytest.raises(ValueError, match="response_mask"):
         token_log_probs(model, tokens, am, response_mask=rm[:, :-1])
+
+
+def test_lm_head_runs_only_on_response_tokens_in_chunks(monkeypatch):
+    import torchrl_grpo.log_probs as lpm
+
+    model = _models()["qwen2"].train()
+    tokens, am, rm = _grouped_batch()
+    rows = []
+    h = model.lm_head.register_forward_hook(lambda m, i, o: rows.append(i[0].shape[0]))
+    monkeypatch.setattr(lpm, "HEAD_CHUNK", 16)
+    lp, _ = token_log_probs(model, tokens, am, response_mask=rm)
+    lp.sum().backward()  # checkpointed chunks: the head runs again in backward
+    h.remove()
+    n = int(rm.sum())
+    fwd = [min(16, n - s) for s in range(0, n, 16)]
+    assert rows[: len(fwd)] == fwd and sum(rows) == 2 * n
+    assert model.lm_head.weight.grad is not None and model.lm_head.weight.grad.abs().sum() > 0
+
+
+def test_models_with_logit_transforms_use_their_own_forward():
+    model = _models()["llama"]
+    assert _decoder_and_head(model) is not None
+    model.config.final_logit_softcapping = 30.0
+    assert _decoder_and_head(model) is None
+    tokens, am, rm = _grouped_batch()
+    lp, _ = token_log_probs(model.eval(), tokens, am, response_mask=rm)
+    assert lp[rm].lt(0).all() and (lp[~rm] == 0).all()

@@ -2,9 +2,12 @@ r"""Per-token log-probs of sampled sequences under the trainer's model (the :mat
 
 Two savings over one plain forward over the whole padded batch, both exact up to float rounding:
 
-* **Response window.** Only positions that can hold a response token need logits: with ``response_mask`` given,
-  the LM head (a [hidden x vocab] matmul, ~27% of Qwen2.5-0.5B's forward FLOPs) runs from the first response column
-  on, through the model's ``logits_to_keep`` argument, instead of over the prompt too.
+* **Response tokens only.** Only response tokens need log-probs: with ``response_mask`` given, the decoder runs from
+  the first response column on and the LM head (a [hidden x vocab] matmul, ~27% of Qwen2.5-0.5B's forward FLOPs)
+  only at response positions — not over the prompt, tool outputs or padding — in chunks whose [chunk, vocab] logits
+  are recomputed in the backward pass instead of stored (a multi-turn tau2 micro-batch of 8 episodes otherwise kept
+  ~15 GB of Qwen logits and was OOM-killed on a 24 GB machine). Models whose logits are not plainly
+  ``lm_head(last_hidden_state)`` (soft-capping, scaling) use their own forward with ``logits_to_keep``.
 * **Group-shared prefix.** The ``n_samples`` episodes of a GRPO group start with the same prompt. Columns before
   the window that are identical across rows are run once per distinct prefix (``use_cache=True``), the resulting
   KV cache is gathered to every row (differentiable: gradients of all rows flow back into the one prefix pass),
@@ -18,11 +21,65 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["token_log_probs"]
+__all__ = ["token_log_probs", "HEAD_CHUNK"]
+
+#: positions per LM-head chunk (see :func:`_selected_log_probs`): 1024 x 151k fp32 logits = 0.6 GB transient.
+HEAD_CHUNK = 1024
 
 
 def _uses_grad_checkpointing(model: torch.nn.Module) -> bool:
     return bool(getattr(model, "is_gradient_checkpointing", False)) and model.training
+
+
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def _decoder_and_head(model: torch.nn.Module):
+    """``(decoder, lm_head)`` when the model's logits are exactly ``lm_head(decoder(...).last_hidden_state)`` (HF
+    causal LMs without logit soft-capping/scaling, peft-wrapped or not); else None (the model's own forward is used)."""
+    cfg = getattr(model, "config", None)
+    if any(getattr(cfg, a, None) not in (None, 1, 1.0) for a in _LOGIT_TRANSFORMS):
+        return None
+    try:
+        dec, head = model.get_decoder(), model.get_output_embeddings()
+    except Exception:
+        return None
+    if dec is None or dec is model or not isinstance(head, torch.nn.Module):
+        return None
+    return dec, head
+
+
+def _window_outputs(model, dec_head, tokens, am, pos, start: int, share_prefix: bool) -> tuple[torch.Tensor, bool]:
+    """Outputs at positions ``start-1 .. T-2`` (those predicting ``tokens[:, start:]``): final hidden states
+    [b, T-start, H] when ``dec_head`` is given, else logits [b, T-start, V]. Also returns whether the shared-prefix
+    path ran."""
+    b, T = tokens.shape
+    net = dec_head[0] if dec_head is not None else model
+
+    def run(**kw):
+        out = net(**kw)
+        return out.last_hidden_state if dec_head is not None else out.logits
+
+    P = start - 1  # columns [0, P) need no outputs: candidates for the shared prefix
+    if share_prefix and P >= 1 and b > 1 and not _uses_grad_checkpointing(model):
+        key = torch.cat([tokens[:, :P], am[:, :P]], dim=1)
+        uniq, inv = torch.unique(key, dim=0, return_inverse=True)
+        U = uniq.shape[0]
+        if U < b:
+            rep = torch.empty(U, dtype=torch.long, device=tokens.device).scatter_(
+                0, inv, torch.arange(b, device=tokens.device))
+            kw = {} if dec_head is not None else {"logits_to_keep": 1}
+            pre = net(input_ids=tokens[rep, :P], attention_mask=am[rep, :P], position_ids=pos[rep, :P],
+                      use_cache=True, **kw)
+            cache = getattr(pre, "past_key_values", None)
+            if cache is not None and hasattr(cache, "batch_select_indices"):
+                cache.batch_select_indices(inv)  # [U, ...] -> [b, ...], differentiable gather
+                out = run(input_ids=tokens[:, P:], attention_mask=am, position_ids=pos[:, P:],
+                          past_key_values=cache, use_cache=True)
+                return out[:, :-1], True
+    if dec_head is not None:
+        return run(input_ids=tokens, attention_mask=am, position_ids=pos)[:, start - 1 : -1], False
+    return _forward_logits(model, tokens, am, pos, T - start + 1)[:, :-1], False
 
 
 def _forward_logits(model, tokens, am, pos, keep: int) -> torch.Tensor:
@@ -33,29 +90,36 @@ def _forward_logits(model, tokens, am, pos, keep: int) -> torch.Tensor:
         return model(input_ids=tokens, attention_mask=am, position_ids=pos).logits[:, -keep:]
 
 
-def _window_logits(model, tokens, am, pos, start: int, share_prefix: bool) -> tuple[torch.Tensor, bool]:
-    """Logits predicting ``tokens[:, start:]`` (those at positions ``start-1 .. T-2``): [b, T-start, V].
+def _head_log_probs(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
+    """log p(target) (and entropy) from final hidden states [N, H]: LM head, then float32 log-softmax."""
+    logits = head(hidden).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp_all = F.log_softmax(logits, dim=-1)
+    lp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
+    ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else torch.zeros_like(lp)
+    return lp, ent
 
-    Returns the logits and whether the shared-prefix path ran.
-    """
-    b, T = tokens.shape
-    P = start - 1  # columns [0, P) need no logits: candidates for the shared prefix
-    if share_prefix and P >= 1 and b > 1 and not _uses_grad_checkpointing(model):
-        key = torch.cat([tokens[:, :P], am[:, :P]], dim=1)
-        uniq, inv = torch.unique(key, dim=0, return_inverse=True)
-        U = uniq.shape[0]
-        if U < b:
-            rep = torch.empty(U, dtype=torch.long, device=tokens.device).scatter_(
-                0, inv, torch.arange(b, device=tokens.device))
-            pre = model(input_ids=tokens[rep, :P], attention_mask=am[rep, :P], position_ids=pos[rep, :P],
-                        use_cache=True, logits_to_keep=1)
-            cache = getattr(pre, "past_key_values", None)
-            if cache is not None and hasattr(cache, "batch_select_indices"):
-                cache.batch_select_indices(inv)  # [U, ...] -> [b, ...], differentiable gather
-                out = model(input_ids=tokens[:, P:], attention_mask=am, position_ids=pos[:, P:],
-                            past_key_values=cache, use_cache=True)
-                return out.logits[:, :-1], True
-    return _forward_logits(model, tokens, am, pos, T - start + 1)[:, :-1], False
+
+def _selected_log_probs(head, hidden, targets, temperature, with_entropy, chunk: int):
+    """:func:`_head_log_probs` over chunks of ``chunk`` positions. With gradients on, each chunk's [chunk, V] logits
+    are recomputed in the backward pass (activation checkpointing) instead of kept: the saved memory is then O(N x H),
+    not O(N x V) (151k-word vocabularies make the latter dominate)."""
+    from torch.utils.checkpoint import checkpoint
+
+    lps, ents = [], []
+    for s in range(0, hidden.shape[0], chunk):
+        h, t = hidden[s : s + chunk], targets[s : s + chunk]
+        if torch.is_grad_enabled() and h.requires_grad:
+            lp, ent = checkpoint(_head_log_probs, head, h, t, temperature, with_entropy, use_reentrant=False)
+        else:
+            lp, ent = _head_log_probs(head, h, t, temperature, with_entropy)
+        lps.append(lp)
+        ents.append(ent)
+    if not lps:
+        z = hidden.new_zeros((0,), dtype=torch.float32)
+        return z, z
+    return torch.cat(lps), torch.cat(ents)
 
 
 def token_log_probs(
@@ -79,13 +143,13 @@ def token_log_probs(
         with_entropy: also return the per-token entropy (nats) of the predictive distribution.
         logits_chunk: if > 0, run the model on chunks of this many sequences to bound peak memory
             (the [B, T, vocab] logits dominate it).
-        response_mask: optional bool [B, T], the tokens whose log-probs are needed. Positions before its first
-            true column (over the whole batch) are returned as 0 and get no logits computed.
+        response_mask: optional bool [B, T], the tokens whose log-probs are needed; only they get logits
+            computed, every other position is returned as 0.
         share_prefix: run columns before the response window once per distinct prefix (see module docstring).
 
     Returns:
         ``(log_probs, entropy)``: float32 [B, T] each; position ``t`` holds ``log p(tokens[t] | tokens[<t])``;
-        position 0 (no context), padded positions and positions before the response window are 0.
+        position 0 (no context), padded positions and positions outside ``response_mask`` are 0.
         ``entropy`` is None unless requested.
 
     Raises:
@@ -105,19 +169,23 @@ def token_log_probs(
         if cols.numel():
             start = max(1, int(cols[0]))
     step = logits_chunk if logits_chunk > 0 else B
+    score = (response_mask.bool() if response_mask is not None else torch.ones_like(am, dtype=torch.bool)) & am.bool()
+    dec_head = _decoder_and_head(model)
     lps, ents = [], []
     for s in range(0, B, step):
         sl = slice(s, s + step)
-        logits, _ = _window_logits(model, tokens[sl], am[sl], position_ids[sl], start, share_prefix)
-        logits = logits.float()
-        if temperature != 1.0:
-            logits = logits / temperature
-        logp_all = F.log_softmax(logits, dim=-1)
-        lp = logp_all.gather(-1, tokens[sl, start:].unsqueeze(-1)).squeeze(-1)
-        lps.append(F.pad(lp, (start, 0)))
+        out, _ = _window_outputs(model, dec_head, tokens[sl], am[sl], position_ids[sl], start, share_prefix)
+        sel = score[sl, start:]  # [b, T-start]: positions whose log-prob is needed
+        targets = tokens[sl, start:][sel]
+        if dec_head is not None:
+            lp_sel, ent_sel = _selected_log_probs(dec_head[1], out[sel], targets, temperature, with_entropy,
+                                                  chunk=HEAD_CHUNK)
+        else:
+            lp_sel, ent_sel = _head_log_probs(lambda x: x, out[sel], targets, temperature, with_entropy)
+        zeros = torch.zeros(sel.shape, dtype=torch.float32, device=tokens.device)
+        lps.append(F.pad(zeros.masked_scatter(sel, lp_sel), (start, 0)))
         if with_entropy:
-            ent = -(logp_all.exp() * logp_all).sum(-1)
-            ents.append(F.pad(ent, (start, 0)))
-    lp = torch.cat(lps) * am.to(torch.float32)
-    ent = torch.cat(ents) * am.to(torch.float32) if with_entropy else None
+            ents.append(F.pad(zeros.masked_scatter(sel, ent_sel), (start, 0)))
+    lp = torch.cat(lps)
+    ent = torch.cat(ents) if with_entropy else None
     return lp, ent
