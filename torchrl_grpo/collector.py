@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import threading
-
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -52,6 +51,7 @@ __all__ = ["GroupCollector", "Episode"]
 
 
 log = logging.getLogger(__name__)
+
 
 @dataclass
 class Episode:
@@ -136,19 +136,20 @@ class GroupCollector:
         With a ``user_batcher`` (:class:`torchrl_grpo.local_user.LocalUser`) they run in threads inside its
         ``batched`` scope, so the customer replies they ask for are generated in one batched backend call."""
         results: list[Any] = [None] * len(fns)
+        threaded = self.user_batcher is not None and len(fns) > 1
 
         def run(i: int) -> None:
             try:
-                if self.user_batcher is not None:
+                if threaded:
                     self.user_batcher.step_begin(i)
                 results[i] = fns[i]()
             except Exception as exc:
                 results[i] = exc
             finally:
-                if self.user_batcher is not None and len(fns) > 1:
+                if threaded:
                     self.user_batcher.step_done()
 
-        if self.user_batcher is None or len(fns) < 2:
+        if not threaded:
             for i in range(len(fns)):
                 run(i)
             return results

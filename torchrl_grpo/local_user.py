@@ -45,13 +45,17 @@ class LocalUser:
             sampling = SamplingConfig(**{**sampling.__dict__, "stop_token_ids": sorted(base.end_of_turn_ids())})
         self.sampling = sampling
         self.max_prompt_tokens = max_prompt_tokens
-        self.calls = 0
         self.stats = {"calls": 0, "batches": 0}
         self._cv = threading.Condition()
         self._open = 0  # env steps of the current batched turn still running (not waiting, not finished)
         self._batching = False
         self._pending: list[dict] = []
         self._local = threading.local()  # order key of the env step running in this thread
+
+    @property
+    def calls(self) -> int:
+        """Customer replies generated so far."""
+        return self.stats["calls"]
 
     def _prompt(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
         renderer = ChatRenderer(self.tokenizer, tools)
@@ -67,7 +71,6 @@ class LocalUser:
         gens = self.backend.generate(prompts, SamplingConfig(**{**self.sampling.__dict__, "seed": seed}))
         self.stats["batches"] += 1
         self.stats["calls"] += len(prompts)
-        self.calls += len(prompts)
         out: list[str | Exception] = []
         for g in gens:
             text = self.tokenizer.decode(g.token_ids, skip_special_tokens=True).strip()

@@ -70,6 +70,12 @@ def _make_scheduler(opt: torch.optim.Optimizer, kind: str, warmup: int, total: i
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
+def _non_tensor_list(batch: TensorDict, key: str) -> list:
+    """A non-tensor column of a collected batch (``task``, ``info``) as a Python list, one entry per episode."""
+    col = batch[key]
+    return col.tolist() if hasattr(col, "tolist") else list(col)
+
+
 class GRPOTrainer:
     """Sync GRPO trainer driven by a :class:`torchrl_grpo.config.GRPOConfig` (an OmegaConf node).
 
@@ -275,20 +281,14 @@ class GRPOTrainer:
             return
         gids = batch["group_id"].tolist()
         firsts = [i for i, g in enumerate(gids) if i == 0 or gids[i - 1] != g][:k]
-        infos = batch["info"].tolist() if hasattr(batch["info"], "tolist") else list(batch["info"])
-        tasks = None
-        if "task" in batch.keys():
-            tasks = batch["task"].tolist() if hasattr(batch["task"], "tolist") else list(batch["task"])
+        tasks = _non_tensor_list(batch, "task")
         out = []
         for i in firsts:
             row = batch[i]
-            ids = row["tokens"][row["attention_mask"]]
-            info = infos[i] if isinstance(infos[i], dict) else {}
-            task = tasks[i] if tasks is not None else info.get("task_id", info.get("index"))
-            out.append({"group_id": gids[i], "task": task,
-                        "reward": float(row["reward"]), "response_tokens": int(row["response_mask"].sum()),
-                        "text": self.tokenizer.decode(ids[int(row["prompt_length"]):] if "prompt_length" in row.keys()
-                                                      else ids, skip_special_tokens=False)})
+            ids = row["tokens"][row["attention_mask"]][int(row["prompt_length"]):]  # everything after the prompt
+            out.append({"group_id": gids[i], "task": tasks[i], "reward": float(row["reward"]),
+                        "response_tokens": int(row["response_mask"].sum()),
+                        "text": self.tokenizer.decode(ids, skip_special_tokens=False)})
         try:
             self.logger.log_samples(out, step=self.step + 1)
         except OSError as exc:  # samples are a convenience; never stop training for them
@@ -296,7 +296,7 @@ class GRPOTrainer:
 
     def _batch_metrics(self, batch: TensorDict) -> dict[str, float]:
         r = batch["reward"]
-        infos = batch["info"].tolist() if hasattr(batch["info"], "tolist") else list(batch["info"])
+        infos = _non_tensor_list(batch, "info")
         out = {
             "reward/mean": r.mean().item(), "reward/std": r.std().item() if r.numel() > 1 else 0.0,
             "reward/max": r.max().item(), "reward/success_rate": (r >= 1.0).float().mean().item(),
