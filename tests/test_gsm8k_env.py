@@ -158,13 +158,13 @@ def test_reset_bad_index(toy_env, options):
     "index,action,reward,correct",
     [
         (0, "2 + 3 = 5\n#### 5", 1.0, True),
-        (0, "#### 6", 0.1, False),  # well-formed, wrong
+        (0, "#### 6", 0.0, False),  # well-formed, wrong: correctness-only by default
         (0, "I think it is 6", 0.0, False),  # no format, wrong
         (0, "it is 5", 1.0, True),  # right without the format
         (1, "2 * 1,200 = 2,400\n#### $2,400.00", 1.0, True),
         (2, "The answer is −3.", 1.0, True),
         (2, {"role": "assistant", "content": "\\boxed{-3}"}, 1.0, True),
-        (2, {"content": "#### 3"}, 0.1, False),
+        (2, {"content": "#### 3"}, 0.0, False),
     ],
 )
 def test_step_rewards(toy_env, index, action, reward, correct):
@@ -236,7 +236,7 @@ def test_make_vec(data_env):
     answers = list(info["answer"])
     actions = (f"#### {answers[0]}", "#### 0.123", "no idea")
     obs, rewards, terminated, truncated, info = venv.step(actions)
-    np.testing.assert_allclose(rewards, [1.0, 0.1, 0.0])
+    np.testing.assert_allclose(rewards, [1.0, 0.0, 0.0])
     assert terminated.all() and not truncated.any()
     venv.close()
 
@@ -245,6 +245,6 @@ def test_sync_vector_env_toy():
     venv = gym.vector.SyncVectorEnv([lambda: GSM8KEnv(data=TOY) for _ in range(2)])
     venv.reset(seed=1, options={"index": 0})
     _, rewards, terminated, _, _ = venv.step(("#### 5", "#### 4"))
-    np.testing.assert_allclose(rewards, [1.0, 0.1])
+    np.testing.assert_allclose(rewards, [1.0, 0.0])
     assert terminated.all()
     venv.close()

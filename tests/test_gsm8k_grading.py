@@ -180,11 +180,11 @@ def test_has_final_answer_format(text, expected):
     "text,gold,reward,correct",
     [
         ("so #### 18", "18", 1.0, True),
-        ("so #### 19", "18", 0.1, False),
+        ("so #### 19", "18", 0.0, False),  # well-formed but wrong: no credit by default
         ("I guess 19", "18", 0.0, False),
         ("I guess 18", "18", 1.0, True),  # correct without the format still counts
         ("The answer is $1,800.", "1800", 1.0, True),
-        ("\\boxed{17}", "#### 18", 0.1, False),  # gold given as a solution
+        ("\\boxed{17}", "#### 18", 0.0, False),  # gold given as a solution
         ("nothing", "18", 0.0, False),
         (None, "18", 0.0, False),
     ],

@@ -10,8 +10,8 @@ Usage::
     obs, reward, terminated, truncated, info = env.step("... #### 72")
 
 The episode is one turn: the policy answers, the answer is graded with
-:func:`envs.gsm8k.grading.gsm8k_reward` (1.0 correct / ``format_reward`` well-formed but wrong /
-0.0), and the episode terminates. Spaces: observation :class:`~envs.spaces.ChatMessages`
+:func:`envs.gsm8k.grading.gsm8k_reward` (1.0 correct / ``format_reward``, default 0, well-formed
+but wrong / 0.0), and the episode terminates. Spaces: observation :class:`~envs.spaces.ChatMessages`
 (a list of OpenAI-format messages), action :class:`~envs.spaces.AssistantAction` (raw text
 or an assistant message dict).
 """
@@ -62,7 +62,13 @@ class GSM8KEnv(gym.Env):
             (see :func:`envs.gsm8k.data.load_gsm8k`). Ignored when ``data`` is given.
         system_prompt: system message prepended to each question; ``None`` or ``""`` to send
             the question alone.
-        format_reward: reward for a wrong answer in a well-formed final-answer format.
+        format_reward: reward for a wrong answer in a well-formed final-answer format; default
+            ``0.0``: the reward is the graded accuracy (1 correct / 0 otherwise), so it cannot be
+            raised without being correct. A credit > 0 helps only models that never produce the
+            format (SmolLM2-135M) and can be hacked: a response cut off at the token limit while
+            reasoning earns 0, a one-line wrong ``#### N`` earns the credit, so GRPO learns to stop
+            reasoning (see :mod:`envs.gsm8k.grading`); watch the trainer's
+            ``episode/truncated_fraction`` and ``episode/response_tokens`` when enabling it.
         data: optional list of problems (``{"question", "answer"}``; ``answer`` a number or a
             solution ending in ``#### N``), used instead of the files (tests, custom sets).
         render_mode: ``None`` or ``"ansi"`` (``render()`` returns the conversation as text).
@@ -91,7 +97,7 @@ class GSM8KEnv(gym.Env):
         split: str = "train",
         data_dir: str | os.PathLike | None = None,
         system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
-        format_reward: float = 0.1,
+        format_reward: float = 0.0,
         data: list[dict] | None = None,
         render_mode: str | None = None,
     ):

@@ -4,15 +4,32 @@ GSM8K (Cobbe et al., 2021, "Training Verifiers to Solve Math Word Problems", arX
 solutions end with a line ``#### <number>``; a problem is solved when the model's final number
 equals that gold number. This module turns free-form model text into that number and scores it.
 
-Reward scheme (:func:`gsm8k_reward`), the usual RLVR / GRPO shaping:
+Reward scheme (:func:`gsm8k_reward`):
 
 * ``1.0`` — the extracted final answer equals the gold number (numeric equality, see
   :func:`is_correct`);
-* ``format_reward`` (default ``0.1``) — wrong, but the text ends in a well-formed final answer
-  (:func:`has_final_answer_format`); the same "format credit" idea as TorchRL's
+* ``format_reward`` (default ``0.0``, i.e. off) — wrong, but the text ends in a well-formed final
+  answer (:func:`has_final_answer_format`); the "format credit" of TorchRL's
   ``torchrl.envs.llm.GSM8KRewardParser`` (which grants it for an ``<answer>`` tag), here granted
   for the GSM8K ``####`` line, ``\\boxed{}`` or "The answer is N";
 * ``0.0`` — otherwise.
+
+Why correctness-only by default: with ``format_reward = 0`` the reward of an episode *is* its
+graded accuracy, the evaluation metric, so no policy can raise its expected reward without
+answering correctly more often (the verifiable reward of RLVR: Lambert et al. 2024, "Tulu 3",
+arXiv:2411.15124, §6, reward only when the answer is verified correct, else 0). A group in which
+nobody is correct has zero reward variance and gives no gradient, instead of a gradient towards
+whatever earns partial credit.
+
+Failure mode of the format credit (measured, ``benchmarks/results/gsm8k_qwen_run.md`` / issue 14):
+a response cut off at ``max_new_tokens`` while still reasoning has no final answer and scores 0,
+while a one-line wrong guess ``#### 450`` scores ``format_reward``. GRPO's group-relative advantage
+then pushes the policy from reasoning to short guesses (Qwen2.5-Coder-0.5B, credit 0.1: greedy
+accuracy 0.19 -> 0.01, mean response 236 -> 52 tokens in 10 steps). The grader cannot see
+truncation; the trainer's ``episode/truncated_fraction`` and ``episode/response_tokens`` metrics (and
+their warnings) are the guard. Enable the credit only for models that never produce the format at
+all (e.g. SmolLM2-135M, where correctness alone gives no signal), with a length budget that lets
+reasoning finish (watch ``episode/truncated_fraction``).
 
 Numbers are compared as exact rationals (:class:`fractions.Fraction`) with a relative tolerance of
 ``1e-6``, never as strings, so ``"1,200"``, ``"$1200.00"`` and ``"1200"`` are the same answer.
@@ -315,15 +332,16 @@ def is_correct(pred: str | int | float | None, gold: str | int | float) -> bool:
 
 
 def gsm8k_reward(
-    text: str | None, gold: str | int | float, format_reward: float = 0.1
+    text: str | None, gold: str | int | float, format_reward: float = 0.0
 ) -> tuple[float, dict]:
     """Score one model response against a gold GSM8K answer.
 
     Args:
         text: the model's full response.
         gold: gold number (``"72"``), or a whole reference solution ending in ``#### N``.
-        format_reward: reward for a wrong answer stated in a well-formed final-answer format
-            (see module docstring; TorchRL's ``GSM8KRewardParser`` uses the same 0.1 default).
+        format_reward: reward for a wrong answer stated in a well-formed final-answer format;
+            default ``0.0`` (correctness-only). TorchRL's ``GSM8KRewardParser`` uses 0.1; see the
+            module docstring for why that credit is off here and how it can be reward-hacked.
 
     Returns:
         ``(reward, info)``: reward is ``1.0``, ``format_reward`` or ``0.0``; info holds
