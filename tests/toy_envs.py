@@ -42,3 +42,31 @@ class ToyVowelsEnv(gym.Env):
 
 if "ToyVowels-v0" not in registry:
     register(id="ToyVowels-v0", entry_point="tests.toy_envs:ToyVowelsEnv")
+
+
+class ToyFlakyEnv(ToyVowelsEnv):
+    """``ToyFlaky-v0``: ToyVowels whose infrastructure fails on some tasks (for the infra-failure filter).
+
+    Task index ``i`` with ``i % 4 == 1``: ``step`` raises (an env/backend outage); ``i % 4 == 3``: the episode ends
+    with ``termination_reason="user_error"`` (a failed customer simulator, as tau2 reports it); other tasks behave
+    like ToyVowels.
+    """
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        self._idx = info["index"]
+        return obs, info
+
+    def step(self, action):
+        if self._idx % 4 == 1:
+            self._done = True
+            raise RuntimeError("simulated infrastructure outage")
+        obs, reward, term, trunc, info = super().step(action)
+        if self._idx % 4 == 3:
+            info = {**info, "termination_reason": "user_error", "user_error": "simulated customer failure"}
+            reward = 0.0
+        return obs, reward, term, trunc, info
+
+
+if "ToyFlaky-v0" not in registry:
+    register(id="ToyFlaky-v0", entry_point="tests.toy_envs:ToyFlakyEnv")
