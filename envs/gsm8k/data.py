@@ -4,8 +4,8 @@ Two sources:
 
 * a local directory holding ``train.jsonl`` and ``test.jsonl``, one JSON object per line with the
   dataset's fields ``question`` and ``answer`` (the reference solution, ending in ``#### N``);
-  this is the layout of the official repository ``openai/grade-school-math`` and of
-  ``/work/shared/data/gsm8k``;
+  this is the layout of the official repository ``openai/grade-school-math`` (its
+  ``grade_school_math/data`` folder), the usual value of ``$GSM8K_DATA_DIR``;
 * a Hugging Face ``datasets`` id such as ``"openai/gsm8k"`` (config ``"main"``), used when
   ``data_dir`` is not an existing directory and looks like a hub id (needs the optional
   ``datasets`` package and network or a local HF cache).
