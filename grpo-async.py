@@ -20,6 +20,7 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from grpo import run  # noqa: E402  (registers the config schema)
+from torchrl_grpo.interrupt import exit_code  # noqa: E402
 
 # Decoupled-PPO truncation c (AReaL, arXiv:2505.24298, Eq. 5). Without it, one step of staleness at a high lr left
 # ~80% of tokens clipped against the behaviour policy and learning stalled (tests/test_async_trainer.py).
@@ -41,4 +42,4 @@ if __name__ == "__main__":
         sys.argv.insert(1, "mode=async")
     if not given("loss.behaviour_weight_cap"):
         sys.argv.insert(1, f"loss.behaviour_weight_cap={DEFAULT_BEHAVIOUR_WEIGHT_CAP}")
-    sys.exit(main())
+    sys.exit(exit_code(main))  # 130 / 143 after SIGINT / SIGTERM, as grpo.py

@@ -8,6 +8,8 @@
     python grpo.py eval_only=true train.resume_from=outputs/.../checkpoints/step_000004
 
 Outputs go to ``outputs/YYYY-MM-DD/HH-MM-SS/`` (``metrics.jsonl``, ``checkpoints/``, ``.hydra/config.yaml``).
+Ctrl-C / SIGTERM finish the current step, checkpoint it and exit with 130 / 143 (a second signal stops at once;
+see :mod:`torchrl_grpo.interrupt`); ``train.resume_from=<run>/checkpoints`` continues.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from torchrl_grpo.config import register_configs  # noqa: E402
+from torchrl_grpo.interrupt import exit_code, handle_signals  # noqa: E402
 
 register_configs()
 log = logging.getLogger("grpo")
@@ -35,17 +38,19 @@ def run(cfg: DictConfig) -> dict:
         from torchrl_grpo.trainer import GRPOTrainer as Trainer
 
     run_dir = cfg.output_dir or HydraConfig.get().runtime.output_dir
-    trainer = Trainer(cfg, run_dir)
-    try:
-        if cfg.eval_only:
-            if not cfg.train.resume_from:
-                log.warning("eval_only without train.resume_from: evaluating the initial weights of %s", cfg.actor.path)
-            result = trainer.evaluate()
-            trainer.logger.log(result, step=trainer.step)
-        else:
-            result = trainer.fit()
-    finally:
-        trainer.close()
+    with handle_signals():  # SIGINT / SIGTERM -> TrainingInterrupted, from model loading to close()
+        trainer = Trainer(cfg, run_dir)
+        try:
+            if cfg.eval_only:
+                if not cfg.train.resume_from:
+                    log.warning("eval_only without train.resume_from: evaluating the initial weights of %s",
+                                cfg.actor.path)
+                result = trainer.evaluate()
+                trainer.logger.log(result, step=trainer.step)
+            else:
+                result = trainer.fit()
+        finally:
+            trainer.close()  # joins the rollout thread (async) and shuts the rollout engine down
     log.info("done: %s", json.dumps(result, default=str)[:2000])
     return result
 
@@ -56,4 +61,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_code(main))  # 130 / 143 after SIGINT / SIGTERM (checkpoint.on_interrupt saves the last step)

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 
 import tests.toy_envs  # noqa: F401  (registers ToyVowels-v0)
 from tests.test_trainer import make_cfg
+from torchrl_grpo import async_trainer
 from torchrl_grpo.async_trainer import AsyncGRPOTrainer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,6 +44,31 @@ def test_async_reward_rises_and_staleness_is_bounded(tmp_path):
     assert last > first + 0.1, rewards
     assert [m["policy_version"] for m in ms] == list(range(1, 15))
     assert all(m["ess"] > 0 for m in ms[1:])
+
+
+def test_staleness_bound_holds_when_publishing_is_slower_than_collecting(tmp_path, monkeypatch):
+    """Regression (issue 8, defect 1): the trained-step counter was raised before the new weights were published, so a
+    batch finishing in between passed the staleness check and was generated with the older weights. Collection
+    slowed by 0.1 s and the weight snapshot by 0.15 s put most batches in that window: with ``max_staleness=1``,
+    staleness 2 on 11-12 of 20 steps before the fix (3 runs); 1 on steps 1-19 after."""
+    cfg = make_cfg(mode="async", train={"steps": 20, "batch_size": 1, "max_staleness": 1},
+                   gconfig={"n_samples": 2, "max_new_tokens": 4})
+    trainer = AsyncGRPOTrainer(cfg, tmp_path)
+    collect, export = trainer.collector.collect, async_trainer.export_hf_weights
+
+    def slow_collect(*a, **k):
+        time.sleep(0.1)
+        return collect(*a, **k)
+
+    def slow_export(model):
+        time.sleep(0.15)
+        return export(model)
+
+    monkeypatch.setattr(trainer.collector, "collect", slow_collect)
+    monkeypatch.setattr(async_trainer, "export_hf_weights", slow_export)
+    stale = [m["async/staleness"] for m in _fit_steps(trainer, 20)]
+    assert max(stale) <= 1, f"staleness per step: {stale}"
+    assert max(stale) == 1  # the pipeline did run ahead
 
 
 def test_zero_staleness_is_the_sync_schedule_and_backend_gets_the_trained_weights(tmp_path):

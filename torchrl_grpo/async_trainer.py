@@ -29,6 +29,7 @@ import time
 from collections import deque
 from typing import Any
 
+from . import interrupt
 from .trainer import GRPOTrainer
 from .weight_sync import export_hf_weights
 
@@ -47,6 +48,8 @@ class AsyncGRPOTrainer(GRPOTrainer):
     Raises:
         ValueError: ``train.max_staleness < 0``.
         RuntimeError: from :meth:`train_step` when the rollout thread failed (the original exception is chained).
+        TrainingInterrupted: from :meth:`train_step` while it waits for a batch, on a stop request
+            (:mod:`torchrl_grpo.interrupt`); the model is still that of the last completed step.
     """
 
     def __init__(self, cfg, run_dir, *, model=None, tokenizer=None, backend=None) -> None:
@@ -83,8 +86,16 @@ class AsyncGRPOTrainer(GRPOTrainer):
                                    max_batch_size=self.cfg.rollout.max_batch_size)
 
     def _publish_weights(self) -> None:
+        """Count the finished update and hand its weights to the rollout thread, atomically.
+
+        The rollout thread may start batch ``s`` once ``s - _trained <= η`` and then generates with the newest
+        published weights; the bound holds only if those weights are of version ``_trained`` at the time of its check,
+        so ``_trained`` and ``_pending`` change together under the lock (raising the counter before publishing let a
+        batch through with the previous weights: staleness η + 1, issue 8). The snapshot is cloned before the lock.
+        """
         snapshot = [(n, t.detach().clone()) for n, t in export_hf_weights(self.model)]
         with self._cond:
+            self._trained += 1
             self._pending = (self._trained, snapshot)
             self._cond.notify_all()
 
@@ -111,6 +122,9 @@ class AsyncGRPOTrainer(GRPOTrainer):
                 with self._gen_lock:
                     self._apply_pending()
                     version = self._backend_version
+                    if s - version > eta:  # cannot happen: _publish_weights counts and publishes atomically
+                        raise RuntimeError(f"async staleness bound broken: batch {s} would be generated with policy "
+                                           f"version {version} (train.max_staleness={eta})")
                     t0 = time.perf_counter()
                     batch = self.collector.collect(self.tasks_for_step(s), n, step=s)
                     stats = dict(self.collector.last_stats)
@@ -138,6 +152,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
             while not self._ready and self._error is None:
                 if not self._thread.is_alive():
                     raise RuntimeError("rollout thread stopped without producing the next batch")
+                interrupt.check()  # a stop request ends the wait: the model is still that of the last step
                 self._cond.wait(timeout=1.0)
             if self._error is not None:
                 raise RuntimeError(f"rollout thread failed: {self._error!r}") from self._error
@@ -149,8 +164,6 @@ class AsyncGRPOTrainer(GRPOTrainer):
         metrics: dict[str, Any] = dict(stats)
         metrics.update(self._learn(batch))
         t_sync = time.perf_counter()
-        with self._cond:
-            self._trained += 1
         self._publish_weights()
         metrics["time/sync_s"] = time.perf_counter() - t_sync
         metrics["async/staleness"] = float(s - version)
@@ -169,9 +182,13 @@ class AsyncGRPOTrainer(GRPOTrainer):
             return super().evaluate()
 
     def close(self) -> None:
+        """Stop the rollout thread (it finishes the batch it is collecting) and join it, then close as the sync
+        trainer (the backend last: the thread no longer uses it)."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
         if self._thread is not None:
+            if self._thread.is_alive():
+                log.info("waiting for the rollout thread to finish its batch")
             self._thread.join()
         super().close()
