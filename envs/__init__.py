@@ -7,6 +7,10 @@ Importing this package registers the Gymnasium ids::
     env = gym.make("GSM8K-v0", split="test")
     env = gym.make("tau2/telecom-v0")
 
+Every registered env follows the contract written in :mod:`envs.contract` (observation, action,
+reward, ``info`` keys, step order, task listing, training hooks), checked on every registered id
+by ``tests/test_env_contract.py``.
+
 Registration is lazy (entry-point strings): importing ``envs`` loads neither tau2 nor any data.
 This package never imports ``torchrl_grpo``.
 """

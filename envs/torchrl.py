@@ -177,9 +177,10 @@ class TextEnv(EnvBase):
 
     Step semantics: an env whose episode has ended and that was not reset since is not stepped
     again; it repeats its last observation with ``reward=0`` and its done flags, so a caller can
-    keep stepping the whole batch until every episode has ended. An action that is neither text
-    nor a dict is passed to the Gymnasium env unchanged: by the env contract it answers with an
-    error (GSM8K: reward 0 and ``info["error"]``), never an exception.
+    keep stepping the whole batch until every episode has ended. An action is passed to the
+    Gymnasium env unchanged: by the env contract (:mod:`envs.contract`) unusable model text is
+    answered (``info["action_error"]``), while an action that is neither text nor an assistant
+    message dict raises ``TypeError`` (a caller's bug).
 
     Seeding: :meth:`set_seed` gives env ``b`` the seed ``seed + b`` on its next reset, as
     ``gymnasium.vector`` does.
@@ -190,6 +191,7 @@ class TextEnv(EnvBase):
             env that returns a non-list observation.
         KeyError: ``step`` without ``"action"`` nor an LLM wrapper's response entry.
         RuntimeError: ``step`` before ``reset``; a partial reset before the first full reset.
+        TypeError: ``step`` with an action outside the envs' action space (from the env).
     """
 
     def __init__(

@@ -176,16 +176,26 @@ def test_step_rewards(toy_env, index, action, reward, correct):
     assert info["correct"] is correct
     assert info["answer"] == ["5", "2400", "-3"][index]
     assert info["messages"][-1]["role"] == "assistant"
-    assert "error" not in info
+    assert "action_error" not in info and "error" not in info
+    assert info["tools"] == [] and info["termination_reason"] == "answered"
 
 
 @pytest.mark.parametrize("action", [None, 123, ["#### 5"], {"role": "user", "content": "#### 5"},
                                     {"content": 5}])
-def test_garbage_action(toy_env, action):
+def test_non_text_action_is_a_type_error(toy_env, action):
+    # env contract: an action outside the action space is the caller's bug; it consumes nothing
     toy_env.reset(options={"index": 0})
-    obs, r, terminated, _, info = toy_env.step(action)
-    assert r == 0.0 and terminated
-    assert info["error"] and info["extracted"] is None
+    with pytest.raises(TypeError, match="action"):
+        toy_env.step(action)
+    assert toy_env.step("#### 5")[1] == 1.0
+
+
+@pytest.mark.parametrize("text", ["", "I do not know", '<tool_call>{"name": "calc", "arguments": </tool_call>'])
+def test_unreadable_answer_sets_action_error(toy_env, text):
+    toy_env.reset(options={"index": 0})
+    obs, r, terminated, _, info = toy_env.step(text)
+    assert r == 0.0 and terminated and info["extracted"] is None
+    assert info["action_error"] and info["termination_reason"] == "answered"
 
 
 def test_step_order_errors(toy_env):
@@ -193,7 +203,7 @@ def test_step_order_errors(toy_env):
         toy_env.step("#### 5")
     toy_env.reset(options={"index": 0})
     toy_env.step("#### 5")
-    with pytest.raises(RuntimeError, match="ended"):
+    with pytest.raises(RuntimeError, match=r"episode has ended; call reset\(\)"):
         toy_env.step("#### 5")
 
 

@@ -155,14 +155,28 @@ def test_functional_and_dict_actions():
     assert obs[0]["tool_call_id"] == "x1" and "JFK" in obs[0]["content"]
 
 
-def test_unusable_and_empty_actions_do_not_crash():
+def test_empty_actions_are_action_errors_and_non_text_is_a_type_error():
     env = gym.make("tau2/retail-v0", max_steps=50)
     env.reset(options={"index": 0})
     n = len(env.unwrapped._messages)
-    for bad in [None, 12, ["x"], {"role": "user", "content": "hi"}, "", "   "]:
+    for bad in ["", "   ", {"content": None}]:
         obs, r, term, trunc, info = env.step(bad)
         assert obs == [] and r == 0.0 and not term and "action_error" in info
-    assert len(env.unwrapped._messages) == n
+    for bad in [None, 12, ["x"], {"role": "user", "content": "hi"}, {"content": 5}, {"tool_calls": "x"}]:
+        with pytest.raises(TypeError, match="action"):
+            env.step(bad)
+    assert len(env.unwrapped._messages) == n and env.unwrapped._steps == 3
+
+
+def test_malformed_and_unknown_tool_calls_set_action_error():
+    env = gym.make("tau2/telecom-v0", split="small")
+    env.reset(options={"index": 0})
+    obs, r, term, trunc, info = env.step('<tool_call>{"name": "check_status_bar", "arguments": </tool_call>')
+    assert obs[0]["content"].startswith("Error") and info["num_errors"] == 1 and "not valid JSON" in info["action_error"]
+    obs, r, term, trunc, info = env.step(tool_call("no_such_tool"))
+    assert info["num_errors"] == 2 and "no_such_tool" in info["action_error"]
+    obs, r, term, trunc, info = env.step(tool_call("check_status_bar"))
+    assert "action_error" not in info and info["num_errors"] == 2
 
 
 def test_scripted_user_ends_the_conversation():
@@ -209,8 +223,8 @@ def test_max_steps_truncates_and_max_errors_terminates():
     env.step(tool_call("no_such_tool"))
     obs, r, term, trunc, info = env.step(tool_call("no_such_tool"))
     assert term and info["termination_reason"] == "too_many_errors"
-    obs, r, term, trunc, info = env.step("hello")  # after the end: no crash
-    assert term and obs == [] and "action_error" in info
+    with pytest.raises(RuntimeError, match=r"episode has ended; call reset\(\)"):
+        env.step("hello")  # after the end (env contract: as Gymnasium's own envs)
 
 
 def test_mock_task_with_history():
@@ -258,3 +272,17 @@ def test_import_is_offline_and_quiet():
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("OK")
     assert "| DEBUG" not in out.stderr and "| INFO" not in out.stderr and len(out.stderr) < 2000, out.stderr[-2000:]
+
+
+def test_usable_task_indices_are_the_tasks_reset_accepts():
+    env = gym.make("tau2/mock-v0", user="solo").unwrapped
+    accepted = []
+    for i in range(env.num_tasks):
+        try:
+            env.reset(seed=0, options={"index": i})
+            accepted.append(i)
+        except ValueError as e:
+            assert "solo mode" in str(e)
+    assert env.usable_task_indices() == accepted and len(accepted) == 7 < env.num_tasks == 9
+    assert env.usable_task_indices(3) == accepted[:3]
+    assert gym.make("tau2/mock-v0", user="scripted").unwrapped.usable_task_indices() == list(range(9))

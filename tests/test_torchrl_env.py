@@ -135,7 +135,8 @@ def test_check_env_specs_with_tokenizer(make, tokenizer):
 @needs_data
 def test_rollout_fixed_text_policy(monkeypatch):
     monkeypatch.setenv("GSM8K_DATA_DIR", str(DATA_DIR))
-    env = make_torchrl_env("GSM8K-v0", batch_size=4, split="test")
+    # format credit 0.1 set explicitly (the default became 0.0, correctness only: issue 14)
+    env = make_torchrl_env("GSM8K-v0", batch_size=4, split="test", format_reward=0.1)
     env.set_seed(0)
 
     def policy(td):  # right answer on even envs, a well-formed wrong one on odd envs
@@ -197,9 +198,9 @@ def test_bad_actions():
     td = env.reset()
     with pytest.raises(KeyError, match="action"):
         env.step(td.clone())
-    td["action"] = _actions(123, "#### 5")  # not text: the env answers with an error
-    out = env.step(td)["next"]
-    assert out["reward"][0].item() == 0.0 and "error" in out["info"][0]
+    td["action"] = _actions(123, "#### 5")  # not text: a caller's bug (env contract)
+    with pytest.raises(TypeError, match="action"):
+        env.step(td)
 
 
 def test_step_before_reset_and_constructor_errors(tokenizer):

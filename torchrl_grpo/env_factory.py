@@ -62,33 +62,35 @@ def _make(env_id: str, kwargs: dict) -> gym.Env:
 
 
 def num_tasks(env: gym.Env) -> int:
-    """Number of distinct tasks / problems an env can be reset to with ``options={"index": i}``."""
-    env = env.unwrapped
-    for attr in ("num_tasks", "num_problems"):
-        n = getattr(env, attr, None)
-        if n is not None:
-            return int(n)
-    tasks = getattr(env, "tasks", None)
-    if tasks is not None:
-        return len(tasks)
-    raise TypeError(f"{type(env).__name__} exposes none of num_tasks, num_problems, tasks")
+    """Number of distinct tasks an env can be reset to with ``options={"index": i}`` (``env.unwrapped.num_tasks``,
+    :mod:`envs.contract`).
+
+    Raises:
+        TypeError: the env does not list its tasks (no ``num_tasks``).
+    """
+    n = getattr(env.unwrapped, "num_tasks", None)
+    if n is None:
+        raise TypeError(f"{type(env.unwrapped).__name__} has no num_tasks (see envs.contract.TextAgentEnv)")
+    return int(n)
 
 
-def usable_task_indices(env: gym.Env, limit: int | None = None, *, check: bool = False) -> list[int]:
-    """Task indices to train or evaluate on: ``0..n-1`` (first ``limit``), skipping with a warning the tasks whose
-    ``reset`` raises when ``check`` is set (e.g. tau2 tasks whose history has customer turns cannot run solo)."""
+def usable_task_indices(env: gym.Env, limit: int | None = None, *, check: bool | None = None) -> list[int]:
+    """Task indices to train or evaluate on: the first ``limit`` (all with ``None``) that the env, as configured,
+    can play -- ``env.unwrapped.usable_task_indices(limit)`` (:mod:`envs.contract`; e.g. tau2 in solo mode drops
+    tasks whose history has customer turns). An env without that hook (a test double) plays all ``num_tasks``.
+
+    ``check`` is ignored (kept so existing callers still work; the env decides what it can play).
+    """
     import logging
 
+    u = env.unwrapped
+    hook = getattr(u, "usable_task_indices", None)
     n = num_tasks(env)
-    out: list[int] = []
-    for i in range(n):
-        if limit is not None and len(out) >= limit:
-            break
-        if check:
-            try:
-                env.reset(seed=0, options={"index": i})
-            except Exception as exc:  # a task the env cannot play in this mode
-                logging.getLogger(__name__).warning("task %d skipped: %s", i, exc)
-                continue
-        out.append(i)
+    if hook is None:
+        return list(range(n if limit is None else min(int(limit), n)))
+    out = [int(i) for i in hook(limit)]
+    wanted = n if limit is None else min(int(limit), n)
+    if len(out) < wanted:
+        logging.getLogger(__name__).warning("%d of %d tasks usable by %s as configured", len(out), wanted,
+                                            type(u).__name__)
     return out

@@ -16,10 +16,17 @@ from math import comb
 from .backends.base import SamplingConfig
 from .collector import GroupCollector
 
-__all__ = ["pass_at_k", "pass_hat_k", "evaluate", "do_nothing_baseline", "format_eval_table", "TAU2_DO_NOTHING"]
+__all__ = ["pass_at_k", "pass_hat_k", "evaluate", "do_nothing_baseline", "format_eval_table"]
 
-#: The do-nothing agent for tau2: end the conversation at once with the ``done`` tool.
-TAU2_DO_NOTHING = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "done", "arguments": {}}}]}
+
+def __getattr__(name):
+    # Deprecated alias, kept until the trainer reads ``env.unwrapped.do_nothing_action`` through
+    # do_nothing_baseline(); the action is defined by the env package (envs.tau2.env.DO_NOTHING_ACTION).
+    if name == "TAU2_DO_NOTHING":
+        from envs.tau2.env import DO_NOTHING_ACTION
+
+        return DO_NOTHING_ACTION
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -80,10 +87,25 @@ def evaluate(
     return out
 
 
-def do_nothing_baseline(make_env, task_indices: list[int], action, prefix: str = "eval/do_nothing") -> dict[str, float]:
-    """Reward of an agent that takes ``action`` once (e.g. ends at once) on the given tasks: the floor a trained
-    policy must beat (tau2 gives ~0.38 on airline base for it: some tasks require no change)."""
+def do_nothing_baseline(make_env, task_indices: list[int], action=None, prefix: str = "eval/do_nothing") -> dict[str, float]:
+    """Reward of an agent that takes ``action`` once on the given tasks: the floor a trained policy must beat
+    (tau2 gives ~0.38 on airline base for ending at once: some tasks require no change).
+
+    Args:
+        make_env: zero-argument env constructor.
+        task_indices: task indices (``reset(options={"index": i})``).
+        action: the action; default the env's own ``env.unwrapped.do_nothing_action`` (:mod:`envs.contract`).
+
+    Returns:
+        ``{prefix}_reward`` (mean reward) and ``{prefix}_pass^1`` (fraction with reward >= 1); ``{}`` when the env
+        has no do-nothing action (``do_nothing_action is None``, e.g. GSM8K) and none is given.
+    """
     env = make_env()
+    if action is None:
+        action = getattr(env.unwrapped, "do_nothing_action", None)
+        if action is None:
+            env.close()
+            return {}
     rewards = []
     for i in task_indices:
         env.reset(seed=i, options={"index": i})

@@ -1,19 +1,9 @@
-"""GSM8K as a one-step Gymnasium text environment.
-
-Usage::
-
-    import gymnasium as gym, envs
-    gym.register_envs(envs)
-    env = gym.make("GSM8K-v0", split="test")          # data from $GSM8K_DATA_DIR
-    obs, info = env.reset(seed=0, options={"index": 3})
-    # obs == [{"role": "system", ...}, {"role": "user", "content": <question>}]
-    obs, reward, terminated, truncated, info = env.step("... #### 72")
+"""GSM8K as a one-step Gymnasium text environment (:class:`GSM8KEnv`, id ``GSM8K-v0``).
 
 The episode is one turn: the policy answers, the answer is graded with
 :func:`envs.gsm8k.grading.gsm8k_reward` (1.0 correct / ``format_reward``, default 0, well-formed
-but wrong / 0.0), and the episode terminates. Spaces: observation :class:`~envs.spaces.ChatMessages`
-(a list of OpenAI-format messages), action :class:`~envs.spaces.AssistantAction` (raw text
-or an assistant message dict).
+but wrong / 0.0), and the episode terminates. The class docstring is the spec, in Gymnasium's
+sections; the contract shared by all envs is :mod:`envs.contract`.
 """
 from __future__ import annotations
 
@@ -26,15 +16,19 @@ import gymnasium as gym
 
 from .data import load_gsm8k
 from .grading import gsm8k_reward, normalize_number, parse_gold
+from envs.contract import STEP_AFTER_END, check_action
 from envs.spaces import AssistantAction, ChatMessages
 
-__all__ = ["GSM8KEnv", "DEFAULT_SYSTEM_PROMPT"]
+__all__ = ["GSM8KEnv", "DEFAULT_SYSTEM_PROMPT", "UNREADABLE_ANSWER"]
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful math tutor. Solve the grade-school math word problem step by step, "
     "showing your reasoning. Finish with a final line of the form '#### <number>' containing "
     "only the numeric answer (no units)."
 )
+
+#: ``info["action_error"]`` of a response from which no final answer could be read.
+UNREADABLE_ANSWER = "no final answer could be read from the response (expected a final line '#### <number>')"
 
 
 def _problem_from_user(p: Any, i: int) -> dict:
@@ -54,7 +48,60 @@ def _problem_from_user(p: Any, i: int) -> dict:
 
 
 class GSM8KEnv(gym.Env):
-    """One GSM8K problem per episode, one step per episode.
+    """One GSM8K problem per episode, one step per episode (follows :mod:`envs.contract`).
+
+    ## Description
+
+    GSM8K (Cobbe et al., 2021, "Training Verifiers to Solve Math Word Problems",
+    arXiv:2110.14168): 8.5k grade-school math word problems whose solutions end with a line
+    ``#### <number>``. The policy reads a problem and answers once; the answer is graded against
+    the gold number with :func:`envs.gsm8k.grading.gsm8k_reward` and the episode ends.
+
+    ## Action Space
+
+    :class:`~envs.spaces.AssistantAction`: the model's text, or ``{"role": "assistant",
+    "content": text}`` (other keys such as ``tool_calls`` are ignored: the env has no tools). The
+    whole text is the answer; its final number is extracted (``#### N``, ``\\boxed{N}``, "The answer
+    is N", else the last number; see :func:`envs.gsm8k.grading.extract_answer`). A text from which no
+    number can be read scores 0 and sets ``info["action_error"]`` (:data:`UNREADABLE_ANSWER`). An
+    action outside the space (``12345``, ``None``, a list, a dict with another role or non-string
+    content) is a caller's bug: ``step`` raises ``TypeError`` and the episode goes on unchanged.
+
+    ## Observation Space
+
+    :class:`~envs.spaces.ChatMessages` (a list of OpenAI-format messages). On reset
+    ``[system msg, user msg]`` (``[user msg]`` without a system prompt): the system prompt
+    (:data:`DEFAULT_SYSTEM_PROMPT` asks for a final ``#### <number>`` line) and the question.
+    The step returns ``[]``: nothing new is said after the answer.
+
+    ## Rewards
+
+    ``1.0`` if the extracted final answer equals the gold number (numeric equality: commas, ``$``,
+    trailing ``.0``, ``####``, ``\\boxed{}``); ``format_reward`` (default ``0.0``) if it is wrong but
+    ends in a well-formed final-answer line; ``0.0`` otherwise. With the default the reward *is* the
+    graded accuracy, so it cannot be raised without being correct (why, and the failure mode of a
+    format credit: :mod:`envs.gsm8k.grading`).
+
+    ## Starting State
+
+    ``reset(options={"index": i})`` (or ``{"task_id": "i"}``: a problem's id is ``str(i)``) picks
+    problem ``i``; without options a problem is drawn from ``self.np_random`` (reproducible with
+    ``seed``). ``num_tasks`` / ``task_ids`` list the split's problems; every problem is usable
+    (:meth:`usable_task_indices`); there is no do-nothing baseline (``do_nothing_action is None``).
+
+    ## Episode End
+
+    Termination after the one step (``terminated=True``, ``truncated=False``,
+    ``info["termination_reason"] == "answered"``). ``step`` again raises
+    ``RuntimeError("episode has ended; call reset()")``; ``step`` before ``reset`` raises
+    ``RuntimeError`` too.
+
+    Info: on reset and step ``messages`` (the whole conversation, with the answer after the step),
+    ``tools`` (``[]``), ``index``, ``task_id``, ``split``, ``answer`` (the gold number, for logging:
+    do not show it to the policy); after the step also ``extracted``, ``correct``, ``formatted``,
+    ``termination_reason`` and, for an unreadable answer, ``action_error``.
+
+    ## Arguments
 
     Args:
         split: ``"train"`` or ``"test"``.
@@ -73,21 +120,26 @@ class GSM8KEnv(gym.Env):
             solution ending in ``#### N``), used instead of the files (tests, custom sets).
         render_mode: ``None`` or ``"ansi"`` (``render()`` returns the conversation as text).
 
-    Reset: ``options={"index": i}`` (or ``{"task_id": "i"}``) picks problem ``i``; without it a
-    problem is drawn from ``self.np_random`` (reproducible with ``seed``). Returns
-    ``obs = [system msg, user msg]`` and ``info`` with ``messages``, ``index``, ``task_id``,
-    ``split``, ``answer`` (the gold number, for logging: do not show it to the policy).
-
-    Step: ``action`` is the model's text or ``{"role": "assistant", "content": text}``. Returns
-    ``obs=[]`` (nothing new is said), the reward, ``terminated=True``, ``truncated=False`` and
-    ``info`` with ``answer``, ``extracted``, ``correct``, ``formatted``, ``messages`` (whole
-    conversation including the answer), ``index``, ``task_id``, ``split``, and ``error`` when the
-    action was not text (reward 0 then, no exception).
-
     Raises:
-        ValueError: bad ``split``/``data``/``options`` (bad index) at construction or reset.
+        ValueError: bad ``split``/``data``/``options`` (bad index or task id) at construction or reset.
         FileNotFoundError: no data found (see :func:`~envs.gsm8k.data.load_gsm8k`).
+        TypeError: ``step`` with an action outside the action space.
         RuntimeError: ``step`` before ``reset`` or after the episode ended.
+
+    ## Example
+
+    ```python
+    >>> import gymnasium as gym, envs
+    >>> gym.register_envs(envs)
+    >>> env = gym.make("GSM8K-v0", split="test")          # data from $GSM8K_DATA_DIR
+    >>> obs, info = env.reset(seed=0, options={"index": 3})
+    >>> [m["role"] for m in obs]
+    ['system', 'user']
+    >>> obs, reward, terminated, truncated, info = env.step(f"... #### {info['answer']}")
+    >>> reward, terminated, info["termination_reason"]
+    (1.0, True, 'answered')
+
+    ```
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
@@ -122,10 +174,31 @@ class GSM8KEnv(gym.Env):
         self._done = True
         self._started = False
 
+    # ------------------------------------------------------------------ task listing (env contract)
+    @property
+    def num_tasks(self) -> int:
+        """Number of problems in the loaded split (valid ``index`` range is ``[0, num_tasks)``)."""
+        return len(self._problems)
+
     @property
     def num_problems(self) -> int:
-        """Number of problems in the loaded split (valid ``index`` range is ``[0, n)``)."""
+        """Same as :attr:`num_tasks` (the GSM8K name)."""
         return len(self._problems)
+
+    @property
+    def task_ids(self) -> list[str]:
+        """``[str(i) for i in range(num_tasks)]``: a problem's id is its index."""
+        return [str(i) for i in range(len(self._problems))]
+
+    def usable_task_indices(self, limit: int | None = None) -> list[int]:
+        """The first ``limit`` problem indices (``None``: all): every problem can be played."""
+        n = len(self._problems)
+        return list(range(n if limit is None else min(int(limit), n)))
+
+    @property
+    def do_nothing_action(self) -> None:
+        """``None``: no meaningful do-nothing baseline (an empty answer always scores 0)."""
+        return None
 
     def _pick_index(self, options: dict | None) -> int:
         if options is None:
@@ -156,6 +229,7 @@ class GSM8KEnv(gym.Env):
     def _info(self) -> dict:
         return {
             "messages": copy.deepcopy(self._messages),
+            "tools": [],
             "index": self._index,
             "task_id": str(self._index),
             "split": self.split,
@@ -177,43 +251,22 @@ class GSM8KEnv(gym.Env):
         self._started = True
         return copy.deepcopy(messages), self._info()
 
-    @staticmethod
-    def _action_text(action: Any) -> tuple[str | None, str | None]:
-        """(text, error) from a raw-text or assistant-dict action."""
-        if isinstance(action, str):
-            return action, None
-        if isinstance(action, dict):
-            role = action.get("role", "assistant")
-            if role != "assistant":
-                return None, f"action message must have role 'assistant', got {role!r}"
-            content = action.get("content")
-            if content is None:
-                content = ""
-            if not isinstance(content, str):
-                return None, f"action content must be a string, got {type(content).__name__}"
-            return content, None
-        return None, f"action must be a string or an assistant message dict, got {type(action).__name__}"
-
     def step(self, action: Any) -> tuple[list[dict], float, bool, bool, dict]:
         if not self._started:
             raise RuntimeError("GSM8KEnv.step() called before reset()")
         if self._done:
-            raise RuntimeError("GSM8KEnv.step() called after the episode ended; call reset()")
+            raise RuntimeError(STEP_AFTER_END)
+        check_action(action)  # TypeError before any state change: the episode is left as it was
+        text = action if isinstance(action, str) else (action.get("content") or "")
         self._done = True
-        text, error = self._action_text(action)
         gold = self._problems[self._index]["answer"]
-        if error is None:
-            reward, grade = gsm8k_reward(text, gold, format_reward=self.format_reward)
-            self._messages.append({"role": "assistant", "content": text})
-        else:
-            reward = 0.0
-            grade = {"extracted": None, "correct": False, "formatted": False, "answer": gold}
-            # Keep a trace of what was sent (truncated repr) so the transcript stays complete.
-            self._messages.append({"role": "assistant", "content": repr(action)[:2000]})
+        reward, grade = gsm8k_reward(text, gold, format_reward=self.format_reward)
+        self._messages.append({"role": "assistant", "content": text})
         info = self._info()
         info.update(grade)
-        if error is not None:
-            info["error"] = error
+        info["termination_reason"] = "answered"
+        if grade["extracted"] is None:
+            info["action_error"] = UNREADABLE_ANSWER
         return [], float(reward), True, False, info
 
     def render(self) -> str | None:

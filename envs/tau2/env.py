@@ -1,48 +1,8 @@
-"""tau2-bench domains as a single-threaded Gymnasium text environment.
+"""tau2-bench domains as a single-threaded Gymnasium text environment (:class:`Tau2Env`).
 
-Usage::
-
-    import gymnasium as gym, envs
-    gym.register_envs(envs)
-    env = gym.make("tau2/airline-v0", split="test", user="scripted")
-    obs, info = env.reset(seed=0, options={"task_id": "3"})     # or {"index": i}, or sampled
-    obs, reward, terminated, truncated, info = env.step(model_text_or_assistant_message)
-
-One episode = one tau2 task of one domain, played over tau2's own domain code (tools, databases,
-policies, user simulator, evaluator) by a plain loop -- no threads, no polling, no re-reading of
-files (compare ``tau2.gym.AgentGymEnv``; ``benchmarks/env_bench.py`` measures both).
-
-Observation: the list of chat messages (OpenAI format, see :mod:`envs.tau2.messages`) that are
-new to the agent since its last action. On reset: the system message (tau2's agent instructions
-and domain policy; in solo mode the solo instructions, solo policy and the task's ticket), the
-task's prior history if it has one, then -- with a user -- tau2's greeting ``"Hi! How can I
-help you today?"`` and the customer's opening message. After a tool-calling action: one
-``tool`` message per call, in order. After a message to the customer: the customer's reply.
-
-Action (:mod:`envs.tau2.actions`): an assistant message dict, or raw model text with Hermes /
-Qwen ``<tool_call>`` blocks, bare JSON, or tau2's ``name(arg=...)`` syntax; anything else is a
-message to the customer. Several calls in one action run in order. A malformed call (bad JSON,
-no name, arguments not an object), a call with arguments that fail the tool's parameter model
-(strict pydantic validation, unknown keys rejected) and a call to an unknown tool are answered
-with a tool message starting with ``"Error:"``; the first two are never executed, the last is
-answered by tau2 (``"Error: Tool 'x' not found."``); none changes a database. The ``done`` tool
-(always offered) and a message containing ``###STOP###`` end the episode (tau2's agent stop).
-
-Reward: 0 until the episode ends, then tau2's reward (:mod:`envs.tau2.rewards`, equal to
-``evaluate_simulation(..., EvaluationType.ALL)``) or, with ``reward="partial"``, the documented
-progress reward; both are in ``info`` (``reward_binary``, ``reward_partial``).
-
-``terminated``: the agent stopped (``done``/``###STOP###``), the customer stopped (``###STOP###``,
-``###TRANSFER###``, ``###OUT-OF-SCOPE###``), the customer failed (``user_error``), a text message
-in solo mode (tau2's ``agent_error``), or ``max_errors`` tool errors (``too_many_errors``).
-``truncated``: ``max_steps`` actions without an ending (``max_steps``; reward 0 as in tau2).
-
-Info (every step): ``messages`` (whole agent-visible conversation), ``tools`` (OpenAI tool
-schemas), ``task_id``, ``index``, ``split``, ``domain``, ``user``, ``step`` (actions so far),
-``num_errors``; ``action_error`` when an action was unusable; at the end
-``termination_reason`` (tau2's ``TerminationReason`` value), ``reward_info`` (tau2's
-``RewardInfo`` as a dict), ``reward_binary``, ``reward_partial``, and ``user_error`` when the
-customer failed.
+Registered as ``tau2/{airline,retail,telecom,mock}-v0``. The class docstring is the spec, in
+Gymnasium's sections (as ``CartPoleEnv``'s), including where we diverge from tau2 and why; the
+contract shared by all envs of this package is :mod:`envs.contract`.
 """
 from __future__ import annotations
 
@@ -54,6 +14,7 @@ from typing import Any, Callable
 
 import gymnasium as gym
 
+from envs.contract import STEP_AFTER_END, check_action
 from envs.spaces import AssistantAction, ChatMessages
 
 from .actions import TOOL_CALL_FORMAT_HINT, ParsedAction, ToolCallRequest, parse_action
@@ -62,17 +23,90 @@ from .logs import set_tau2_logging, tau2_logging_default
 from .messages import openai_tool_call, openai_tool_message, tau2_to_openai
 from .tasks import DEFAULT_SPLIT, load_tasks
 
-__all__ = ["Tau2Env", "USER_KINDS", "REWARD_KINDS"]
+__all__ = ["Tau2Env", "USER_KINDS", "REWARD_KINDS", "DO_NOTHING_ACTION"]
 
 #: Accepted values of ``user=`` (a callable is accepted too, like ``user_fn=``).
 USER_KINDS = ("solo", "scripted", "llm", "callable")
 #: Accepted values of ``reward=``.
 REWARD_KINDS = ("binary", "partial")
 _OPTION_KEYS = frozenset({"task_id", "index"})
+#: The do-nothing agent: end the conversation at once with the ``done`` tool (a reward floor:
+#: some tasks need no change, ~0.38 on airline base). Read it as ``env.do_nothing_action``.
+DO_NOTHING_ACTION = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "done", "arguments": {}}}]}
 
 
 class Tau2Env(gym.Env):
-    """One tau2 domain; one task per episode (see the module docstring for the protocol).
+    """One tau2 domain; one task per episode (follows :mod:`envs.contract`).
+
+    ## Description
+
+    tau2-bench (Barres et al., 2025, "tau^2-Bench: Evaluating Conversational Agents in a
+    Dual-Control Environment", arXiv:2506.07982): an agent serves a customer of an airline,
+    retail or telecom company through the domain's tools and policy. One episode = one tau2 task
+    of one domain, played over tau2's own domain code (tools, databases, policies, user
+    simulator, evaluator) by a plain loop -- no threads, no polling, no re-reading of files
+    (compare ``tau2.gym.AgentGymEnv``; ``benchmarks/env_bench.py`` measures both).
+
+    ## Action Space
+
+    :class:`~envs.spaces.AssistantAction` (:mod:`envs.tau2.actions`): an assistant message dict,
+    or raw model text with Hermes / Qwen ``<tool_call>`` blocks, bare JSON, or tau2's
+    ``name(arg=...)`` syntax; anything else is a message to the customer. Several calls in one
+    action run in order. A malformed call (bad JSON, no name, arguments not an object), a call with
+    arguments that fail the tool's parameter model (strict pydantic validation, unknown keys
+    rejected) and a call to an unknown tool are answered with a tool message starting with
+    ``"Error:"``; the first two are never executed, the last is answered by tau2 (``"Error: Tool
+    'x' not found."``); none changes a database. Each counts in ``info["num_errors"]`` and sets
+    ``info["action_error"]``; so does an empty action (no message, no call; not counted in
+    ``num_errors``, nothing is said). The ``done`` tool (always offered) and a message containing
+    ``###STOP###`` end the episode (tau2's agent stop). An action outside the space (``12345``,
+    ``None``, a list, a dict with another role, non-string ``content``, non-list ``tool_calls``) is
+    a caller's bug: ``step`` raises ``TypeError`` and consumes nothing.
+
+    ## Observation Space
+
+    :class:`~envs.spaces.ChatMessages`: the list of chat messages (OpenAI format, see
+    :mod:`envs.tau2.messages`) that are new to the agent since its last action. On reset: the
+    system message (tau2's agent instructions and domain policy; in solo mode the solo
+    instructions, solo policy and the task's ticket), the task's prior history if it has one,
+    then -- with a user -- tau2's greeting ``"Hi! How can I help you today?"`` and the customer's
+    opening message. After a tool-calling action: one ``tool`` message per call, in order. After a
+    message to the customer: the customer's reply.
+
+    ## Rewards
+
+    0 until the episode ends, then tau2's reward (:mod:`envs.tau2.rewards`, equal to
+    ``evaluate_simulation(..., EvaluationType.ALL)``) or, with ``reward="partial"``, the documented
+    progress reward; both are in ``info`` (``reward_binary``, ``reward_partial``).
+
+    ## Starting State
+
+    ``reset(options={"task_id": id})`` or ``{"index": i}`` picks a task of the split; without
+    options one is drawn from ``self.np_random`` (reproducible with ``seed``). ``num_tasks`` and
+    ``task_ids`` (tau2's ids, index order) list the split; :meth:`usable_task_indices` drops the
+    tasks this env cannot play as configured (solo mode: tasks whose history has customer turns;
+    ``reset`` raises ``ValueError`` on them). ``do_nothing_action`` (a ``done`` call,
+    :data:`DO_NOTHING_ACTION`) ends an episode at once: the reward floor a policy must beat
+    (~0.38 on airline base: some tasks need no change). If the customer ends the conversation
+    (or fails) during reset, the episode ends on the first step, whatever the action.
+
+    ## Episode End
+
+    ``terminated``: the agent stopped (``done``/``###STOP###``), the customer stopped
+    (``###STOP###``, ``###TRANSFER###``, ``###OUT-OF-SCOPE###``), the customer failed
+    (``user_error``), a text message in solo mode (tau2's ``agent_error``), or ``max_errors`` tool
+    errors (``too_many_errors``). ``truncated``: ``max_steps`` actions without an ending
+    (``max_steps``; reward 0 as in tau2). ``step`` after the end raises
+    ``RuntimeError("episode has ended; call reset()")``; before the first reset, ``RuntimeError``.
+
+    Info (every step): ``messages`` (whole agent-visible conversation), ``tools`` (OpenAI tool
+    schemas), ``task_id``, ``index``, ``split``, ``domain``, ``user``, ``step`` (actions so far),
+    ``num_errors``; ``action_error`` when an action was unusable; at the end
+    ``termination_reason`` (tau2's ``TerminationReason`` value), ``reward_info`` (tau2's
+    ``RewardInfo`` as a dict), ``reward_binary``, ``reward_partial``, and ``user_error`` when the
+    customer failed.
+
+    ## Arguments
 
     Args:
         domain: ``"airline"``, ``"retail"``, ``"telecom"`` or ``"mock"`` (set by the registered
@@ -103,6 +137,49 @@ class Tau2Env(gym.Env):
         ValueError: unknown domain, split, user kind, reward kind or evaluator; solo mode for a
             domain without it; ``user="llm"`` without ``user_llm``; ``user="callable"`` without
             ``user_fn``; ``max_steps < 1``.
+
+    ## Where we diverge from tau2, and why
+
+    1. A plain single-threaded loop instead of ``AgentGymEnv``'s thread per episode and 10 ms
+       polling, with tasks and gold databases cached per process: much faster resets and steps
+       (``benchmarks/env_bench.py``), and any split (``AgentGymEnv`` serves the base split only).
+    2. Tool calls are parsed from raw model text in the model family's own format (Hermes/Qwen,
+       bare JSON, tau2's functional syntax), so a policy can be trained on its text.
+    3. Arguments are checked against the tool's parameter model before anything runs (strict
+       pydantic validation, unknown keys rejected); a malformed or invalid call is answered with an
+       ``Error:`` message (a malformed one with a format hint) and never executed, where tau2's
+       orchestrator hands whatever arguments it got to the tool and reports what the tool raises.
+       A policy can then learn the format from the answers without ever changing a database by a
+       half-understood call.
+    4. Airline and retail need a customer; besides tau2's LLM user we offer an offline scripted
+       customer (opens with the task's reason for calling, answers from known info, stops when the
+       agent ends) and any callable (a local model), so training needs no API.
+    5. The reward is computed by a fast evaluator on the live environment with cached gold
+       databases; it equals tau2's ``evaluate_simulation(..., EvaluationType.ALL)`` on the same
+       trajectory (tested on every task of airline, retail, telecom base/small; ``evaluator="tau2"``
+       runs tau2's own). A ``partial`` progress reward is offered for denser training signal.
+    6. Errors are not swallowed (``AgentGymEnv`` swallows them): a caller's bug (an action outside
+       the space, a step after the end) raises; the customer failing is reported as
+       ``termination_reason == "user_error"`` with ``info["user_error"]`` so a trainer can drop it.
+
+    ## Example
+
+    ```python
+    >>> import gymnasium as gym, envs
+    >>> gym.register_envs(envs)
+    >>> env = gym.make("tau2/airline-v0", split="test", user="scripted")
+    >>> obs, info = env.reset(seed=0, options={"task_id": "2"})     # or {"index": 0}, or sampled
+    >>> [m["role"] for m in obs]                                    # system, greeting, customer
+    ['system', 'assistant', 'user']
+    >>> obs, reward, terminated, truncated, info = env.step(
+    ...     '<tool_call>{"name": "get_user_details", "arguments": {"user_id": "x"}}</tool_call>')
+    >>> obs[0]["content"], reward, terminated
+    ('Error: User x not found', 0.0, False)
+    >>> obs, reward, terminated, truncated, info = env.step(env.unwrapped.do_nothing_action)
+    >>> terminated, info["termination_reason"]
+    (True, 'agent_stop')
+
+    ```
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
@@ -177,6 +254,52 @@ class Tau2Env(gym.Env):
         self._reset_called = False
 
     # ------------------------------------------------------------------------------------------
+    # task listing and training hooks (env contract, envs.contract)
+    # ------------------------------------------------------------------------------------------
+    @property
+    def num_tasks(self) -> int:
+        """Number of tasks in the split (valid ``index`` range is ``[0, num_tasks)``)."""
+        return len(self.tasks)
+
+    @property
+    def task_ids(self) -> list[str]:
+        """tau2's task ids of the split, in index order."""
+        return self.tasks.ids
+
+    def _unplayable(self, task) -> str | None:
+        """Why this env, as configured, cannot play ``task`` (``None`` if it can).
+
+        The one case: in solo mode there is no customer, so a task whose prior history has
+        customer turns cannot be continued (``reset`` raises ``ValueError`` with this text).
+        """
+        if not self.solo or task.initial_state is None or not task.initial_state.message_history:
+            return None
+        from tau2.data_model.message import UserMessage
+
+        if any(isinstance(m, UserMessage) for m in task.initial_state.message_history):
+            return f"tau2 task {task.id!r} has customer messages in its history; it cannot run in solo mode"
+        return None
+
+    def usable_task_indices(self, limit: int | None = None) -> list[int]:
+        """The first ``limit`` (``None``: all) task indices this env can play as configured, ascending.
+
+        Drops the tasks ``reset`` would refuse (:meth:`_unplayable`: customer turns in the history of a
+        solo-mode task), read from the task data without resetting.
+        """
+        out: list[int] = []
+        for i, task in enumerate(self.tasks.tasks):
+            if limit is not None and len(out) >= limit:
+                break
+            if self._unplayable(task) is None:
+                out.append(i)
+        return out
+
+    @property
+    def do_nothing_action(self) -> dict:
+        """A fresh copy of :data:`DO_NOTHING_ACTION`: a ``done`` call that ends the episode at once."""
+        return deepcopy(DO_NOTHING_ACTION)
+
+    # ------------------------------------------------------------------------------------------
     # reset
     # ------------------------------------------------------------------------------------------
     def _pick_task(self, options: dict | None) -> int:
@@ -219,7 +342,7 @@ class Tau2Env(gym.Env):
         """
         super().reset(seed=seed)
         from tau2.agent.base import is_valid_agent_history_message
-        from tau2.data_model.message import AssistantMessage, UserMessage
+        from tau2.data_model.message import AssistantMessage
         from tau2.orchestrator.orchestrator import DEFAULT_FIRST_AGENT_MESSAGE
 
         index = self._pick_task(options)
@@ -227,8 +350,9 @@ class Tau2Env(gym.Env):
         history = deepcopy(task.initial_state.message_history) if task.initial_state and task.initial_state.message_history else []
         for m in history:
             m.turn_idx = None
-        if self.solo and any(isinstance(m, UserMessage) for m in history):
-            raise ValueError(f"tau2 task {task.id!r} has customer messages in its history; it cannot run in solo mode")
+        reason = self._unplayable(task)
+        if reason is not None:
+            raise ValueError(reason)
         system = self.domain.system_prompt(task, self.solo)
 
         self._task, self._index = task, index
@@ -280,13 +404,19 @@ class Tau2Env(gym.Env):
     # step
     # ------------------------------------------------------------------------------------------
     def step(self, action: Any) -> tuple[list, float, bool, bool, dict]:
-        """Apply one agent action (never raises on bad actions; see the module docstring)."""
+        """Apply one agent action; a model's unusable action is answered, never raised (see the class docstring).
+
+        Raises:
+            TypeError: ``action`` is outside the action space (:func:`envs.contract.check_action`);
+                nothing is consumed.
+            RuntimeError: before the first ``reset``, or after the episode ended.
+        """
         if not self._reset_called:
             raise RuntimeError("call reset() before step()")
-        self._last_action_error = None
         if self._done:
-            self._last_action_error = "the episode is over; call reset()"
-            return [], 0.0, True, False, self._info()
+            raise RuntimeError(STEP_AFTER_END)
+        check_action(action)
+        self._last_action_error = None
         self._steps += 1
         if self._pending is not None:
             reason, msg = self._pending
@@ -364,13 +494,16 @@ class Tau2Env(gym.Env):
         from tau2.data_model.message import AssistantMessage, ToolCall
 
         amsg = AssistantMessage(role="assistant", content=content, tool_calls=None)
-        accepted, tool_msgs, obs = [], [], []
+        accepted, tool_msgs, obs, unusable = [], [], [], []
         for c in calls:
             err = self._check_call(c, self._tool_names)
             if err is not None:
                 self._errors += 1
+                unusable.append(err)
                 out = openai_tool_message(c.id, c.name, err)
             else:
+                if c.name not in self._tool_names:  # tau2 answers it ("Error: Tool 'x' not found.")
+                    unusable.append(f"Error: unknown tool {c.name!r}")
                 tc = ToolCall(id=c.id, name=c.name, arguments=c.arguments, requestor="assistant")
                 tm = self.domain.execute(self._episode, tc)
                 accepted.append(tc)
@@ -380,6 +513,8 @@ class Tau2Env(gym.Env):
                     self._user.transferred = True
                 out = openai_tool_message(c.id, c.name, tm.content)
             obs.append(out)
+        if unusable:
+            self._last_action_error = "; ".join(unusable)
         amsg.tool_calls = accepted or None
         if accepted or content is not None:
             self._trajectory.append(amsg)

@@ -1,0 +1,201 @@
+"""The env contract: what every environment registered by :mod:`envs` promises a trainer.
+
+This docstring is the specification; :class:`TextAgentEnv` states it as a ``typing.Protocol``
+(``isinstance(env.unwrapped, TextAgentEnv)`` checks that the members exist) and
+``tests/test_env_contract.py`` checks the behaviour on every registered id (``GSM8K-v0``,
+``tau2/{airline,retail,telecom,mock}-v0`` and any id added later under ``envs.``).
+
+Usage::
+
+    import gymnasium as gym, envs
+    gym.register_envs(envs)
+    env = gym.make("tau2/airline-v0", split="test", user="scripted")
+    obs, info = env.reset(seed=0, options={"task_id": "3"})      # or {"index": i}; none: sampled
+    obs, reward, terminated, truncated, info = env.step(model_text)
+
+The contract members (``num_tasks``, ``task_ids``, ``usable_task_indices``, ``do_nothing_action``)
+live on the env itself: ``gym.make`` wraps it and Gymnasium 1.x wrappers do not forward attributes,
+so read them from ``env.unwrapped``.
+
+Observation
+    A ``list`` of OpenAI-format chat messages (``{"role", "content", "tool_calls"?,
+    "tool_call_id"?, "name"?}``; :class:`envs.spaces.ChatMessages`): the messages that are *new*
+    to the agent since its last action, in order. On reset: the system message (if the env has
+    one) and the opening of the conversation (the user's question or customer's first message; a
+    task's prior history when it has one), so that on reset ``obs == info["messages"]``. After a
+    step: tool answers (one ``tool`` message per call, in call order) and/or the other party's
+    reply; ``[]`` when nothing new is said (e.g. GSM8K's only step).
+
+Action
+    What the model produced: its raw text (``str``), or an assistant message dict
+    (``{"role": "assistant"?, "content": str | None, "tool_calls": list?}``, ``arguments`` of a
+    call as a JSON string or a dict; :class:`envs.spaces.AssistantAction`). Raw text is parsed
+    the way the model family writes tool calls -- Hermes / Qwen ``<tool_call>{"name": ...,
+    "arguments": ...}</tool_call>`` blocks, bare JSON ``{"name": ..., "arguments": ...}``, tau2's
+    functional ``name(arg=...)`` -- and anything else is a message to the user
+    (:mod:`envs.tau2.actions`); several calls in one action run in order. An env without tools
+    (GSM8K) reads the whole text as its answer.
+
+    Two kinds of bad action, told apart by type:
+
+    * A *model's* mistake -- text (or an assistant dict) that cannot be used: a malformed tool
+      call, an unknown tool, arguments that fail the tool's schema, an empty message, an answer
+      from which no final answer can be read. It never raises: the env answers it as the task
+      would (a tool error message starting with ``"Error"`` in the next ``obs``, no database
+      change, counted in tau2's ``info["num_errors"]``; GSM8K scores it 0) and sets
+      ``info["action_error"]`` (a non-empty ``str``) on that step.
+    * A *caller's* bug -- an action outside the action space (``12345``, ``None``, a list, bytes,
+      a dict whose role is not ``assistant``, non-string ``content``, non-list ``tool_calls``):
+      ``step`` raises :class:`TypeError` (:func:`check_action`) and the episode is left exactly as
+      it was, as if ``step`` had not been called. No model produces such a value, so scoring it
+      would hide a bug in the trainer.
+
+Reward
+    ``0.0`` on every step before the episode ends; on the final step a ``float`` in ``[0, 1]``
+    (GSM8K: 1 correct / ``format_reward`` / 0; tau2: tau2's own reward, or the partial-progress
+    reward with ``reward="partial"``).
+
+``terminated`` / ``truncated``
+    ``terminated``: the episode reached an end of the task itself (the agent answered or stopped,
+    the customer stopped or was transferred, an agent error, too many tool errors).
+    ``truncated``: cut by a step limit (tau2's ``max_steps``) with no ending of its own; the
+    reward is still the task's (0 for tau2, as tau2 scores ``max_steps``). Exactly one of the two is
+    ``True`` on the final step, neither before.
+
+Info (every ``reset`` and ``step``; :data:`INFO_KEYS`)
+    ``messages`` the whole agent-visible conversation so far (list of chat messages); ``tools``
+    the OpenAI tool schemas offered to the agent (``[]`` for an env without tools);
+    ``task_id`` (``str``, the id ``reset(options={"task_id": ...})`` accepts); ``index`` (``int``,
+    the task's position, ``task_ids[index] == task_id``); ``split``. On the final step also
+    ``termination_reason`` (``str``; GSM8K ``"answered"``, tau2 its ``TerminationReason`` value).
+    ``action_error`` (``str``) on a step whose action was unusable (above); absent otherwise.
+    Envs add their own keys (GSM8K ``answer``/``extracted``/``correct``; tau2 ``num_errors``,
+    ``reward_info``, ...). Not an env key: the trainer's collector records ``info["error"]`` when an
+    env *raised*, which is an infrastructure failure, not an ``action_error``.
+
+Step order
+    ``step`` before the first ``reset`` raises :class:`RuntimeError`. ``step`` after the episode
+    ended raises ``RuntimeError("episode has ended; call reset()")`` (:data:`STEP_AFTER_END`), as
+    Gymnasium's own envs do (they warn; ours raise, because a trainer that steps a finished
+    episode has a bookkeeping bug). ``reset`` may be called at any time.
+
+Tasks
+    A task is one problem / scenario an episode is played on. ``num_tasks`` (``int``) and
+    ``task_ids`` (``list[str]``, length ``num_tasks``, unique, index order) list them for the env's
+    split; ``reset(options={"index": i})`` and ``reset(options={"task_id": task_ids[i]})`` start
+    the same task (GSM8K's ids are ``str(index)``). Without options a task is drawn from the env's
+    ``np_random`` (reproducible with ``seed``).
+
+Training hooks (env-specific behaviour a trainer needs, kept behind the contract)
+    ``usable_task_indices(limit=None) -> list[int]``: the first ``limit`` (all with ``None``) task
+    indices, ascending, that this env *as configured* can play; ``reset`` on any other index raises
+    ``ValueError``. tau2 drops tasks it cannot run in solo mode (customer turns in their history);
+    GSM8K: all tasks.
+    ``do_nothing_action``: an action that ends the episode at once without doing anything, whose
+    reward is the floor a trained policy must beat (tau2: a call to its ``done`` tool; some tau2
+    tasks need no change, so it scores ~0.38 on airline); ``None`` when the env has no meaningful
+    do-nothing baseline (GSM8K: an empty answer always scores 0).
+
+Where we diverge from Gymnasium, and why
+    Observations and actions are Python objects (chat messages, text), not arrays: the spaces in
+    :mod:`envs.spaces` are non-numpy (``shape is None``); ``envs.torchrl.TextEnv`` carries them as
+    TorchRL non-tensor data. Invalid actions raise :class:`TypeError` where Gymnasium leaves them
+    undefined (its checker asserts ``action in action_space`` only in debug wrappers).
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from gymnasium import Space
+
+__all__ = ["ACTION_ERROR", "END_INFO_KEYS", "INFO_KEYS", "STEP_AFTER_END", "TextAgentEnv", "check_action"]
+
+#: ``info`` keys every env sets on every ``reset`` and ``step``.
+INFO_KEYS = frozenset({"messages", "tools", "task_id", "index", "split"})
+#: ``info`` keys every env adds on the step that ends an episode.
+END_INFO_KEYS = frozenset({"termination_reason"})
+#: The one ``info`` key naming why a step's action (the model's text) could not be used.
+ACTION_ERROR = "action_error"
+#: Message of the ``RuntimeError`` raised by ``step`` after the episode ended.
+STEP_AFTER_END = "episode has ended; call reset()"
+
+
+@runtime_checkable
+class TextAgentEnv(Protocol):
+    """A Gymnasium text env for LLM agents, as specified in the module docstring.
+
+    ``isinstance(env.unwrapped, TextAgentEnv)`` checks that the members exist (a runtime-checkable
+    Protocol checks names, not signatures or behaviour; the contract test checks behaviour).
+    """
+
+    observation_space: Space
+    action_space: Space
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[list[dict], dict]:
+        """Start an episode on ``options["task_id"]`` / ``options["index"]`` or a seeded draw.
+
+        Raises:
+            ValueError / KeyError: unknown option, index out of range, task id not in the split, a
+                task this env cannot play as configured (not in :meth:`usable_task_indices`).
+        """
+        ...
+
+    def step(self, action: str | dict) -> tuple[list[dict], float, bool, bool, dict]:
+        """``(obs, reward, terminated, truncated, info)`` after the agent's action.
+
+        Raises:
+            TypeError: ``action`` is outside the action space (:func:`check_action`).
+            RuntimeError: before the first ``reset``, or after the episode ended
+                (:data:`STEP_AFTER_END`).
+        """
+        ...
+
+    def close(self) -> None: ...
+
+    @property
+    def num_tasks(self) -> int:
+        """Number of tasks in the env's split (valid ``index`` range is ``[0, num_tasks)``)."""
+        ...
+
+    @property
+    def task_ids(self) -> list[str]:
+        """The ``task_id`` of every task, in index order (``len == num_tasks``)."""
+        ...
+
+    def usable_task_indices(self, limit: int | None = None) -> list[int]:
+        """The first ``limit`` (``None``: all) indices, ascending, this env can play as configured."""
+        ...
+
+    @property
+    def do_nothing_action(self) -> str | dict | None:
+        """An action that ends the episode at once (a reward floor), or ``None`` if there is none."""
+        ...
+
+
+def check_action(action: Any) -> None:
+    """Raise :class:`TypeError` unless ``action`` is in the action space (see "Action" above).
+
+    Accepted: any ``str``; a ``dict`` whose ``role`` is absent or ``"assistant"``, whose
+    ``content`` is a ``str`` or ``None`` and whose ``tool_calls`` is absent, ``None`` or a ``list``
+    (the entries of that list are the model's business: malformed ones are answered with tool
+    errors). The same set as :meth:`envs.spaces.AssistantAction.contains`.
+
+    Raises:
+        TypeError: anything else (a caller's bug, not a model's mistake).
+    """
+    if isinstance(action, str):
+        return
+    if not isinstance(action, dict):
+        raise TypeError(
+            "action must be the model's text (str) or an assistant message dict, "
+            f"got {type(action).__name__}"
+        )
+    role = action.get("role", "assistant")
+    if role != "assistant":
+        raise TypeError(f"action message must have role 'assistant', got {role!r}")
+    content = action.get("content")
+    if content is not None and not isinstance(content, str):
+        raise TypeError(f"action 'content' must be a str or None, got {type(content).__name__}")
+    tool_calls = action.get("tool_calls")
+    if tool_calls is not None and not isinstance(tool_calls, list):
+        raise TypeError(f"action 'tool_calls' must be a list, got {type(tool_calls).__name__}")
