@@ -22,10 +22,6 @@ from omegaconf import DictConfig  # noqa: E402
 from grpo import run  # noqa: E402  (registers the config schema)
 from torchrl_grpo.interrupt import exit_code  # noqa: E402
 
-# Decoupled-PPO truncation c (AReaL, arXiv:2505.24298, Eq. 5). Without it, one step of staleness at a high lr left
-# ~80% of tokens clipped against the behaviour policy and learning stalled (tests/test_async_trainer.py).
-DEFAULT_BEHAVIOUR_WEIGHT_CAP = 2.0
-
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="grpo_gsm8k")
 def main(cfg: DictConfig) -> None:
@@ -35,11 +31,8 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    # overrides (not assignments inside main) so that .hydra/config.yaml records them:
-    # mode=async, and AReaL's decoupled objective unless the user chose a cap (null turns it off)
-    given = lambda key: any(a.lstrip("+").startswith(key + "=") for a in sys.argv[1:])  # noqa: E731
-    if not given("mode"):
+    # an override (not an assignment inside main) so that .hydra/config.yaml records mode=async; AReaL's decoupled
+    # objective (loss.behaviour_weight_cap, default 2.0 in the schema) applies to every stale batch on its own
+    if not any(a.lstrip("+").startswith("mode=") for a in sys.argv[1:]):
         sys.argv.insert(1, "mode=async")
-    if not given("loss.behaviour_weight_cap"):
-        sys.argv.insert(1, f"loss.behaviour_weight_cap={DEFAULT_BEHAVIOUR_WEIGHT_CAP}")
     sys.exit(exit_code(main))  # 130 / 143 after SIGINT / SIGTERM, as grpo.py

@@ -20,7 +20,7 @@ def test_task_lists_come_from_the_env():
     env = gym.make("GSM8K-v0", data=TOY)
     assert num_tasks(env) == 3 and usable_task_indices(env) == [0, 1, 2] and usable_task_indices(env, 2) == [0, 1]
     mock_solo = make_env_fn("tau2/mock-v0", user="solo")()
-    assert num_tasks(mock_solo) == 9 and usable_task_indices(mock_solo, check=True) == mock_solo.usable_task_indices()
+    assert num_tasks(mock_solo) == 9 and usable_task_indices(mock_solo) == mock_solo.usable_task_indices()
     assert len(usable_task_indices(mock_solo)) == 7
     assert num_tasks(_NoHooks()) == 4 and usable_task_indices(_NoHooks(), 3) == [0, 1, 2]
     with pytest.raises(TypeError, match="num_tasks"):
@@ -33,8 +33,4 @@ def test_do_nothing_baseline_uses_the_envs_action():
     own = do_nothing_baseline(make, [0, 1, 2])
     assert own == do_nothing_baseline(make, [0, 1, 2], action=DO_NOTHING_ACTION)
     assert set(own) == {"eval/do_nothing_reward", "eval/do_nothing_pass^1"} and 0.0 <= own["eval/do_nothing_reward"] <= 1.0
-    from torchrl_grpo.evaluation import (
-        TAU2_DO_NOTHING,  # deprecated alias, until the trainer stops importing it
-    )
-
-    assert TAU2_DO_NOTHING == make().do_nothing_action == DO_NOTHING_ACTION
+    assert make().do_nothing_action == DO_NOTHING_ACTION

@@ -132,3 +132,67 @@ def test_models_with_logit_transforms_use_their_own_forward():
     tokens, am, rm = _grouped_batch()
     lp, _ = token_log_probs(model.eval(), tokens, am, response_mask=rm)
     assert lp[rm].lt(0).all() and (lp[~rm] == 0).all()
+
+
+# ======================================================================================================================
+# Truncated sampling (top-k / top-p): the recompute scores tokens under the distribution the sampler drew from
+# ======================================================================================================================
+#: (temperature, top_p, top_k): nucleus only, top-k only, both, and neither.
+TRUNCATED_SAMPLING = [(0.8, 0.7, 0), (0.8, 1.0, 5), (1.3, 0.9, 20), (1.0, 1.0, 0)]
+
+
+def _sampling_llama(vocab=97):
+    """Tiny Llama with weights large enough (std 0.3) that next-token distributions range from flat to peaked."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(3)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                        initializer_range=0.3)).eval()
+
+
+def backend_rollout(model, sampling, prompts, pad_id=0):
+    """Sample with the transformers backend; right-padded ``(tokens, attention_mask, response_mask, behaviour)``
+    [B, T] with the backend's behaviour log-probs at the response positions (0 elsewhere)."""
+    from torchrl_grpo.backends.transformers_backend import TransformersBackend
+
+    gens = TransformersBackend(model, pad_token_id=pad_id).generate(prompts, sampling)
+    rows = [p + g.token_ids for p, g in zip(prompts, gens)]
+    B, T = len(rows), max(map(len, rows))
+    tokens = torch.full((B, T), pad_id, dtype=torch.long)
+    am = torch.zeros(B, T, dtype=torch.long)
+    rm = torch.zeros(B, T, dtype=torch.bool)
+    behav = torch.zeros(B, T)
+    for i, (p, g) in enumerate(zip(prompts, gens)):
+        L = len(p) + len(g.token_ids)
+        tokens[i, :L] = torch.tensor(p + g.token_ids)
+        am[i, :L] = 1
+        rm[i, len(p):L] = True
+        behav[i, len(p):L] = torch.tensor(g.logprobs)
+    return tokens, am, rm, behav
+
+
+@pytest.mark.parametrize("temperature,top_p,top_k", TRUNCATED_SAMPLING)
+def test_recompute_equals_backend_behaviour_log_probs(temperature, top_p, top_k):
+    """token_log_probs(..., temperature, top_p, top_k) of the sampled tokens == the transformers backend's behaviour
+    log-probs (the same module, colocated), to 1e-4 nats, on the window/shared-prefix path and on chunked heads."""
+    from torchrl_grpo.backends.base import SamplingConfig
+
+    model = _sampling_llama()
+    prompts = [[5, 6, 7, 8]] * 3 + [[30, 31, 32]] * 3 + [[40, 41, 42, 43, 44]] * 2
+    sampling = SamplingConfig(max_new_tokens=12, temperature=temperature, top_p=top_p, top_k=top_k, seed=0)
+    tokens, am, rm, behav = backend_rollout(model, sampling, prompts)
+    with torch.no_grad():
+        lp, _ = token_log_probs(model, tokens, am, temperature=temperature, top_p=top_p, top_k=top_k,
+                                response_mask=rm)
+        per_row, _ = token_log_probs(model, tokens, am, temperature=temperature, top_p=top_p, top_k=top_k,
+                                     response_mask=rm, logits_chunk=1, share_prefix=False)
+        untruncated, _ = token_log_probs(model, tokens, am, temperature=temperature, response_mask=rm)
+    assert (lp - behav)[rm].abs().max() < 1e-4
+    assert (per_row - behav)[rm].abs().max() < 1e-4
+    gap = (behav - untruncated)[rm]  # log of the kept mass: >= 0, and > 0 wherever the truncation dropped a token
+    assert gap.min() > -1e-4
+    if top_p < 1 or top_k > 0:
+        assert gap.mean() > 0.05  # the truncation bites on these samples: scoring without it is off
+    else:
+        assert gap.abs().max() < 1e-4

@@ -94,8 +94,12 @@ def _agg_py(rows_vals, mode, max_tokens):
     raise AssertionError(mode)
 
 
-def _hand_expected(eps_low, eps_high, mode, max_tokens, kl_coef, ent_coef, cap=None, temperature=1.0):
-    """Every output of GRPOLoss computed with plain python floats from HAND_ROWS."""
+def _hand_expected(eps_low, eps_high, mode, max_tokens, kl_coef, ent_coef, cap=None, temperature=1.0,
+                   decoupled=None, weight_mode="truncate"):
+    """Every output of GRPOLoss computed with plain python floats from HAND_ROWS. ``decoupled``: the batch has
+    old_log_probs (defaults to ``cap is not None`` as in the tests that pass a cap)."""
+    decoupled = cap is not None if decoupled is None else decoupled
+    masked = []
     surr, kl, ent, ratios, iw, log_beh_minus_cur, bw = [], [], [], [], [], [], []
     for row in HAND_ROWS:
         A = row["A"]
@@ -104,12 +108,17 @@ def _hand_expected(eps_low, eps_high, mode, max_tokens, kl_coef, ent_coef, cap=N
             if temperature != 1.0:  # p ∝ exp(logit / τ) with logits (log p, log(1-p))
                 a, b = pc ** (1 / temperature), (1 - pc) ** (1 / temperature)
                 pc = a / (a + b)
-            anchor = po if cap is not None else pb  # the PPO anchor: old log-probs when the correction is on
+            anchor = po if decoupled else pb  # the PPO anchor: the old (proximal) log-probs when given
             r = pc / anchor
             r_clip = min(max(r, 1 - eps_low), 1 + eps_high)
             s = min(r * A, r_clip * A)
-            if cap is not None:
-                w = min(po / pb, cap)
+            if decoupled:
+                w = po / pb
+                if cap is not None and weight_mode == "truncate":
+                    w = min(w, cap)
+                elif cap is not None:
+                    masked.append(w > cap)
+                    w = 0.0 if w > cap else w
                 s *= w
                 bw.append(w)
             s_row.append(s)
@@ -141,6 +150,7 @@ def _hand_expected(eps_low, eps_high, mode, max_tokens, kl_coef, ent_coef, cap=N
         "ratio_max": max(ratios),
         "num_tokens": float(n),
         "behaviour_weight_mean": sum(bw) / n if bw else 1.0,
+        "behaviour_weight_masked": sum(masked) / n if masked else 0.0,
     }
 
 
@@ -200,11 +210,27 @@ def test_hand_decoupled_behaviour_correction():
         assert out[k].item() == pytest.approx(exp[k], rel=1e-5, abs=1e-6), k
     # some weights are really capped (0.75/0.6 = 1.25 > 1.2), so the cap is exercised
     assert any(po / pb > 1.2 for row in HAND_ROWS for *_x, pb, _pr, po in row["resp"])
-    # without a cap the old log-probs are only the PPO anchor (no weight)
+    # without a cap: the anchor is still π_old and the weight π_old/π_behav is applied untruncated (issue 8
+    # defect 5: old log-probs present never means "no off-policy correction")
     out_nocap = GRPOLoss(model)(td)
-    assert out_nocap["behaviour_weight_mean"].item() == 1.0
-    nocap_ratio = sum(pc / po for row in HAND_ROWS for _t, _k, pc, _pb, _pr, po in row["resp"]) / 7
-    assert out_nocap["ratio_mean"].item() == pytest.approx(nocap_ratio, rel=1e-5)
+    exp_nocap = _hand_expected(0.2, 0.28, "token_mean", None, 0.0, 0.0, decoupled=True)
+    for k in ("loss_objective", "ratio_mean", "behaviour_weight_mean"):
+        assert out_nocap[k].item() == pytest.approx(exp_nocap[k], rel=1e-5, abs=1e-6), k
+    assert exp_nocap["behaviour_weight_mean"] != pytest.approx(1.0, abs=1e-3)
+
+
+def test_hand_behaviour_weight_mask_mode():
+    """AReaL's cap: tokens whose weight exceeds c are masked (weight 0, still counted), not truncated to c."""
+    model, td = _hand_batch(with_old=True)
+    out = GRPOLoss(model, behaviour_weight_cap=1.2, behaviour_weight_mode="mask")(td)
+    exp = _hand_expected(0.2, 0.28, "token_mean", None, 0.0, 0.0, cap=1.2, weight_mode="mask")
+    for k in ("loss_objective", "behaviour_weight_mean", "behaviour_weight_masked", "ratio_mean"):
+        assert out[k].item() == pytest.approx(exp[k], rel=1e-5, abs=1e-6), k
+    assert exp["behaviour_weight_masked"] > 0
+    trunc = GRPOLoss(model, behaviour_weight_cap=1.2)(td)
+    assert out["loss_objective"].item() != pytest.approx(trunc["loss_objective"].item(), abs=1e-4)
+    with pytest.raises(ValueError, match="behaviour_weight_mode"):
+        GRPOLoss(model, behaviour_weight_mode="clip")
 
 
 def test_hand_gradient_wrt_logits():
@@ -588,3 +614,97 @@ def test_sgd_step_moves_log_prob_with_advantage(model, tok, sign):
         after, _ = token_log_probs(m, td["tokens"], td["attention_mask"])
     delta = (after - before.detach())[mask].item()
     assert sign * delta > 1e-4, delta
+
+
+# ======================================================================================================================
+# 6. Truncated sampling (top-k / top-p): the ratio is taken over the processed distribution the sampler drew from
+# ======================================================================================================================
+def _rollout_td(model, tok, temperature, top_p, top_k, seed=1):
+    from tests.test_log_probs import backend_rollout
+    from torchrl_grpo.backends.base import SamplingConfig
+
+    prompts = [[5, 6, 7, 8]] * 4 + [[30, 31, 32]] * 4
+    sampling = SamplingConfig(max_new_tokens=10, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    tokens, am, rm, behav = backend_rollout(model, sampling, prompts, pad_id=tok.pad_token_id)
+    adv = torch.randn(len(prompts), generator=torch.Generator().manual_seed(seed))
+    return TensorDict(tokens=tokens, attention_mask=am.bool(), response_mask=rm, sample_log_probs=behav,
+                      advantage=adv, batch_size=[len(prompts)])
+
+
+@pytest.mark.parametrize("temperature,top_p,top_k", [(1.0, 0.7, 0), (0.8, 0.7, 0), (0.8, 1.0, 10), (1.2, 0.9, 50),
+                                                     (0.6, 0.5, 20), (1.0, 1.0, 0)])
+def test_on_policy_rollout_with_truncated_sampling(model, tok, temperature, top_p, top_k):
+    """Behaviour log-probs from the transformers backend, scored by the same model: ratio 1, nothing clipped."""
+    td = _rollout_td(model, tok, temperature, top_p, top_k)
+    out = GRPOLoss(model, temperature=temperature, top_p=top_p, top_k=top_k)(td)
+    assert out["ratio_mean"].item() == pytest.approx(1.0, abs=1e-3)
+    assert out["ratio_max"].item() == pytest.approx(1.0, abs=1e-3)
+    assert out["clip_fraction"].item() == 0.0
+    assert abs(out["kl_behaviour"].item()) < 1e-4
+    if top_p < 1 or top_k > 0:  # scoring without the truncation (the defect) puts every ratio below 1
+        plain = GRPOLoss(model, temperature=temperature)(td)
+        assert plain["ratio_mean"].item() < 0.99
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_token_outside_the_nucleus_gives_finite_loss_and_gradients(model, tok, sign):
+    """Off-policy, a sampled token can fall outside the current nucleus: its log-prob is the finite floor
+    MASKED_LOG_PROB (not -inf), its ratio ~0, and loss, KL, entropy and every gradient stay finite."""
+    from torchrl_grpo.log_probs import MASKED_LOG_PROB
+
+    T, p = 0.8, 0.7
+    m = copy.deepcopy(model)
+    td = _rollout_td(m, tok, T, p, 0)
+    b = 0
+    t = int(td["response_mask"][b].nonzero()[0])
+    with torch.no_grad():
+        logits = m(input_ids=td["tokens"][b : b + 1, :t]).logits[0, -1]
+    td["tokens"][b, t] = logits.argmin()  # the least likely token: far outside a 0.7 nucleus
+    td["advantage"] = torch.full_like(td["advantage"], sign)
+    td["ref_log_probs"] = td["sample_log_probs"].clone()
+    with torch.no_grad():
+        lp, _ = token_log_probs(m, td["tokens"], td["attention_mask"], temperature=T, top_p=p,
+                                response_mask=td["response_mask"])
+    assert lp[b, t].item() == MASKED_LOG_PROB
+    assert torch.isfinite(lp).all() and (lp[td["response_mask"]] > MASKED_LOG_PROB).sum() > 0
+    out = GRPOLoss(m, temperature=T, top_p=p, kl_coef=0.1, entropy_coef=0.01)(td)
+    for k in ("loss_objective", "loss_kl", "loss_entropy", "ess", "kl_ref", "entropy", "ratio_mean"):
+        assert torch.isfinite(out[k]), k
+    assert out["clip_fraction_low"].item() > 0  # that token's ratio ~ exp(MASKED_LOG_PROB - behav) ~ 0
+    total_loss(out).backward()
+    grads = [q.grad for q in m.parameters() if q.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert sum(g.abs().sum().item() for g in grads) > 0
+
+
+def test_truncated_log_prob_gradient_is_the_renormalised_softmax_gradient():
+    """d log pi(o_t) / d z_j = (1[j = o_t] - pi_j) / T over the kept tokens (pi = softmax over the kept set), 0 for
+    dropped tokens; the kept set is computed here by hand (descending sort, drop once the preceding mass >= top_p,
+    after keeping the top_k largest)."""
+    g = torch.Generator().manual_seed(0)
+    V, T, top_p, top_k = 8, 0.7, 0.8, 6
+    table = torch.randn(1, 5, V, generator=g) * 2
+    stub = StubLM(table)
+    tokens = torch.zeros(1, 5, dtype=torch.long)
+    attn = torch.ones(1, 5, dtype=torch.bool)
+    expected = torch.zeros_like(table)
+    for t in range(1, 5):
+        z = (table[0, t - 1] / T).tolist()
+        order = sorted(range(V), key=lambda j: -z[j])[:top_k]
+        w = [math.exp(z[j]) for j in order]
+        probs = [x / sum(w) for x in w]
+        kept, mass = [], 0.0
+        for j, pj in zip(order, probs):
+            if mass >= top_p:
+                break
+            kept.append(j)
+            mass += pj
+        assert len(kept) < V
+        tokens[0, t] = kept[-1]  # the least likely kept token
+        zk = torch.tensor([z[j] for j in kept])
+        pk = zk.softmax(0)
+        for i, j in enumerate(kept):
+            expected[0, t - 1, j] = ((1.0 if j == kept[-1] else 0.0) - pk[i].item()) / T
+    lp, _ = token_log_probs(stub, tokens, attn, temperature=T, top_p=top_p, top_k=top_k)
+    lp[0, 1:].sum().backward()
+    torch.testing.assert_close(stub.table.grad, expected, rtol=1e-5, atol=1e-6)

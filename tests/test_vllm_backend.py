@@ -105,26 +105,33 @@ def test_generate_returns_sampled_tokens_and_logprobs(backend):
     assert [g.token_ids for g in other] != [g.token_ids for g in gens]
 
 
-@pytest.mark.parametrize("temperature,top_p", [(0.7, 1.0), (1.3, 0.9), (0.0, 1.0)])
-def test_behaviour_logprobs_are_of_the_sampled_distribution(backend, tiny, temperature, top_p):
-    """Reported log-probs == log_softmax(top_p(logits / T)) of the HF model at the sampled token."""
+@pytest.mark.parametrize("temperature,top_p,top_k", [(0.7, 1.0, 0), (1.3, 0.9, 0), (0.8, 1.0, 8), (0.8, 0.7, 20),
+                                                     (0.0, 1.0, 0)])
+def test_behaviour_logprobs_are_of_the_sampled_distribution(backend, tiny, temperature, top_p, top_k):
+    """Reported log-probs == log_softmax(processed_logits(logits; T, top_k, top_p)) of the HF model at the sampled
+    token: vLLM's processed_logprobs are the distribution the trainer scores (torchrl_grpo.sampling)."""
     from torchrl_grpo.backends.transformers_backend import sample_next_token
+    from torchrl_grpo.log_probs import token_log_probs
+    from torchrl_grpo.sampling import processed_logits
 
     model = tiny[1]
-    cfg = SamplingConfig(max_new_tokens=12, temperature=temperature, top_p=top_p, seed=3)
+    cfg = SamplingConfig(max_new_tokens=12, temperature=temperature, top_p=top_p, top_k=top_k, seed=3)
     gens = backend.generate(PROMPTS[::2], cfg)
     for prompt, g in zip(PROMPTS[::2], gens):
         ids = torch.tensor([prompt + g.token_ids])
         with torch.no_grad():
             logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()  # [L, V]
-        # the transformers backend's definition of the behaviour distribution
-        scaled = logits if temperature == 0 else logits / temperature
-        if temperature and top_p < 1:
-            s, idx = scaled.sort(-1, descending=True)
-            p = s.softmax(-1)
-            drop = torch.zeros_like(p, dtype=torch.bool).scatter(-1, idx, (p.cumsum(-1) - p) >= top_p)
-            scaled = scaled.masked_fill(drop, float("-inf"))
+        # the shared definition of the behaviour distribution (greedy: the raw softmax)
+        scaled = logits if temperature == 0 else processed_logits(logits, temperature=temperature, top_p=top_p,
+                                                                  top_k=top_k)
         expect = torch.log_softmax(scaled, -1).gather(-1, torch.tensor(g.token_ids)[:, None]).squeeze(-1)
+        if temperature:  # the trainer's recompute scores the same distribution
+            rm = torch.zeros_like(ids, dtype=torch.bool)
+            rm[0, len(prompt):] = True
+            with torch.no_grad():
+                lp, _ = token_log_probs(model, ids, torch.ones_like(ids), temperature=temperature, top_p=top_p,
+                                        top_k=top_k, response_mask=rm)
+            assert torch.allclose(lp[rm], torch.tensor(g.logprobs), atol=FP32_ATOL)
         got = torch.tensor(g.logprobs)
         assert torch.allclose(got, expect, atol=FP32_ATOL), (got - expect).abs().max()
         if temperature == 0:

@@ -12,9 +12,11 @@ batch ``s`` only when the trainer has finished at least ``s - η`` updates, and 
 published weights, so every trained batch satisfies the bound (logged as ``async/staleness``). ``η = 0`` gives
 back the sync schedule; ``η = 1`` is the classic one-step-off-policy pipeline.
 
-Off-policy correction: with ``loss.behaviour_weight_cap`` set, the trainer recomputes proximal log-probs and uses
-AReaL's decoupled objective (Eq. 5, see :mod:`torchrl_grpo.loss`); without it, the clipped ratio is taken against
-the behaviour policy directly (PPO's off-policy surrogate).
+Off-policy correction: every batch here is trained against the trainer's own no-grad recompute as the PPO anchor
+(π_prox; the rollout backend is a separate copy), and each token's surrogate carries the behaviour weight
+π_prox/π_behav — AReaL's decoupled objective (Eq. 5, see :mod:`torchrl_grpo.loss`), capped by
+``loss.behaviour_weight_cap`` (default 2.0; ``loss.behaviour_weight_mode`` truncate or mask) — whatever
+``train.ppo_epochs`` and ``train.minibatch_size`` are.
 
 The rollout backend never shares the training module: the transformers backend gets its own copy (LoRA merged),
 vLLM its own engine; weights are handed over as a snapshot (``export_hf_weights``, cloned) and loaded by the rollout
@@ -58,8 +60,8 @@ class AsyncGRPOTrainer(GRPOTrainer):
         if backend is not None and getattr(backend, "share_module", False):
             raise ValueError("async mode needs a rollout backend with its own weights (share_module=False)")
         if cfg.loss.behaviour_weight_cap is None and cfg.train.max_staleness > 0:
-            log.warning("async mode without loss.behaviour_weight_cap: stale batches are clipped against the "
-                        "behaviour policy (PPO surrogate); AReaL's decoupled objective (cap ~2) learns faster")
+            log.warning("async mode with loss.behaviour_weight_cap=null: stale batches get the untruncated behaviour "
+                        "weight pi_prox/pi_behav (high variance); AReaL's cap ~2 is the tested setting")
         super().__init__(cfg, run_dir, model=model, tokenizer=tokenizer, backend=backend)
         self._cond = threading.Condition()
         self._gen_lock = threading.Lock()  # one user of the backend at a time: rollout thread or evaluation
@@ -162,7 +164,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
         if s != self.step:  # cannot happen: batches are produced and consumed in step order
             raise RuntimeError(f"async pipeline out of order: batch for step {s} at trainer step {self.step}")
         metrics: dict[str, Any] = dict(stats)
-        metrics.update(self._learn(batch))
+        metrics.update(self._learn(batch, stale=s != version))
         t_sync = time.perf_counter()
         self._publish_weights()
         metrics["time/sync_s"] = time.perf_counter() - t_sync

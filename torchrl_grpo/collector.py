@@ -27,6 +27,15 @@ action_errors          [N] long      turns whose action the env could not use (`
                                      malformed tool call, empty message)
 terminated/truncated   [N] bool      env flags at the end
 context_truncated      [N] bool      cut at ``max_context_tokens``
+length_truncated       [N] bool      the episode's last generation stopped at ``max_new_tokens`` (backend
+                                     ``finish_reason == "length"``): an unfinished attempt, e.g. reasoning cut
+                                     off before its final answer. The env cannot see this; the trainer logs its
+                                     mean as ``episode/truncated_fraction`` (the guard against rewards that make
+                                     cut-off reasoning score below a short answer, issue 14)
+infra_error            [N] bool      the episode ended on an infrastructure failure, not on the policy: the env
+                                     raised (``termination_reason`` ``env_error``) or its customer simulator failed
+                                     (``user_error``); its reward says nothing about the policy (the trainer drops
+                                     the whole group)
 =====================  ============  =====================================================================
 
 plus non-tensor entries ``task`` (the reset options) and ``info`` (the env's final info dict, with
@@ -47,7 +56,11 @@ from tensordict import NonTensorStack, TensorDict
 from .backends.base import RolloutBackend, SamplingConfig
 from .chat_tokens import ChatRenderer
 
-__all__ = ["GroupCollector", "Episode"]
+__all__ = ["GroupCollector", "Episode", "INFRA_TERMINATIONS"]
+
+#: ``info["termination_reason"]`` values that mean the episode failed for reasons outside the policy: an env
+#: exception caught by the collector, or tau2's customer simulator failing (``user_error``).
+INFRA_TERMINATIONS = frozenset({"env_error", "user_error"})
 
 
 log = logging.getLogger(__name__)
@@ -69,6 +82,8 @@ class Episode:
     terminated: bool = False
     truncated: bool = False
     context_truncated: bool = False
+    length_truncated: bool = False
+    infra_error: bool = False
     num_turns: int = 0
     action_errors: int = 0
     policy_version: int = -1
@@ -245,6 +260,7 @@ class GroupCollector:
                 gen_tokens += len(ids)
                 ep.extend(ids, sampled=True, lps=lps)
                 ep.num_turns += 1
+                ep.length_truncated = gen.finish_reason == "length"  # of the latest generation
                 if len(gen.token_ids) > room:
                     ep.done = ep.context_truncated = True
                     continue
@@ -252,7 +268,7 @@ class GroupCollector:
             results = self._run_all([(lambda e=ep, t=text: e.env.step(t)) for ep, _, text in stepping])
             for (ep, ids, _), res in zip(stepping, results):
                 if isinstance(res, Exception):  # an env bug must not kill a training run: end the episode, keep the data
-                    ep.done = True
+                    ep.done = ep.infra_error = True
                     ep.info = {**ep.info, "error": f"{type(res).__name__}: {res}", "termination_reason": "env_error"}
                     continue
                 obs, reward, terminated, truncated, info = res
@@ -261,6 +277,8 @@ class GroupCollector:
                     ep.action_errors += 1
                 ep.reward = float(reward)
                 ep.terminated, ep.truncated = bool(terminated), bool(truncated)
+                if info.get("termination_reason") in INFRA_TERMINATIONS:
+                    ep.infra_error = True
                 if terminated or truncated:
                     ep.done = True
                     continue
@@ -320,6 +338,8 @@ class GroupCollector:
                 "terminated": torch.tensor([e.terminated for e in episodes], dtype=torch.bool),
                 "truncated": torch.tensor([e.truncated for e in episodes], dtype=torch.bool),
                 "context_truncated": torch.tensor([e.context_truncated for e in episodes], dtype=torch.bool),
+                "length_truncated": torch.tensor([e.length_truncated for e in episodes], dtype=torch.bool),
+                "infra_error": torch.tensor([e.infra_error for e in episodes], dtype=torch.bool),
             },
             batch_size=[N],
         )

@@ -20,7 +20,9 @@ class PeftConfig:
     enable: bool = False
     r: int = 16
     lora_alpha: int = 32
-    lora_dropout: float = 0.05
+    # 0 for RL: dropout makes the differentiated forward a random sub-network, so on-policy ratios stop being 1
+    # (LoRA dropout 0.05 gave ratio_max 1.14); train.disable_dropout also zeroes it at start-up
+    lora_dropout: float = 0.0
     target_modules: Any = "all-linear"
 
 
@@ -42,7 +44,7 @@ class DatasetConfig:
 @dataclass
 class EnvConfig:
     env_id: str = "GSM8K-v0"
-    format_reward: float = 0.1  # GSM8K: credit for a well-formed final answer (0 disables)
+    format_reward: float = 0.0  # GSM8K: credit for a well-formed wrong answer; 0 = correctness-only (see envs/gsm8k/grading.py)
     domain: str = "telecom"  # tau2
     max_steps: int = 30  # tau2: env steps before truncation
     max_turns: int = 1  # assistant turns per episode (GSM8K: 1)
@@ -61,6 +63,7 @@ class GenerationConfig:
     max_new_tokens: int = 128
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0  # sample among the top_k most likely tokens (0: off); scored the same way by the loss
 
 
 @dataclass
@@ -89,7 +92,12 @@ class LossConfig:
     adv_scale: str = "group"  # group (GRPO) | none (Dr. GRPO) | batch
     adv_baseline: str = "mean"  # mean | loo
     filter_zero_variance_groups: bool = False
-    behaviour_weight_cap: Optional[float] = None  # decoupled PPO truncation (async)
+    # decoupled correction w = pi_prox / pi_behav (AReaL Eq. 5), applied whenever the anchor is recomputed:
+    behaviour_weight_cap: Optional[float] = 2.0  # cap c on w (None: no cap)
+    behaviour_weight_mode: str = "truncate"  # truncate: min(w, c) | mask: tokens with w > c get no gradient (AReaL)
+    # PPO anchor pi_old: auto = the trainer's no-grad recompute unless the sampler is the trainer's own module at
+    # its own precision (colocated fp32 transformers backend, no autocast) and the batch gets one on-policy update
+    anchor: str = "auto"  # auto | recompute | behaviour
 
 
 @dataclass
@@ -99,8 +107,8 @@ class OptimizerConfig:
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
-    warmup_steps: int = 0
-    scheduler: str = "constant"  # constant | cosine | linear
+    warmup_steps: int = 0  # in trainer steps, like the schedule
+    scheduler: str = "constant"  # constant | cosine | linear, over train.steps (stepped once per trainer step)
     max_grad_norm: float = 1.0
 
 
@@ -110,6 +118,8 @@ class TrainConfig:
     batch_size: int = 2  # prompts (tasks) per step; episodes per step = batch_size * n_samples
     minibatch_size: int = 0  # episodes per optimizer step (0: the whole batch, one optimizer step per batch)
     micro_batch_size: int = 4  # episodes per forward/backward (gradient accumulation inside a minibatch)
+    max_tokens_per_mb: int = 0  # padded-token budget per micro-batch (rows x longest row; 0: no budget), AReaL mb_spec
+    disable_dropout: bool = True  # zero every dropout rate in the policy (TRL's default for GRPO too)
     ppo_epochs: int = 1
     resume_from: Optional[str] = None
     device: str = "auto"  # auto | cpu | cuda
@@ -132,6 +142,7 @@ class CheckpointConfig:
     every: int = 2  # 0 disables periodic checkpoints (a final one is still written)
     keep_last: int = 2
     save_final: bool = True
+    on_interrupt: bool = True  # SIGINT/SIGTERM: checkpoint the last completed step (torchrl_grpo/interrupt.py)
 
 
 @dataclass
@@ -177,6 +188,8 @@ _CHOICES = {
     "loss.aggregation": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"),
     "loss.adv_scale": ("group", "none", "batch"),
     "loss.adv_baseline": ("mean", "loo"),
+    "loss.behaviour_weight_mode": ("truncate", "mask"),
+    "loss.anchor": ("auto", "recompute", "behaviour"),
     "optimizer.scheduler": ("constant", "cosine", "linear"),
     "stats_logger.wandb.mode": ("online", "offline", "disabled"),
     "econfig.reward": ("binary", "partial"),
@@ -206,12 +219,18 @@ def validate_config(cfg) -> None:
             f"config rollout.vllm.max_model_len={cfg.rollout.vllm.max_model_len} is below "
             f"rollout.max_context_tokens={cfg.rollout.max_context_tokens}; raise it or lower the context limit"
         )
+    if cfg.train.max_tokens_per_mb < 0:
+        raise ValueError(f"config train.max_tokens_per_mb must be >= 0 (0: no budget), got {cfg.train.max_tokens_per_mb}")
+    if cfg.loss.behaviour_weight_cap is not None and cfg.loss.behaviour_weight_cap <= 0:
+        raise ValueError(f"config loss.behaviour_weight_cap must be > 0 or null, got {cfg.loss.behaviour_weight_cap}")
     if cfg.train.max_staleness < 0:
         raise ValueError(f"config train.max_staleness must be >= 0, got {cfg.train.max_staleness}")
     if cfg.optimizer.lr <= 0:
         raise ValueError(f"config optimizer.lr must be > 0, got {cfg.optimizer.lr}")
     if cfg.gconfig.temperature < 0 or not 0 < cfg.gconfig.top_p <= 1:
         raise ValueError("config gconfig.temperature must be >= 0 and gconfig.top_p in (0, 1]")
+    if cfg.gconfig.top_k < 0:
+        raise ValueError(f"config gconfig.top_k must be >= 0 (0: off), got {cfg.gconfig.top_k}")
     episodes = cfg.train.batch_size * cfg.gconfig.n_samples
     if cfg.train.minibatch_size and episodes % cfg.train.minibatch_size:
         raise ValueError(

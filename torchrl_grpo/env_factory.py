@@ -74,12 +74,10 @@ def num_tasks(env: gym.Env) -> int:
     return int(n)
 
 
-def usable_task_indices(env: gym.Env, limit: int | None = None, *, check: bool | None = None) -> list[int]:
+def usable_task_indices(env: gym.Env, limit: int | None = None) -> list[int]:
     """Task indices to train or evaluate on: the first ``limit`` (all with ``None``) that the env, as configured,
     can play -- ``env.unwrapped.usable_task_indices(limit)`` (:mod:`envs.contract`; e.g. tau2 in solo mode drops
     tasks whose history has customer turns). An env without that hook (a test double) plays all ``num_tasks``.
-
-    ``check`` is ignored (kept so existing callers still work; the env decides what it can play).
     """
     import logging
 

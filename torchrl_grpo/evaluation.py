@@ -19,16 +19,6 @@ from .collector import GroupCollector
 __all__ = ["pass_at_k", "pass_hat_k", "evaluate", "do_nothing_baseline", "format_eval_table"]
 
 
-def __getattr__(name):
-    # Deprecated alias, kept until the trainer reads ``env.unwrapped.do_nothing_action`` through
-    # do_nothing_baseline(); the action is defined by the env package (envs.tau2.env.DO_NOTHING_ACTION).
-    if name == "TAU2_DO_NOTHING":
-        from envs.tau2.env import DO_NOTHING_ACTION
-
-        return DO_NOTHING_ACTION
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k for one task (Chen et al., 2021, Eq. 1). Raises ValueError if k > n or c > n."""
     if not 0 <= c <= n or not 1 <= k <= n:

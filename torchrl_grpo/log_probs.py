@@ -15,16 +15,34 @@ Two savings over one plain forward over the whole padded batch, both exact up to
 
 Sharing needs a KV cache, so it is off when the model trains with gradient checkpointing (HF turns the cache off
 there) and for models whose forward has no ``past_key_values``; the plain path is used then.
+
+Which distribution: ``log_softmax`` of :func:`torchrl_grpo.sampling.processed_logits` (temperature, then top-k,
+then nucleus top-p, renormalised), the function the transformers backend samples with, so the recomputed
+log-probs are the behaviour policy's. A token the truncation drops has probability 0 (log-prob ``-inf``); on-policy
+it cannot have been sampled, but off-policy (a stale batch, a different engine's numerics at the nucleus boundary)
+it can. Its log-prob is then reported as :data:`MASKED_LOG_PROB` instead of ``-inf``, with zero gradient.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["token_log_probs", "HEAD_CHUNK"]
+from .sampling import check_processing, processed_logits
+
+__all__ = ["token_log_probs", "HEAD_CHUNK", "MASKED_LOG_PROB"]
 
 #: positions per LM-head chunk (see :func:`_selected_log_probs`): 1024 x 151k fp32 logits = 0.6 GB transient.
+#: With top-k/top-p truncation the chunk is halved: the mask and masked copies raise the measured peak of one
+#: 1024-position no-grad chunk (V = 151,936, CPU RSS) from 1.23 GB to 1.99 GB (top-p or top-k) / 2.60 GB (both);
+#: 512 positions truncated take 1.00 / 1.31 GB. (With the entropy, 3.05 GB either way at 1024.)
 HEAD_CHUNK = 1024
+
+#: Log-prob (nats) reported for a token outside the top-k/nucleus set (true value ``-inf``). ``-inf`` itself would
+#: make the ratio 0 but the k3 KL to a reference that keeps the token infinite (``exp(ref - logp)``) and poison the
+#: backward pass with ``0 * inf``. At -50 the ratio ``exp(-50 - old)`` is ~0 (< 1e-9 for any old log-prob above
+#: -29), which the clipped surrogate handles (no gradient either way), while ``exp(50 + ref) <= 5.2e21`` stays far
+#: from float32 overflow (3.4e38). The token gets no gradient (it has no logit to push inside the support).
+MASKED_LOG_PROB = -50.0
 
 
 def _uses_grad_checkpointing(model: torch.nn.Module) -> bool:
@@ -90,30 +108,42 @@ def _forward_logits(model, tokens, am, pos, keep: int) -> torch.Tensor:
         return model(input_ids=tokens, attention_mask=am, position_ids=pos).logits[:, -keep:]
 
 
-def _head_log_probs(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
-    """log p(target) (and entropy) from final hidden states [N, H]: LM head, then float32 log-softmax."""
-    logits = head(hidden).float()
-    if temperature != 1.0:
-        logits = logits / temperature
+def _head_log_probs(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool,
+                    top_p: float = 1.0, top_k: int = 0):
+    """log pi(target) (and the entropy of pi) from final hidden states [N, H]: LM head, float32 processed logits
+    (:func:`torchrl_grpo.sampling.processed_logits`), log-softmax. Targets outside the kept set get
+    :data:`MASKED_LOG_PROB`; dropped tokens contribute 0 to the entropy."""
+    logits = processed_logits(head(hidden).float(), temperature=temperature, top_p=top_p, top_k=top_k)
     logp_all = F.log_softmax(logits, dim=-1)
     lp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
-    ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else torch.zeros_like(lp)
+    if top_p < 1.0 or top_k > 0:
+        # where (not clamp): no gradient reaches the -inf entry, and kept targets stay exact however unlikely
+        lp = torch.where(torch.isneginf(lp), torch.full_like(lp, MASKED_LOG_PROB), lp)
+    if with_entropy:
+        # 0 * log 0 := 0 for dropped tokens (masked_fill, so the backward pass sees no 0 * inf either)
+        ent = -(logp_all.exp() * logp_all.masked_fill(torch.isneginf(logp_all), 0.0)).sum(-1)
+    else:
+        ent = torch.zeros_like(lp)
     return lp, ent
 
 
-def _selected_log_probs(head, hidden, targets, temperature, with_entropy, chunk: int):
+def _selected_log_probs(head, hidden, targets, temperature, with_entropy, chunk: int, top_p: float = 1.0,
+                        top_k: int = 0):
     """:func:`_head_log_probs` over chunks of ``chunk`` positions. With gradients on, each chunk's [chunk, V] logits
     are recomputed in the backward pass (activation checkpointing) instead of kept: the saved memory is then O(N x H),
     not O(N x V) (151k-word vocabularies make the latter dominate)."""
     from torch.utils.checkpoint import checkpoint
 
+    if top_p < 1.0 or top_k > 0:
+        chunk = max(1, chunk // 2)  # see HEAD_CHUNK
     lps, ents = [], []
     for s in range(0, hidden.shape[0], chunk):
         h, t = hidden[s : s + chunk], targets[s : s + chunk]
         if torch.is_grad_enabled() and h.requires_grad:
-            lp, ent = checkpoint(_head_log_probs, head, h, t, temperature, with_entropy, use_reentrant=False)
+            lp, ent = checkpoint(_head_log_probs, head, h, t, temperature, with_entropy, top_p, top_k,
+                                 use_reentrant=False)
         else:
-            lp, ent = _head_log_probs(head, h, t, temperature, with_entropy)
+            lp, ent = _head_log_probs(head, h, t, temperature, with_entropy, top_p, top_k)
         lps.append(lp)
         ents.append(ent)
     if not lps:
@@ -128,6 +158,8 @@ def token_log_probs(
     attention_mask: torch.Tensor,
     *,
     temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
     with_entropy: bool = False,
     logits_chunk: int = 0,
     response_mask: torch.Tensor | None = None,
@@ -140,7 +172,10 @@ def token_log_probs(
         tokens: long [B, T]; right- or left-padded sequences.
         attention_mask: bool/int [B, T]; 1 for real tokens.
         temperature: logits are divided by it, to match the distribution the behaviour policy sampled from.
-        with_entropy: also return the per-token entropy (nats) of the predictive distribution.
+        top_p: nucleus mass in (0, 1] the behaviour policy sampled with (1: no truncation).
+        top_k: top-k the behaviour policy sampled with (0: no truncation). Temperature, top-k and top-p together
+            define the scored distribution pi = softmax(processed logits) (:mod:`torchrl_grpo.sampling`).
+        with_entropy: also return the per-token entropy (nats) of the predictive distribution pi.
         logits_chunk: if > 0, run the model on chunks of this many sequences to bound peak memory
             (the [B, T, vocab] logits dominate it).
         response_mask: optional bool [B, T], the tokens whose log-probs are needed; only they get logits
@@ -148,17 +183,19 @@ def token_log_probs(
         share_prefix: run columns before the response window once per distinct prefix (see module docstring).
 
     Returns:
-        ``(log_probs, entropy)``: float32 [B, T] each; position ``t`` holds ``log p(tokens[t] | tokens[<t])``;
-        position 0 (no context), padded positions and positions outside ``response_mask`` are 0.
-        ``entropy`` is None unless requested.
+        ``(log_probs, entropy)``: float32 [B, T] each; position ``t`` holds ``log pi(tokens[t] | tokens[<t])``;
+        position 0 (no context), padded positions and positions outside ``response_mask`` are 0; a token outside
+        the top-k/nucleus set holds :data:`MASKED_LOG_PROB` (no gradient). ``entropy`` is None unless requested.
 
     Raises:
-        ValueError: ``tokens``/``attention_mask``/``response_mask`` are not matching [B, T] tensors.
+        ValueError: ``tokens``/``attention_mask``/``response_mask`` are not matching [B, T] tensors, or
+            ``temperature``/``top_p``/``top_k`` out of range (see :func:`~torchrl_grpo.sampling.processed_logits`).
     """
     if tokens.ndim != 2 or attention_mask.shape != tokens.shape:
         raise ValueError(f"tokens [B, T] and attention_mask [B, T] expected, got {tuple(tokens.shape)} / {tuple(attention_mask.shape)}")
     if response_mask is not None and response_mask.shape != tokens.shape:
         raise ValueError(f"response_mask must be [B, T] like tokens, got {tuple(response_mask.shape)}")
+    check_processing(temperature, top_p, top_k)
     am = attention_mask.long()
     # positions count only real tokens, so left padding does not shift rotary positions
     position_ids = (am.cumsum(-1) - 1).clamp_min(0)
@@ -179,9 +216,9 @@ def token_log_probs(
         targets = tokens[sl, start:][sel]
         if dec_head is not None:
             lp_sel, ent_sel = _selected_log_probs(dec_head[1], out[sel], targets, temperature, with_entropy,
-                                                  chunk=HEAD_CHUNK)
+                                                  chunk=HEAD_CHUNK, top_p=top_p, top_k=top_k)
         else:
-            lp_sel, ent_sel = _head_log_probs(lambda x: x, out[sel], targets, temperature, with_entropy)
+            lp_sel, ent_sel = _head_log_probs(lambda x: x, out[sel], targets, temperature, with_entropy, top_p, top_k)
         zeros = torch.zeros(sel.shape, dtype=torch.float32, device=tokens.device)
         lps.append(F.pad(zeros.masked_scatter(sel, lp_sel), (start, 0)))
         if with_entropy:

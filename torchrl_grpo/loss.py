@@ -3,7 +3,15 @@ r"""GRPO loss: clipped surrogate over response tokens, optional k3 KL to a refer
 Sources and equations (token ``t`` of episode ``i``; ``A_i`` the group-relative advantage,
 see :mod:`torchrl_grpo.advantage`):
 
-* Ratio: :math:`\rho_{i,t} = \exp(\log\pi_\theta(o_{i,t}|\cdot) - \log\pi_{old}(o_{i,t}|\cdot))`.
+* Ratio: :math:`\rho_{i,t} = \exp(\log\pi_\theta(o_{i,t}|\cdot) - \log\pi_{old}(o_{i,t}|\cdot))`, where every
+  :math:`\pi` is the distribution the behaviour policy samples from: the softmax of the *processed* logits —
+  divided by the temperature, then top-k- and nucleus (top-p)-truncated and renormalised
+  (:func:`torchrl_grpo.sampling.processed_logits`; ``temperature``/``top_k``/``top_p`` below must be the sampling
+  settings). The rollout backends report their behaviour log-probs under that same distribution, so on-policy
+  :math:`\rho = 1`; scoring the raw softmax instead would put every ratio at the kept mass (~``top_p``). Greedy
+  rollouts (temperature 0) report the raw softmax: pass ``temperature=1, top_p=1, top_k=0`` for them. A token
+  outside the current policy's kept set scores :data:`torchrl_grpo.log_probs.MASKED_LOG_PROB` (ratio ~0, no
+  gradient) instead of ``-inf``. The entropy is that of the same :math:`\pi`.
 * Clipped surrogate — DeepSeekMath (Shao et al., 2024, arXiv:2402.03300), Eq. (3), with the
   asymmetric "clip-higher" bounds of DAPO (Yu et al., 2025, arXiv:2503.14476), Eq. (10):
   :math:`L^{clip}_{i,t} = \min(\rho_{i,t} A_i,\ \mathrm{clip}(\rho_{i,t}, 1-\epsilon_{low}, 1+\epsilon_{high}) A_i)`.
@@ -18,10 +26,15 @@ see :mod:`torchrl_grpo.advantage`):
   - ``"seq_mean_token_sum_norm"`` — Dr. GRPO (Liu et al., 2025, arXiv:2503.20783), Eq. (3): per-sequence token
     sum divided by a constant ``max_tokens`` (not the sequence length), then mean over sequences.
 
-* Decoupled (off-policy) correction — AReaL (Fu et al., 2025, arXiv:2505.24298), Eq. (5): when the batch carries
-  both the behaviour log-probs (from the rollout engine) and proximal ``old_log_probs`` (recomputed by the
-  trainer), each token's surrogate is multiplied by the truncated importance weight
-  :math:`\min(\pi_{old}/\pi_{behav}, c)` with ``c = behaviour_weight_cap``.
+* Decoupled (off-policy) correction — AReaL (Fu et al., 2025, arXiv:2505.24298), Eq. (5): whenever the batch
+  carries proximal ``old_log_probs`` (recomputed by the trainer: the PPO anchor) beside the behaviour log-probs
+  (from the rollout engine), each token's surrogate is multiplied by the behaviour importance weight
+  :math:`w_{i,t} = \pi_{prox}/\pi_{behav}` — whatever the epoch/minibatch settings, so a stale or numerically
+  different sampler is always corrected. With a cap ``c`` (``behaviour_weight_cap``) the weight is either
+  truncated, :math:`\min(w, c)` (``behaviour_weight_mode="truncate"``; truncated importance sampling, Ionides 2008,
+  as in IMPALA's V-trace, Espeholt et al., 2018, arXiv:1802.01561, Eq. 1), or the token is masked out when
+  :math:`w > c` (``"mask"``: AReaL's ``behav_imp_weight_cap``, which drops those tokens' surrogate but keeps them
+  in the token count). Without ``old_log_probs`` the anchor is the behaviour policy itself and no weight applies.
 
 Metrics (all over response tokens only, never over prompt or padding):
 
@@ -43,9 +56,10 @@ from torchrl.objectives.common import LossModule
 
 from .log_probs import token_log_probs
 
-__all__ = ["GRPOLoss", "total_loss", "token_log_probs", "masked_aggregate", "AGGREGATIONS"]
+__all__ = ["GRPOLoss", "total_loss", "combine_ess", "BEHAVIOUR_WEIGHT_MODES", "token_log_probs", "masked_aggregate", "AGGREGATIONS"]
 
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+BEHAVIOUR_WEIGHT_MODES = ("truncate", "mask")
 
 
 def masked_aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str, max_tokens: int | None = None) -> torch.Tensor:
@@ -93,7 +107,10 @@ class GRPOLoss(LossModule):
     Output TensorDict (scalars): ``loss_objective``, ``loss_kl``, ``loss_entropy`` (sum them to get the loss to
     backpropagate; :func:`total_loss` does it), and metrics ``ess``, ``clip_fraction``, ``clip_fraction_low``,
     ``clip_fraction_high``, ``kl_ref``, ``kl_behaviour``, ``entropy``, ``ratio_mean``, ``ratio_max``,
-    ``behaviour_weight_mean``, ``num_tokens``.
+    ``behaviour_weight_mean``, ``behaviour_weight_masked`` (fraction of tokens masked in ``"mask"`` mode),
+    ``num_tokens``, and the batch accumulators ``ess_log_sum_w`` = log Σw, ``ess_log_sum_w2`` = log Σw² (over this
+    call's response tokens) so that a trainer can combine micro-batches into one batch-level ESS
+    (:func:`combine_ess`) instead of averaging per-micro-batch ESS values.
 
     Args:
         actor: HF causal LM (a ``torch.nn.Module`` returning ``.logits``), possibly wrapped by peft.
@@ -104,7 +121,11 @@ class GRPOLoss(LossModule):
         max_tokens: the Dr. GRPO constant for ``seq_mean_token_sum_norm`` (defaults to T).
         temperature: the sampling temperature; logits are divided by it before the log-softmax so the ratio
             compares the same distributions the behaviour policy sampled from.
-        behaviour_weight_cap: truncation ``c`` of the decoupled behaviour importance weight (AReaL Eq. 5);
+        top_p: the sampling nucleus mass in (0, 1] (1: none); applied after temperature and top-k, as when sampling.
+        top_k: the sampling top-k (0: none).
+        behaviour_weight_cap: cap ``c`` of the decoupled behaviour importance weight (AReaL Eq. 5), used when the
+            input has ``old_log_probs``; ``None``: no cap (plain importance weight).
+        behaviour_weight_mode: ``"truncate"`` (min(w, c)) or ``"mask"`` (tokens with w > c get weight 0).
             ``None`` disables the correction.
 
     Raises:
@@ -134,7 +155,10 @@ class GRPOLoss(LossModule):
         aggregation: str = "token_mean",
         max_tokens: int | None = None,
         temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
         behaviour_weight_cap: float | None = None,
+        behaviour_weight_mode: str = "truncate",
         logits_chunk: int = 0,
     ) -> None:
         super().__init__()
@@ -148,8 +172,12 @@ class GRPOLoss(LossModule):
             raise ValueError("kl_coef and entropy_coef must be >= 0")
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 for the loss, got {temperature}")
+        if not 0 < top_p <= 1 or top_k < 0:
+            raise ValueError(f"top_p must be in (0, 1] and top_k >= 0, got top_p={top_p}, top_k={top_k}")
         if behaviour_weight_cap is not None and behaviour_weight_cap <= 0:
             raise ValueError("behaviour_weight_cap must be > 0 or None")
+        if behaviour_weight_mode not in BEHAVIOUR_WEIGHT_MODES:
+            raise ValueError(f"behaviour_weight_mode must be one of {BEHAVIOUR_WEIGHT_MODES}, got {behaviour_weight_mode!r}")
         # stored as a plain attribute: LossModule would otherwise try to make functional copies of it
         self.__dict__["actor"] = actor
         self.clip_eps_low = float(clip_eps_low)
@@ -159,7 +187,10 @@ class GRPOLoss(LossModule):
         self.aggregation = aggregation
         self.max_tokens = max_tokens
         self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self.top_k = int(top_k)
         self.behaviour_weight_cap = behaviour_weight_cap
+        self.behaviour_weight_mode = behaviour_weight_mode
         self.logits_chunk = int(logits_chunk)
 
     @property
@@ -194,7 +225,8 @@ class GRPOLoss(LossModule):
 
         need_entropy = self.entropy_coef > 0
         logp, ent = token_log_probs(
-            self.actor, tokens, attn, temperature=self.temperature, with_entropy=need_entropy,
+            self.actor, tokens, attn, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+            with_entropy=need_entropy,
             logits_chunk=self.logits_chunk, response_mask=mask,
         )
         zeros = torch.zeros_like(logp)
@@ -203,9 +235,15 @@ class GRPOLoss(LossModule):
         A = adv[:, None].expand_as(ratio)
         clipped = ratio.clamp(1.0 - self.clip_eps_low, 1.0 + self.clip_eps_high)
         surrogate = torch.minimum(ratio * A, clipped * A)
-        behaviour_weight = None
-        if self.behaviour_weight_cap is not None and k.old_log_probs in tensordict.keys():
-            behaviour_weight = torch.where(mask, (old - behav).exp(), zeros + 1).clamp(max=self.behaviour_weight_cap)
+        behaviour_weight, weight_masked = None, None
+        if k.old_log_probs in tensordict.keys():
+            behaviour_weight = torch.where(mask, (old - behav).exp(), zeros + 1)
+            c = self.behaviour_weight_cap
+            if c is not None and self.behaviour_weight_mode == "truncate":
+                behaviour_weight = behaviour_weight.clamp(max=c)
+            elif c is not None:  # "mask"
+                weight_masked = (behaviour_weight > c) & mask
+                behaviour_weight = torch.where(weight_masked, zeros, behaviour_weight)
             surrogate = surrogate * behaviour_weight
         agg = lambda x: masked_aggregate(x, mask, self.aggregation, self.max_tokens)  # noqa: E731
         loss_objective = -agg(surrogate)
@@ -233,8 +271,10 @@ class GRPOLoss(LossModule):
             n_tok = mask.sum()
             lw = (logp.detach() - behav)[mask]  # log importance weights vs behaviour policy
             if lw.numel():
-                ess = (2 * torch.logsumexp(lw, 0) - torch.logsumexp(2 * lw, 0)).exp() / lw.numel()
+                log_sw, log_sw2 = torch.logsumexp(lw, 0), torch.logsumexp(2 * lw, 0)
+                ess = (2 * log_sw - log_sw2).exp() / lw.numel()
             else:
+                log_sw = log_sw2 = torch.tensor(float("-inf"))
                 ess = torch.tensor(float("nan"))
             out = {
                 "loss_objective": loss_objective,
@@ -251,8 +291,31 @@ class GRPOLoss(LossModule):
                 "kl_ref": kl_ref.detach() if kl_ref is not None else torch.tensor(float("nan")),
                 "entropy": entropy.detach() if entropy is not None else torch.tensor(float("nan")),
                 "behaviour_weight_mean": _masked_mean(behaviour_weight, mask) if behaviour_weight is not None else torch.tensor(1.0),
+                "behaviour_weight_masked": _masked_mean(weight_masked.float(), mask) if weight_masked is not None else torch.tensor(0.0),
+                "ess_log_sum_w": log_sw,
+                "ess_log_sum_w2": log_sw2,
             }
         return TensorDict(out, batch_size=[])
+
+
+def combine_ess(log_sum_w: list[float], log_sum_w2: list[float], n_tokens: float) -> float:
+    r"""Batch-level normalised ESS from per-micro-batch accumulators (the ``ess_log_sum_w`` / ``ess_log_sum_w2``
+    outputs of :class:`GRPOLoss`): :math:`(\sum w)^2 / (N \sum w^2)` over all N response tokens of the batch —
+    Kong (1992); Owen, *Monte Carlo theory* Eq. (9.13). Averaging per-micro-batch ESS values instead is a different
+    (larger) number: with one episode per micro-batch it becomes a per-episode ESS.
+
+    Args:
+        log_sum_w / log_sum_w2: log Σw and log Σw² of each micro-batch (``-inf`` for one with no tokens).
+        n_tokens: N, the total number of response tokens.
+
+    Returns:
+        ESS in (0, 1]; NaN when there are no tokens.
+    """
+    if n_tokens <= 0 or not log_sum_w:
+        return float("nan")
+    a = torch.logsumexp(torch.tensor(log_sum_w, dtype=torch.float64), 0)
+    b = torch.logsumexp(torch.tensor(log_sum_w2, dtype=torch.float64), 0)
+    return float((2 * a - b).exp() / n_tokens)
 
 
 def total_loss(losses: TensorDictBase) -> torch.Tensor:

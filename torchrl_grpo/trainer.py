@@ -14,6 +14,7 @@ import copy
 import logging
 import math
 import time
+import warnings
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -28,9 +29,12 @@ from .backends.base import RolloutBackend, SamplingConfig
 from .checkpoint import load_checkpoint, save_checkpoint
 from .collector import GroupCollector
 from .env_factory import env_kwargs_from_config, make_env_fn, usable_task_indices
-from .evaluation import TAU2_DO_NOTHING, do_nothing_baseline, evaluate, format_eval_table
+from .evaluation import do_nothing_baseline, evaluate, format_eval_table
 from .log_probs import token_log_probs
-from .loss import GRPOLoss, total_loss
+from .collector import INFRA_TERMINATIONS  # noqa: F401  (documented with the infra_error column)
+from .dropout import disable_dropout
+from .loss import GRPOLoss, combine_ess, total_loss
+from .micro_batch import split_micro_batches
 from .models import load_model_and_tokenizer
 from .stats_logger import StatsLogger
 from .weight_sync import export_hf_weights
@@ -57,6 +61,11 @@ def _device(name: str) -> torch.device:
 
 
 def _make_scheduler(opt: torch.optim.Optimizer, kind: str, warmup: int, total: int):
+    """LR schedule over *trainer steps* (``train.steps``), stepped once per trainer step whatever the number of
+    optimizer steps it took: zero-variance filtering and skipped minibatches change that number from step to step,
+    so a schedule counted in planned optimizer steps never reached its end (a linear schedule stopped at half its
+    decay with half the groups filtered)."""
+
     def factor(step: int) -> float:
         if warmup and step < warmup:
             return (step + 1) / warmup
@@ -124,22 +133,23 @@ class GRPOTrainer:
                                                      target_modules=target, task_type="CAUSAL_LM"))
         elif cfg.loss.kl_coef > 0:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        if cfg.train.disable_dropout:  # see torchrl_grpo/dropout.py: dropout alone moved on-policy ratios to 1.14
+            disable_dropout(model)
         self.model = model
         self.backend = backend or self._build_backend()
         self.sampling = SamplingConfig(max_new_tokens=cfg.gconfig.max_new_tokens, temperature=cfg.gconfig.temperature,
-                                       top_p=cfg.gconfig.top_p)
+                                       top_p=cfg.gconfig.top_p, top_k=cfg.gconfig.top_k)
         user_fn = None
         if cfg.econfig.user == "local" or cfg.econfig.user_llm == "local":
             from .local_user import LocalUser
 
             user_fn = LocalUser(self.backend, tokenizer, SamplingConfig(max_new_tokens=cfg.gconfig.max_new_tokens,
                                                                         temperature=0.7, seed=cfg.seed))
-        self.is_tau2 = cfg.econfig.env_id.startswith("tau2")
         env_id, kw = env_kwargs_from_config(cfg, cfg.train_dataset.split, cfg.train_dataset.path, user_fn=user_fn)
         self.collector = GroupCollector(make_env_fn(env_id, **kw), self.backend, tokenizer, self.sampling,
                                         max_turns=cfg.econfig.max_turns, max_context_tokens=cfg.rollout.max_context_tokens,
                                         seed=cfg.seed, user_batcher=user_fn)
-        self.train_tasks = usable_task_indices(self.collector._envs(1)[0], cfg.train_dataset.limit, check=self.is_tau2)
+        self.train_tasks = usable_task_indices(self.collector._envs(1)[0], cfg.train_dataset.limit)
         self.n_train_tasks = len(self.train_tasks)
         if self.n_train_tasks < 1:
             raise ValueError(f"train split {cfg.train_dataset.split!r} of {env_id} has no tasks")
@@ -157,7 +167,10 @@ class GRPOTrainer:
             kl_coef=cfg.loss.kl_coef, entropy_coef=cfg.loss.entropy_coef, aggregation=cfg.loss.aggregation,
             max_tokens=cfg.gconfig.max_new_tokens * cfg.econfig.max_turns,
             temperature=cfg.gconfig.temperature if cfg.gconfig.temperature > 0 else 1.0,
-            behaviour_weight_cap=cfg.loss.behaviour_weight_cap,
+            # greedy rollouts report the raw softmax: no truncation then (see torchrl_grpo/loss.py)
+            top_p=cfg.gconfig.top_p if cfg.gconfig.temperature > 0 else 1.0,
+            top_k=cfg.gconfig.top_k if cfg.gconfig.temperature > 0 else 0,
+            behaviour_weight_cap=cfg.loss.behaviour_weight_cap, behaviour_weight_mode=cfg.loss.behaviour_weight_mode,
         )
         params = [p for p in self.model.parameters() if p.requires_grad]
         o = cfg.optimizer
@@ -165,14 +178,13 @@ class GRPOTrainer:
         fused = self.device.type in ("cpu", "cuda") and all(p.is_floating_point() for p in params)
         self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
                                            fused=fused or None)
-        episodes = cfg.train.batch_size * cfg.gconfig.n_samples
-        mb = cfg.train.minibatch_size or episodes
-        self.opt_steps_per_batch = cfg.train.ppo_epochs * (episodes // mb)
-        self.scheduler = _make_scheduler(self.optimizer, o.scheduler, o.warmup_steps, cfg.train.steps * self.opt_steps_per_batch)
+        self.scheduler = _make_scheduler(self.optimizer, o.scheduler, o.warmup_steps, cfg.train.steps)
+        self.optimizer_steps = 0  # optimizer steps actually taken (logged as train/optimizer_steps_total)
         self.step = 0
         if cfg.train.resume_from:
             state = load_checkpoint(cfg.train.resume_from, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
             self.step = int(state["step"])
+            self.optimizer_steps = int(state.get("extra", {}).get("optimizer_steps", 0))
             self.backend.load_weights(self._weights_for_backend())
             log.info("resumed from %s at step %d", state["path"], self.step)
         self.logger = StatsLogger(
@@ -251,27 +263,46 @@ class GRPOTrainer:
         self.step += 1
         return metrics
 
-    def _learn(self, batch: TensorDict) -> dict[str, Any]:
-        """Advantages, optional zero-variance group filter and the optimizer updates on one collected batch."""
+    def _learn(self, batch: TensorDict, *, stale: bool = False) -> dict[str, Any]:
+        """Advantages, group filters (infrastructure failures, zero variance) and the optimizer updates on one
+        collected batch. ``stale``: the batch was generated by an older policy than the one being trained (async)."""
         cfg = self.cfg
         metrics: dict[str, Any] = self._batch_metrics(batch)
         self._log_samples(batch)
         reward = batch["reward"]
         batch["advantage"] = group_advantages(reward, batch["group_id"], scale=cfg.loss.adv_scale,
                                               baseline=cfg.loss.adv_baseline)
+        # a group with an episode that ended on an env exception or a customer-simulator failure is dropped whole:
+        # its reward 0 says nothing about the policy, and the rest of the group's advantages were computed against it
+        infra = batch["infra_error"] if "infra_error" in batch.keys() else torch.zeros_like(reward, dtype=torch.bool)
+        bad_groups = batch["group_id"][infra].unique()
+        drop = torch.isin(batch["group_id"], bad_groups)
+        metrics["groups/dropped_infra"] = float(bad_groups.numel())
+        if bad_groups.numel():
+            log.warning("step %d: %d group(s) dropped for infrastructure failures (env_error/user_error), not trained",
+                        self.step, bad_groups.numel())
         zero_var = group_reward_std(reward, batch["group_id"]) == 0
         metrics["groups/zero_variance_fraction"] = zero_var.float().mean().item()
+        keep = ~drop
         if cfg.loss.filter_zero_variance_groups:
-            batch = batch[~zero_var]
-            metrics["groups/kept_episodes"] = float(batch.shape[0])
+            keep &= ~zero_var
+        if not keep.all():
+            batch = batch[keep]
+        metrics["groups/kept_episodes"] = float(batch.shape[0])
         t_train = time.perf_counter()
         if batch.shape[0] == 0 or not batch["response_mask"].any():
-            reason = "no episodes left after zero-variance filtering" if batch.shape[0] == 0 else "no response tokens"
+            reason = ("no episodes left after zero-variance/infrastructure group filtering" if batch.shape[0] == 0
+                      else "no response tokens")
             log.warning("step %d: optimizer step skipped (%s)", self.step, reason)
             metrics["train/skipped"] = 1.0
             metrics["train/skip_reason"] = reason
+            metrics["train/optimizer_steps"] = 0.0
         else:
-            metrics.update(self._update(batch.exclude("task", "info")))
+            metrics.update(self._update(batch.exclude("task", "info"), stale=stale))
+        with warnings.catch_warnings():  # a step with no optimizer step still advances the schedule, on purpose
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+            self.scheduler.step()  # one schedule step per trainer step (see _make_scheduler)
+        metrics["train/optimizer_steps_total"] = float(self.optimizer_steps)
         metrics["time/train_s"] = time.perf_counter() - t_train
         return metrics
 
@@ -304,8 +335,22 @@ class GRPOTrainer:
             "episode/total_tokens": batch["attention_mask"].sum(-1).float().mean().item(),
             "episode/turns": batch["num_turns"].float().mean().item(),
             "episode/context_truncated": batch["context_truncated"].float().mean().item(),
+            "episode/truncated_fraction": batch["length_truncated"].float().mean().item(),
             "episode/empty_response_fraction": (batch["response_tokens"] == 0).float().mean().item(),
         }
+        # Guard against length-driven reward hacking (issue 14: a format credit made a wrong one-line answer beat
+        # reasoning cut off at max_new_tokens, and responses shrank 236 -> 52 tokens while accuracy fell).
+        resp, trunc = out["episode/response_tokens"], out["episode/truncated_fraction"]
+        if getattr(self, "_first_response_tokens", None) is None:
+            self._first_response_tokens = resp
+        elif resp < 0.4 * self._first_response_tokens:
+            log.warning("step %d: mean response length %.1f tokens is below 40%% of the first step's %.1f: the policy "
+                        "may be learning to skip reasoning (check the reward for credit a short answer can earn, "
+                        "e.g. econfig.format_reward)", self.step + 1, resp, self._first_response_tokens)
+        if trunc > 0.5:
+            log.warning("step %d: %.0f%% of episodes were truncated at max_new_tokens=%d (unfinished attempts score "
+                        "as failures); raise gconfig.max_new_tokens", self.step + 1, 100 * trunc,
+                        self.cfg.gconfig.max_new_tokens)
         out["episode/action_errors"] = batch["action_errors"].float().mean().item()
         out["episode/action_error_rate"] = (batch["action_errors"].sum() / batch["num_turns"].sum().clamp_min(1)).item()
         reasons: dict[str, int] = {}
@@ -316,43 +361,69 @@ class GRPOTrainer:
             out[f"termination/{k}"] = v / len(infos)
         return out
 
-    def _micro_batches(self, td: TensorDict, size: int):
-        for s in range(0, td.shape[0], size):
-            mb = td[s : s + size]
-            T = int(mb["attention_mask"].sum(-1).max().item())
-            yield mb.apply(lambda x: x[:, :T] if x.ndim == 2 and x.shape[-1] == td["tokens"].shape[-1] else x,
-                           batch_size=mb.batch_size)
+    def _micro_batches(self, td: TensorDict):
+        """Micro-batches of ``td`` by ``train.micro_batch_size`` and the ``train.max_tokens_per_mb`` token budget
+        (:func:`~torchrl_grpo.micro_batch.split_micro_batches`), each cut to its own longest episode."""
+        lengths = td["attention_mask"].sum(-1)
+        full_T = td["tokens"].shape[-1]
+        for rows in split_micro_batches(lengths.tolist(), self.cfg.train.micro_batch_size,
+                                        self.cfg.train.max_tokens_per_mb):
+            mb = td[torch.tensor(rows)] if len(rows) != td.shape[0] else td
+            T = int(lengths[rows].max().item())
+            yield rows, mb.apply(lambda x: x[:, :T] if x.ndim == 2 and x.shape[-1] == full_T else x,
+                                 batch_size=mb.batch_size)
 
     @torch.no_grad()
     def _fill_log_probs(self, td: TensorDict, key: str, model) -> None:
+        """``td[key]`` = no-grad log-probs of the sampled tokens under ``model``, in eval mode (dropout off, the
+        same network the sampler ran), with the loss's processed distribution (temperature, top-k, top-p)."""
         out = torch.zeros_like(td["sample_log_probs"])
-        size = self.cfg.train.micro_batch_size
-        for s in range(0, td.shape[0], size):
-            sl = slice(s, s + size)
-            with self._autocast():
-                lp, _ = token_log_probs(model, td["tokens"][sl].to(self.device), td["attention_mask"][sl].to(self.device),
-                                        temperature=self.loss_fn.temperature,
-                                        response_mask=td["response_mask"][sl].to(self.device))
-            out[sl] = lp.float().cpu()
+        was_training = model.training
+        model.eval()
+        try:
+            for rows, mb in self._micro_batches(td):
+                with self._autocast():
+                    lp, _ = token_log_probs(model, mb["tokens"].to(self.device), mb["attention_mask"].to(self.device),
+                                            temperature=self.loss_fn.temperature,
+                                            top_p=self.loss_fn.top_p, top_k=self.loss_fn.top_k,
+                                            response_mask=mb["response_mask"].to(self.device))
+                T = lp.shape[-1]
+                out[torch.tensor(rows), :T] = lp.float().cpu()
+        finally:
+            model.train(was_training)
         td[key] = out
 
-    def _update(self, batch: TensorDict) -> dict[str, float]:
+    def _needs_anchor_recompute(self, multi_update: bool, stale: bool) -> bool:
+        """Whether the PPO anchor π_old must be the trainer's own no-grad recompute rather than the sampler's
+        behaviour log-probs (``loss.anchor``; see :mod:`torchrl_grpo.loss`). ``auto`` recomputes when the anchor
+        would otherwise differ from the first update's π_θ: several updates per batch, a stale batch (async), a
+        sampler with other numerics (vLLM bf16, a weight copy), or bf16 autocast in the trainer."""
+        mode = self.cfg.loss.anchor
+        if mode == "recompute" or multi_update or stale:
+            return True
+        if mode == "behaviour":
+            return False
+        exact = bool(getattr(self.backend, "exact_log_probs", False))
+        return not exact or self.device.type == "cuda"
+
+    def _update(self, batch: TensorDict, *, stale: bool = False) -> dict[str, float]:
         cfg = self.cfg
         n = batch.shape[0]
         mb_size = min(cfg.train.minibatch_size or n, n)
         multi_update = cfg.train.ppo_epochs > 1 or mb_size < n
-        self.model.train()
         if cfg.loss.kl_coef > 0:
             if self.ref_model is not None:
                 self._fill_log_probs(batch, "ref_log_probs", self.ref_model)
             else:  # LoRA: the reference is the base model, i.e. the adapter switched off
                 with self.model.disable_adapter():
                     self._fill_log_probs(batch, "ref_log_probs", self.model)
-        if multi_update or cfg.loss.behaviour_weight_cap is not None:
+        if self._needs_anchor_recompute(multi_update, stale):
             self._fill_log_probs(batch, "old_log_probs", self.model)
+        self.model.train()
         agg_tokens = cfg.loss.aggregation == "token_mean"
         sums: dict[str, float] = {}
         weights: dict[str, float] = {}
+        log_sw, log_sw2, ratio_max, ess_tokens = [], [], float("-inf"), 0.0
         n_opt, n_skipped, grad_norms = 0, 0, []
         gen = torch.Generator().manual_seed(cfg.seed * 31 + self.step)
         for _epoch in range(cfg.train.ppo_epochs):
@@ -362,7 +433,7 @@ class GRPOTrainer:
                 denom = float(mini["response_mask"].sum() if agg_tokens else (mini["response_tokens"] > 0).sum())
                 self.optimizer.zero_grad(set_to_none=True)
                 finite = True
-                for micro in self._micro_batches(mini, cfg.train.micro_batch_size):
+                for _rows, micro in self._micro_batches(mini):
                     num = float(micro["response_mask"].sum() if agg_tokens else (micro["response_tokens"] > 0).sum())
                     if num == 0:
                         continue
@@ -374,12 +445,19 @@ class GRPOTrainer:
                         finite = False
                         break
                     (loss * (num / max(denom, 1.0))).backward()
+                    tok = float(micro["response_mask"].sum())
                     for k, v in losses.items():
+                        if k in ("ess", "ratio_max", "ess_log_sum_w", "ess_log_sum_w2", "num_tokens"):
+                            continue  # batch-level, accumulated below
                         v = float(v.detach())
                         if math.isfinite(v):
-                            w = float(micro["response_mask"].sum()) if k not in ("num_tokens",) else 1.0
-                            sums[k] = sums.get(k, 0.0) + v * w
-                            weights[k] = weights.get(k, 0.0) + w
+                            sums[k] = sums.get(k, 0.0) + v * tok
+                            weights[k] = weights.get(k, 0.0) + tok
+                    if tok > 0:
+                        log_sw.append(float(losses["ess_log_sum_w"]))
+                        log_sw2.append(float(losses["ess_log_sum_w2"]))
+                        ratio_max = max(ratio_max, float(losses["ratio_max"]))
+                        ess_tokens += tok
                     sums["loss/total"] = sums.get("loss/total", 0.0) + float(loss.detach()) * num / max(denom, 1.0)
                 if not finite:
                     self.optimizer.zero_grad(set_to_none=True)
@@ -395,14 +473,17 @@ class GRPOTrainer:
                     continue
                 grad_norms.append(float(gn))
                 self.optimizer.step()
-                self.scheduler.step()
                 n_opt += 1
+        self.optimizer_steps += n_opt
         self.model.eval()
         out = {k: sums[k] / weights[k] for k in sums if k in weights and weights[k] > 0}
         if "loss/total" in sums:
             out["loss/total"] = sums["loss/total"] / max(1, n_opt + n_skipped)
-        if "num_tokens" in sums:
-            out["num_tokens"] = sums["num_tokens"]
+        # batch-level importance-weight metrics over every response token of the step (not micro-batch means)
+        out["ess"] = combine_ess(log_sw, log_sw2, ess_tokens)
+        out["ratio_max"] = ratio_max if log_sw else float("nan")
+        out["num_tokens"] = ess_tokens
+        out["train/anchor_recomputed"] = float("old_log_probs" in batch.keys())
         out["train/optimizer_steps"] = float(n_opt)
         out["train/skipped_minibatches"] = float(n_skipped)
         if grad_norms:
@@ -411,20 +492,19 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ eval / checkpoint / loop
     def evaluate(self) -> dict[str, float]:
-        """Greedy accuracy / pass@k / pass^k on the first ``eval.n_problems`` tasks of the valid split; for tau2
-        also the do-nothing baseline (the agent ends at once) on the same tasks."""
+        """Greedy accuracy / pass@k / pass^k on the first ``eval.n_problems`` tasks of the valid split, plus the
+        do-nothing baseline on the same tasks for envs that define one (``do_nothing_action``, e.g. tau2)."""
         e = self.cfg.eval
         if self._eval_tasks is None:
-            self._eval_tasks = usable_task_indices(self.eval_collector._envs(1)[0], e.n_problems, check=self.is_tau2)
+            self._eval_tasks = usable_task_indices(self.eval_collector._envs(1)[0], e.n_problems)
         n = len(self._eval_tasks)
         out = evaluate(self.eval_collector, task_indices=self._eval_tasks, greedy=e.greedy, pass_k=e.pass_k,
                        temperature=self.cfg.gconfig.temperature or 1.0, max_new_tokens=self.cfg.gconfig.max_new_tokens,
                        step=self.step)
-        if self.is_tau2:
-            if self._baseline is None:
-                vid, vkw = self._valid_env
-                self._baseline = do_nothing_baseline(make_env_fn(vid, **vkw), self._eval_tasks, action=TAU2_DO_NOTHING)
-            out.update(self._baseline)
+        if self._baseline is None:
+            vid, vkw = self._valid_env
+            self._baseline = do_nothing_baseline(make_env_fn(vid, **vkw), self._eval_tasks)  # {} without one
+        out.update(self._baseline)
         log.info("evaluation at step %d (%d tasks):\n%s", self.step, n, format_eval_table(out))
         return out
 
@@ -432,45 +512,81 @@ class GRPOTrainer:
         c = self.cfg.checkpoint
         return save_checkpoint(self.run_dir / "checkpoints", self.step, model=self.model, tokenizer=self.tokenizer,
                                optimizer=self.optimizer, scheduler=self.scheduler,
-                               config_yaml=OmegaConf.to_yaml(self.cfg, resolve=True), keep_last=c.keep_last)
+                               config_yaml=OmegaConf.to_yaml(self.cfg, resolve=True), keep_last=c.keep_last,
+                               extra={"optimizer_steps": self.optimizer_steps})
 
     def fit(self) -> dict[str, Any]:
-        """Train for ``train.steps`` steps (from the resumed step). Returns the last metrics (and eval)."""
+        """Train for ``train.steps`` steps (from the resumed step). Returns the last metrics (and eval).
+
+        SIGINT / SIGTERM stop it cleanly (:mod:`torchrl_grpo.interrupt`): the step in flight is finished and logged,
+        a checkpoint of it is written (``checkpoint.on_interrupt``, unless one exists) and the exception re-raised.
+        A second signal abandons the step in flight; its half-updated weights are not saved.
+
+        Raises:
+            TrainingInterrupted: on SIGINT / SIGTERM (a ``KeyboardInterrupt``; ``exit_code`` 130 / 143).
+        """
+        from .interrupt import TrainingInterrupted, finish_step, handle_signals
+
         cfg = self.cfg
         summary: dict[str, Any] = {"load_time_s": self.load_time_s}
-        if cfg.eval.at_start and self.step == 0 and cfg.eval.n_problems > 0:
-            ev = self.evaluate()
-            self.logger.log(ev, step=0)
-            summary["eval_start"] = ev
-        try:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=cfg.train.steps, initial=self.step, desc="GRPO", disable=not cfg.stats_logger.progress_bar)
-        except ImportError:  # pragma: no cover
-            bar = None
         last: dict[str, Any] = {}
-        while self.step < cfg.train.steps:
-            last = self.train_step()
-            if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.train.steps and cfg.eval.n_problems > 0:
-                last.update(self.evaluate())
-            self.logger.log(last, step=self.step)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix({k: f"{last[k]:.3g}" for k in ("reward/mean", "loss/total", "ess") if isinstance(last.get(k), float)})
-            if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
-                summary["checkpoint"] = str(self.save())
-        if bar is not None:
-            bar.close()
-        if cfg.eval.at_end and cfg.eval.n_problems > 0:
-            ev = self.evaluate()
-            self.logger.log(ev, step=self.step)
-            summary["eval_end"] = ev
-        if cfg.checkpoint.save_final and not str(summary.get("checkpoint", "")).endswith(f"step_{self.step:06d}"):
-            summary["checkpoint"] = str(self.save())
+        start = step_began = self.step
+        bar = None
+        with handle_signals():
+            try:
+                if cfg.eval.at_start and self.step == 0 and cfg.eval.n_problems > 0:
+                    ev = self.evaluate()
+                    self.logger.log(ev, step=0)
+                    summary["eval_start"] = ev
+                try:
+                    from tqdm.auto import tqdm
+
+                    bar = tqdm(total=cfg.train.steps, initial=self.step, desc="GRPO",
+                               disable=not cfg.stats_logger.progress_bar)
+                except ImportError:  # pragma: no cover
+                    pass
+                while self.step < cfg.train.steps:
+                    step_began = self.step
+                    with finish_step():  # a signal in here lets the step finish (update, log, checkpoint) first
+                        last = self.train_step()
+                        if (cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.train.steps
+                                and cfg.eval.n_problems > 0):
+                            last.update(self.evaluate())
+                        self.logger.log(last, step=self.step)
+                        if bar is not None:
+                            bar.update(1)
+                            bar.set_postfix({k: f"{last[k]:.3g}" for k in ("reward/mean", "loss/total", "ess")
+                                             if isinstance(last.get(k), float)})
+                        if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
+                            summary["checkpoint"] = str(self.save())
+                if bar is not None:
+                    bar.close()
+                if cfg.eval.at_end and cfg.eval.n_problems > 0:
+                    ev = self.evaluate()
+                    self.logger.log(ev, step=self.step)
+                    summary["eval_end"] = ev
+                if cfg.checkpoint.save_final and not str(summary.get("checkpoint", "")).endswith(f"step_{self.step:06d}"):
+                    summary["checkpoint"] = str(self.save())
+            except TrainingInterrupted as e:
+                if bar is not None:
+                    bar.close()
+                # consistent: raised between steps, or after train_step returned (the step counter is its last write)
+                completed = not e.mid_step or self.step > step_began
+                saved = (self.run_dir / "checkpoints" / f"step_{self.step:06d}").is_dir()
+                if cfg.checkpoint.on_interrupt and completed and self.step > start and not saved:
+                    log.warning("%s: saved the last completed step to %s", e, self.save())
+                elif not completed:
+                    log.warning("%s: step %d abandoned, not saved", e, self.step + 1)
+                raise
         summary["last"] = last
         return summary
 
     def close(self) -> None:
-        self.logger.close()
-        self.collector.close()
-        self.eval_collector.close()
+        """Flush the logger, close the environments and shut the rollout backend down (a vLLM engine frees its
+        memory; the trainer owns its backend, also one passed in)."""
+        try:
+            self.logger.close()
+            self.collector.close()
+            self.eval_collector.close()
+        finally:
+            self.backend.close()

@@ -24,6 +24,9 @@ class SamplingConfig:
         max_new_tokens: upper bound on generated tokens per prompt (tokens).
         temperature: softmax temperature; ``0`` means greedy decoding.
         top_p: nucleus sampling mass in (0, 1].
+        top_k: sample among the ``top_k`` most likely tokens only (ties at the k-th logit kept); 0 disables it.
+            Temperature, top-k and top-p are applied in that order, as defined in :mod:`torchrl_grpo.sampling`;
+            with ``temperature == 0`` (greedy) neither truncation applies.
         stop_token_ids: generation ends after any of these tokens (it is included in the output).
         seed: optional seed for reproducible sampling.
     """
@@ -31,6 +34,7 @@ class SamplingConfig:
     max_new_tokens: int = 256
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
 
@@ -41,6 +45,8 @@ class SamplingConfig:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
 
 
 @dataclass
@@ -50,7 +56,8 @@ class Generation:
     Attributes:
         token_ids: sampled token ids, length L (L <= max_new_tokens), including a final stop token if hit.
         logprobs: behaviour log-probs (nats) of each sampled token under the sampling policy, length L.
-            With temperature T != 1 these are log-softmax(logits / T) — the distribution actually sampled.
+            These are log-softmax of the processed logits (temperature, top-k, top-p:
+            :func:`torchrl_grpo.sampling.processed_logits`) — the distribution actually sampled.
         finish_reason: ``"stop"`` (a stop token was produced) or ``"length"`` (hit max_new_tokens).
     """
 
@@ -85,6 +92,13 @@ class RolloutBackend(abc.ABC):
     @abc.abstractmethod
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | dict[str, torch.Tensor]) -> None:
         """Receive new policy weights (HF parameter names, full merged weights) and bump ``policy_version``."""
+
+    @property
+    def exact_log_probs(self) -> bool:
+        """Whether the behaviour log-probs this backend returns are the trainer's own numerics (same module, same
+        precision, no autocast of its own), so that they can serve as the PPO ratio anchor as they are. False (the
+        default) makes the trainer recompute the anchor with a no-grad pass (see :mod:`torchrl_grpo.loss`)."""
+        return False
 
     def close(self) -> None:  # pragma: no cover - optional
         """Release engine resources."""

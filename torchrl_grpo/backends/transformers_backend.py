@@ -11,7 +11,7 @@ It runs its own batched decode loop over a KV cache instead of ``model.generate`
 * attend with grouped-query attention at decode steps without copying KV heads
   (:mod:`torchrl_grpo.backends.decode_attention`),
 * return the behaviour log-prob of each sampled token under the distribution actually sampled from
-  (``log_softmax(top_p(logits / T))``), with no second forward pass.
+  (``log_softmax(top_p(top_k(logits / T)))``, :mod:`torchrl_grpo.sampling`), with no second forward pass.
 
 When colocated with the trainer (``share_module=True``) it samples from the very module being trained, so
 :meth:`load_weights` only bumps ``policy_version``; otherwise it copies the weights in.
@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from ..sampling import processed_logits
 from .base import Generation, RolloutBackend, SamplingConfig, iter_named_weights
 from .decode_attention import decode_attention
 
@@ -39,27 +40,22 @@ def sample_next_token(
 
     Args:
         logits: float [N, V] next-token logits.
-        sampling: temperature (0 = greedy) and top_p.
+        sampling: temperature (0 = greedy), top_k and top_p.
         generator: RNG for reproducible sampling.
 
     Returns:
         ``(token_ids [N] long, log_probs [N] float32)`` — log-prob of each chosen token under the sampled
-        distribution (temperature-scaled, nucleus-truncated and renormalised; raw softmax when greedy).
+        distribution: ``log_softmax`` of :func:`torchrl_grpo.sampling.processed_logits` (temperature-scaled, top-k-
+        and nucleus-truncated, renormalised; the trainer's recompute uses the same function); raw ``log_softmax``
+        when greedy.
     """
     logits = logits.float()
     if sampling.temperature == 0:
         logp = F.log_softmax(logits, dim=-1)
         tok = logp.argmax(-1)
         return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
-    scaled = logits / sampling.temperature
-    if sampling.top_p < 1.0:
-        sorted_logits, sorted_idx = scaled.sort(dim=-1, descending=True)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        # drop tokens once the mass *before* them already reaches top_p (always keep the first)
-        drop_sorted = (cum - sorted_logits.softmax(-1)) >= sampling.top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, sorted_idx, drop_sorted)
-        scaled = scaled.masked_fill(drop, float("-inf"))
-    logp = F.log_softmax(scaled, dim=-1)
+    logp = F.log_softmax(processed_logits(logits, temperature=sampling.temperature, top_p=sampling.top_p,
+                                          top_k=sampling.top_k), dim=-1)
     # inverse-CDF sampling: one uniform per row and a binary search over the cumulative distribution; same
     # distribution as torch.multinomial, ~9% less decode time on CPU (it is a full-vocab op per step).
     # right=True never lands on a zero-probability token (its CDF step is empty).
@@ -103,6 +99,12 @@ class TransformersBackend(RolloutBackend):
         self.gqa_decode = bool(gqa_decode)
         self._prefix: tuple[tuple[int, ...], DynamicCache] | None = None
         self.stats = {"prefix_hits": 0, "prefix_builds": 0, "prefilled_tokens": 0}
+
+    @property
+    def exact_log_probs(self) -> bool:
+        """Colocated (``share_module``): it samples from the trainer's own module in its own precision, so its
+        behaviour log-probs equal the trainer's recompute (tested to 1e-4) and can anchor the ratio."""
+        return self.share_module
 
     @property
     def device(self) -> torch.device:

@@ -10,9 +10,11 @@ no detokenization, so multi-turn collection never re-tokenizes earlier turns.
 Behaviour log-probs
     The engine is built with ``logprobs_mode="processed_logprobs"``: the log-prob reported for
     each sampled token is taken from the distribution vLLM actually sampled from, i.e.
-    ``log_softmax(top_p(logits / T))`` (temperature-scaled, nucleus-truncated, renormalised), the
-    same definition as :func:`torchrl_grpo.backends.transformers_backend.sample_next_token`. With
-    ``temperature == 0`` (greedy) it is the untempered ``log_softmax(logits)`` of the argmax token.
+    ``log_softmax(top_p(top_k(logits / T)))`` (temperature-scaled, top-k- and nucleus-truncated,
+    renormalised), the same definition as :func:`torchrl_grpo.sampling.processed_logits`, which the
+    transformers backend samples with and the trainer scores with (the differences, confined to ties
+    and float rounding at the truncation boundary, are listed there). With ``temperature == 0``
+    (greedy) it is the untempered ``log_softmax(logits)`` of the argmax token.
     (vLLM's default ``raw_logprobs`` would report ``log_softmax(logits)`` regardless of T, which is
     not the behaviour policy when T != 1.) Log-probs are computed in float32 from the engine's
     logits; the forward pass itself runs in the engine ``dtype`` (bf16 by default), so they differ
@@ -284,14 +286,18 @@ class VLLMBackend(RolloutBackend):
 
     def _sampling_params(self, sampling: SamplingConfig, seed: int | None):
         if sampling.temperature == 0:
-            temperature, top_p = 0.0, 1.0
+            temperature, top_p, top_k = 0.0, 1.0, 0
         else:
-            temperature, top_p = float(sampling.temperature), float(sampling.top_p)
+            temperature, top_p, top_k = float(sampling.temperature), float(sampling.top_p), int(sampling.top_k)
+        # top_k is passed only when enabled: vLLM's "disabled" value has been -1 (older releases reject 0) and is
+        # 0 or -1 in current ones; its default disables it in all of them.
+        extra = {"top_k": top_k} if top_k > 0 else {}
         return self._vllm.SamplingParams(
             n=1,
             max_tokens=int(sampling.max_new_tokens),
             temperature=temperature,
             top_p=top_p,
+            **extra,
             stop_token_ids=[int(t) for t in sampling.stop_token_ids],
             ignore_eos=True,
             logprobs=0,  # the sampled token's log-prob only
@@ -608,87 +614,3 @@ def check_weight_sync(
             f"(atol {atol}, mean_atol {mean_atol})"
         )
     return res
-
-
-# ----------------------------------------------------------------------------------------------
-# benchmark: python -m torchrl_grpo.backends.vllm_backend --model smollm2-135m-instruct
-# ----------------------------------------------------------------------------------------------
-_BENCH_QUESTIONS = (
-    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-    "How many clips did Natalia sell altogether in April and May?",
-    "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. How much did she earn?",
-    "Betty is saving money for a new wallet which costs $100. She has only half of the money she needs. "
-    "Her parents give her $15 and her grandparents twice as much. How much more money does she need?",
-    "Julie is reading a 120-page book. Yesterday, she read 12 pages and today twice as many. "
-    "If she wants to read half of the remaining pages tomorrow, how many pages should she read?",
-    "James writes a 3-page letter to 2 different friends twice a week. How many pages does he write a year?",
-    "Albert buys 2 large pizzas and 2 small pizzas. A large pizza has 16 slices and a small pizza has 8 slices. "
-    "How many slices does he eat if he eats them all?",
-    "Ken created a care package. He put a box on a scale and poured jelly beans to bring the weight to 2 pounds. "
-    "Then he added brownies to triple the weight. What is the final weight?",
-    "Alexis bought a blouse for $30, shoes for $41 and a belt for $18 and has $16 left from her $200 budget. "
-    "How much did she pay for the shoes?",
-)
-
-
-def _bench(argv: list[str] | None = None) -> dict:
-    import argparse
-
-    ap = argparse.ArgumentParser(description="Measure the vLLM backend: start-up, rollout tokens/s, weight sync.")
-    ap.add_argument("--model", default="smollm2-135m-instruct", help="alias or local HF directory")
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--samples", type=int, default=8, help="samples per prompt (group size)")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--max-model-len", type=int, default=1024)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--no-seed", action="store_true", help="sample from the engine RNG (no per-request seeds)")
-    args = ap.parse_args(argv)
-
-    from torchrl_grpo.models import load_model_and_tokenizer
-
-    model, tok = load_model_and_tokenizer(args.model, dtype="float32")
-    backend = VLLMBackend(args.model, dtype=args.dtype, max_model_len=args.max_model_len)
-    res: dict[str, Any] = {"model": args.model, "dtype": args.dtype, "startup_s": round(backend.startup_seconds, 2),
-                           "torch_threads": torch.get_num_threads(), "seeded": not args.no_seed,
-                           "load_avg_start": os.getloadavg()[0]}
-    prompts = []
-    for i in range(args.prompts):
-        q = _BENCH_QUESTIONS[i % len(_BENCH_QUESTIONS)]
-        ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
-        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
-    batch = [p for p in prompts for _ in range(args.samples)]
-    cfg = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=1.0, seed=0)  # no stop: fixed length
-    backend.generate(batch[:2], SamplingConfig(max_new_tokens=4, temperature=1.0, seed=0))  # warm-up
-    runs = []
-    for r in range(args.repeats):
-        t0 = time.perf_counter()
-        gens = backend.generate(batch, SamplingConfig(**{**cfg.__dict__, "seed": None if args.no_seed else r}))
-        dt = time.perf_counter() - t0
-        n = sum(len(g.token_ids) for g in gens)
-        runs.append({"seconds": round(dt, 2), "new_tokens": n, "tokens_per_s": round(n / dt, 1)})
-    res["load_avg_end"] = os.getloadavg()[0]
-    res["rollout"] = {"batch": f"{args.prompts} prompts x {args.samples} samples x {args.max_new_tokens} tokens",
-                      "runs": runs, "best_tokens_per_s": max(x["tokens_per_s"] for x in runs)}
-    seq = prompts[0] + gens[0].token_ids[:48]
-    res["before_sync"] = check_weight_sync(backend, model, seq)
-    with torch.no_grad():  # a visible change: the trainer "learned" something
-        for n, p in model.named_parameters():
-            if "mlp.down_proj" in n:
-                p.mul_(1.05)
-    res["stale"] = check_weight_sync(backend, model, seq)
-    from torchrl_grpo.weight_sync import export_hf_weights
-
-    backend.load_weights(model.state_dict())
-    res["sync_fp32_state_dict_s"] = round(backend.last_sync_seconds or 0.0, 3)
-    res["after_sync"] = check_weight_sync(backend, model, seq)
-    backend.load_weights(export_hf_weights(model, dtype=torch.bfloat16))
-    res["sync_bf16_export_s"] = round(backend.last_sync_seconds or 0.0, 3)
-    res["after_bf16_sync"] = check_weight_sync(backend, model, seq)
-    res["policy_version"] = backend.policy_version
-    backend.close()
-    return res
-
-
-if __name__ == "__main__":  # pragma: no cover - manual benchmark
-    print(json.dumps(_bench(), indent=2))
