@@ -6,7 +6,9 @@ Reads ``OUT_ROOT/seed*/metrics.jsonl`` (the trainer's per-step metrics; rows hol
 greedy evaluations at step 0 and at the end), ``.hydra/config.yaml`` (``eval.n_problems``) and ``run.log`` (the
 ``/usr/bin/time -v`` report: wall time and peak RSS). Per seed: greedy accuracy before/after with a Wilson 95%
 interval (Wilson 1927; the binomial interval of one run on n problems), mean response tokens and
-``episode/truncated_fraction`` (episodes whose generation hit ``max_new_tokens``) at the first and last train step.
+``episode/truncated_fraction`` (episodes whose generation hit ``max_new_tokens``) at the first and last train step,
+and the greedy eval's generated tokens per problem (approx.: ``eval/time_s * eval/tokens_per_s / n``, an upper bound
+since the time includes grading).
 Across finished seeds: the mean accuracy change with a Student-t 95% interval (n - 1 degrees of freedom).
 A run without its final evaluation is listed as unfinished.
 """
@@ -63,11 +65,15 @@ def summarise(run: Path) -> dict:
     n = _n_problems(run)
     wall, rss, exit_code = _time_report(run)
     out = {"run": run, "seed": run.name.removeprefix("seed"), "n": n, "train": train, "wall": wall, "rss_gb": rss,
-           "exit": exit_code, "before": None, "after": None}
+           "exit": exit_code, "before": None, "after": None, "eval_tok": [None, None]}
+
+    def tok(e):  # generated tokens per eval problem, approx.: eval time x generation throughput / n (upper bound)
+        return e["eval/time_s"] * e["eval/tokens_per_s"] / n if n and "eval/tokens_per_s" in e else None
+
     if evals and evals[0].get("step") == 0:
-        out["before"] = evals[0]["eval/accuracy"]
+        out["before"], out["eval_tok"][0] = evals[0]["eval/accuracy"], tok(evals[0])
     if len(evals) >= 2 and train and evals[-1].get("step") == train[-1].get("step") and len(train) >= 10:
-        out["after"] = evals[-1]["eval/accuracy"]
+        out["after"], out["eval_tok"][1] = evals[-1]["eval/accuracy"], tok(evals[-1])
     return out
 
 
@@ -93,8 +99,9 @@ def main() -> None:
     runs = sorted((p for p in args.out_root.glob("seed*") if p.is_dir()), key=lambda p: p.name)
     res = [summarise(r) for r in runs]
     print("| seed | greedy acc. before [95% CI] | after [95% CI] | change | resp. tokens step 1 -> last | "
-          "truncated frac. step 1 -> last | train steps | wall | peak RSS GB |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "truncated frac. step 1 -> last | greedy eval tokens/problem before -> after (approx.) | train steps | wall | "
+          "peak RSS GB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in res:
         t = r["train"]
         first, last = (t[0], t[-1]) if t else ({}, {})
@@ -102,7 +109,8 @@ def main() -> None:
         print(f"| {r['seed']} | {_acc(r['before'], r['n'])} | {_acc(r['after'], r['n'])} | {delta} | "
               f"{_f(first.get('episode/response_tokens'))} -> {_f(last.get('episode/response_tokens'))} | "
               f"{_f(first.get('episode/truncated_fraction'), '{:.2f}')} -> "
-              f"{_f(last.get('episode/truncated_fraction'), '{:.2f}')} | {len(t)} | {r['wall'] or 'n/a'} | "
+              f"{_f(last.get('episode/truncated_fraction'), '{:.2f}')} | "
+              f"{_f(r['eval_tok'][0])} -> {_f(r['eval_tok'][1])} | {len(t)} | {r['wall'] or 'n/a'} | "
               f"{_f(r['rss_gb'], '{:.1f}')} |")
     done = [r for r in res if r["after"] is not None and r["before"] is not None]
     if len(done) >= 2:
