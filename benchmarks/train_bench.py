@@ -379,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     total = args.warmup + args.steps
     cfg, overrides = build_ours_config(args, total)
     src = resolve_model_path(args.model)
-    from torchrl_grpo.trainer import GRPOTrainer, seed_everything
+    from torchrl_grpo.build import seed_everything
+    from torchrl_grpo.trainer import GRPOTrainer
 
     with tempfile.TemporaryDirectory(prefix="train_bench_") as tmp:
         # our trainer is built first (each trainer gets its own freshly loaded copy of the same weights); it also

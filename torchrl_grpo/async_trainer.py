@@ -24,7 +24,6 @@ thread between batches, so the trainer never waits for generation to finish a ba
 """
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 import time
@@ -54,15 +53,10 @@ class AsyncGRPOTrainer(GRPOTrainer):
             (:mod:`torchrl_grpo.interrupt`); the model is still that of the last completed step.
     """
 
-    def __init__(self, cfg, run_dir, *, model=None, tokenizer=None, backend=None) -> None:
-        if cfg.train.max_staleness < 0:
-            raise ValueError(f"config train.max_staleness must be >= 0, got {cfg.train.max_staleness}")
-        if backend is not None and getattr(backend, "share_module", False):
-            raise ValueError("async mode needs a rollout backend with its own weights (share_module=False)")
-        if cfg.loss.behaviour_weight_cap is None and cfg.train.max_staleness > 0:
-            log.warning("async mode with loss.behaviour_weight_cap=null: stale batches get the untruncated behaviour "
-                        "weight pi_prox/pi_behav (high variance); AReaL's cap ~2 is the tested setting")
-        super().__init__(cfg, run_dir, model=model, tokenizer=tokenizer, backend=backend)
+    _own_backend_copy = True  # build(own_backend_copy=True): a merged transformers copy, or vLLM's own engine
+
+    def __init__(self, cfg=None, run_dir=None, *, model=None, tokenizer=None, backend=None, components=None) -> None:
+        super().__init__(cfg, run_dir, model=model, tokenizer=tokenizer, backend=backend, components=components)
         self._cond = threading.Condition()
         self._gen_lock = threading.Lock()  # one user of the backend at a time: rollout thread or evaluation
         self._ready: deque = deque()
@@ -74,19 +68,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
         self._stop = False
         self._thread: threading.Thread | None = None
 
-    # ------------------------------------------------------------------ backend with its own weights
-    def _build_backend(self):
-        if self.cfg.rollout.backend != "transformers":
-            return super()._build_backend()
-        from .backends.transformers_backend import TransformersBackend
-
-        gen_model = copy.deepcopy(self.model)
-        if hasattr(gen_model, "peft_config"):
-            gen_model = gen_model.merge_and_unload()
-        gen_model.eval().requires_grad_(False)
-        return TransformersBackend(gen_model, pad_token_id=self.tokenizer.pad_token_id, share_module=False,
-                                   max_batch_size=self.cfg.rollout.max_batch_size)
-
+    # ------------------------------------------------------------------ weight hand-over
     def _publish_weights(self) -> None:
         """Count the finished update and hand its weights to the rollout thread, atomically.
 
@@ -111,7 +93,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ rollout thread
     def _rollout_loop(self) -> None:
-        steps, eta, n = self.cfg.train.steps, self.cfg.train.max_staleness, self.cfg.gconfig.n_samples
+        steps, eta, n = self.settings.steps, self.settings.max_staleness, self.settings.n_samples
         try:
             while True:
                 with self._cond:

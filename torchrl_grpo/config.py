@@ -133,8 +133,7 @@ class EvalConfig:
     at_end: bool = True
     n_problems: int = 16
     greedy: bool = True
-    pass_k: int = 0  # if > 0: also sample k completions per problem and report pass@k
-    split: str = "test"
+    pass_k: int = 0  # if > 0: also sample k completions per problem and report pass@k (tasks: valid_dataset)
 
 
 @dataclass

@@ -48,6 +48,7 @@ Metrics (all over response tokens only, never over prompt or padding):
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -56,7 +57,8 @@ from torchrl.objectives.common import LossModule
 
 from .log_probs import token_log_probs
 
-__all__ = ["GRPOLoss", "total_loss", "combine_ess", "BEHAVIOUR_WEIGHT_MODES", "token_log_probs", "masked_aggregate", "AGGREGATIONS"]
+__all__ = ["GRPOLoss", "total_loss", "combine_ess", "BEHAVIOUR_WEIGHT_MODES", "token_log_probs", "masked_aggregate",
+           "AGGREGATIONS", "REDUCTIONS", "LossMetrics"]
 
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 BEHAVIOUR_WEIGHT_MODES = ("truncate", "mask")
@@ -316,6 +318,79 @@ def combine_ess(log_sum_w: list[float], log_sum_w2: list[float], n_tokens: float
     a = torch.logsumexp(torch.tensor(log_sum_w, dtype=torch.float64), 0)
     b = torch.logsumexp(torch.tensor(log_sum_w2, dtype=torch.float64), 0)
     return float((2 * a - b).exp() / n_tokens)
+
+
+#: How each :class:`GRPOLoss` output combines over the micro-batches of one step into a batch-level number
+#: (:class:`LossMetrics`): ``"token_mean"`` weights each micro-batch's value by its response tokens (the default
+#: for any key not listed; non-finite values, e.g. ``kl_ref`` without a KL term, are left out), ``"max"`` keeps the
+#: largest, ``"sum"`` adds them, ``"ess"`` marks the accumulators of the batch-level ESS (:func:`combine_ess`).
+REDUCTIONS: dict[str, str] = {
+    "ratio_max": "max",
+    "num_tokens": "sum",
+    "ess": "ess",
+    "ess_log_sum_w": "ess",
+    "ess_log_sum_w2": "ess",
+}
+
+
+class LossMetrics:
+    """Batch-level metrics of one training step from the :class:`GRPOLoss` outputs of its micro-batches, each
+    reduced as :data:`REDUCTIONS` declares, plus ``loss/total``: the mean over minibatches of the backpropagated
+    loss (micro-batch losses weighted by their share of the minibatch, summed).
+
+    Usage: :meth:`add` once per micro-batch that was backpropagated, :meth:`finish` at the end of the step.
+    """
+
+    def __init__(self) -> None:
+        self._sum: dict[str, float] = {}
+        self._weight: dict[str, float] = {}
+        self._log_sw: list[float] = []
+        self._log_sw2: list[float] = []
+        self._max: dict[str, float] = {}
+        self._added: dict[str, float] = {}
+        self._total: float | None = None
+        self._tokens = 0.0
+
+    def add(self, losses: TensorDictBase, tokens: float, scaled_loss: float) -> None:
+        """Record one micro-batch.
+
+        Args:
+            losses: its :class:`GRPOLoss` output.
+            tokens: its number of response tokens (the weight of its token means; N of the batch ESS).
+            scaled_loss: the loss backpropagated for it (total loss times its share of the minibatch).
+        """
+        for k, v in losses.items():
+            how = REDUCTIONS.get(k, "token_mean")
+            if how != "token_mean":
+                continue
+            v = float(v.detach())
+            if math.isfinite(v):
+                self._sum[k] = self._sum.get(k, 0.0) + v * tokens
+                self._weight[k] = self._weight.get(k, 0.0) + tokens
+        if tokens > 0:  # a micro-batch without response tokens has no importance weights
+            for k, how in REDUCTIONS.items():
+                if how == "max" and k in losses.keys():
+                    self._max[k] = max(self._max.get(k, float("-inf")), float(losses[k]))
+                elif how == "sum" and k in losses.keys():
+                    self._added[k] = self._added.get(k, 0.0) + float(losses[k])
+            self._log_sw.append(float(losses["ess_log_sum_w"]))
+            self._log_sw2.append(float(losses["ess_log_sum_w2"]))
+            self._tokens += tokens
+        self._total = (self._total or 0.0) + scaled_loss
+
+    def finish(self, n_minibatches: int) -> dict[str, float]:
+        """The step's metrics; ``n_minibatches``: minibatches attempted (stepped or skipped), the ``loss/total``
+        denominator. ``ess`` and ``ratio_max`` are NaN when no micro-batch had response tokens."""
+        out = {k: self._sum[k] / w for k, w in self._weight.items() if w > 0}
+        if self._total is not None:
+            out["loss/total"] = self._total / max(1, n_minibatches)
+        out["ess"] = combine_ess(self._log_sw, self._log_sw2, self._tokens)
+        for k, how in REDUCTIONS.items():
+            if how == "max":
+                out[k] = self._max.get(k, float("nan")) if self._log_sw else float("nan")
+            elif how == "sum":
+                out[k] = self._added.get(k, 0.0)
+        return out
 
 
 def total_loss(losses: TensorDictBase) -> torch.Tensor:

@@ -69,7 +69,9 @@ class Generation:
 class RolloutBackend(abc.ABC):
     """Abstract rollout engine.
 
-    ``policy_version`` counts weight syncs: 0 for the initial weights, +1 per :meth:`load_weights`.
+    ``policy_version`` counts weight syncs: 0 for the initial weights, +1 per :meth:`load_weights` /
+    :meth:`sync_from`. The trainer only calls :meth:`sync_from`; what a sync costs (nothing for a shared module, an
+    export and a copy otherwise) is the backend's business.
     """
 
     policy_version: int = 0
@@ -92,6 +94,28 @@ class RolloutBackend(abc.ABC):
     @abc.abstractmethod
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | dict[str, torch.Tensor]) -> None:
         """Receive new policy weights (HF parameter names, full merged weights) and bump ``policy_version``."""
+
+    def sync_from(self, model: torch.nn.Module, *, probe: list[int] | None = None) -> None:
+        """Bring the engine to the trainer's current policy and bump ``policy_version``.
+
+        The default exports the full weights under HF names, LoRA merged
+        (:func:`torchrl_grpo.weight_sync.export_hf_weights`), and hands them to :meth:`load_weights`; an engine
+        that samples from the trainer's own module overrides this with a version bump only.
+
+        Args:
+            model: the trainer's policy (HF causal LM or peft model).
+            probe: optional token ids of one collected episode; a backend that checks its sync (vLLM with
+                ``check_sync_every``) scores it under both models. Others ignore it.
+
+        Afterwards :attr:`last_sync_stats` holds the sync's diagnostics as a flat ``{metric: float}`` dict
+        (empty when nothing was measured), for the trainer to log.
+        """
+        from ..weight_sync import export_hf_weights
+
+        self.load_weights(export_hf_weights(model))
+        self.last_sync_stats = {}
+
+    last_sync_stats: dict[str, float] = {}
 
     @property
     def exact_log_probs(self) -> bool:

@@ -110,6 +110,15 @@ class TransformersBackend(RolloutBackend):
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def sync_from(self, model: torch.nn.Module, *, probe: list[int] | None = None) -> None:
+        """Colocated (``share_module``): the engine already runs ``model``, so only ``policy_version`` moves.
+        A copy (``share_module=False``) gets the exported weights, LoRA merged (:meth:`RolloutBackend.sync_from`)."""
+        if self.share_module:
+            self.load_weights(None)
+            self.last_sync_stats = {}
+        else:
+            super().sync_from(model, probe=probe)
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | dict[str, torch.Tensor] | None = None) -> None:
         """Sync new weights. Colocated (shared module): nothing to copy. Otherwise copy by parameter name.
 

@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import logging
 import math
 import os
 import time
@@ -58,6 +59,8 @@ import torch
 from .base import Generation, RolloutBackend, SamplingConfig, iter_named_weights
 
 __all__ = ["VLLMBackend", "check_weight_sync", "hf_sequence_logprobs", "import_vllm"]
+
+log = logging.getLogger(__name__)
 
 _INSTALL_HINT = (
     "the vLLM rollout backend needs vLLM: install the optional extra with "
@@ -158,6 +161,9 @@ class VLLMBackend(RolloutBackend):
         enable_lora: allow :meth:`set_lora_adapter` (makes the forward pass slower; not needed for
             merged-weight sync).
         max_lora_rank: the largest adapter rank :meth:`set_lora_adapter` will accept.
+        check_sync_every: every k-th :meth:`sync_from` that is given a probe sequence also scores it under the
+            engine and the trainer model (:func:`check_weight_sync`) and reports the difference in
+            :attr:`last_sync_stats` (0: never).
         **engine_kwargs: passed to :class:`vllm.LLM` unchanged (e.g. ``gpu_memory_utilization``,
             ``max_num_seqs``, ``enable_prefix_caching``).
 
@@ -179,8 +185,12 @@ class VLLMBackend(RolloutBackend):
         kv_cache_memory_bytes: int | None = DEFAULT_KV_CACHE_BYTES,
         enable_lora: bool = False,
         max_lora_rank: int = 16,
+        check_sync_every: int = 0,
         **engine_kwargs: Any,
     ) -> None:
+        if check_sync_every < 0:
+            raise ValueError(f"check_sync_every must be >= 0, got {check_sync_every}")
+        self.check_sync_every = int(check_sync_every)
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
         if dtype not in ("bfloat16", "float16", "float32", "half", "float", "auto"):
@@ -423,6 +433,26 @@ class VLLMBackend(RolloutBackend):
                 f"load_weights needs the full set of weights; {len(missing)} missing, e.g. {missing[:5]} "
                 "(a partial load would fuse new and stale shards of one layer)"
             )
+
+    def sync_from(self, model: torch.nn.Module, *, probe: list[int] | None = None) -> None:
+        """Export ``model``'s weights (LoRA merged) into the engine (:meth:`RolloutBackend.sync_from`); every
+        ``check_sync_every``-th version, with a ``probe`` of >= 2 tokens (cut to ``max_model_len``), also compare
+        engine and trainer log-probs on it (:func:`check_weight_sync`): :attr:`last_sync_stats` then holds
+        ``sync/max_abs_logprob_diff`` and ``sync/mean_abs_logprob_diff`` (nats/token), and a mismatch above the
+        bf16 tolerances is logged as a warning."""
+        super().sync_from(model)
+        every = self.check_sync_every
+        if not every or probe is None or self.policy_version % every != 0:
+            return
+        seq = list(probe)[: self.max_model_len]
+        if len(seq) < 2:
+            return
+        chk = check_weight_sync(self, model, seq)
+        self.last_sync_stats = {"sync/max_abs_logprob_diff": chk["max_abs_diff"],
+                                "sync/mean_abs_logprob_diff": chk["mean_abs_diff"]}
+        if not chk["ok"]:
+            log.warning("policy version %d: vLLM and trainer log-probs disagree after sync: %s",
+                        self.policy_version, chk)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | dict[str, torch.Tensor]) -> None:
         """Replace the engine's weights in place and bump ``policy_version``.

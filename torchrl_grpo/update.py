@@ -1,0 +1,169 @@
+"""One GRPO update on a collected batch: reference and anchor log-probs, then ``ppo_epochs`` passes of minibatch
+optimizer steps with gradient accumulation over token-budgeted micro-batches.
+
+Input: the collector's batch TensorDict [B] (see :mod:`torchrl_grpo.collector`) with an ``advantage`` column [B]
+(:mod:`torchrl_grpo.advantage`), after the trainer's group filters. Output: the step's batch-level metrics, each
+reduced over micro-batches as :data:`torchrl_grpo.loss.REDUCTIONS` declares (:class:`~torchrl_grpo.loss.LossMetrics`),
+plus ``train/*`` counters and ``grad_norm``.
+"""
+from __future__ import annotations
+
+import logging
+from contextlib import AbstractContextManager
+from typing import Callable
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from .log_probs import token_log_probs
+from .loss import GRPOLoss, LossMetrics, total_loss
+from .micro_batch import split_micro_batches
+
+__all__ = ["GRPOUpdate"]
+
+log = logging.getLogger(__name__)
+
+
+class GRPOUpdate:
+    """The optimizer side of a GRPO step.
+
+    Args:
+        model: the policy being trained (HF causal LM or peft model).
+        loss_fn: the :class:`~torchrl_grpo.loss.GRPOLoss` on ``model``.
+        optimizer: over ``model``'s trainable parameters.
+        reference: ``None`` (no KL term), or a callable returning a context manager that yields the frozen reference
+            module to score with (a copy of the initial policy, or the LoRA model with its adapter switched off).
+        device: where the forward passes run.
+        autocast: returns the autocast context of the forward passes (bf16 on CUDA, a null context on CPU).
+        ppo_epochs / minibatch_size: passes over the batch and episodes per optimizer step (0: the whole batch).
+        micro_batch_size / max_tokens_per_mb: gradient-accumulation chunks, by episodes and by a token budget.
+        max_grad_norm: gradient-norm clip per optimizer step.
+        anchor: ``loss.anchor``: ``auto`` | ``recompute`` | ``behaviour`` (see :meth:`needs_anchor_recompute`).
+        exact_log_probs: the rollout backend's behaviour log-probs are the trainer's own numerics
+            (:attr:`~torchrl_grpo.backends.base.RolloutBackend.exact_log_probs`).
+        seed: with the step number, seeds the minibatch permutation.
+
+    Attributes:
+        optimizer_steps: optimizer steps taken so far (restored on resume).
+    """
+
+    def __init__(self, model: torch.nn.Module, loss_fn: GRPOLoss, optimizer: torch.optim.Optimizer, *,
+                 reference: Callable[[], AbstractContextManager] | None, device: torch.device,
+                 autocast: Callable[[], AbstractContextManager], ppo_epochs: int, minibatch_size: int,
+                 micro_batch_size: int, max_tokens_per_mb: int, max_grad_norm: float, anchor: str,
+                 exact_log_probs: bool, seed: int, optimizer_steps: int = 0) -> None:
+        self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
+        self.reference, self.device, self.autocast = reference, device, autocast
+        self.ppo_epochs, self.minibatch_size = ppo_epochs, minibatch_size
+        self.micro_batch_size, self.max_tokens_per_mb = micro_batch_size, max_tokens_per_mb
+        self.max_grad_norm, self.anchor, self.exact_log_probs, self.seed = max_grad_norm, anchor, exact_log_probs, seed
+        self.optimizer_steps = optimizer_steps
+
+    def micro_batches(self, td: TensorDict):
+        """Micro-batches of ``td`` by ``micro_batch_size`` and the ``max_tokens_per_mb`` token budget
+        (:func:`~torchrl_grpo.micro_batch.split_micro_batches`), each cut to its own longest episode."""
+        lengths = td["attention_mask"].sum(-1)
+        full_T = td["tokens"].shape[-1]
+        for rows in split_micro_batches(lengths.tolist(), self.micro_batch_size, self.max_tokens_per_mb):
+            mb = td[torch.tensor(rows)] if len(rows) != td.shape[0] else td
+            T = int(lengths[rows].max().item())
+            yield rows, mb.apply(lambda x: x[:, :T] if x.ndim == 2 and x.shape[-1] == full_T else x,
+                                 batch_size=mb.batch_size)
+
+    @torch.no_grad()
+    def fill_log_probs(self, td: TensorDict, key: str, model) -> None:
+        """``td[key]`` = no-grad log-probs of the sampled tokens under ``model``, in eval mode (dropout off, the
+        same network the sampler ran), with the loss's processed distribution (temperature, top-k, top-p)."""
+        out = torch.zeros_like(td["sample_log_probs"])
+        was_training = model.training
+        model.eval()
+        try:
+            for rows, mb in self.micro_batches(td):
+                with self.autocast():
+                    lp, _ = token_log_probs(model, mb["tokens"].to(self.device), mb["attention_mask"].to(self.device),
+                                            temperature=self.loss_fn.temperature,
+                                            top_p=self.loss_fn.top_p, top_k=self.loss_fn.top_k,
+                                            response_mask=mb["response_mask"].to(self.device))
+                T = lp.shape[-1]
+                out[torch.tensor(rows), :T] = lp.float().cpu()
+        finally:
+            model.train(was_training)
+        td[key] = out
+
+    def needs_anchor_recompute(self, multi_update: bool, stale: bool) -> bool:
+        """Whether the PPO anchor π_old must be the trainer's own no-grad recompute rather than the sampler's
+        behaviour log-probs (``loss.anchor``; see :mod:`torchrl_grpo.loss`). ``auto`` recomputes when the anchor
+        would otherwise differ from the first update's π_θ: several updates per batch, a stale batch (async), a
+        sampler with other numerics (vLLM bf16, a weight copy), or bf16 autocast in the trainer."""
+        if self.anchor == "recompute" or multi_update or stale:
+            return True
+        if self.anchor == "behaviour":
+            return False
+        return not self.exact_log_probs or self.device.type == "cuda"
+
+    def __call__(self, batch: TensorDict, *, step: int, stale: bool = False) -> dict[str, float]:
+        """Update the model on ``batch`` (tensor columns only, at least one response token).
+
+        ``step`` seeds the minibatch order and labels warnings; ``stale``: the batch was generated by an older
+        policy than the one being trained (async). A minibatch whose loss or gradient norm is not finite is skipped
+        (``train/skipped_minibatches``) without touching the weights.
+        """
+        n = batch.shape[0]
+        mb_size = min(self.minibatch_size or n, n)
+        multi_update = self.ppo_epochs > 1 or mb_size < n
+        if self.reference is not None:
+            with self.reference() as ref:
+                self.fill_log_probs(batch, "ref_log_probs", ref)
+        if self.needs_anchor_recompute(multi_update, stale):
+            self.fill_log_probs(batch, "old_log_probs", self.model)
+        self.model.train()
+        agg_tokens = self.loss_fn.aggregation == "token_mean"
+        acc = LossMetrics()
+        n_opt, n_skipped, grad_norms = 0, 0, []
+        gen = torch.Generator().manual_seed(self.seed * 31 + step)
+        for _epoch in range(self.ppo_epochs):
+            perm = torch.randperm(n, generator=gen) if multi_update else torch.arange(n)
+            for ms in range(0, n, mb_size):
+                mini = batch[perm[ms : ms + mb_size]]
+                denom = float(mini["response_mask"].sum() if agg_tokens else (mini["response_tokens"] > 0).sum())
+                self.optimizer.zero_grad(set_to_none=True)
+                finite = True
+                for _rows, micro in self.micro_batches(mini):
+                    num = float(micro["response_mask"].sum() if agg_tokens else (micro["response_tokens"] > 0).sum())
+                    if num == 0:
+                        continue
+                    micro = micro.to(self.device)
+                    with self.autocast():
+                        losses = self.loss_fn(micro)
+                    loss = total_loss(losses)
+                    if not torch.isfinite(loss):
+                        finite = False
+                        break
+                    (loss * (num / max(denom, 1.0))).backward()
+                    acc.add(losses, tokens=float(micro["response_mask"].sum()),
+                            scaled_loss=float(loss.detach()) * num / max(denom, 1.0))
+                if not finite:
+                    self.optimizer.zero_grad(set_to_none=True)
+                    n_skipped += 1
+                    log.warning("step %d: non-finite loss, minibatch skipped", step)
+                    continue
+                gn = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad],
+                                                    self.max_grad_norm)
+                if not torch.isfinite(gn):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    n_skipped += 1
+                    log.warning("step %d: non-finite gradient norm, minibatch skipped", step)
+                    continue
+                grad_norms.append(float(gn))
+                self.optimizer.step()
+                n_opt += 1
+        self.optimizer_steps += n_opt
+        self.model.eval()
+        out = acc.finish(n_opt + n_skipped)
+        out["train/anchor_recomputed"] = float("old_log_probs" in batch.keys())
+        out["train/optimizer_steps"] = float(n_opt)
+        out["train/skipped_minibatches"] = float(n_skipped)
+        if grad_norms:
+            out["grad_norm"] = float(np.mean(grad_norms))
+        return out
