@@ -184,8 +184,6 @@ def _build_backend(cfg, model, tokenizer, own_copy: bool) -> RolloutBackend:
 
 
 def _check_async(cfg, backend) -> None:
-    if cfg.train.max_staleness < 0:
-        raise ValueError(f"config train.max_staleness must be >= 0, got {cfg.train.max_staleness}")
     if backend is not None and getattr(backend, "share_module", False):
         raise ValueError("async mode needs a rollout backend with its own weights (share_module=False)")
     if cfg.loss.behaviour_weight_cap is None and cfg.train.max_staleness > 0:
@@ -203,8 +201,7 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
         model / tokenizer: optional preloaded policy (tests, notebooks); otherwise loaded from ``actor.path``.
         backend: optional rollout backend; otherwise built from ``rollout.backend``.
         own_backend_copy: the rollout engine must not share the training module (async mode): the transformers
-            backend gets a merged copy; a given backend must have ``share_module=False``; ``train.max_staleness``
-            is checked.
+            backend gets a merged copy; a given backend must have ``share_module=False``.
 
     Raises:
         ValueError: bad config values, a preloaded model without its tokenizer, an empty train split.
@@ -220,9 +217,9 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
     from .models import load_model_and_tokenizer
     from .stats_logger import StatsLogger
 
+    validate_config(cfg)
     if own_backend_copy:
         _check_async(cfg, backend)
-    validate_config(cfg)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(cfg.seed)
