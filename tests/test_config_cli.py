@@ -102,3 +102,51 @@ def test_vllm_context_shorter_than_the_episode_limit_fails():
     with pytest.raises(ValueError, match="rollout.vllm.max_model_len"):
         validate_config(cfg)
     validate_config(_compose(["rollout.backend=vllm", "rollout.max_context_tokens=2048"]))
+
+
+def _compose_tau2(overrides):
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        return compose(config_name="grpo_tau2", overrides=overrides)
+
+
+def test_choice_sets_come_from_the_implementing_modules():
+    """Each config choice set is the tuple the implementing module checks, so the two cannot drift apart."""
+    from envs.tau2.env import REWARD_KINDS
+    from torchrl_grpo import advantage, build, loss, update
+    from torchrl_grpo.config import _choices
+
+    c = _choices()
+    assert c["loss.aggregation"] is loss.AGGREGATIONS
+    assert c["loss.behaviour_weight_mode"] is loss.BEHAVIOUR_WEIGHT_MODES
+    assert c["loss.adv_scale"] is advantage.SCALES and c["loss.adv_baseline"] is advantage.BASELINES
+    assert c["loss.anchor"] is update.ANCHORS and c["rollout.backend"] is build.BACKENDS
+    assert c["econfig.reward"] is REWARD_KINDS
+    with pytest.raises(ValueError, match="scheduler"):
+        build.make_scheduler(None, "step", 0, 10)
+
+
+@pytest.mark.parametrize("overrides,user", [
+    ([], "solo"),
+    (["econfig.solo_mode=false"], "scripted"),
+    (["econfig.solo_mode=false", "econfig.user_llm=local"], "local"),
+    (["econfig.solo_mode=false", "econfig.user_llm=gpt-4o-mini"], "llm"),
+    (["econfig.solo_mode=false", "econfig.user=scripted", "econfig.user_llm=gpt-4o-mini"], "scripted"),
+])
+def test_tau2_user_has_one_spelling_per_concept(overrides, user):
+    from torchrl_grpo.env_factory import tau2_user
+
+    cfg = _compose_tau2(overrides)
+    validate_config(cfg)
+    assert tau2_user(cfg.econfig) == user
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["econfig.user=solo"], "solo_mode=true"),
+    (["econfig.solo_mode=false", "econfig.user=robot"], "econfig.user"),
+    (["econfig.user_llm=local"], "solo_mode=false"),
+])
+def test_contradicting_tau2_user_settings_fail_naming_the_switch(overrides, needle):
+    cfg = _compose_tau2(overrides)
+    with pytest.raises(ValueError, match=needle):
+        validate_config(cfg)

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["group_advantages", "group_reward_std"]
+__all__ = ["group_advantages", "group_reward_std", "SCALES", "BASELINES"]
 
-_SCALES = ("group", "none", "batch")
-_BASELINES = ("mean", "loo")
+#: Accepted ``scale=`` values of :func:`group_advantages` (config ``loss.adv_scale``).
+SCALES = ("group", "none", "batch")
+#: Accepted ``baseline=`` values of :func:`group_advantages` (config ``loss.adv_baseline``).
+BASELINES = ("mean", "loo")
 
 
 def _group_index(group_id: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -74,10 +76,10 @@ def group_advantages(
     Raises:
         ValueError: shape mismatch, non-finite rewards, or an unknown ``scale`` / ``baseline``.
     """
-    if scale not in _SCALES:
-        raise ValueError(f"unknown advantage scale {scale!r}; expected one of {_SCALES}")
-    if baseline not in _BASELINES:
-        raise ValueError(f"unknown advantage baseline {baseline!r}; expected one of {_BASELINES}")
+    if scale not in SCALES:
+        raise ValueError(f"unknown advantage scale {scale!r}; expected one of {SCALES}")
+    if baseline not in BASELINES:
+        raise ValueError(f"unknown advantage baseline {baseline!r}; expected one of {BASELINES}")
     reward = reward.reshape(-1)
     group_id = group_id.reshape(-1)
     if reward.shape != group_id.shape:

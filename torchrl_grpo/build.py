@@ -36,7 +36,15 @@ from omegaconf import OmegaConf
 from .backends.base import RolloutBackend, SamplingConfig
 from .update import GRPOUpdate
 
-__all__ = ["build", "Components", "LoopSettings", "seed_everything", "make_scheduler", "resolve_device"]
+__all__ = ["build", "Components", "LoopSettings", "seed_everything", "make_scheduler", "resolve_device", "DEVICES",
+           "SCHEDULERS", "BACKENDS"]
+
+#: ``train.device`` values (:func:`resolve_device`).
+DEVICES = ("auto", "cpu", "cuda")
+#: ``optimizer.scheduler`` values (:func:`make_scheduler`).
+SCHEDULERS = ("constant", "cosine", "linear")
+#: ``rollout.backend`` values (``_build_backend``): the colocated transformers backend, or vLLM.
+BACKENDS = ("transformers", "vllm")
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +69,13 @@ def make_scheduler(opt: torch.optim.Optimizer, kind: str, warmup: int, total: in
     """LR schedule over *trainer steps* (``train.steps``), stepped once per trainer step whatever the number of
     optimizer steps it took: zero-variance filtering and skipped minibatches change that number from step to step,
     so a schedule counted in planned optimizer steps never reached its end (a linear schedule stopped at half its
-    decay with half the groups filtered)."""
+    decay with half the groups filtered).
+
+    Raises:
+        ValueError: ``kind`` not in :data:`SCHEDULERS`.
+    """
+    if kind not in SCHEDULERS:
+        raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {kind!r}")
 
     def factor(step: int) -> float:
         if warmup and step < warmup:
@@ -159,6 +173,8 @@ def _reference(model: torch.nn.Module, peft: bool) -> Callable[[], Any]:
 
 def _build_backend(cfg, model, tokenizer, own_copy: bool) -> RolloutBackend:
     r = cfg.rollout
+    if r.backend not in BACKENDS:
+        raise ValueError(f"config rollout.backend={r.backend!r} is not one of {BACKENDS}")
     if r.backend == "transformers":
         from .backends.transformers_backend import TransformersBackend
 
@@ -211,7 +227,7 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
     from .collector import GroupCollector
     from .config import validate_config
     from .dropout import disable_dropout
-    from .env_factory import env_kwargs_from_config, make_env_fn, usable_task_indices
+    from .env_factory import env_kwargs_from_config, make_env_fn, tau2_user, usable_task_indices
     from .evaluation import do_nothing_baseline
     from .loss import GRPOLoss
     from .models import load_model_and_tokenizer
@@ -255,7 +271,7 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
     g = cfg.gconfig
     sampling = SamplingConfig(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p, top_k=g.top_k)
     user_fn = None
-    if cfg.econfig.user == "local" or cfg.econfig.user_llm == "local":
+    if tau2_user(cfg.econfig) == "local":
         from .local_user import LocalUser
 
         user_fn = LocalUser(backend, tokenizer, SamplingConfig(max_new_tokens=g.max_new_tokens, temperature=0.7,

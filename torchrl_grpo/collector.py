@@ -46,7 +46,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import gymnasium as gym
@@ -141,7 +141,7 @@ class GroupCollector:
         probe = ChatRenderer(tokenizer)
         self.end_of_turn = probe.end_of_turn_ids()
         if not sampling.stop_token_ids:
-            sampling = SamplingConfig(**{**sampling.__dict__, "stop_token_ids": sorted(self.end_of_turn)})
+            sampling = replace(sampling, stop_token_ids=sorted(self.end_of_turn))
         self.sampling = sampling
         self.last_stats: dict[str, float] = {}
 
@@ -215,7 +215,7 @@ class GroupCollector:
             raise ValueError("n_samples must be >= 1")
         sampling = sampling or self.sampling
         if not sampling.stop_token_ids:
-            sampling = SamplingConfig(**{**sampling.__dict__, "stop_token_ids": sorted(self.end_of_turn)})
+            sampling = replace(sampling, stop_token_ids=sorted(self.end_of_turn))
         t0 = time.perf_counter()
         envs = self._envs(len(tasks) * n_samples)
         episodes: list[Episode] = []
@@ -246,7 +246,7 @@ class GroupCollector:
             if not live:
                 break
             turn_seed = (self.seed * 1_000_003 + step * 1009 + turn + (sampling.seed or 0)) % (2**31)
-            turn_sampling = SamplingConfig(**{**sampling.__dict__, "seed": turn_seed})
+            turn_sampling = replace(sampling, seed=turn_seed)
             tg = time.perf_counter()
             gens = self.backend.generate([e.tokens for e in live], turn_sampling)
             gen_time += time.perf_counter() - tg

@@ -37,6 +37,11 @@ class ActorConfig:
 @dataclass
 class DatasetConfig:
     path: Optional[str] = None  # GSM8K: local dir (default $GSM8K_DATA_DIR) or HF datasets id (openai/gsm8k)
+    split: str = "test"  # valid_dataset: evaluation reads its first eval.n_problems usable tasks
+
+
+@dataclass
+class TrainDatasetConfig(DatasetConfig):
     split: str = "train"
     limit: Optional[int] = None  # use only the first N problems / tasks
 
@@ -48,8 +53,10 @@ class EnvConfig:
     domain: str = "telecom"  # tau2
     max_steps: int = 30  # tau2: env steps before truncation
     max_turns: int = 1  # assistant turns per episode (GSM8K: 1)
-    solo_mode: bool = True
-    user: Optional[str] = None  # tau2 user: solo | scripted | llm | local
+    # tau2 users, one spelling per concept (AReaL's econfig.solo_mode is the switch; see env_factory.tau2_user):
+    solo_mode: bool = True  # the agent works the ticket alone (env user="solo"); econfig.user / user_llm must be unset
+    user: Optional[str] = None  # solo_mode=false: scripted | llm | local (null: local if user_llm=local, llm if
+    #                             user_llm is set, else scripted); user=solo is an error naming solo_mode=true
     user_llm: Optional[str] = None
     user_llm_base_url: Optional[str] = None
     user_llm_args: dict = field(default_factory=dict)
@@ -167,8 +174,8 @@ class GRPOConfig:
     eval_only: bool = False
     output_dir: Optional[str] = None  # default: hydra's run dir
     actor: ActorConfig = field(default_factory=ActorConfig)
-    train_dataset: DatasetConfig = field(default_factory=DatasetConfig)
-    valid_dataset: DatasetConfig = field(default_factory=lambda: DatasetConfig(split="test"))
+    train_dataset: TrainDatasetConfig = field(default_factory=TrainDatasetConfig)
+    valid_dataset: DatasetConfig = field(default_factory=DatasetConfig)
     econfig: EnvConfig = field(default_factory=EnvConfig)
     gconfig: GenerationConfig = field(default_factory=GenerationConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -180,20 +187,38 @@ class GRPOConfig:
     stats_logger: StatsLoggerConfig = field(default_factory=StatsLoggerConfig)
 
 
-_CHOICES = {
-    "mode": ("sync", "async"),
-    "actor.dtype": ("float32", "bfloat16", "float16", "auto"),
-    "rollout.backend": ("transformers", "vllm"),
-    "loss.aggregation": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"),
-    "loss.adv_scale": ("group", "none", "batch"),
-    "loss.adv_baseline": ("mean", "loo"),
-    "loss.behaviour_weight_mode": ("truncate", "mask"),
-    "loss.anchor": ("auto", "recompute", "behaviour"),
-    "optimizer.scheduler": ("constant", "cosine", "linear"),
-    "stats_logger.wandb.mode": ("online", "offline", "disabled"),
-    "econfig.reward": ("binary", "partial"),
-    "train.device": ("auto", "cpu", "cuda"),
-}
+MODES = ("sync", "async")  # grpo.py: trainer.GRPOTrainer | async_trainer.AsyncGRPOTrainer
+
+
+def _choices() -> dict[str, tuple]:
+    """Config key -> allowed values, each set declared once, in the module that implements it.
+
+    Imported here, not at module level: this module stays importable without torch (``grpo.py --help`` and Hydra's
+    schema registration take 0.6 s instead of ~8 s).
+    """
+    from envs.tau2.env import REWARD_KINDS
+
+    from .advantage import BASELINES, SCALES
+    from .build import BACKENDS, DEVICES, SCHEDULERS
+    from .loss import AGGREGATIONS, BEHAVIOUR_WEIGHT_MODES
+    from .models.loading import DTYPES
+    from .stats_logger import WANDB_MODES
+    from .update import ANCHORS
+
+    return {
+        "mode": MODES,
+        "actor.dtype": DTYPES,
+        "rollout.backend": BACKENDS,
+        "loss.aggregation": AGGREGATIONS,
+        "loss.adv_scale": SCALES,
+        "loss.adv_baseline": BASELINES,
+        "loss.behaviour_weight_mode": BEHAVIOUR_WEIGHT_MODES,
+        "loss.anchor": ANCHORS,
+        "optimizer.scheduler": SCHEDULERS,
+        "stats_logger.wandb.mode": WANDB_MODES,
+        "econfig.reward": REWARD_KINDS,
+        "train.device": DEVICES,
+    }
 
 
 def validate_config(cfg) -> None:
@@ -204,10 +229,13 @@ def validate_config(cfg) -> None:
     """
     from omegaconf import OmegaConf
 
-    for key, allowed in _CHOICES.items():
+    from .env_factory import tau2_user
+
+    for key, allowed in _choices().items():
         val = OmegaConf.select(cfg, key)
         if val not in allowed:
             raise ValueError(f"config {key}={val!r} is not one of {allowed}")
+    tau2_user(cfg.econfig)  # econfig.solo_mode / user / user_llm agree (tau2 envs only)
     positive = ["train.steps", "train.batch_size", "train.micro_batch_size", "train.ppo_epochs", "gconfig.n_samples",
                 "gconfig.max_new_tokens", "rollout.max_batch_size", "rollout.max_context_tokens", "econfig.max_turns"]
     for key in positive:

@@ -8,21 +8,59 @@ import gymnasium as gym
 
 import envs
 
-__all__ = ["env_kwargs_from_config", "make_env_fn", "num_tasks", "usable_task_indices"]
+__all__ = ["env_kwargs_from_config", "make_env_fn", "num_tasks", "usable_task_indices", "tau2_user", "USERS"]
 
 gym.register_envs(envs)
+
+#: ``econfig.user`` values: who plays the tau2 customer when ``econfig.solo_mode=false`` (``local``: our own
+#: backend, through ``user_fn``). Solo play is ``econfig.solo_mode=true``, never ``user=solo``.
+USERS = ("scripted", "llm", "local")
+
+
+def _is_tau2(env_id: str) -> bool:
+    return env_id.startswith("tau2/") or env_id == "tau2"
+
+
+def tau2_user(e) -> str | None:
+    """The tau2 user an ``econfig`` section asks for: ``solo`` | ``scripted`` | ``llm`` | ``local``; ``None`` for a
+    non-tau2 env.
+
+    ``econfig.solo_mode`` (AReaL's name) is the one switch for solo play; with ``solo_mode=false``, ``econfig.user``
+    (:data:`USERS`) picks the customer, and when it is null ``user_llm`` does: ``local`` -> ``local``, another value
+    -> ``llm`` (tau2's LLM user), unset -> ``scripted``.
+
+    Raises:
+        ValueError: ``econfig.user=solo`` (naming ``econfig.solo_mode=true``), another value outside :data:`USERS`,
+            or ``solo_mode=true`` together with ``econfig.user`` / ``econfig.user_llm``.
+    """
+    if not _is_tau2(e.env_id):
+        return None
+    if e.user == "solo":
+        raise ValueError("config econfig.user=solo: solo play is econfig.solo_mode=true (econfig.user picks the "
+                         f"customer when solo_mode=false: one of {USERS})")
+    if e.user is not None and e.user not in USERS:
+        raise ValueError(f"config econfig.user={e.user!r} is not one of {USERS} (or null)")
+    if e.solo_mode:
+        if e.user is not None or e.user_llm:
+            raise ValueError(f"config econfig.solo_mode=true has no user, but econfig.user={e.user!r} / "
+                             f"econfig.user_llm={e.user_llm!r} is set; set econfig.solo_mode=false to play with a user")
+        return "solo"
+    if e.user:
+        return e.user
+    return "local" if e.user_llm == "local" else "llm" if e.user_llm else "scripted"
 
 
 def env_kwargs_from_config(cfg, split: str, dataset_path: str | None = None, user_fn=None) -> tuple[str, dict]:
     """Map the ``econfig`` / dataset sections to ``(env_id, gym.make kwargs)``.
 
-    tau2 users: ``econfig.user`` (solo | scripted | llm | local) or, when unset, ``solo`` if ``econfig.solo_mode``
-    else ``scripted``; ``econfig.user_llm=local`` (or ``user=local``) plays the customer with ``user_fn`` (a
-    :class:`torchrl_grpo.local_user.LocalUser` built by the trainer); another ``user_llm`` value selects tau2's
-    LLM user against ``user_llm_base_url``.
+    tau2 users (:func:`tau2_user`): ``econfig.solo_mode=true`` -> the env's ``user="solo"``; otherwise
+    ``econfig.user`` (scripted | llm | local) or, when null, ``econfig.user_llm``. A ``local`` user plays the customer
+    with ``user_fn`` (a :class:`torchrl_grpo.local_user.LocalUser` built by :func:`torchrl_grpo.build.build`); ``llm``
+    selects tau2's LLM user ``user_llm`` against ``user_llm_base_url``.
 
     Raises:
-        ValueError: an unknown env id, or a local user without ``user_fn``.
+        ValueError: an unknown env id, contradicting user settings (:func:`tau2_user`), or a local user without
+            ``user_fn``.
     """
     e = cfg.econfig
     env_id = e.env_id
@@ -33,14 +71,14 @@ def env_kwargs_from_config(cfg, split: str, dataset_path: str | None = None, use
         if e.system_prompt:
             kw["system_prompt"] = e.system_prompt
         return env_id, kw
-    if env_id.startswith("tau2/") or env_id == "tau2":
+    if _is_tau2(env_id):
         domain = e.domain if env_id == "tau2" else env_id.split("/")[1].rsplit("-v", 1)[0]
         kw = {"split": split, "max_steps": int(e.max_steps), "reward": e.reward}
-        user = e.user or ("local" if e.user_llm == "local" else "llm" if e.user_llm
-                          else "solo" if e.solo_mode else "scripted")
+        user = tau2_user(e)
         if user == "local":
             if user_fn is None:
-                raise ValueError("econfig.user_llm=local needs a user_fn (built by the trainer from its backend)")
+                raise ValueError("a local tau2 user (econfig.user=local or user_llm=local) needs a user_fn (built by "
+                                 "torchrl_grpo.build from its backend)")
             kw["user_fn"] = user_fn
             user = "callable"
         kw["user"] = user

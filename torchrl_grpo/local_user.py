@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
+from dataclasses import replace
 
 from .backends.base import RolloutBackend, SamplingConfig
 from .chat_tokens import ChatRenderer
@@ -42,7 +43,7 @@ class LocalUser:
         base = ChatRenderer(tokenizer)
         sampling = sampling or SamplingConfig(max_new_tokens=128, temperature=0.7)
         if not sampling.stop_token_ids:
-            sampling = SamplingConfig(**{**sampling.__dict__, "stop_token_ids": sorted(base.end_of_turn_ids())})
+            sampling = replace(sampling, stop_token_ids=sorted(base.end_of_turn_ids()))
         self.sampling = sampling
         self.max_prompt_tokens = max_prompt_tokens
         self.stats = {"calls": 0, "batches": 0}
@@ -68,7 +69,7 @@ class LocalUser:
 
     def _generate(self, prompts: list[list[int]]) -> list[str | Exception]:
         seed = None if self.sampling.seed is None else self.sampling.seed + self.stats["batches"]
-        gens = self.backend.generate(prompts, SamplingConfig(**{**self.sampling.__dict__, "seed": seed}))
+        gens = self.backend.generate(prompts, replace(self.sampling, seed=seed))
         self.stats["batches"] += 1
         self.stats["calls"] += len(prompts)
         out: list[str | Exception] = []

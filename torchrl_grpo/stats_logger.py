@@ -14,7 +14,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["StatsLogger"]
+__all__ = ["StatsLogger", "WANDB_MODES"]
+
+#: Accepted ``wandb_mode=`` values (config ``stats_logger.wandb.mode``).
+WANDB_MODES = ("online", "offline", "disabled")
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +36,18 @@ class StatsLogger:
     Args:
         run_dir: run output directory (created if missing).
         config: resolved config as a plain dict (sent to wandb).
-        wandb_mode: ``online`` | ``offline`` | ``disabled``.
+        wandb_mode: one of :data:`WANDB_MODES`: ``online`` | ``offline`` | ``disabled``.
         console: print one compact line per step.
+
+    Raises:
+        ValueError: ``wandb_mode`` not in :data:`WANDB_MODES`.
     """
 
     def __init__(self, run_dir: str | os.PathLike, config: dict | None = None, *, wandb_mode: str = "offline",
                  project: str = "torchrl-grpo", entity: str | None = None, name: str | None = None,
                  console: bool = True, resume: bool = False) -> None:
+        if wandb_mode not in WANDB_MODES:
+            raise ValueError(f"wandb_mode must be one of {WANDB_MODES}, got {wandb_mode!r}")
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"

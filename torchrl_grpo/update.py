@@ -20,7 +20,11 @@ from .log_probs import token_log_probs
 from .loss import GRPOLoss, LossMetrics, total_loss
 from .micro_batch import split_micro_batches
 
-__all__ = ["GRPOUpdate"]
+__all__ = ["GRPOUpdate", "ANCHORS"]
+
+#: Accepted ``anchor=`` values of :class:`GRPOUpdate` (config ``loss.anchor``; see
+#: :meth:`GRPOUpdate.needs_anchor_recompute`).
+ANCHORS = ("auto", "recompute", "behaviour")
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +57,8 @@ class GRPOUpdate:
                  autocast: Callable[[], AbstractContextManager], ppo_epochs: int, minibatch_size: int,
                  micro_batch_size: int, max_tokens_per_mb: int, max_grad_norm: float, anchor: str,
                  exact_log_probs: bool, seed: int, optimizer_steps: int = 0) -> None:
+        if anchor not in ANCHORS:
+            raise ValueError(f"anchor must be one of {ANCHORS}, got {anchor!r}")
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
         self.reference, self.device, self.autocast = reference, device, autocast
         self.ppo_epochs, self.minibatch_size = ppo_epochs, minibatch_size

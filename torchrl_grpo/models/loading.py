@@ -10,7 +10,11 @@ from .packaged import KNOWN_ALIASES
 from .resolve import resolve_model_path
 from .tokenizer import _set_pad_ids, prepare_tokenizer
 
-__all__ = ["load_model_and_tokenizer"]
+__all__ = ["load_model_and_tokenizer", "DTYPES"]
+
+#: dtype names accepted everywhere (config ``actor.dtype``); :func:`load_model_and_tokenizer` also takes the
+#: short aliases ``fp32`` / ``bf16`` / ``fp16`` and a ``torch.dtype``.
+DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
