@@ -1,12 +1,20 @@
 #!/usr/bin/env python
-"""Asynchronous GRPO entry point: ``grpo.py`` with ``mode=async`` (see :mod:`torchrl_grpo.async_trainer`).
+"""Asynchronous GRPO entry point: exactly ``grpo.py mode=async`` (see :mod:`torchrl_grpo.async_trainer`).
 
 Rollouts for the next step are generated while the trainer updates on the current one; a batch is trained at most
 ``train.max_staleness`` policy versions after the one that generated it (AReaL's staleness bound).
 
+The primary configs are ``configs/<name>_async.yaml``: ``configs/<name>.yaml`` with the ``mode`` group set to
+``async`` (``configs/mode/async.yaml``), so the composed config, ``.hydra/config.yaml`` and Hydra's recorded choices
+are those of ``grpo.py --config-name <name> mode=async``; the command line is passed to Hydra untouched.
+
     python grpo-async.py                                          # GSM8K, SmolLM2-135M, staleness 1, cap 2.0
     python grpo-async.py train.max_staleness=2 loss.behaviour_weight_cap=5.0
-    python grpo-async.py --config-name grpo_tau2 econfig.domain=mock
+    python grpo-async.py --config-name grpo_tau2_async econfig.domain=mock
+
+Raises:
+    SystemExit: the composed config is not ``mode=async`` (``mode=sync``, or a sync config such as
+        ``--config-name grpo_tau2``): use ``grpo.py`` for sync, or the ``_async`` config.
 """
 from __future__ import annotations
 
@@ -23,16 +31,13 @@ from grpo import run  # noqa: E402  (registers the config schema)
 from torchrl_grpo.interrupt import exit_code  # noqa: E402
 
 
-@hydra.main(version_base="1.3", config_path="configs", config_name="grpo_gsm8k")
+@hydra.main(version_base="1.3", config_path="configs", config_name="grpo_gsm8k_async")
 def main(cfg: DictConfig) -> None:
     if cfg.mode != "async":
-        raise SystemExit(f"grpo-async.py runs mode=async (got mode={cfg.mode}); use grpo.py for sync")
+        raise SystemExit(f"grpo-async.py runs mode=async (got mode={cfg.mode}); use grpo.py for sync, or an async "
+                         f"config (--config-name <name>_async, e.g. grpo_tau2_async)")
     run(cfg)
 
 
 if __name__ == "__main__":
-    # an override (not an assignment inside main) so that .hydra/config.yaml records mode=async; AReaL's decoupled
-    # objective (loss.behaviour_weight_cap, default 2.0 in the schema) applies to every stale batch on its own
-    if not any(a.lstrip("+").startswith("mode=") for a in sys.argv[1:]):
-        sys.argv.insert(1, "mode=async")
     sys.exit(exit_code(main))  # 130 / 143 after SIGINT / SIGTERM, as grpo.py

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from torchrl_grpo.config import register_configs, validate_config
@@ -150,3 +151,35 @@ def test_contradicting_tau2_user_settings_fail_naming_the_switch(overrides, need
     cfg = _compose_tau2(overrides)
     with pytest.raises(ValueError, match=needle):
         validate_config(cfg)
+
+
+def _cli_config(script, args, part="job"):
+    """The config ``script`` composes for ``args`` (Hydra's ``--cfg``: printed, nothing run)."""
+    p = subprocess.run([sys.executable, str(REPO / script), *args, "--cfg", part], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "HYDRA_FULL_ERROR": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    return OmegaConf.create(p.stdout)
+
+
+@pytest.mark.parametrize("sync_args,async_args", [
+    ([], []),
+    (["--config-name", "grpo_tau2"], ["--config-name", "grpo_tau2_async"]),
+])
+def test_grpo_async_py_is_grpo_py_mode_async(sync_args, async_args):
+    """grpo-async.py composes exactly ``grpo.py mode=async`` from its own primary config: no argv injection (Hydra
+    records no override it was not given) and the ``mode`` group's choice is ``async`` in the run's hydra.yaml."""
+    user = ["train.steps=3", "train.max_staleness=2"]
+    want = _cli_config("grpo.py", sync_args + ["mode=async"] + user)
+    got = _cli_config("grpo-async.py", async_args + user)
+    assert got.mode == "async" and got == want
+    assert _cli_config("grpo.py", sync_args + user).mode == "sync"
+    hydra_cfg = _cli_config("grpo-async.py", async_args + user, part="hydra").hydra
+    assert list(hydra_cfg.overrides.task) == user
+    assert hydra_cfg.runtime.choices.mode == "async"
+
+
+def test_mode_is_a_config_group():
+    """``mode=<x>`` selects configs/mode/<x>.yaml; a misspelt mode fails at composition, listing the options."""
+    assert _compose([]).mode == "sync" and _compose(["mode=async"]).mode == "async"
+    with pytest.raises(ConfigCompositionException, match="async"):
+        _compose(["mode=asynch"])

@@ -170,7 +170,8 @@ class StatsLoggerConfig:
 @dataclass
 class GRPOConfig:
     seed: int = 1
-    mode: str = "sync"  # sync | async (rollouts overlapped with updates, staleness <= train.max_staleness)
+    mode: str = "sync"  # sync | async (rollouts overlapped with updates, staleness <= train.max_staleness); in the
+    #                     YAML configs the `mode` group sets it (configs/mode/{sync,async}.yaml, grpo-async.py)
     eval_only: bool = False
     output_dir: Optional[str] = None  # default: hydra's run dir
     actor: ActorConfig = field(default_factory=ActorConfig)
