@@ -19,7 +19,6 @@ Modules (one concept each):
 - :mod:`envs.tau2.messages` -- OpenAI dicts <-> tau2 message objects.
 - :mod:`envs.tau2.users` -- scripted, LLM (tau2 ``UserSimulator``) and callable users.
 - :mod:`envs.tau2.rewards` -- tau2's reward (``evaluate_simulation``) and the partial reward.
-- :mod:`envs.tau2.chat` -- render a conversation plus tools with a tokenizer's chat template.
 - :mod:`envs.tau2.logs` -- tau2's loguru output switch (off by default).
 
 Importing this package sets ``LITELLM_LOCAL_MODEL_COST_MAP=True`` (unless already set) so that
