@@ -174,10 +174,25 @@ class TextEnv(EnvBase):
             and step.
         template_kwargs: extra kwargs for ``tokenizer.apply_chat_template``.
         device: device of the tensors (``reward``, flags, tokens). Default CPU.
+        history: emit ``("history", "prompt")`` (default). ``False`` leaves it out, for a
+            caller that keeps its own token ids and reads ``"observation"`` (building ``History``
+            for every env on every step is the largest per-step cost of this adapter).
+        runner: runs the per-env ``reset`` / ``step`` calls of one batch. It receives a list of
+            zero-argument callables and returns, in order, each one's return value or the
+            exception it raised. Default: in order, in this thread. A runner may run them
+            concurrently, e.g. threads inside a scope that batches the model calls of simulated
+            users (``torchrl_grpo.local_user.LocalUser``).
+        catch_env_errors: ``False`` (default): an exception raised by an env's ``step`` propagates.
+            ``True``: that env's episode ends there (``truncated``, reward 0, the observation
+            unchanged) with ``info["error"]`` (type and message) and
+            ``info["termination_reason"] = "env_error"``, and the other envs of the batch go on:
+            one failing env does not end a training run. Exceptions at ``reset`` always propagate.
 
     Step semantics: an env whose episode has ended and that was not reset since is not stepped
     again; it repeats its last observation with ``reward=0`` and its done flags, so a caller can
-    keep stepping the whole batch until every episode has ended. An action is passed to the
+    keep stepping the whole batch until every episode has ended. A partial step (TorchRL's
+    ``"_step"`` entry, bool ``[B]``) steps only the envs where it is ``True``; the others repeat
+    their last output the same way (their action entry is ignored). An action is passed to the
     Gymnasium env unchanged: by the env contract (:mod:`envs.contract`) unusable model text is
     answered (``info["action_error"]``), while an action that is neither text nor an assistant
     message dict raises ``TypeError`` (a caller's bug).
@@ -201,6 +216,9 @@ class TextEnv(EnvBase):
         tokenizer: Any | None = None,
         template_kwargs: dict | None = None,
         device: torch.device | str | None = None,
+        history: bool = True,
+        runner: Callable[[list[Callable[[], Any]]], list[Any]] | None = None,
+        catch_env_errors: bool = False,
     ):
         envs = [e if isinstance(e, gym.Env) else e() for e in envs]
         if not envs:
@@ -214,6 +232,9 @@ class TextEnv(EnvBase):
         self.envs = envs
         self.tokenizer = tokenizer
         self.template_kwargs = dict(template_kwargs or {})
+        self.emit_history = bool(history)
+        self.runner = runner or _run_in_order
+        self.catch_env_errors = bool(catch_env_errors)
         self._pad_id = 0
         if tokenizer is not None:
             pad = tokenizer.pad_token_id
@@ -222,6 +243,7 @@ class TextEnv(EnvBase):
         self._messages: list[list[dict]] = [[] for _ in range(n)]
         self._observation: list[list[dict]] = [[] for _ in range(n)]
         self._tools: list[Any] = [None] * n
+        self._tools_src: list[Any] = [None] * n  # the env's own tools object, to copy only when it changes
         self._info: list[dict] = [{} for _ in range(n)]
         self._flags: list[tuple[bool, bool]] = [(False, False)] * n  # (terminated, truncated)
         self._started = [False] * n
@@ -237,8 +259,9 @@ class TextEnv(EnvBase):
             "messages": NonTensor(shape=bs, example_data=[{"role": "user", "content": "hi"}]),
             "tools": NonTensor(shape=bs, example_data=None),
             "info": NonTensor(shape=bs, example_data={}),
-            "history": _history_spec(bs),
         }
+        if self.emit_history:
+            obs["history"] = _history_spec(bs)
         if self.tokenizer is not None:
             obs["text"] = Text.default_spec(shape=bs, keys=["prompt"])
             # torchrl's "tokens" input of LLM wrappers: prompt ids left-padded, plus the mask
@@ -286,14 +309,11 @@ class TextEnv(EnvBase):
         truncated = torch.tensor([t for _, t in self._flags], dtype=torch.bool).unsqueeze(-1)
         td = TensorDict(
             {
-                "observation": _non_tensor_stack([copy.deepcopy(o) for o in self._observation]),
-                "messages": _non_tensor_stack([copy.deepcopy(m) for m in self._messages]),
-                "tools": _non_tensor_stack([copy.deepcopy(t) for t in self._tools]),
+                # copied once when recorded (_record), then shared by every output until the env changes
+                "observation": _non_tensor_stack(list(self._observation)),
+                "messages": _non_tensor_stack(list(self._messages)),
+                "tools": _non_tensor_stack(list(self._tools)),
                 "info": _non_tensor_stack(list(self._info)),
-                "history": ChatHistory(
-                    prompt=lazy_stack([_to_history(m) for m in self._messages]),
-                    batch_size=self.batch_size,
-                ),
                 "reward": torch.tensor(rewards, dtype=torch.float32).unsqueeze(-1),
                 "terminated": terminated,
                 "truncated": truncated,
@@ -301,6 +321,10 @@ class TextEnv(EnvBase):
             },
             batch_size=self.batch_size,
         )
+        if self.emit_history:
+            td["history"] = ChatHistory(
+                prompt=lazy_stack([_to_history(m) for m in self._messages]), batch_size=self.batch_size
+            )
         if self.tokenizer is not None:
             rendered = [self._render(b) for b in range(n)]
             td["text"] = Text(
@@ -322,10 +346,15 @@ class TextEnv(EnvBase):
         messages = info.pop("messages", None)
         if messages is None:  # env does not report the conversation: accumulate it
             messages = self._messages[b] + ([action_msg] if action_msg else []) + list(obs)
-        self._observation[b] = obs
-        self._messages[b] = messages
+        # Own copies, made once per change: outputs share them (step after step, the envs that did not change
+        # return the same objects), and nothing the env does later to its own lists reaches an output. Messages
+        # are copied one level deep (the list and each message dict): envs append messages, never edit old ones.
+        self._observation[b] = [dict(m) if isinstance(m, dict) else m for m in obs]
+        self._messages[b] = [dict(m) if isinstance(m, dict) else m for m in messages]
         if "tools" in info:  # latest report wins; envs may report tools at reset only
-            self._tools[b] = info.pop("tools")
+            tools = info.pop("tools")
+            if tools is not self._tools_src[b]:
+                self._tools_src[b], self._tools[b] = tools, copy.deepcopy(tools)
         self._info[b] = info
         self._render_cache[b] = None
 
@@ -357,13 +386,19 @@ class TextEnv(EnvBase):
         if not all(m or s for m, s in zip(mask, self._started)):
             raise RuntimeError("partial reset of a TextEnv whose envs were never all reset")
         options = self._reset_options(tensordict)
-        for b in range(n):
-            if not mask[b]:
-                continue  # not reset: its current data is returned unchanged
-            seed, self._pending_seeds[b] = self._pending_seeds[b], None
-            obs, info = self.envs[b].reset(seed=seed, options=options[b])
+        todo = [b for b in range(n) if mask[b]]  # the others: current data returned unchanged
+        seeds = {}
+        for b in todo:
+            seeds[b], self._pending_seeds[b] = self._pending_seeds[b], None
+        results = self.runner(
+            [lambda b=b: self.envs[b].reset(seed=seeds[b], options=options[b]) for b in todo]
+        )
+        for b, res in zip(todo, results):
+            if isinstance(res, BaseException):
+                raise res
+        for b, (obs, info) in zip(todo, results):
             self._messages[b] = []
-            self._tools[b] = None
+            self._tools[b] = self._tools_src[b] = None
             self._record(b, obs, info, None)
             self._flags[b] = (False, False)
             self._started[b] = True
@@ -426,11 +461,34 @@ class TextEnv(EnvBase):
         if not all(self._started):
             raise RuntimeError("TextEnv.step() called before reset()")
         actions = self._actions(tensordict)
-        rewards = [0.0] * len(actions)
-        for b, action in enumerate(actions):
-            if any(self._flags[b]):
-                continue  # finished episode: repeat its last observation, reward 0, done
-            obs, reward, terminated, truncated, info = self.envs[b].step(action)
+        n = len(actions)
+        stepped = [True] * n
+        if "_step" in tensordict.keys():  # TorchRL partial step
+            stepped = tensordict.get("_step").reshape(n, -1).any(-1).tolist()
+        # finished episodes and envs left out of a partial step repeat their last output, reward 0
+        todo = [b for b in range(n) if stepped[b] and not any(self._flags[b])]
+        for b in todo:  # a caller's bug, never recorded as an env failure (envs.contract)
+            if not isinstance(actions[b], (str, dict)):
+                raise TypeError(
+                    f"env {b}: action must be text or an assistant message dict, got "
+                    f"{type(actions[b]).__name__}"
+                )
+        results = self.runner([lambda b=b: self.envs[b].step(actions[b]) for b in todo])
+        rewards = [0.0] * n
+        for b, res in zip(todo, results):
+            action = actions[b]
+            if isinstance(res, BaseException):
+                if not self.catch_env_errors or not isinstance(res, Exception):
+                    raise res
+                self._info[b] = {
+                    **self._info[b],
+                    "error": f"{type(res).__name__}: {res}",
+                    "termination_reason": "env_error",
+                }
+                self._observation[b] = []
+                self._flags[b] = (False, True)
+                continue
+            obs, reward, terminated, truncated, info = res
             if isinstance(action, str):
                 action_msg = {"role": "assistant", "content": action}
             elif isinstance(action, dict):
@@ -443,6 +501,7 @@ class TextEnv(EnvBase):
         return self._batch_td(rewards)
 
     def _set_seed(self, seed: int | None) -> None:
+        """Env ``b`` resets next with seed ``seed + b`` (as ``gymnasium.vector``)."""
         n = self.batch_size[0]
         self._pending_seeds = [None if seed is None else int(seed) + b for b in range(n)]
         for b, env in enumerate(self.envs):
@@ -452,6 +511,17 @@ class TextEnv(EnvBase):
         for env in getattr(self, "envs", []):
             env.close()
         super().close(raise_if_closed=raise_if_closed)
+
+
+def _run_in_order(fns: list[Callable[[], Any]]) -> list[Any]:
+    """Default :class:`TextEnv` runner: call each in order; an exception is returned, not raised."""
+    out: list[Any] = []
+    for fn in fns:
+        try:
+            out.append(fn())
+        except Exception as exc:  # noqa: BLE001 - handed back to TextEnv, which raises or records it
+            out.append(exc)
+    return out
 
 
 def make_torchrl_env(

@@ -100,3 +100,31 @@ def test_tool_less_template_gets_the_fallback_and_its_calls_parse_back(tokenizer
     block = text[text.rindex("<tool_call>"): text.rindex("</tool_call>") + len("</tool_call>")]
     call = parse_action(block).tool_calls[0]
     assert (call.name, call.arguments) == ("get_user_details", {"user_id": "u1"})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"])
+def test_text_difference_continuations_equal_token_difference_on_real_tau2_turns(model):
+    """ChatRenderer tokenises only the new text of a continuation (14 ms -> <1 ms per tau2 turn); on real telecom
+    tool results, errors and tool schemas in the system prompt, the ids equal those of the token difference."""
+    import gymnasium as gym
+
+    import envs
+    from torchrl_grpo.chat_tokens import _BASE
+    from torchrl_grpo.models import load_model_and_tokenizer
+
+    gym.register_envs(envs)
+    _, tok = load_model_and_tokenizer(model)
+    env = gym.make("tau2/telecom-v0", split="small", user="solo", disable_env_checker=True)
+    obs, info = env.reset(options={"index": 0})
+    ren = ChatRenderer(tok, info["tools"])
+    assert ren._text_diff
+    turns = ['<tool_call>{"name": "get_customer_by_phone", "arguments": {"phone_number": "555-123-2002"}}</tool_call>',
+             '<tool_call>{"name": "no_such_tool", "arguments": {}}</tool_call>', "Could you tell me your number?",
+             '<tool_call>{"name": "get_customer_by_phone", "arguments": "not json"}</tool_call>']
+    for action in turns:
+        obs, *_ = env.step(action)
+        if not obs:
+            break
+        by_tokens = ren._render(_BASE + list(obs), add_generation_prompt=True)[len(ren._base):]
+        assert ren.continuation_ids(list(obs)) == by_tokens

@@ -144,3 +144,76 @@ def test_env_exception_ends_episode_without_crash(tok):
     assert td["info"][0]["termination_reason"] == "env_error"
     assert "boom" in td["info"][0]["error"]
     assert td["reward"].item() == 0.0
+
+
+def test_collector_is_a_torchrl_collector_over_text_env(tok):
+    """Issue 9: a torchrl BaseCollector that drives envs.torchrl.TextEnv; iterating yields the documented batch for
+    tasks(step), with the env seeds of the step; state_dict / set_seed / shutdown as for any TorchRL collector."""
+    from torchrl.collectors import BaseCollector
+
+    from envs.torchrl import TextEnv
+
+    seen = []
+
+    class SeedRecordingEnv(ScriptedChatEnv):
+        def reset(self, *, seed=None, options=None):
+            seen.append(seed)
+            return super().reset(seed=seed, options=options)
+
+    col = GroupCollector(SeedRecordingEnv, ScriptedBackend(tok), tok, SamplingConfig(max_new_tokens=8), max_turns=5,
+                         seed=11, tasks=lambda step: [{"index": step}, {"index": step + 1}], n_samples=2,
+                         total_batches=2)
+    assert isinstance(col, BaseCollector)
+    batches = list(col)
+    assert len(batches) == 2 and all(b.batch_size == torch.Size([4]) for b in batches)
+    assert [t["index"] for t in batches[1]["task"]] == [1, 1, 2, 2]
+    assert batches[0]["group_id"].tolist() == [0, 0, 1, 1]
+    assert batches[0]["reward"].tolist() == [1.0] * 4 and batches[0]["num_turns"].tolist() == [3] * 4
+    assert seen == [11 + i for i in range(4)] + [11 + 100_003 + i for i in range(4)]
+    assert isinstance(col._text_envs[4], TextEnv)
+    # the conversation reaches the batch's info (TextEnv keeps it under "messages")
+    assert batches[0]["info"][0]["messages"][-1] == {"role": "assistant", "content": REPLIES[2]}
+    assert col.state_dict() == {"seed": 11, "batches": 2}
+    col.load_state_dict({"seed": 5, "batches": 0})
+    assert col.set_seed(9) == 9 and col.seed == 9
+    col.shutdown()
+    assert col._pool == []
+    with pytest.raises(RuntimeError, match="tasks="):
+        next(iter(GroupCollector(ScriptedChatEnv, ScriptedBackend(tok), tok, SamplingConfig(max_new_tokens=8))))
+
+
+def test_update_policy_weights_syncs_the_backend(tok):
+    class Recording(ScriptedBackend):
+        def sync_from(self, model, *, probe=None):
+            self.synced = (model, probe)
+
+    be = Recording(tok)
+    col = GroupCollector(ScriptedChatEnv, be, tok, SamplingConfig(max_new_tokens=8))
+    m = torch.nn.Linear(1, 1)
+    col.update_policy_weights_(m, probe=[1, 2])
+    assert be.synced == (m, [1, 2])
+    with pytest.raises(TypeError, match="nn.Module"):
+        col.update_policy_weights_({"w": torch.zeros(1)})
+
+
+def test_one_failing_env_ends_only_its_own_episode(tok):
+    """TextEnv(catch_env_errors=True): env 1 raises on its second step, its episode ends as env_error with the data
+    kept; the other episodes of the batch play to the end."""
+    made = []
+
+    class FailsOnce(ScriptedChatEnv):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            made.append(self)
+
+        def step(self, action):
+            if self is made[1] and self.turn == 1:
+                raise ConnectionError("simulator down")
+            return super().step(action)
+
+    col = GroupCollector(FailsOnce, ScriptedBackend(tok), tok, SamplingConfig(max_new_tokens=8), max_turns=5)
+    td = col.collect([{"index": 0}], n_samples=3)
+    assert td["infra_error"].tolist() == [False, True, False]
+    assert td["num_turns"].tolist() == [3, 2, 3]
+    assert td["reward"].tolist() == [1.0, 0.0, 1.0]
+    assert "simulator down" in td["info"][1]["error"]

@@ -337,3 +337,54 @@ def test_make_torchrl_env_with_tokenizer(monkeypatch, tokenizer):
     td = env.reset(TensorDict(task_index=torch.tensor([0, 1]), batch_size=[2]))
     assert "Natalia" in td["text", "prompt"][0]
     assert td["attention_mask"].any(-1).all()
+
+
+@needs_data
+def test_partial_step_steps_only_the_marked_envs():
+    """TorchRL's "_step" entry: only marked envs step; the others repeat their last output with reward 0."""
+    env = make_torchrl_env("GSM8K-v0", batch_size=2, split="test")
+    td = env.reset()
+    answer = td["info"][0]["answer"]
+    td["action"] = NonTensorStack(f"#### {answer}", f"#### {answer}")
+    td["_step"] = torch.tensor([True, False])
+    nxt = env.step(td)["next"]
+    assert nxt["done"].reshape(-1).tolist() == [True, False]
+    assert nxt["reward"].reshape(-1).tolist()[1] == 0.0
+
+
+@needs_data
+def test_catch_env_errors_ends_that_episode_and_runner_is_used():
+    from envs.torchrl import TextEnv
+
+    calls = []
+
+    def runner(fns):
+        calls.append(len(fns))
+        out = []
+        for fn in fns:
+            try:
+                out.append(fn())
+            except Exception as e:  # noqa: BLE001
+                out.append(e)
+        return out
+
+    envs_ = [gym.make("GSM8K-v0", split="test", disable_env_checker=True) for _ in range(2)]
+
+    def boom(action):
+        raise RuntimeError("boom")
+
+    envs_[0].unwrapped.step = boom
+    strict = TextEnv(envs_, runner=runner)
+    strict.reset()
+    with pytest.raises(RuntimeError, match="boom"):
+        strict.step(TensorDict({"action": NonTensorStack("a", "b")}, batch_size=[2]))
+    env = TextEnv(envs_, runner=runner, catch_env_errors=True)
+    env.reset()
+    nxt = env.step(TensorDict({"action": NonTensorStack("a", "b")}, batch_size=[2]))["next"]
+    assert nxt["truncated"].reshape(-1).tolist() == [True, False] and nxt["done"].all()
+    info = nxt["info"].tolist() if hasattr(nxt["info"], "tolist") else list(nxt["info"])
+    assert info[0]["termination_reason"] == "env_error" and "boom" in info[0]["error"]
+    assert calls == [2, 2, 2, 2]
+    with pytest.raises(TypeError):
+        env.reset()
+        env.step(TensorDict({"action": NonTensorStack(12345, "b")}, batch_size=[2]))

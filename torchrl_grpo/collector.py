@@ -1,11 +1,28 @@
-"""Group rollout collector: runs ``n_samples`` episodes per task against text Gymnasium envs, batching
-every model call across all live episodes, token-in/token-out.
+"""Group rollout collector: a TorchRL collector (:class:`torchrl.collectors.BaseCollector`) that runs
+``n_samples`` episodes per task on the TorchRL env :class:`envs.torchrl.TextEnv`, batching every model call
+across all live episodes, token-in/token-out.
+
+Data path of one batch (``N = n_tasks * n_samples`` episodes, one ``TextEnv`` of batch size ``[N]``)::
+
+    TextEnv.reset(options [N])  -> "observation" (first messages), "tools"   -> prompt token ids
+    per turn:  backend.generate(token ids of the live episodes)           -> sampled ids + behaviour log-probs
+               TextEnv.step("action" [N] text, "_step" [N] live mask)     -> "observation" (new messages),
+                                                                             "reward", "terminated", "truncated", "info"
+               token ids += sampled ids (assistant mask 1) + the new messages as chat-template ids (mask 0)
 
 Per turn, every live episode's accumulated token ids go to the backend in one ``generate`` call; the sampled
-tokens and their behaviour log-probs are appended as-is (assistant mask 1), the decoded text is sent to the
-env as the action, and the env's new messages (tool results, user replies) are appended as chat-template tokens
-(assistant mask 0). Earlier turns are never re-tokenised. An episode that would exceed ``max_context_tokens``
-is cut there and flagged ``context_truncated`` (reward 0: the env never scored it).
+tokens and their behaviour log-probs are appended as-is (assistant mask 1), the decoded text is the env's
+action, and the env's new messages (tool results, user replies) are appended as chat-template tokens
+(assistant mask 0). Earlier turns are never re-tokenised (``TextEnv`` is built without a tokenizer: its
+re-rendered prompts are for TorchRL's LLM wrappers, not for this collector). An episode that would exceed
+``max_context_tokens`` is cut there and flagged ``context_truncated`` (reward 0: the env never scored it). An env
+that raises ends its own episode (``TextEnv(catch_env_errors=True)``: ``infra_error``), never the batch.
+
+As a TorchRL collector: iterating yields one batch per trainer step for the ``tasks(step)`` it was built with;
+:meth:`GroupCollector.update_policy_weights_` syncs the rollout backend from the trained model;
+:meth:`~GroupCollector.set_seed`, :meth:`~GroupCollector.state_dict` / :meth:`~GroupCollector.load_state_dict`
+and :meth:`~GroupCollector.shutdown` as for any TorchRL collector. A trainer that picks the tasks of each step
+itself calls :meth:`GroupCollector.collect` directly.
 
 Output: one TensorDict row per episode, batch size [N] with N = n_tasks * n_samples, padded (right) to the
 longest episode T:
@@ -47,11 +64,14 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import gymnasium as gym
 import torch
-from tensordict import NonTensorStack, TensorDict
+from tensordict import NonTensorData, NonTensorStack, TensorDict
+from torchrl.collectors import BaseCollector
+
+from envs.torchrl import TextEnv
 
 from .backends.base import RolloutBackend, SamplingConfig
 from .chat_tokens import ChatRenderer
@@ -72,7 +92,7 @@ class Episode:
 
     group_id: int
     task: dict
-    env: gym.Env
+    index: int  # its env's position in the batch TextEnv
     tokens: list[int] = field(default_factory=list)
     response_mask: list[bool] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
@@ -96,18 +116,27 @@ class Episode:
         self.log_probs.extend(lps if lps is not None else [0.0] * len(ids))
 
 
-class GroupCollector:
-    """Collects GRPO groups from text envs with a rollout backend.
+class GroupCollector(BaseCollector):
+    """Collects GRPO groups from text envs with a rollout backend (a TorchRL collector; module docstring).
 
     Args:
-        make_env: zero-argument callable returning a Gymnasium env that follows the project's env contract
-            (``reset(options=task)`` → chat messages; ``step(text)``; ``info["tools"]`` optional).
+        make_env: zero-argument callable returning a Gymnasium env that follows the env contract
+            (:mod:`envs.contract`: ``reset(options=task)`` → chat messages; ``step(text)``; ``info["tools"]``
+            optional). ``N`` of them are built once and reused, wrapped in a :class:`envs.torchrl.TextEnv` of batch
+            size ``[N]``.
         backend: the rollout engine.
         tokenizer: HF tokenizer with a chat template (its eos ends assistant turns).
         sampling: sampling settings (``stop_token_ids`` defaults to the end-of-turn ids).
         max_turns: most assistant turns per episode (envs usually end earlier).
         max_context_tokens: longest episode in tokens; longer ones are cut and flagged.
-        seed: base seed; the batch at ``step`` samples with seeds derived from (seed, step, turn).
+        seed: base seed; the episode ``i`` of the batch at ``step`` resets with seed ``seed + step * 100003 + i``
+            and samples with seeds derived from (seed, step, turn).
+        user_batcher: a :class:`torchrl_grpo.local_user.LocalUser` whose simulated-customer calls are batched: env
+            resets and steps then run in threads inside its ``batched`` scope.
+        tasks: for iteration: ``tasks(step)`` -> the reset options of that step's tasks (``None``: iteration
+            raises; :meth:`collect` still works).
+        n_samples: group size ``G`` of the iterated batches.
+        total_batches: iteration stops after this many batches (``-1``: never).
 
     Raises:
         ValueError: bad sizes.
@@ -124,7 +153,11 @@ class GroupCollector:
         max_context_tokens: int = 2048,
         seed: int = 0,
         user_batcher=None,
+        tasks: Callable[[int], list[dict]] | None = None,
+        n_samples: int = 1,
+        total_batches: int = -1,
     ) -> None:
+        super().__init__()
         if max_turns < 1:
             raise ValueError("max_turns must be >= 1")
         if max_context_tokens < 8:
@@ -136,7 +169,10 @@ class GroupCollector:
         self.max_context_tokens = max_context_tokens
         self.seed = seed
         self.user_batcher = user_batcher
+        self.tasks, self.n_samples, self.total_batches = tasks, int(n_samples), int(total_batches)
+        self._batches = 0  # batches yielded by iteration
         self._pool: list[gym.Env] = []
+        self._text_envs: dict[int, TextEnv] = {}
         self._renderers: dict[str, ChatRenderer] = {}
         probe = ChatRenderer(tokenizer)
         self.end_of_turn = probe.end_of_turn_ids()
@@ -189,6 +225,12 @@ class GroupCollector:
             self._pool.append(self.make_env())
         return self._pool[:n]
 
+    def _text_env(self, n: int) -> TextEnv:
+        """The ``[n]`` TorchRL env over the first ``n`` pooled Gymnasium envs (built once per size)."""
+        if n not in self._text_envs:
+            self._text_envs[n] = TextEnv(self._envs(n), history=False, runner=self._run_all, catch_env_errors=True)
+        return self._text_envs[n]
+
     def collect(
         self,
         tasks: list[dict],
@@ -217,19 +259,16 @@ class GroupCollector:
         if not sampling.stop_token_ids:
             sampling = replace(sampling, stop_token_ids=sorted(self.end_of_turn))
         t0 = time.perf_counter()
-        envs = self._envs(len(tasks) * n_samples)
+        n = len(tasks) * n_samples
+        env = self._text_env(n)
+        jobs = [(g, task) for g, task in enumerate(tasks) for _ in range(n_samples)]
+        env.set_seed(self.seed + step * 100_003)  # episode i resets with seed + step * 100003 + i
+        td = env.reset(TensorDict({"options": _stack([dict(task) for _, task in jobs])}, batch_size=[n]))
         episodes: list[Episode] = []
-        jobs = [(g, task, g * n_samples + s) for g, task in enumerate(tasks) for s in range(n_samples)]
-        resets = self._run_all([
-            (lambda e=envs[i], i=i, task=task: e.reset(seed=self.seed + step * 100_003 + i, options=dict(task)))
-            for g, task, i in jobs
-        ])
-        for res in resets:
-            if isinstance(res, Exception):
-                raise res
-        for (g, task, i), (obs, info) in zip(jobs, resets):
-            ren = self._renderer(info.get("tools"))
-            ep = Episode(group_id=g, task=dict(task), env=envs[i], renderer=ren, info=info)
+        for i, ((g, task), obs, tools, info) in enumerate(zip(jobs, _items(td, "observation"),
+                                                             _items(td, "tools"), _items(td, "info"))):
+            ren = self._renderer(tools)
+            ep = Episode(group_id=g, task=dict(task), index=i, renderer=ren, info=info)
             ep.extend(ren.prompt_ids(list(obs)), sampled=False)
             ep.prompt_length = len(ep.tokens)
             if ep.prompt_length >= self.max_context_tokens:
@@ -240,6 +279,7 @@ class GroupCollector:
             log.warning("%d of %d episodes start with a prompt of %d+ tokens, at or over max_context_tokens=%d: they "
                         "end unplayed (context_truncated, reward 0); raise rollout.max_context_tokens (and the model's "
                         "context) or shorten the prompt", len(over), len(episodes), min(over), self.max_context_tokens)
+        messages: list[Any] = [None] * n  # each episode's conversation after its last env step
         gen_time, gen_tokens, env_time = 0.0, 0, 0.0
         for turn in range(self.max_turns):
             live = [e for e in episodes if not e.done]
@@ -251,7 +291,9 @@ class GroupCollector:
             gens = self.backend.generate([e.tokens for e in live], turn_sampling)
             gen_time += time.perf_counter() - tg
             te = time.perf_counter()
-            stepping: list[tuple[Episode, list[int], str]] = []
+            actions: list[str] = [""] * n
+            step_mask = torch.zeros(n, dtype=torch.bool)
+            stepping: list[tuple[Episode, list[int]]] = []
             for ep, gen in zip(live, gens):
                 if ep.policy_version < 0:
                     ep.policy_version = self.backend.policy_version
@@ -264,22 +306,31 @@ class GroupCollector:
                 if len(gen.token_ids) > room:
                     ep.done = ep.context_truncated = True
                     continue
-                stepping.append((ep, ids, self.tokenizer.decode(ids, skip_special_tokens=True)))
-            results = self._run_all([(lambda e=ep, t=text: e.env.step(t)) for ep, _, text in stepping])
-            for (ep, ids, _), res in zip(stepping, results):
-                if isinstance(res, Exception):  # an env bug must not kill a training run: end the episode, keep the data
+                actions[ep.index] = self.tokenizer.decode(ids, skip_special_tokens=True)
+                step_mask[ep.index] = True
+                stepping.append((ep, ids))
+            if not stepping:
+                env_time += time.perf_counter() - te
+                continue
+            out = env.step(TensorDict({"action": _stack(actions), "_step": step_mask}, batch_size=[n]))["next"]
+            obs_all, info_all, msgs_all = _items(out, "observation"), _items(out, "info"), _items(out, "messages")
+            rewards, terms, truncs = out["reward"].reshape(n).tolist(), out["terminated"].reshape(n).tolist(), \
+                out["truncated"].reshape(n).tolist()
+            for ep, ids in stepping:
+                b = ep.index
+                info = info_all[b]
+                ep.info, messages[b] = info, msgs_all[b]
+                if info.get("termination_reason") == "env_error":
+                    # the env raised (TextEnv ended that episode): keep the data, drop the group in the trainer
                     ep.done = ep.infra_error = True
-                    ep.info = {**ep.info, "error": f"{type(res).__name__}: {res}", "termination_reason": "env_error"}
                     continue
-                obs, reward, terminated, truncated, info = res
-                ep.info = info
                 if info.get("action_error"):
                     ep.action_errors += 1
-                ep.reward = float(reward)
-                ep.terminated, ep.truncated = bool(terminated), bool(truncated)
+                ep.reward = float(rewards[b])
+                ep.terminated, ep.truncated = bool(terms[b]), bool(truncs[b])
                 if info.get("termination_reason") in INFRA_TERMINATIONS:
                     ep.infra_error = True
-                if terminated or truncated:
+                if ep.terminated or ep.truncated:
                     ep.done = True
                     continue
                 if turn == self.max_turns - 1:
@@ -287,12 +338,15 @@ class GroupCollector:
                     continue
                 # close the assistant turn the way the template would, then append the env's messages
                 closing = [] if (ids and ids[-1] in self.end_of_turn) else [self.tokenizer.eos_token_id]
-                cont = closing + ep.renderer.assistant_suffix + ep.renderer.continuation_ids(list(obs))
+                cont = closing + ep.renderer.assistant_suffix + ep.renderer.continuation_ids(list(obs_all[b]))
                 if len(ep.tokens) + len(cont) >= self.max_context_tokens:
                     ep.done = ep.context_truncated = True
                     continue
                 ep.extend(cont, sampled=False)
             env_time += time.perf_counter() - te
+        for ep in episodes:
+            if messages[ep.index] is not None:
+                ep.info = {**ep.info, "messages": messages[ep.index]}
         for ep in episodes:
             if not ep.done:  # ran out of turns
                 ep.done = ep.truncated = True
@@ -347,10 +401,79 @@ class GroupCollector:
         td["info"] = NonTensorStack(*[_slim_info(e.info) for e in episodes])
         return td
 
-    def close(self) -> None:
-        for env in self._pool:
-            env.close()
+    # ------------------------------------------------------------------ TorchRL collector API
+    def iterator(self) -> Iterator[TensorDict]:
+        """Yield ``collect(tasks(k), n_samples, step=k)`` for ``k = 0, 1, …`` (``total_batches`` of them).
+
+        Raises:
+            RuntimeError: the collector was built without ``tasks``.
+        """
+        if self.tasks is None:
+            raise RuntimeError("iterating a GroupCollector needs tasks=callable(step) -> list of reset options; "
+                               "or call collect(tasks, n_samples, step=...)")
+        while self.total_batches < 0 or self._batches < self.total_batches:
+            batch = self.collect(self.tasks(self._batches), self.n_samples, step=self._batches)
+            self._batches += 1
+            yield batch
+
+    def __len__(self) -> int:
+        """``total_batches`` (the number of batches iteration yields).
+
+        Raises:
+            TypeError: an endless collector (``total_batches=-1``) has no length.
+        """
+        if self.total_batches < 0:
+            raise TypeError("an endless GroupCollector (total_batches=-1) has no length")
+        return self.total_batches
+
+    def update_policy_weights_(self, policy_or_weights: torch.nn.Module | None = None, *,
+                               probe: list[int] | None = None, **kwargs) -> None:
+        """Sync the rollout backend from the trained model (:meth:`RolloutBackend.sync_from`): nothing to do for a
+        backend that shares the module, export + load (+ the optional check on ``probe``) for a copy or vLLM.
+        ``self.backend.last_sync_stats`` then holds the sync's diagnostics.
+
+        Raises:
+            TypeError: ``policy_or_weights`` is not an ``nn.Module`` (weight dicts are not accepted: a backend
+                exports them itself).
+        """
+        if policy_or_weights is None:
+            return
+        if not isinstance(policy_or_weights, torch.nn.Module):
+            raise TypeError(f"update_policy_weights_ takes the trained nn.Module, got {type(policy_or_weights).__name__}")
+        self.backend.sync_from(policy_or_weights, probe=probe)
+
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Base seed of every later batch (module docstring); returns it."""
+        self.seed = int(seed)
+        return self.seed
+
+    def state_dict(self) -> dict[str, Any]:
+        """What resuming iteration needs: the base seed and the number of batches yielded."""
+        return {"seed": self.seed, "batches": self._batches}
+
+    def load_state_dict(self, state_dict: dict[str, Any], **kwargs) -> None:
+        self.seed, self._batches = int(state_dict["seed"]), int(state_dict["batches"])
+
+    def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
+        """Close every pooled env (the backend belongs to the caller)."""
+        if close_env:
+            for env in self._pool:
+                env.close()
         self._pool.clear()
+        self._text_envs.clear()
+
+    close = shutdown
+
+
+def _stack(items: list) -> NonTensorStack:
+    """``NonTensorStack [len(items)]`` with one datum per item (dicts and strings are not unrolled)."""
+    return NonTensorStack(*[NonTensorData(x) for x in items])
+
+
+def _items(td: TensorDict, key: str) -> list:
+    """The per-env Python objects of a NonTensor entry of a ``TextEnv`` output, as a list."""
+    value = td.get(key)
+    return value.tolist() if hasattr(value, "tolist") else list(value)
 
 
 def _slim_info(info: dict[str, Any]) -> dict[str, Any]:

@@ -2,8 +2,8 @@
 
 One step: collect ``batch_size`` tasks × ``n_samples`` episodes (a group each) with the rollout backend →
 group-relative advantages → drop groups with an infrastructure failure (and, if set, zero reward variance) →
-the update (:mod:`torchrl_grpo.update`) → sync the backend (``backend.sync_from``) → log, evaluate and checkpoint on
-schedule. The objects it runs come from :func:`torchrl_grpo.build.build`; the loop reads no config.
+the update (:mod:`torchrl_grpo.update`) → sync the backend (``collector.update_policy_weights_``) → log, evaluate
+and checkpoint on schedule. The objects it runs come from :func:`torchrl_grpo.build.build`; the loop reads no config.
 
 Everything random is derived from ``seed`` and the step number (task order, sampling seeds), and the
 checkpoint stores model, optimizer, scheduler and RNG states, so ``train.resume_from`` continues exactly.
@@ -109,7 +109,7 @@ class GRPOTrainer:
         metrics.update(self._learn(batch))
         t_sync = time.perf_counter()
         row = batch[0]  # an episode the backend may score to check its sync (see RolloutBackend.sync_from)
-        self.backend.sync_from(self.model, probe=row["tokens"][row["attention_mask"]].tolist())
+        self.collector.update_policy_weights_(self.model, probe=row["tokens"][row["attention_mask"]].tolist())
         metrics["time/sync_s"] = time.perf_counter() - t_sync
         metrics.update(self.backend.last_sync_stats)
         metrics["time/step_s"] = time.perf_counter() - t0
