@@ -10,7 +10,6 @@ from torchrl.modules.llm import TransformersWrapper
 
 from envs.gsm8k.grading import extract_answer, is_correct
 from envs.torchrl import make_torchrl_env
-
 from tests.gsm8k_data import needs_data
 
 
