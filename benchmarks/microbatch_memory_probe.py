@@ -5,11 +5,11 @@
     python benchmarks/microbatch_memory_probe.py                       # Qwen2.5-Coder-0.5B, bf16, grad ckpt, LoRA r=16
     python benchmarks/microbatch_memory_probe.py --sizes 1x1024 1x2048 2x2048 1x4096 --model qwen2.5-coder-0.5b-instruct
 
-Each size runs in a fresh subprocess (``ru_maxrss`` is a process-lifetime peak): load the model (LoRA r=16 on all
-linear layers, gradient checkpointing — the tau2 config's setting), record RSS after loading, then one
+Each size runs in a fresh subprocess: load the model (LoRA r=16 on all linear layers, gradient checkpointing — the
+tau2 config's setting), record RSS after loading and reset the kernel's peak-RSS mark, then one
 ``GRPOLoss`` forward + backward over ``rows`` random episodes of ``tokens`` tokens each (the last 300 are the
 response), and print the peak. The baseline is the same process after loading, so "update GB" = peak - loaded.
-Results: ``benchmarks/results/microbatch_memory.{json,md}`` with the command, versions and load average.
+Results: ``benchmarks/results/<--out, default microbatch_memory>.{json,md}`` with the command, versions and load average.
 """
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -26,12 +25,20 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def _rss_gb() -> float:
+def _status_gb(field: str) -> float:
+    """``VmRSS`` (now) or ``VmHWM`` (peak since start or since the last reset) of this process, in GB."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1e6
     return float("nan")
+
+
+def _reset_peak() -> None:
+    """Reset the kernel's peak-RSS mark (``VmHWM``) to the current RSS (Linux >= 4.0: ``clear_refs`` value 5), so the
+    peak measured next is the update's, not the model loading's (loading casts through a larger transient)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
 
 
 def child(model_name: str, dtype: str, gc: bool, rows: int, tokens: int) -> dict:
@@ -48,7 +55,11 @@ def child(model_name: str, dtype: str, gc: bool, rows: int, tokens: int) -> dict
         model.config.use_cache = False
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear",
                                              task_type="CAUSAL_LM"))
-    loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+    import gc as _gc
+
+    _gc.collect()
+    loaded = _status_gb("VmRSS")
+    _reset_peak()
     rlen = min(300, tokens - 1)
     g = torch.Generator().manual_seed(0)
     toks = torch.randint(100, 20000, (rows, tokens), generator=g)
@@ -61,7 +72,7 @@ def child(model_name: str, dtype: str, gc: bool, rows: int, tokens: int) -> dict
     t0 = time.perf_counter()
     total_loss(GRPOLoss(model)(td)).backward()
     dt = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+    peak = _status_gb("VmHWM")
     return {"rows": rows, "tokens": tokens, "padded_tokens": rows * tokens, "loaded_gb": round(loaded, 2),
             "peak_gb": round(peak, 2), "update_gb": round(peak - loaded, 2), "fwd_bwd_s": round(dt, 1)}
 
@@ -72,6 +83,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--no-gc", action="store_true", help="without gradient checkpointing")
     ap.add_argument("--sizes", nargs="+", default=["1x1024", "2x1024", "1x2048", "1x4096"], help="ROWSxTOKENS")
+    ap.add_argument("--out", default="microbatch_memory", help="results name under benchmarks/results/")
     ap.add_argument("--child", nargs=2, type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -100,7 +112,7 @@ def main() -> None:
             "threads": os.environ.get("OMP_NUM_THREADS", "default"), "loadavg": os.getloadavg(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "microbatch_memory.json").write_text(json.dumps({"meta": meta, "rows": rows_out}, indent=2))
+    (RESULTS / f"{args.out}.json").write_text(json.dumps({"meta": meta, "rows": rows_out}, indent=2))
     ok = [x for x in rows_out if "error" not in x]
     lines = [f"# Micro-batch peak memory vs padded tokens ({args.model}, {args.dtype}, "
              f"{'no ' if args.no_gc else ''}gradient checkpointing, LoRA r=16)", "",
@@ -119,7 +131,7 @@ def main() -> None:
 
         slope, icpt = np.polyfit([x["padded_tokens"] for x in ok], [x["update_gb"] for x in ok], 1)
         lines += ["", f"Least-squares fit: update GB ≈ {icpt:.2f} + {slope * 1000:.3f} x (padded tokens / 1000)."]
-    (RESULTS / "microbatch_memory.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
