@@ -63,8 +63,9 @@ Where we diverge from ``ChatEnv``, and why:
    ``tool_call_id``, ``name``) stay in ``"messages"``. A ``History`` with all five fields is ~3x
    slower to build and to clone in ``step_mdp`` (measured at ``B=64``).
 4. Prompts are rendered with ``tokenizer.apply_chat_template`` on the OpenAI messages (with
-   ``tools=``), not ``History.apply_chat_template``, so tool schemas and tool calls reach the
-   templates that support them.
+   ``tools=``; tool-call arguments as objects, :func:`envs.chat_template.template_messages`),
+   not ``History.apply_chat_template``, so tool schemas and tool calls reach the templates that
+   support them, written once (not JSON-encoded twice by Qwen2.5-style templates).
 5. Token ids are left-padded dense tensors, not the nested tensors of ``IncrementalTokenizer``:
    torchrl 0.14 cannot ``torch.stack`` nested tensors across time in ``rollout``, and ragged
    lazy stacks fail ``check_env_specs``.
@@ -93,6 +94,8 @@ from torchrl.data import Bounded, Categorical, Composite, NonTensor, Unbounded
 from torchrl.data.llm import History
 from torchrl.envs import EnvBase
 from torchrl.modules.llm.policies import ChatHistory, Text, Tokens
+
+from envs.chat_template import template_messages
 
 __all__ = ["TextEnv", "make_torchrl_env"]
 
@@ -296,7 +299,10 @@ class TextEnv(EnvBase):
             if self._tools[b]:
                 kwargs["tools"] = self._tools[b]
             text = self.tokenizer.apply_chat_template(
-                self._messages[b], tokenize=False, add_generation_prompt=True, **kwargs
+                template_messages(self._messages[b]),
+                tokenize=False,
+                add_generation_prompt=True,
+                **kwargs,
             )
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
             self._render_cache[b] = (text, torch.as_tensor(ids, dtype=torch.int64))

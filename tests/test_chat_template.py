@@ -128,3 +128,29 @@ def test_text_difference_continuations_equal_token_difference_on_real_tau2_turns
             break
         by_tokens = ren._render(_BASE + list(obs), add_generation_prompt=True)[len(ren._base):]
         assert ren.continuation_ids(list(obs)) == by_tokens
+
+
+def test_text_env_prompts_write_tool_call_arguments_once(tokenizer):
+    """TextEnv renders its ("text", "prompt") through template_messages: with a Qwen2.5-style template, a past
+    tool call's arguments appear as a JSON object, not a JSON-encoded string."""
+    import gymnasium as gym
+
+    from envs.torchrl import TextEnv
+
+    class OneCall(gym.Env):
+        observation_space = action_space = gym.spaces.Text(4096)
+
+        def reset(self, *, seed=None, options=None):
+            return list(MESSAGES[:2]), {"messages": list(MESSAGES[:2]), "tools": TOOLS}
+
+        def step(self, action):
+            return [MESSAGES[3]], 0.0, False, False, {"messages": list(MESSAGES)}
+
+    tokenizer.chat_template = QWEN25_LIKE
+    env = TextEnv([OneCall()], tokenizer=tokenizer)
+    env.reset()
+    from tensordict import NonTensorStack, TensorDict
+
+    nxt = env.step(TensorDict({"action": NonTensorStack("x")}, batch_size=[1]))["next"]
+    text = nxt["text", "prompt"][0] if not isinstance(nxt["text", "prompt"], str) else nxt["text", "prompt"]
+    assert CALL in text and '\\"user_id\\"' not in text
