@@ -34,6 +34,7 @@ import torch
 from omegaconf import OmegaConf
 
 from .backends.base import RolloutBackend, SamplingConfig
+from .backends.factory import BACKENDS, make_backend
 from .update import GRPOUpdate
 
 __all__ = ["build", "Components", "LoopSettings", "seed_everything", "make_scheduler", "resolve_device", "DEVICES",
@@ -43,8 +44,6 @@ __all__ = ["build", "Components", "LoopSettings", "seed_everything", "make_sched
 DEVICES = ("auto", "cpu", "cuda")
 #: ``optimizer.scheduler`` values (:func:`make_scheduler`).
 SCHEDULERS = ("constant", "cosine", "linear")
-#: ``rollout.backend`` values (``_build_backend``): the colocated transformers backend, or vLLM.
-BACKENDS = ("transformers", "vllm")
 
 log = logging.getLogger(__name__)
 
@@ -175,28 +174,15 @@ def _build_backend(cfg, model, tokenizer, own_copy: bool) -> RolloutBackend:
     r = cfg.rollout
     if r.backend not in BACKENDS:
         raise ValueError(f"config rollout.backend={r.backend!r} is not one of {BACKENDS}")
-    if r.backend == "transformers":
-        from .backends.transformers_backend import TransformersBackend
+    path = None
+    if r.backend == "vllm":
+        from .models import resolve_model_path
 
-        if not own_copy:
-            return TransformersBackend(model, pad_token_id=tokenizer.pad_token_id, share_module=True,
-                                       max_batch_size=r.max_batch_size)
-        gen_model = copy.deepcopy(model)
-        if hasattr(gen_model, "peft_config"):
-            gen_model = gen_model.merge_and_unload()
-        gen_model.eval().requires_grad_(False)
-        return TransformersBackend(gen_model, pad_token_id=tokenizer.pad_token_id, share_module=False,
-                                   max_batch_size=r.max_batch_size)
-    from .backends.vllm_backend import VLLMBackend  # raises a clear ImportError without the [vllm] extra
-    from .models import resolve_model_path
-
-    src = resolve_model_path(cfg.actor.path)
-    extra = {"gpu_memory_utilization": r.vllm.gpu_memory_utilization} if torch.cuda.is_available() else {}
-    backend = VLLMBackend(src.path, tokenizer=tokenizer, dtype=r.vllm.dtype, max_model_len=r.vllm.max_model_len,
-                          seed=cfg.seed, check_sync_every=r.vllm.check_sync_every, **extra)
-    if cfg.actor.peft.enable:  # LoRA layers may be initialised non-zero: push the merged policy
-        backend.sync_from(model)
-    return backend
+        path = resolve_model_path(cfg.actor.path).path
+    return make_backend(r.backend, model, tokenizer, own_copy=own_copy, max_batch_size=r.max_batch_size,
+                        model_path=path, seed=cfg.seed, vllm_dtype=r.vllm.dtype, max_model_len=r.vllm.max_model_len,
+                        check_sync_every=r.vllm.check_sync_every,
+                        gpu_memory_utilization=r.vllm.gpu_memory_utilization, push_weights=cfg.actor.peft.enable)
 
 
 def _check_async(cfg, backend) -> None:
