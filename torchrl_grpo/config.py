@@ -168,6 +168,27 @@ class StatsLoggerConfig:
 
 
 @dataclass
+class ContinualConfig:
+    """``cl.*``: continual learning over a sequence of domains (torchrl_grpo.continual_trainer; checks and
+    per-domain defaults in torchrl_grpo.cl_domains). An empty ``task_order`` means an ordinary single-env run."""
+
+    task_order: list = field(default_factory=list)  # domains in training order: airline | retail | telecom | mock | gsm8k
+    num_steps_per_task: int = 10  # trainer steps on each domain
+    max_tasks_per_domain: Optional[int] = None  # train on the first N usable tasks of each domain's train split
+    eval_interval: int = 0  # also evaluate every domain every k steps inside a task (0: only at task boundaries)
+    train_split: dict = field(default_factory=dict)  # domain -> train split (default: cl_domains.DOMAIN_DEFAULTS)
+    eval_split: dict = field(default_factory=dict)  # domain -> eval split (default: cl_domains.DOMAIN_DEFAULTS)
+    econfig: dict = field(default_factory=dict)  # domain -> econfig overrides (solo_mode, user, reward, max_turns, ...)
+    metric: str = "pass^1"  # the score in the accuracy matrix R: pass^1 | pass^k | reward_mean
+    algorithm: str = "sequential"  # sequential | replay | joint (cl_algorithms.ALGORITHMS)
+    replay_ratio: float = 0.5  # replay: ceil(ratio * train.batch_size) past-domain tasks added to each step
+    kl_coef: float = 0.0  # > 0: k3 KL to the previous task's policy (the untrained model during the first task)
+    buffer_size: int = 512  # trajectories kept per domain (oldest dropped first)
+    save_checkpoints: bool = True  # checkpoint_task_{k}/ after each task (model, optimizer, trajectories, state)
+    resume_from: Optional[str] = None  # .../checkpoint_task_{k}: continue with the domain after k
+
+
+@dataclass
 class GRPOConfig:
     seed: int = 1
     mode: str = "sync"  # sync | async (rollouts overlapped with updates, staleness <= train.max_staleness); in the
@@ -186,6 +207,7 @@ class GRPOConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     stats_logger: StatsLoggerConfig = field(default_factory=StatsLoggerConfig)
+    cl: ContinualConfig = field(default_factory=ContinualConfig)
 
 
 MODES = ("sync", "async")  # grpo.py: trainer.GRPOTrainer | async_trainer.AsyncGRPOTrainer
@@ -253,6 +275,10 @@ def validate_config(cfg) -> None:
         raise ValueError(f"config loss.behaviour_weight_cap must be > 0 or null, got {cfg.loss.behaviour_weight_cap}")
     if cfg.train.max_staleness < 0:
         raise ValueError(f"config train.max_staleness must be >= 0, got {cfg.train.max_staleness}")
+    if OmegaConf.select(cfg, "cl.task_order"):
+        from .cl_domains import validate_cl_config
+
+        validate_cl_config(cfg, check_tasks=False)  # names and ranges; ContinualTrainer also checks the splits
     if cfg.optimizer.lr <= 0:
         raise ValueError(f"config optimizer.lr must be > 0, got {cfg.optimizer.lr}")
     if cfg.gconfig.temperature < 0 or not 0 < cfg.gconfig.top_p <= 1:

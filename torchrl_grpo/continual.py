@@ -28,7 +28,8 @@ earlier domains helped a later one before it was trained on.
     algorithm      str                 cl.algorithm
     metric         str                 the score in R and b (pass^1 | pass^k | reward_mean)
     boundaries     list[int]           global trainer step at the end of each finished task
-    R              list[list[float|None]] [T, T]   rows of unfinished tasks are None
+    R              list[list[float|None]] [T, T]   rows of unfinished tasks are None (joint runs: [1, T])
+    row_labels     list[str]           optional labels of R's rows (joint runs: ["joint"])
     b              list[float|None] [T]
     base/eval      list[row]           evaluations of the untrained model (step 0), one row per domain
     task_k/train   list[row]           one row per trainer step of task k: step, domain, loss, reward_mean, ...
@@ -229,19 +230,20 @@ def plot_accuracy_matrix(metrics: dict, path: str | Path) -> Path:
     order = list(metrics["task_order"])
     T = len(order)
     R = [[np.nan if v is None else v for v in row] if row is not None else [np.nan] * T
-         for row in metrics.get("R", [[None] * T] * T)]
-    b = [np.nan if v is None else v for v in metrics.get("b", [None] * T)]
+         for row in metrics.get("R") or [[None] * T] * T]
+    b = [np.nan if v is None else v for v in metrics.get("b") or [None] * T]
+    labels = metrics.get("row_labels") or [f"after {i}: {d}" for i, d in enumerate(order)]
     M = np.array([b] + R, dtype=np.float64)
-    fig, ax = plt.subplots(figsize=(1.6 * T + 3, 1.0 * (T + 1) + 1.8))
+    fig, ax = plt.subplots(figsize=(1.6 * T + 3, 1.0 * (len(R) + 1) + 1.8))
     im = ax.imshow(np.ma.masked_invalid(M), vmin=0.0, vmax=1.0, cmap="viridis")
-    for i in range(T + 1):
+    for i in range(len(R) + 1):
         for j in range(T):
             if np.isfinite(M[i, j]):
                 ax.text(j, i, f"{M[i, j]:.2f}", ha="center", va="center",
                         color="white" if M[i, j] < 0.6 else "black", fontsize=10)
     ax.axhline(0.5, color="white", lw=2)
     ax.set_xticks(range(T), order)
-    ax.set_yticks(range(T + 1), ["untrained (b)"] + [f"after {i}: {d}" for i, d in enumerate(order)])
+    ax.set_yticks(range(len(R) + 1), ["untrained (b)"] + list(labels))
     ax.set_xlabel(f"evaluated domain ({metrics.get('metric', 'pass^1')})")
     s = metrics.get("summary") or {}
     title = "accuracy matrix R"

@@ -1,0 +1,134 @@
+"""CL algorithms without a model: batch concatenation, replay's task draws and batch growth, KL anchor, registry."""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from tensordict import NonTensorStack, TensorDict
+
+from torchrl_grpo.advantage import group_advantages
+from torchrl_grpo.cl_algorithms import (ALGORITHMS, Joint, KLAnchor, Replay, Sequential, concat_batches,
+                                        make_algorithm)
+from torchrl_grpo.episode_stats import non_tensor_list
+from torchrl_grpo.trajectory_buffer import TrajectoryBuffer
+
+
+def batch(n_groups, G, T, rewards=None, domain="mock", first_task=0):
+    n = n_groups * G
+    tokens = torch.arange(n * T).reshape(n, T) + 1
+    td = TensorDict({
+        "tokens": tokens, "attention_mask": torch.ones(n, T, dtype=torch.bool),
+        "response_mask": torch.zeros(n, T, dtype=torch.bool).index_fill_(1, torch.tensor([T - 1]), True),
+        "sample_log_probs": torch.full((n, T), -0.5),
+        "reward": torch.tensor(rewards if rewards is not None else [float(i % 2) for i in range(n)]),
+        "group_id": torch.arange(n_groups).repeat_interleave(G),
+        "num_turns": torch.ones(n, dtype=torch.long), "response_tokens": torch.ones(n, dtype=torch.long),
+        "infra_error": torch.zeros(n, dtype=torch.bool),
+    }, batch_size=[n])
+    td["task"] = NonTensorStack(*[{"index": first_task + g} for g in range(n_groups) for _ in range(G)])
+    td["info"] = NonTensorStack(*[{"domain": domain, "messages": []} for _ in range(n)])
+    return td
+
+
+def test_concat_pads_shifts_groups_and_keeps_advantages():
+    a, b = batch(2, 2, 3), batch(1, 2, 5, rewards=[0.0, 1.0], domain="telecom")
+    out = concat_batches([a, b], pad_token_id=-7)
+    assert out.batch_size == torch.Size([6]) and out["tokens"].shape == (6, 5)
+    assert (out["tokens"][:4, 3:] == -7).all() and torch.equal(out["tokens"][:4, :3], a["tokens"])
+    assert not out["attention_mask"][:4, 3:].any() and not out["response_mask"][:4, 3:].any()
+    assert (out["sample_log_probs"][:4, 3:] == 0).all() and torch.equal(out["tokens"][4:], b["tokens"])
+    assert out["group_id"].tolist() == [0, 0, 1, 1, 2, 2]
+    assert [i["domain"] for i in non_tensor_list(out, "info")] == ["mock"] * 4 + ["telecom"] * 2
+    assert non_tensor_list(out, "task")[4] == {"index": 0}
+    # replayed groups get their own group-relative advantages: the same as computed on each batch alone
+    adv = group_advantages(out["reward"], out["group_id"])
+    assert torch.allclose(adv, torch.cat([group_advantages(a["reward"], a["group_id"]),
+                                          group_advantages(b["reward"], b["group_id"])]))
+    assert concat_batches([a], 0) is a
+    with pytest.raises(ValueError, match="at least one"):
+        concat_batches([], 0)
+    with pytest.raises(ValueError, match="different keys"):
+        concat_batches([a, b.exclude("info")], 0)
+
+
+class FakeCL:
+    """What Replay uses of ContinualTrainer: domains, buffer, trainer.settings/step, pad id, collect."""
+
+    def __init__(self, batch_size=2, G=2):
+        self.domains = ["mock", "telecom", "airline"]
+        self.buffer = TrajectoryBuffer()
+        self.trainer = SimpleNamespace(settings=SimpleNamespace(batch_size=batch_size, n_samples=G), step=5)
+        self.pad_token_id = 0
+        self.calls = []
+        self.G = G
+
+    def past_domains(self, d):
+        return self.domains[: self.domains.index(d)]
+
+    def collect(self, domain, tasks):
+        self.calls.append((domain, tasks))
+        return batch(len(tasks), self.G, 4, domain=domain, first_task=tasks[0]["index"])
+
+
+@pytest.mark.parametrize("ratio", [0.5, 1.0, 1.5])
+def test_replay_adds_past_domain_groups(ratio):
+    cl = FakeCL(batch_size=2, G=2)
+    cl.buffer.add_batch(batch(3, 2, 3, first_task=10), "mock")
+    algo = Replay(ratio, seed=3)
+    algo.setup(cl)
+    first = batch(2, 2, 3)
+    assert algo.augment_batch(first, "mock") is first and algo.last_replayed == 0 and cl.calls == []
+    cur = batch(2, 2, 3, domain="telecom")
+    out = algo.augment_batch(cur, "telecom")
+    n_replay = math.ceil(ratio * 2)
+    assert out.shape[0] == 4 + n_replay * 2 and algo.last_replayed == n_replay * 2
+    assert [d for d, _ in cl.calls] == ["mock"] and len(cl.calls[0][1]) == n_replay
+    assert all(t["index"] in (10, 11, 12) for t in cl.calls[0][1])  # tasks seen on mock, from the buffer
+    assert len(set(out["group_id"].tolist())) == 2 + n_replay
+    # the draw depends on (seed, step) only: a resumed run replays the same tasks
+    cl2 = FakeCL()
+    cl2.buffer = cl.buffer
+    algo2 = Replay(ratio, seed=3)
+    algo2.setup(cl2)
+    algo2.augment_batch(batch(2, 2, 3), "telecom")
+    assert cl2.calls == cl.calls[-1:]
+
+
+def test_replay_spreads_over_all_past_domains():
+    cl = FakeCL(batch_size=8, G=1)
+    cl.buffer.add_batch(batch(2, 1, 3), "mock")
+    cl.buffer.add_batch(batch(2, 1, 3, first_task=50), "telecom")
+    algo = Replay(1.0)
+    algo.setup(cl)
+    out = algo.augment_batch(batch(8, 1, 3), "airline")
+    assert {d for d, _ in cl.calls} == {"mock", "telecom"} and out.shape[0] == 16
+    with pytest.raises(ValueError, match="> 0"):
+        Replay(0.0)
+
+
+def test_registry_and_make_algorithm():
+    assert set(ALGORITHMS) == {"sequential", "replay", "joint"}
+    cfg = OmegaConf.create({"algorithm": "replay", "replay_ratio": 0.25})
+    a = make_algorithm(cfg, seed=1)
+    assert isinstance(a, Replay) and a.ratio == 0.25
+    assert isinstance(make_algorithm(OmegaConf.create({"algorithm": "sequential", "replay_ratio": 0.5})), Sequential)
+    with pytest.raises(ValueError, match="cl.algorithm"):
+        make_algorithm(OmegaConf.create({"algorithm": "ewc", "replay_ratio": 0.5}))
+    assert [Joint().domain_for_step(s, ["a", "b", "c"]) for s in range(5)] == ["a", "b", "c", "a", "b"]
+    x = batch(1, 2, 3)
+    assert Sequential().augment_batch(x, "mock") is x
+
+
+def test_kl_anchor_freezes_a_copy_of_the_policy_as_reference():
+    model = torch.nn.Linear(2, 2)
+    trainer = SimpleNamespace(model=model, updater=SimpleNamespace(reference=None))
+    KLAnchor().post_task(trainer, "mock")
+    with trainer.updater.reference() as ref:
+        assert ref is not model and torch.equal(ref.weight, model.weight) and not ref.weight.requires_grad
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    with trainer.updater.reference() as ref:  # the anchor does not follow later training
+        assert not torch.equal(ref.weight, model.weight)

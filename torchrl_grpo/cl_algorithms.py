@@ -1,0 +1,195 @@
+"""Continual-learning algorithms as hooks on the GRPO loop, and the batch concatenation replay needs.
+
+A :class:`CLAlgorithm` is called by :class:`torchrl_grpo.continual_trainer.ContinualTrainer` at four points (subclass
+it and pass an instance as ``ContinualTrainer(cfg, algorithm=...)``; ``self.cl`` is the continual trainer)::
+
+    pre_task(trainer, domain)       before the first step on ``domain``
+    augment_batch(batch, domain)    the collected batch of each step (TensorDict [N], torchrl_grpo.collector) ->
+                                    the batch to train on (before advantages; may add rows, never reorder them)
+    post_step(trainer, domain)      after each trainer step
+    post_task(trainer, domain)      after the last step on ``domain`` (before the boundary evaluation)
+
+Built here (``cl.algorithm``, :data:`ALGORITHMS`):
+
+* ``sequential`` — plain fine-tuning domain after domain (the baseline forgetting is measured against).
+* ``replay`` — on-policy replay of past domains' prompts: each step adds ``ceil(cl.replay_ratio * B)`` tasks
+  (B = ``train.batch_size``) drawn from the tasks seen on earlier domains (:meth:`TrajectoryBuffer.sample_tasks`:
+  domain uniform, then task uniform), rolled out *now* with the current policy (``n_samples`` episodes each, so they
+  form ordinary GRPO groups with their own group-relative advantages). The current domain keeps its B tasks, so
+  its learning signal equals the sequential run's; replayed groups are ``r/(1+r)`` of the batch. On-policy replay
+  of old prompts, rather than replaying stored off-policy trajectories, is the variant reported to work best for
+  RL-trained LLMs (stored trajectories would need importance weights from a policy that no longer exists).
+* ``joint`` — the upper bound: one stage over all domains, the trained domain rotating every step (round robin),
+  ``cl.num_steps_per_task * T`` steps in all; the result is one row of scores, not a T x T matrix.
+
+With ``cl.kl_coef > 0`` any of them also gets :class:`KLAnchor`: the loss's k3 KL term (``loss.kl_coef``, see
+:mod:`torchrl_grpo.loss`) is taken to the policy as it was at the end of the previous task (the untrained model
+during the first task) instead of to the initial model.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from contextlib import nullcontext
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+import torch
+from tensordict import NonTensorStack, TensorDict, is_non_tensor
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .continual_trainer import ContinualTrainer
+
+__all__ = ["CLAlgorithm", "Sequential", "Replay", "Joint", "KLAnchor", "ALGORITHMS", "make_algorithm",
+           "concat_batches"]
+
+
+class CLAlgorithm:
+    """The hook interface (module docstring). The base class is sequential fine-tuning: every hook a no-op."""
+
+    name = "sequential"
+
+    def setup(self, cl: "ContinualTrainer") -> None:
+        """Called once by the continual trainer before training."""
+        self.cl = cl
+
+    def pre_task(self, trainer, domain: str) -> None:
+        pass
+
+    def augment_batch(self, batch: TensorDict, domain: str) -> TensorDict:
+        return batch
+
+    def post_step(self, trainer, domain: str) -> None:
+        pass
+
+    def post_task(self, trainer, domain: str) -> None:
+        pass
+
+
+class Sequential(CLAlgorithm):
+    """Sequential fine-tuning (the baseline)."""
+
+
+class Replay(CLAlgorithm):
+    """On-policy replay of past domains' prompts (module docstring).
+
+    Args:
+        ratio: replayed tasks per step = ``ceil(ratio * batch_size)``.
+        seed: seeds the task draws (with the trainer step, so a resumed run draws the same tasks).
+
+    Raises:
+        ValueError: ``ratio <= 0``.
+    """
+
+    name = "replay"
+
+    def __init__(self, ratio: float, seed: int = 0) -> None:
+        if ratio <= 0:
+            raise ValueError(f"replay ratio must be > 0, got {ratio}")
+        self.ratio, self.seed = float(ratio), int(seed)
+        self.last_replayed = 0  # episodes added to the last batch
+
+    def augment_batch(self, batch: TensorDict, domain: str) -> TensorDict:
+        cl = self.cl
+        past = cl.past_domains(domain)
+        self.last_replayed = 0
+        if not past:
+            return batch
+        n = math.ceil(self.ratio * cl.trainer.settings.batch_size)
+        rng = np.random.default_rng([self.seed, cl.trainer.step])
+        pairs = cl.buffer.sample_tasks(n, past, rng)
+        parts = [batch]
+        for d in past:
+            tasks = [t for dd, t in pairs if dd == d]
+            if tasks:
+                parts.append(cl.collect(d, tasks))
+        out = concat_batches(parts, cl.pad_token_id)
+        self.last_replayed = out.shape[0] - batch.shape[0]
+        return out
+
+
+class Joint(CLAlgorithm):
+    """Joint multi-domain training (the upper bound): the continual trainer runs one stage of
+    ``num_steps_per_task * T`` steps and calls :meth:`domain_for_step` to pick each step's domain."""
+
+    name = "joint"
+
+    def domain_for_step(self, step: int, domains: Sequence[str]) -> str:
+        """Round robin: domain ``step mod T``."""
+        return domains[step % len(domains)]
+
+
+class KLAnchor(CLAlgorithm):
+    """k3 KL to the previous task's policy: at each task's end, the update's KL reference becomes a frozen copy of
+    the policy (a second copy of the model in memory, LoRA included). Needs ``loss.kl_coef > 0``
+    (:func:`torchrl_grpo.cl_domains.domain_config` sets it from ``cl.kl_coef``)."""
+
+    name = "kl_anchor"
+
+    def post_task(self, trainer, domain: str) -> None:
+        frozen = copy.deepcopy(trainer.model).eval().requires_grad_(False)
+        trainer.updater.reference = lambda: nullcontext(frozen)
+        self.anchor = frozen
+
+
+#: ``cl.algorithm`` values.
+ALGORITHMS = {"sequential": Sequential, "replay": Replay, "joint": Joint}
+
+
+def make_algorithm(cl_cfg, seed: int = 0) -> CLAlgorithm:
+    """The algorithm named by ``cl.algorithm`` (options from the same section).
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    name = cl_cfg.algorithm
+    if name not in ALGORITHMS:
+        raise ValueError(f"cl.algorithm={name!r} is not one of {tuple(ALGORITHMS)}")
+    if name == "replay":
+        return Replay(cl_cfg.replay_ratio, seed=seed)
+    return ALGORITHMS[name]()
+
+
+def concat_batches(batches: Sequence[TensorDict], pad_token_id: int) -> TensorDict:
+    """Stack collector batches ([N_i, T_i], :mod:`torchrl_grpo.collector`) into one [Σ N_i, max T_i] batch.
+
+    Per-token entries ([N_i, T_i]) are right-padded: ``tokens`` with ``pad_token_id``, masks with False, log-probs
+    with 0 (padding is outside ``attention_mask`` and ``response_mask``, so no loss term sees it). ``group_id`` of
+    batch i is shifted past every id of batches < i, so groups stay distinct. Non-tensor entries (``task``,
+    ``info``) are concatenated as lists.
+
+    Raises:
+        ValueError: no batches, or batches with different keys.
+    """
+    if not batches:
+        raise ValueError("concat_batches needs at least one batch")
+    if len(batches) == 1:
+        return batches[0]
+    keys = set(batches[0].keys())
+    for b in batches[1:]:
+        if set(b.keys()) != keys:
+            raise ValueError(f"batches have different keys: {sorted(keys ^ set(b.keys()))}")
+    T = max(int(b["tokens"].shape[1]) for b in batches)
+    tensors: dict[str, list[torch.Tensor]] = {}
+    lists: dict[str, list] = {}
+    offset = 0
+    for b in batches:
+        Tb = int(b["tokens"].shape[1])
+        for k in b.keys():
+            v = b.get(k)
+            if is_non_tensor(v):
+                lists.setdefault(k, []).extend(v.tolist())
+                continue
+            if k == "group_id":
+                v = v + offset
+            elif v.ndim >= 2 and v.shape[1] == Tb and Tb < T:
+                fill = pad_token_id if k == "tokens" else 0
+                pad = torch.full((v.shape[0], T - Tb, *v.shape[2:]), fill, dtype=v.dtype)
+                v = torch.cat([v, pad], dim=1)
+            tensors.setdefault(k, []).append(v)
+        offset = int(tensors["group_id"][-1].max()) + 1
+    n = sum(b.shape[0] for b in batches)
+    out = TensorDict({k: torch.cat(v) for k, v in tensors.items()}, batch_size=[n])
+    for k, v in lists.items():
+        out[k] = NonTensorStack(*v)
+    return out
