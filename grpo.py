@@ -6,6 +6,7 @@
     python grpo.py --multirun optimizer.lr=1e-5,1e-6
     python grpo.py --config-name grpo_tau2 econfig.domain=telecom
     python grpo.py eval_only=true train.resume_from=outputs/.../checkpoints/step_000004
+    python grpo.py --config-name grpo_cl cl.task_order=[airline,retail,telecom] cl.algorithm=replay   # continual
 
 Outputs go to ``outputs/YYYY-MM-DD/HH-MM-SS/`` (``metrics.jsonl``, ``checkpoints/``, ``.hydra/config.yaml``).
 Ctrl-C / SIGTERM finish the current step, checkpoint it and exit with 130 / 143 (a second signal stops at once;
@@ -31,7 +32,24 @@ register_configs()
 log = logging.getLogger("grpo")
 
 
+def run_continual(cfg: DictConfig) -> dict:
+    """A continual run (``cl.task_order`` set, e.g. ``--config-name grpo_cl``): torchrl_grpo.continual_trainer."""
+    from torchrl_grpo.continual_trainer import ContinualTrainer
+
+    run_dir = cfg.output_dir or HydraConfig.get().runtime.output_dir
+    with handle_signals():
+        trainer = ContinualTrainer(cfg, run_dir)
+        try:
+            result = trainer.train()
+        finally:
+            trainer.close()
+    log.info("done: %s", json.dumps(result, default=str)[:2000])
+    return result
+
+
 def run(cfg: DictConfig) -> dict:
+    if cfg.cl.task_order:
+        return run_continual(cfg)
     if cfg.mode == "async":
         from torchrl_grpo.async_trainer import AsyncGRPOTrainer as Trainer
     else:

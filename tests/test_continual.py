@@ -91,6 +91,7 @@ def test_banner_and_tables():
     assert "a 0.10 -> 0.50, b 0.20" in first
     table = cl.format_matrix(["a", "b"], [[0.5, 0.2], [None, None]], [0.1, 0.0])
     assert "untrained (b)" in table and "0: a" in table and "-" in table.splitlines()[-1]
+    assert cl.format_matrix(["a", "b"], [[0.5, 0.2], None], [0.1, 0.0]) == table  # an unfinished row may be None
     assert "bwt" in cl.format_transfer(cl.transfer_metrics(R3, B3))
 
 

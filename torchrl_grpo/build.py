@@ -12,7 +12,8 @@ What :func:`build` makes, in order:
 3. the KL reference (``loss.kl_coef > 0``): a frozen copy of the initial policy, or with LoRA the same model with
    its adapter switched off — either way a context yielding the module to score with;
 4. the rollout backend (``rollout.backend``: transformers colocated, or a copy with ``own_backend_copy``; vLLM);
-5. the optional local LLM user, the train and eval collectors, the train task list and the eval task/baseline
+5. the env side (:func:`build_env_side`, once per env config): the optional local LLM user, the train and eval
+   collectors, the train task list and the eval task/baseline
    functions (the env decides which tasks are usable and what "doing nothing" is);
 6. the loss, the optimizer (fused AdamW), the LR schedule over trainer steps, the update (:mod:`torchrl_grpo.update`);
 7. resume (``train.resume_from``: weights, optimizer, schedule, step; the backend synced to them) and the logger.
@@ -25,7 +26,7 @@ import math
 import random
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,7 +38,7 @@ from .backends.base import RolloutBackend, SamplingConfig
 from .backends.factory import BACKENDS, make_backend
 from .update import GRPOUpdate
 
-__all__ = ["build", "Components", "LoopSettings", "seed_everything", "make_scheduler", "resolve_device", "DEVICES",
+__all__ = ["build", "build_env_side", "EnvSide", "Components", "LoopSettings", "seed_everything", "make_scheduler", "resolve_device", "DEVICES",
            "SCHEDULERS", "BACKENDS"]
 
 #: ``train.device`` values (:func:`resolve_device`).
@@ -193,6 +194,73 @@ def _check_async(cfg, backend) -> None:
                     "weight pi_prox/pi_behav (high variance); AReaL's cap ~2 is the tested setting")
 
 
+@dataclass
+class EnvSide:
+    """The env half of a run for one environment config (:func:`build_env_side`): the train and eval collectors on
+    a shared backend, the usable train task indices, the first ``eval.n_problems`` usable eval tasks
+    (``eval_tasks()``, computed once) and the do-nothing baseline on a task list (``eval_baseline(tasks)``, once per
+    list; ``{}`` for envs without one). A continual run holds one per domain
+    (:mod:`torchrl_grpo.continual_trainer`)."""
+
+    user_fn: Any  # local LLM user (None unless econfig.user / user_llm is "local")
+    collector: Any
+    eval_collector: Any
+    train_tasks: list[int]
+    _eval_tasks: Callable[[], list[int]]
+    _baseline: Callable[[list[int]], dict[str, float]]
+    _cache: dict = field(default_factory=dict)
+
+    def eval_tasks(self) -> list[int]:
+        if "tasks" not in self._cache:
+            self._cache["tasks"] = self._eval_tasks()
+        return self._cache["tasks"]
+
+    def eval_baseline(self, tasks: list[int]) -> dict[str, float]:
+        key = ("baseline", tuple(tasks))
+        if key not in self._cache:
+            self._cache[key] = self._baseline(tasks)
+        return self._cache[key]
+
+    def close(self) -> None:
+        self.collector.close()
+        self.eval_collector.close()
+
+
+def build_env_side(cfg, backend: RolloutBackend, tokenizer, sampling: SamplingConfig) -> EnvSide:
+    """The collectors and task lists of ``cfg``'s environment (``econfig``, ``train_dataset``, ``valid_dataset``,
+    ``eval.n_problems``) on an existing backend; a local tau2 user (``econfig.user=local``) is built on it too.
+
+    Raises:
+        ValueError: an empty train split, bad env settings (:func:`torchrl_grpo.env_factory.env_kwargs_from_config`).
+    """
+    from .collector import GroupCollector
+    from .env_factory import env_kwargs_from_config, make_env_fn, tau2_user, usable_task_indices
+    from .evaluation import do_nothing_baseline
+
+    g = cfg.gconfig
+    user_fn = None
+    if tau2_user(cfg.econfig) == "local":
+        from .local_user import LocalUser
+
+        user_fn = LocalUser(backend, tokenizer, SamplingConfig(max_new_tokens=g.max_new_tokens, temperature=0.7,
+                                                               seed=cfg.seed))
+    env_id, kw = env_kwargs_from_config(cfg, cfg.train_dataset.split, cfg.train_dataset.path, user_fn=user_fn)
+    collector = GroupCollector(make_env_fn(env_id, **kw), backend, tokenizer, sampling, max_turns=cfg.econfig.max_turns,
+                               max_context_tokens=cfg.rollout.max_context_tokens, seed=cfg.seed, user_batcher=user_fn)
+    train_tasks = usable_task_indices(collector._envs(1)[0], cfg.train_dataset.limit)
+    if len(train_tasks) < 1:
+        raise ValueError(f"train split {cfg.train_dataset.split!r} of {env_id} has no tasks")
+    vid, vkw = env_kwargs_from_config(cfg, cfg.valid_dataset.split, cfg.valid_dataset.path or cfg.train_dataset.path,
+                                      user_fn=user_fn)
+    eval_collector = GroupCollector(make_env_fn(vid, **vkw), backend, tokenizer, sampling,
+                                    max_turns=cfg.econfig.max_turns, max_context_tokens=cfg.rollout.max_context_tokens,
+                                    seed=cfg.seed + 1, user_batcher=user_fn)
+    n_eval = cfg.eval.n_problems
+    return EnvSide(user_fn=user_fn, collector=collector, eval_collector=eval_collector, train_tasks=train_tasks,
+                   _eval_tasks=lambda: usable_task_indices(eval_collector._envs(1)[0], n_eval),
+                   _baseline=lambda tasks: do_nothing_baseline(make_env_fn(vid, **vkw), tasks))
+
+
 def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: RolloutBackend | None = None,
           own_backend_copy: bool = False) -> Components:
     """Build the components of a GRPO run from its config (see the module docstring for what and in which order).
@@ -210,11 +278,8 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
         FileNotFoundError: missing data or checkpoint.
     """
     from .checkpoint import load_checkpoint
-    from .collector import GroupCollector
     from .config import validate_config
     from .dropout import disable_dropout
-    from .env_factory import env_kwargs_from_config, make_env_fn, tau2_user, usable_task_indices
-    from .evaluation import do_nothing_baseline
     from .loss import GRPOLoss
     from .models import load_model_and_tokenizer
     from .stats_logger import StatsLogger
@@ -256,23 +321,7 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
     backend = backend or _build_backend(cfg, model, tokenizer, own_copy=own_backend_copy)
     g = cfg.gconfig
     sampling = SamplingConfig(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p, top_k=g.top_k)
-    user_fn = None
-    if tau2_user(cfg.econfig) == "local":
-        from .local_user import LocalUser
-
-        user_fn = LocalUser(backend, tokenizer, SamplingConfig(max_new_tokens=g.max_new_tokens, temperature=0.7,
-                                                               seed=cfg.seed))
-    env_id, kw = env_kwargs_from_config(cfg, cfg.train_dataset.split, cfg.train_dataset.path, user_fn=user_fn)
-    collector = GroupCollector(make_env_fn(env_id, **kw), backend, tokenizer, sampling, max_turns=cfg.econfig.max_turns,
-                               max_context_tokens=cfg.rollout.max_context_tokens, seed=cfg.seed, user_batcher=user_fn)
-    train_tasks = usable_task_indices(collector._envs(1)[0], cfg.train_dataset.limit)
-    if len(train_tasks) < 1:
-        raise ValueError(f"train split {cfg.train_dataset.split!r} of {env_id} has no tasks")
-    vid, vkw = env_kwargs_from_config(cfg, cfg.valid_dataset.split, cfg.valid_dataset.path or cfg.train_dataset.path,
-                                      user_fn=user_fn)
-    eval_collector = GroupCollector(make_env_fn(vid, **vkw), backend, tokenizer, sampling,
-                                    max_turns=cfg.econfig.max_turns, max_context_tokens=cfg.rollout.max_context_tokens,
-                                    seed=cfg.seed + 1, user_batcher=user_fn)
+    side = build_env_side(cfg, backend, tokenizer, sampling)
     n_eval = cfg.eval.n_problems
     greedy = g.temperature <= 0  # greedy rollouts report the raw softmax: no truncation then (see loss.py)
     loss_fn = GRPOLoss(
@@ -317,10 +366,9 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
         progress_bar=s.progress_bar, max_staleness=t.max_staleness, config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
     )
     return Components(
-        model=model, tokenizer=tokenizer, backend=backend, sampling=sampling, user_fn=user_fn, collector=collector,
-        eval_collector=eval_collector, train_tasks=train_tasks,
-        eval_tasks=lambda: usable_task_indices(eval_collector._envs(1)[0], n_eval),
-        eval_baseline=lambda tasks: do_nothing_baseline(make_env_fn(vid, **vkw), tasks),
+        model=model, tokenizer=tokenizer, backend=backend, sampling=sampling, user_fn=side.user_fn,
+        collector=side.collector, eval_collector=side.eval_collector, train_tasks=side.train_tasks,
+        eval_tasks=side.eval_tasks, eval_baseline=side.eval_baseline,
         loss_fn=loss_fn, optimizer=optimizer, scheduler=scheduler, update=update, logger=logger, device=device,
         settings=settings, run_dir=run_dir, start_step=start_step, load_time_s=load_time_s,
     )

@@ -147,7 +147,7 @@ def format_matrix(domains: Sequence[str], R: Sequence[Sequence[float | None]], b
     rows = [f"{'untrained (b)':<22}" + "".join(f"{_f(v):>{w + 2}}" for v in b)]
     for i, d in enumerate(domains):
         label = f"{i}: {d}"
-        rows.append(f"{label:<22}" + "".join(f"{_f(v):>{w + 2}}" for v in R[i]))
+        rows.append(f"{label:<22}" + "".join(f"{_f(v):>{w + 2}}" for v in (R[i] or [None] * len(domains))))
     return "\n".join([head, "-" * len(head), *rows])
 
 

@@ -67,6 +67,8 @@ class GRPOTrainer:
         self._length_guard = LengthGuard(self.settings.max_new_tokens)
         self._eval_tasks: list[int] | None = None
         self._baseline: dict[str, float] | None = None
+        # optional callable(batch) -> batch run on each collected batch before advantages (continual replay)
+        self.augment_batch = None
 
     @property
     def optimizer_steps(self) -> int:
@@ -100,12 +102,23 @@ class GRPOTrainer:
             out.append({"index": self.train_tasks[int(perm[pos])]})
         return out
 
+    def use_env(self, side) -> None:
+        """Train and evaluate on another environment from now on: a :class:`torchrl_grpo.build.EnvSide` on this
+        trainer's backend (one per domain in a continual run)."""
+        c = self.components
+        c.collector, c.eval_collector, c.train_tasks = side.collector, side.eval_collector, side.train_tasks
+        c.eval_tasks, c.eval_baseline, c.user_fn = side.eval_tasks, side.eval_baseline, side.user_fn
+        self.collector, self.eval_collector, self.train_tasks = side.collector, side.eval_collector, side.train_tasks
+        self._eval_tasks = self._baseline = None
+
     # ------------------------------------------------------------------ one step
     def train_step(self) -> dict[str, Any]:
         """Run one GRPO step (collect, advantages, updates, weight sync). Returns its metrics."""
         t0 = time.perf_counter()
         batch = self.collector.collect(self.tasks_for_step(self.step), self.settings.n_samples, step=self.step)
         metrics: dict[str, Any] = dict(self.collector.last_stats)
+        if self.augment_batch is not None:
+            batch = self.augment_batch(batch)
         metrics.update(self._learn(batch))
         t_sync = time.perf_counter()
         row = batch[0]  # an episode the backend may score to check its sync (see RolloutBackend.sync_from)

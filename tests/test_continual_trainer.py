@@ -1,0 +1,202 @@
+"""ContinualTrainer end to end with a tiny random model over two tau2 domains (mock, then telecom small, solo):
+metrics.json, per-task checkpoints, trajectories and plots exist and reload; replay changes the batches; resume from
+checkpoint_task_0 continues with telecom as the uninterrupted run did."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from torchrl_grpo import continual
+from torchrl_grpo.cl_algorithms import Replay, Sequential
+from torchrl_grpo.config import GRPOConfig
+from torchrl_grpo.continual_trainer import ContinualTrainer
+from torchrl_grpo.trajectory_buffer import TrajectoryBuffer
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def cl_cfg(**cl):
+    base = {
+        "actor": {"path": "tiny-random"},
+        "econfig": {"env_id": "tau2", "max_steps": 3, "max_turns": 2, "reward": "partial"},
+        "gconfig": {"n_samples": 2, "max_new_tokens": 8},
+        "rollout": {"max_context_tokens": 32768},
+        "train": {"batch_size": 1, "micro_batch_size": 2},
+        "eval": {"at_start": False, "at_end": False, "n_problems": 2, "pass_k": 2},
+        "checkpoint": {"every": 0, "save_final": False},
+        "stats_logger": {"wandb": {"mode": "disabled"}, "progress_bar": False, "console": False},
+        "cl": {"task_order": ["mock", "telecom"], "num_steps_per_task": 1, "max_tasks_per_domain": 2,
+               "train_split": {"telecom": "small"}, "eval_split": {"telecom": "small"}, "metric": "reward_mean",
+               **cl},
+    }
+    return OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.create(base))
+
+
+def run(tmp_path, name, **cl):
+    t = ContinualTrainer(cl_cfg(**cl), tmp_path / name)
+    try:
+        summary = t.train()
+    finally:
+        t.close()
+    return t, summary
+
+
+def test_sequential_run_writes_and_reloads_everything(tmp_path):
+    t, summary = run(tmp_path, "seq", num_steps_per_task=2, eval_interval=1)
+    rd = tmp_path / "seq"
+    m = json.loads((rd / "metrics.json").read_text())
+    assert m["task_order"] == ["mock", "telecom"] and m["algorithm"] == "sequential" and m["boundaries"] == [2, 4]
+    R, b = m["R"], m["b"]
+    assert len(R) == 2 and all(len(r) == 2 and all(0.0 <= v <= 1.0 for v in r) for r in R) and len(b) == 2
+    assert summary["acc"] == pytest.approx(sum(R[1]) / 2)
+    assert {k: summary[k] for k in ("acc", "bwt", "fwt", "forgetting")} == pytest.approx(continual.transfer_metrics(R, b))
+    assert m["summary"]["R"] == R
+    # two steps per task; eval_interval=1 scores both domains after step 1 and at the boundary
+    assert [r["step"] for r in m["task_0/train"]] == [1, 2] and [r["step"] for r in m["task_1/train"]] == [3, 4]
+    assert {r["domain"] for r in m["task_0/train"]} == {"mock"} and {r["domain"] for r in m["task_1/train"]} == {"telecom"}
+    assert all(math.isfinite(r["loss"]) and r["replayed_episodes"] == 0 for r in m["task_0/train"] + m["task_1/train"])
+    assert [(r["step"], r["domain"]) for r in m["task_0/eval"]] == [(1, "mock"), (1, "telecom"), (2, "mock"),
+                                                                     (2, "telecom")]
+    assert [r["domain"] for r in m["base/eval"]] == ["mock", "telecom"] and b == [r["reward_mean"] for r in m["base/eval"]]
+    assert R[0] == [r["reward_mean"] for r in m["task_0/eval"][2:]]
+    assert [(x["task"], x["domain"], x["step"]) for x in m["transfer"]] == [(0, "mock", 2), (1, "telecom", 4)]
+    assert m["transfer"][0]["bwt"] == 0.0 and m["transfer"][1]["bwt"] == pytest.approx(R[1][0] - R[0][0])
+    # metrics.jsonl has the same numbers
+    rows = [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get("cl_transfer/bwt") == pytest.approx(m["transfer"][1]["bwt"]) for r in rows)
+    assert any(r.get("cl_eval/telecom/reward_mean") is not None for r in rows)
+    assert any(r.get("cl/task") == 1 and "loss/total" in r for r in rows)
+    # plots, and their CLI redraw from metrics.json
+    for png in (continual.LEARNING_CURVES_PNG, continual.ACCURACY_MATRIX_PNG):
+        assert (rd / png).read_bytes()[:8] == PNG
+        (rd / png).unlink()
+    assert continual.main(["plot", str(rd)]) == 0 and (rd / continual.ACCURACY_MATRIX_PNG).read_bytes()[:8] == PNG
+    # per-task checkpoints: model, state, trajectories, config
+    for k, dom in enumerate(["mock", "telecom"]):
+        ck = rd / f"checkpoint_task_{k}"
+        st = json.loads((ck / "cl_state.json").read_text())
+        assert st["task"] == k and st["domain"] == dom and st["step"] == 2 * (k + 1)
+        assert (ck / f"step_{2 * (k + 1):06d}" / "model").is_dir() and (ck / "config.yaml").is_file()
+        buf = TrajectoryBuffer.load(ck / "trajectories.jsonl")
+        assert buf.domains == ["mock", "telecom"][: k + 1] and len(buf.episodes("mock")) == 4  # 2 steps x 2 episodes
+        assert buf.episodes("mock")[0].messages and buf.episodes("mock")[0].task_id is not None
+    assert TrajectoryBuffer.load(rd / "trajectories.jsonl").stats()["telecom"]["episodes"] == 4
+    # the saved weights reload into a fresh model and equal the trained ones
+    from torchrl_grpo.checkpoint import load_checkpoint
+    from torchrl_grpo.models import load_model_and_tokenizer
+
+    fresh, _ = load_model_and_tokenizer("tiny-random")
+    load_checkpoint(rd / "checkpoint_task_1", model=fresh, restore_rng=False)
+    for (n, p), q in zip(t.trainer.model.named_parameters(), fresh.parameters()):
+        assert torch.equal(p, q), n
+
+
+def test_evaluate_task_returns_the_scores(tmp_path):
+    t = ContinualTrainer(cl_cfg(), tmp_path / "ev")
+    try:
+        s = t.evaluate_task("telecom")
+        with pytest.raises(ValueError, match="unknown domain"):
+            t.evaluate_task("airline")
+    finally:
+        t.close()
+    assert set(s) == {"pass^1", "pass^k", "reward_mean", "k"} and s["k"] == 2
+    assert all(0.0 <= s[x] <= 1.0 for x in ("pass^1", "pass^k", "reward_mean"))
+
+
+class SpyReplay(Replay):
+    def augment_batch(self, batch, domain):
+        out = super().augment_batch(batch, domain)
+        self.seen = getattr(self, "seen", []) + [(domain, batch.shape[0], out.shape[0], out["group_id"].tolist())]
+        return out
+
+
+def test_replay_adds_past_domain_episodes(tmp_path):
+    spy = SpyReplay(1.0, seed=1)
+    t = ContinualTrainer(cl_cfg(algorithm="replay", replay_ratio=1.0, save_checkpoints=False), tmp_path / "rep",
+                         algorithm=spy)
+    try:
+        t.train()
+    finally:
+        t.close()
+    # mock: nothing to replay; telecom: 1 current group + ceil(1.0 * 1) replayed mock group of 2 episodes
+    assert spy.seen[0][:3] == ("mock", 2, 2)
+    assert spy.seen[1][:3] == ("telecom", 2, 4) and len(set(spy.seen[1][3])) == 2
+    m = json.loads((tmp_path / "rep" / "metrics.json").read_text())
+    assert m["algorithm"] == "replay" and m["task_1/train"][0]["replayed_episodes"] == 2
+    assert m["task_0/train"][0]["replayed_episodes"] == 0
+    assert not (tmp_path / "rep" / "checkpoint_task_0").exists()
+
+
+class Rewarded(Sequential):
+    """A random tiny model earns no tau2 reward, so GRPO would not move it: give alternate episodes reward 1 (as a
+    hook may) so that every step updates the weights."""
+
+    def augment_batch(self, batch, domain):
+        batch["reward"] = (torch.arange(batch.shape[0]) % 2).float()
+        return batch
+
+
+def _weights(path):
+    from torchrl_grpo.checkpoint import load_checkpoint
+    from torchrl_grpo.models import load_model_and_tokenizer
+
+    m, _ = load_model_and_tokenizer("tiny-random")
+    load_checkpoint(path, model=m, restore_rng=False)
+    return [p.detach().clone() for p in m.parameters()]
+
+
+def test_resume_from_checkpoint_task_0_matches_the_uninterrupted_run(tmp_path):
+    t0 = ContinualTrainer(cl_cfg(), tmp_path / "full", algorithm=Rewarded())
+    init = [p.detach().clone() for p in t0.trainer.model.parameters()]
+    try:
+        full = t0.train()
+    finally:
+        t0.close()
+    a = json.loads((tmp_path / "full" / "metrics.json").read_text())
+    t = ContinualTrainer(cl_cfg(resume_from=str(tmp_path / "full" / "checkpoint_task_0")), tmp_path / "resumed",
+                         algorithm=Rewarded())
+    try:
+        resumed = t.train()
+    finally:
+        t.close()
+    b = json.loads((tmp_path / "resumed" / "metrics.json").read_text())
+    assert t.start_task == 1
+    assert b["task_0/train"] == a["task_0/train"] and b["b"] == a["b"]  # carried over, not retrained
+    r_full, r_res = a["task_1/train"][0], b["task_1/train"][0]
+    assert r_res["step"] == r_full["step"] == 2 and r_res["domain"] == "telecom"
+    for key in ("loss", "reward_mean", "ess"):
+        assert r_res[key] == pytest.approx(r_full[key], abs=1e-6), key
+    assert b["R"] == a["R"] and resumed["bwt"] == pytest.approx(full["bwt"])
+    # the weights moved in both tasks, and the resumed run ends with the uninterrupted run's weights
+    w0, w1 = _weights(tmp_path / "full" / "checkpoint_task_0"), _weights(tmp_path / "full" / "checkpoint_task_1")
+    assert any(not torch.equal(p, q) for p, q in zip(init, w0)) and any(not torch.equal(p, q) for p, q in zip(w0, w1))
+    w_res = _weights(tmp_path / "resumed" / "checkpoint_task_1")
+    assert all(torch.allclose(p, q, atol=1e-6) for p, q in zip(w1, w_res))
+
+
+@pytest.mark.parametrize("anchor", [False, True])
+def test_kl_anchor_resets_the_reference_at_the_task_boundary(tmp_path, anchor):
+    # loss.kl_coef > 0 without the anchor: KL to the initial model; cl.kl_coef > 0: KL to the policy that ended the
+    # previous task, which the first step of the next task still is (its KL is 0 before its update)
+    over = {"kl_coef": 0.1} if anchor else {}
+    cfg = cl_cfg(save_checkpoints=False, **over)
+    cfg.optimizer.lr = 1e-2  # one step must move the policy measurably away from the initial model
+    if not anchor:
+        cfg.loss.kl_coef = 0.1
+    t = ContinualTrainer(cfg, tmp_path / "kl", algorithm=Rewarded())
+    try:
+        t.train()
+    finally:
+        t.close()
+    assert [type(h).__name__ for h in t.hooks] == (["Rewarded", "KLAnchor"] if anchor else ["Rewarded"])
+    m = json.loads((tmp_path / "kl" / "metrics.json").read_text())
+    first_kl, second_kl = m["task_0/train"][0]["kl_ref"], m["task_1/train"][0]["kl_ref"]
+    assert first_kl == pytest.approx(0.0, abs=1e-7)  # first step: the policy is the initial model
+    if anchor:
+        assert second_kl == pytest.approx(0.0, abs=1e-7)
+    else:
+        assert second_kl > 1e-4
