@@ -200,3 +200,29 @@ def test_kl_anchor_resets_the_reference_at_the_task_boundary(tmp_path, anchor):
         assert second_kl == pytest.approx(0.0, abs=1e-7)
     else:
         assert second_kl > 1e-4
+
+
+def test_grpo_py_runs_a_joint_continual_config(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    out = tmp_path / "cli"
+    cmd = [sys.executable, str(repo / "grpo.py"), "--config-name", "grpo_cl", "cl.task_order=[mock,telecom]",
+           "+cl.train_split.telecom=small", "+cl.eval_split.telecom=small", "cl.num_steps_per_task=1",
+           "cl.max_tasks_per_domain=2", "cl.algorithm=joint", "actor.path=tiny-random", "actor.peft.enable=false",
+           "actor.gradient_checkpointing=false", "gconfig.n_samples=2", "gconfig.max_new_tokens=8",
+           "econfig.max_turns=2", "econfig.max_steps=3", "train.batch_size=1", "eval.n_problems=2", "eval.pass_k=2",
+           "rollout.max_context_tokens=32768", "rollout.vllm.max_model_len=32768", "stats_logger.wandb.mode=disabled",
+           "stats_logger.progress_bar=false", f"output_dir={out}", f"hydra.run.dir={tmp_path / 'hydra'}"]
+    p = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=600, env={**os.environ})
+    assert p.returncode == 0, p.stderr[-3000:]
+    m = json.loads((out / "metrics.json").read_text())
+    # joint: one stage, the domain alternating every step, one row of scores at the end
+    assert m["algorithm"] == "joint" and m["row_labels"] == ["joint"] and len(m["R"]) == 1 and len(m["R"][0]) == 2
+    assert [r["domain"] for r in m["task_0/train"]] == ["mock", "telecom"] and m["boundaries"] == [2]
+    assert m["summary"]["acc"] == pytest.approx(sum(m["R"][0]) / 2) and "bwt" not in m["summary"]
+    assert (out / continual.ACCURACY_MATRIX_PNG).read_bytes()[:8] == PNG
+    assert (out / "checkpoint_task_0" / "cl_state.json").is_file()

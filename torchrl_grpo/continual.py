@@ -189,9 +189,9 @@ def plot_learning_curves(metrics: dict, path: str | Path) -> Path:
     fig, (ax_t, ax_e) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True)
     for key in _task_keys(metrics, "train"):
         rows = [r for r in metrics[key] if r.get("reward_mean") is not None]
-        if rows:
-            d = rows[0].get("domain", key)
-            ax_t.plot([r["step"] for r in rows], [r["reward_mean"] for r in rows], marker="o", ms=3,
+        for d in dict.fromkeys(r.get("domain", key) for r in rows):  # one line per domain (joint runs: several)
+            rd = [r for r in rows if r.get("domain", key) == d]
+            ax_t.plot([r["step"] for r in rd], [r["reward_mean"] for r in rd], marker="o", ms=3,
                       color=colours.get(d), label=f"{key.split('/')[0]}: {d}")
     ax_t.set_ylabel("train reward (mean)")
     ax_t.legend(loc="upper left", fontsize=8)
@@ -204,11 +204,12 @@ def plot_learning_curves(metrics: dict, path: str | Path) -> Path:
     ax_e.set_xlabel("trainer step")
     ax_e.legend(loc="upper left", fontsize=8)
     starts = [0] + list(metrics.get("boundaries", []))
+    stages = metrics.get("row_labels") or order
     for i, s in enumerate(metrics.get("boundaries", [])):
         for ax in (ax_t, ax_e):
             ax.axvline(s, color="grey", ls="--", lw=1)
-        if i < len(order):
-            ax_t.text((starts[i] + s) / 2, 1.02, order[i], transform=ax_t.get_xaxis_transform(), ha="center",
+        if i < len(stages):
+            ax_t.text((starts[i] + s) / 2, 1.02, stages[i], transform=ax_t.get_xaxis_transform(), ha="center",
                       fontsize=9)
     fig.suptitle(f"continual GRPO ({metrics.get('algorithm', '?')}): {' -> '.join(order)}")
     fig.tight_layout()
