@@ -10,8 +10,8 @@ from omegaconf import OmegaConf
 from tensordict import NonTensorStack, TensorDict
 
 from torchrl_grpo.advantage import group_advantages
-from torchrl_grpo.cl_algorithms import (ALGORITHMS, Joint, KLAnchor, Replay, Sequential, concat_batches,
-                                        make_algorithm)
+from torchrl_grpo.cl_algorithms import (ALGORITHMS, EWC, Joint, KLAnchor, PenalisedLoss, Replay, Sequential,
+                                        concat_batches, make_algorithm)
 from torchrl_grpo.episode_stats import non_tensor_list
 from torchrl_grpo.trajectory_buffer import TrajectoryBuffer
 
@@ -110,13 +110,15 @@ def test_replay_spreads_over_all_past_domains():
 
 
 def test_registry_and_make_algorithm():
-    assert set(ALGORITHMS) == {"sequential", "replay", "joint"}
+    assert set(ALGORITHMS) == {"sequential", "replay", "joint", "ewc"}
     cfg = OmegaConf.create({"algorithm": "replay", "replay_ratio": 0.25})
     a = make_algorithm(cfg, seed=1)
     assert isinstance(a, Replay) and a.ratio == 0.25
     assert isinstance(make_algorithm(OmegaConf.create({"algorithm": "sequential", "replay_ratio": 0.5})), Sequential)
     with pytest.raises(ValueError, match="cl.algorithm"):
-        make_algorithm(OmegaConf.create({"algorithm": "ewc", "replay_ratio": 0.5}))
+        make_algorithm(OmegaConf.create({"algorithm": "lora", "replay_ratio": 0.5}))
+    e = make_algorithm(OmegaConf.create({"algorithm": "ewc", "replay_ratio": 0.5, "ewc_lambda": 3.0}))
+    assert isinstance(e, EWC) and e.lam == 3.0
     assert [Joint().domain_for_step(s, ["a", "b", "c"]) for s in range(5)] == ["a", "b", "c", "a", "b"]
     x = batch(1, 2, 3)
     assert Sequential().augment_batch(x, "mock") is x
@@ -132,3 +134,32 @@ def test_kl_anchor_freezes_a_copy_of_the_policy_as_reference():
         model.weight.add_(1.0)
     with trainer.updater.reference() as ref:  # the anchor does not follow later training
         assert not torch.equal(ref.weight, model.weight)
+
+
+def test_ewc_penalty_formula_and_loss_wrapper():
+    model = torch.nn.Linear(3, 1, bias=False)
+    e = EWC(lam=4.0)
+    e.cl = SimpleNamespace(trainer=SimpleNamespace(device=torch.device("cpu")))
+    assert float(e.penalty()) == 0.0  # no task finished yet
+    star = model.weight.detach().clone()
+    F = torch.tensor([[1.0, 0.0, 2.0]])
+    e.terms = [(model.weight, F, star)]
+    with torch.no_grad():
+        model.weight.add_(torch.tensor([[1.0, 5.0, -0.5]]))
+    # (λ/2) Σ F (θ − θ*)² = 2 * (1*1 + 0*25 + 2*0.25) = 3
+    p = e.penalty()
+    assert float(p) == pytest.approx(3.0)
+    p.backward()
+    assert torch.allclose(model.weight.grad, 4.0 * F * torch.tensor([[1.0, 5.0, -0.5]]))  # λ F (θ − θ*)
+
+    class Base:
+        temperature = 0.7
+
+        def __call__(self, td):
+            return TensorDict({"loss_objective": torch.tensor(1.0), "loss_kl": torch.tensor(0.25)}, [])
+
+    wrapped = PenalisedLoss(Base(), lambda: torch.tensor(2.0), "ewc_penalty")
+    out = wrapped(None)
+    assert float(out["loss_kl"]) == 2.25 and float(out["ewc_penalty"]) == 2.0 and wrapped.temperature == 0.7
+    with pytest.raises(ValueError):
+        EWC(lam=-1.0)

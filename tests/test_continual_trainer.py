@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from torchrl_grpo import continual
-from torchrl_grpo.cl_algorithms import Replay, Sequential
+from torchrl_grpo.cl_algorithms import EWC, Replay, Sequential
 from torchrl_grpo.config import GRPOConfig
 from torchrl_grpo.continual_trainer import ContinualTrainer
 from torchrl_grpo.trajectory_buffer import TrajectoryBuffer
@@ -200,6 +200,30 @@ def test_kl_anchor_resets_the_reference_at_the_task_boundary(tmp_path, anchor):
         assert second_kl == pytest.approx(0.0, abs=1e-7)
     else:
         assert second_kl > 1e-4
+
+
+class RewardedEWC(EWC):
+    def augment_batch(self, batch, domain):
+        batch["reward"] = (torch.arange(batch.shape[0]) % 2).float()
+        return super().augment_batch(batch, domain)
+
+
+def test_ewc_penalises_moving_away_from_the_previous_task(tmp_path):
+    cfg = cl_cfg(num_steps_per_task=2, save_checkpoints=False, algorithm="ewc")
+    cfg.optimizer.lr = 1e-2
+    algo = RewardedEWC(lam=1000.0)
+    t = ContinualTrainer(cfg, tmp_path / "ewc", algorithm=algo)
+    try:
+        t.train()
+    finally:
+        t.close()
+    m = json.loads((tmp_path / "ewc" / "metrics.json").read_text())
+    assert m["algorithm"] == "ewc" and algo.fisher_episodes == 4  # the last batch (2 episodes) of each task
+    assert sum(float(f.sum()) for _, f, _ in algo.terms) > 0
+    assert [r["ewc_penalty"] for r in m["task_0/train"]] == [0.0, 0.0]  # nothing to consolidate yet
+    t1 = m["task_1/train"]
+    assert t1[0]["ewc_penalty"] == pytest.approx(0.0, abs=1e-9)  # still at the weights that ended task 0
+    assert t1[1]["ewc_penalty"] > 0  # one telecom update later the penalty pulls back
 
 
 def test_grpo_py_runs_a_joint_continual_config(tmp_path):

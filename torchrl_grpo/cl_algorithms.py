@@ -19,6 +19,8 @@ Built here (``cl.algorithm``, :data:`ALGORITHMS`):
   its learning signal equals the sequential run's; replayed groups are ``r/(1+r)`` of the batch. On-policy replay
   of old prompts, rather than replaying stored off-policy trajectories, is the variant reported to work best for
   RL-trained LLMs (stored trajectories would need importance weights from a policy that no longer exists).
+* ``ewc`` — elastic weight consolidation (:class:`EWC`, a baseline): a diagonal-Fisher penalty pulling the
+  weights towards those that ended each earlier task (``cl.ewc_lambda``).
 * ``joint`` — the upper bound: one stage over all domains, the trained domain rotating every step (round robin),
   ``cl.num_steps_per_task * T`` steps in all; the result is one row of scores, not a T x T matrix.
 
@@ -40,8 +42,8 @@ from tensordict import NonTensorStack, TensorDict, is_non_tensor
 if TYPE_CHECKING:  # pragma: no cover
     from .continual_trainer import ContinualTrainer
 
-__all__ = ["CLAlgorithm", "Sequential", "Replay", "Joint", "KLAnchor", "ALGORITHMS", "make_algorithm",
-           "concat_batches"]
+__all__ = ["CLAlgorithm", "Sequential", "Replay", "Joint", "EWC", "KLAnchor", "PenalisedLoss", "ALGORITHMS",
+           "make_algorithm", "concat_batches"]
 
 
 class CLAlgorithm:
@@ -119,6 +121,108 @@ class Joint(CLAlgorithm):
         return domains[step % len(domains)]
 
 
+class EWC(CLAlgorithm):
+    """Elastic weight consolidation, online form (a baseline): after each task, a diagonal Fisher of the policy on
+    that task's own trajectories is added to the running one and the weights are remembered; later updates pay
+
+        L_EWC = (λ/2) Σ_i F_i (θ_i − θ*_i)²        (Kirkpatrick et al., 2017, PNAS 114(13), Eq. 3;
+                                                    online accumulation F ← F + F_task: Schwarz et al., 2018, Sec. 3)
+
+    F_i = mean over episodes e of (∂/∂θ_i Σ_{t ∈ response(e)} log π_θ(a_t | s_t))², the empirical Fisher of the
+    sampled responses (per-episode gradients, so N backward passes per task), over the trainable parameters only
+    (LoRA: the adapter). The episodes are the last ``fisher_batches`` collected batches of the task.
+
+    Where we diverge, and why: the penalty is added to the loss's ``loss_kl`` entry (the regulariser slot that
+    :func:`torchrl_grpo.loss.total_loss` backpropagates; ``kl_ref`` is still reported on its own) and logged as
+    ``ewc_penalty``, so neither the loss module nor the update changes. F and θ* live in memory only: a run resumed
+    from ``checkpoint_task_k`` starts without the earlier tasks' penalty.
+
+    Args:
+        lam: λ (``cl.ewc_lambda``).
+        fisher_batches: how many of the task's last batches estimate F.
+
+    Raises:
+        ValueError: ``lam < 0`` or ``fisher_batches < 1``.
+    """
+
+    name = "ewc"
+
+    def __init__(self, lam: float, fisher_batches: int = 1) -> None:
+        if lam < 0 or fisher_batches < 1:
+            raise ValueError(f"EWC needs lam >= 0 and fisher_batches >= 1, got {lam}, {fisher_batches}")
+        self.lam, self.fisher_batches = float(lam), int(fisher_batches)
+        self.terms: list[tuple[torch.nn.Parameter, torch.Tensor, torch.Tensor]] = []  # (θ, F, θ*)
+        self.fisher_episodes = 0  # episodes behind the current F
+        self._recent: list[TensorDict] = []
+
+    def setup(self, cl: "ContinualTrainer") -> None:
+        super().setup(cl)
+        u = cl.trainer.updater
+        u.loss_fn = PenalisedLoss(u.loss_fn, self.penalty, "ewc_penalty")
+
+    def augment_batch(self, batch: TensorDict, domain: str) -> TensorDict:
+        self._recent = (self._recent + [batch.exclude("task", "info").clone()])[-self.fisher_batches:]
+        return batch
+
+    def penalty(self) -> torch.Tensor:
+        """(λ/2) Σ F (θ − θ*)², a scalar with gradient (0 before the first task ends)."""
+        if not self.terms:
+            return torch.zeros((), device=self.cl.trainer.device)
+        return 0.5 * self.lam * sum((f * (p - star) ** 2).sum() for p, f, star in self.terms)
+
+    def post_task(self, trainer, domain: str) -> None:
+        from .log_probs import token_log_probs
+
+        model, lf, dev = trainer.model, trainer.updater.loss_fn, trainer.device
+        params = [p for p in model.parameters() if p.requires_grad]
+        fisher = [torch.zeros_like(p) for p in params]
+        was, n = model.training, 0
+        model.eval()
+        try:
+            for b in self._recent:
+                for i in range(b.shape[0]):
+                    row = b[i : i + 1]
+                    if not row["response_mask"].any():
+                        continue
+                    model.zero_grad(set_to_none=True)
+                    lp, _ = token_log_probs(model, row["tokens"].to(dev), row["attention_mask"].to(dev),
+                                            temperature=lf.temperature, top_p=lf.top_p, top_k=lf.top_k,
+                                            response_mask=row["response_mask"].to(dev))
+                    mask = row["response_mask"][:, : lp.shape[-1]].to(dev, lp.dtype)
+                    (lp * mask).sum().backward()
+                    for f, p in zip(fisher, params):
+                        if p.grad is not None:
+                            f += p.grad.detach() ** 2
+                    n += 1
+        finally:
+            model.zero_grad(set_to_none=True)
+            model.train(was)
+        fisher = [f / max(n, 1) for f in fisher]
+        if self.terms:  # online EWC: accumulate F over tasks, anchor at the newest weights
+            fisher = [f + old for f, (_, old, _) in zip(fisher, self.terms)]
+        self.terms = [(p, f, p.detach().clone()) for p, f in zip(params, fisher)]
+        self.fisher_episodes += n
+        self._recent = []
+
+
+class PenalisedLoss:
+    """A :class:`torchrl_grpo.loss.GRPOLoss` plus a penalty: ``loss_kl`` += ``penalty()``, and the penalty's value
+    under ``name`` for the metrics. Every other attribute is the wrapped loss's."""
+
+    def __init__(self, base, penalty, name: str) -> None:
+        self.base, self.penalty, self.name = base, penalty, name
+
+    def __getattr__(self, attr):
+        return getattr(self.__dict__["base"], attr)
+
+    def __call__(self, td):
+        out = self.base(td)
+        p = self.penalty()
+        out["loss_kl"] = out["loss_kl"] + p
+        out[self.name] = p.detach()
+        return out
+
+
 class KLAnchor(CLAlgorithm):
     """k3 KL to the previous task's policy: at each task's end, the update's KL reference becomes a frozen copy of
     the policy (a second copy of the model in memory, LoRA included). Needs ``loss.kl_coef > 0``
@@ -133,7 +237,7 @@ class KLAnchor(CLAlgorithm):
 
 
 #: ``cl.algorithm`` values.
-ALGORITHMS = {"sequential": Sequential, "replay": Replay, "joint": Joint}
+ALGORITHMS = {"sequential": Sequential, "replay": Replay, "joint": Joint, "ewc": EWC}
 
 
 def make_algorithm(cl_cfg, seed: int = 0) -> CLAlgorithm:
@@ -147,6 +251,8 @@ def make_algorithm(cl_cfg, seed: int = 0) -> CLAlgorithm:
         raise ValueError(f"cl.algorithm={name!r} is not one of {tuple(ALGORITHMS)}")
     if name == "replay":
         return Replay(cl_cfg.replay_ratio, seed=seed)
+    if name == "ewc":
+        return EWC(cl_cfg.ewc_lambda)
     return ALGORITHMS[name]()
 
 

@@ -119,6 +119,8 @@ def validate_cl_config(cfg, *, check_tasks: bool = True) -> None:
     if not 0 <= c.replay_ratio <= 4 or (c.algorithm == "replay" and c.replay_ratio <= 0):
         raise ValueError(f"cl.replay_ratio must be in (0, 4] for cl.algorithm=replay (>= 0 otherwise), got "
                          f"{c.replay_ratio}")
+    if c.ewc_lambda < 0:
+        raise ValueError(f"cl.ewc_lambda must be >= 0, got {c.ewc_lambda}")
     if c.kl_coef < 0:
         raise ValueError(f"cl.kl_coef must be >= 0, got {c.kl_coef}")
     if c.buffer_size < 1:
