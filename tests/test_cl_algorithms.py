@@ -110,7 +110,7 @@ def test_replay_spreads_over_all_past_domains():
 
 
 def test_registry_and_make_algorithm():
-    assert set(ALGORITHMS) == {"sequential", "replay", "joint", "ewc"}
+    assert set(ALGORITHMS) == {"sequential", "replay", "joint", "ewc", "lora_per_domain"}
     cfg = OmegaConf.create({"algorithm": "replay", "replay_ratio": 0.25})
     a = make_algorithm(cfg, seed=1)
     assert isinstance(a, Replay) and a.ratio == 0.25

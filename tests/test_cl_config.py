@@ -82,6 +82,7 @@ def test_solo_defaults_agree_with_tau2():
     ({"algorithm": "ewc2"}, "cl.algorithm"),
     ({"algorithm": "replay", "replay_ratio": 0.0}, "replay_ratio"),
     ({"kl_coef": -1.0}, "kl_coef"),
+    ({"algorithm": "lora_per_domain"}, "needs actor.peft.enable=true"),
     ({"eval_split": {"telcom": "small"}}, "unknown domain 'telcom'"),
     ({"econfig": {"telecom": {"solo": True}}}, r"unknown key\(s\) \['solo'\]"),
     ({"task_order": ["airline", "mock"], "econfig": {"airline": {"solo_mode": True}}},

@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from torchrl_grpo import continual
-from torchrl_grpo.cl_algorithms import EWC, Replay, Sequential
+from torchrl_grpo.cl_algorithms import EWC, LoRAPerDomain, Replay, Sequential
 from torchrl_grpo.config import GRPOConfig
 from torchrl_grpo.continual_trainer import ContinualTrainer
 from torchrl_grpo.trajectory_buffer import TrajectoryBuffer
@@ -224,6 +224,38 @@ def test_ewc_penalises_moving_away_from_the_previous_task(tmp_path):
     t1 = m["task_1/train"]
     assert t1[0]["ewc_penalty"] == pytest.approx(0.0, abs=1e-9)  # still at the weights that ended task 0
     assert t1[1]["ewc_penalty"] > 0  # one telecom update later the penalty pulls back
+
+
+class RewardedLoRA(LoRAPerDomain):
+    def augment_batch(self, batch, domain):
+        batch["reward"] = (torch.arange(batch.shape[0]) % 2).float()
+        return batch
+
+    def post_task(self, trainer, domain):
+        self.snap = getattr(self, "snap", []) + [{n: p.detach().clone() for n, p in trainer.model.named_parameters()
+                                                  if "lora_" in n}]
+
+
+def test_lora_per_domain_trains_one_adapter_per_domain_and_keeps_the_others(tmp_path):
+    cfg = cl_cfg(num_steps_per_task=2, save_checkpoints=False, algorithm="lora_per_domain")
+    cfg.actor.peft.enable, cfg.optimizer.lr = True, 1e-2
+    algo = RewardedLoRA()
+    t = ContinualTrainer(cfg, tmp_path / "lora", algorithm=algo)
+    try:
+        t.train()
+    finally:
+        t.close()
+    assert algo.adapters == {"mock": "default", "telecom": "telecom"}
+    assert set(t.trainer.model.peft_config) == {"default", "telecom"}
+    end0, end1 = algo.snap
+    default = [n for n in end0 if ".default." in n]
+    tele = [n for n in end1 if ".telecom." in n]
+    assert default and tele and not any(".telecom." in n for n in end0)
+    assert all(torch.equal(end0[n], end1[n]) for n in default)  # task 1 never touched the mock adapter
+    assert any(float(end1[n].abs().sum()) > 0 for n in tele if "lora_B" in n)  # lora_B starts at 0: it trained
+    m = json.loads((tmp_path / "lora" / "metrics.json").read_text())
+    assert m["algorithm"] == "lora_per_domain" and m["R"][1][0] == m["R"][0][0]  # mock scored with its own adapter
+    assert t.trainer.model.active_adapter == "telecom"  # scoring restores the training adapter
 
 
 def test_grpo_py_runs_a_joint_continual_config(tmp_path):

@@ -8,6 +8,7 @@ it and pass an instance as ``ContinualTrainer(cfg, algorithm=...)``; ``self.cl``
                                     the batch to train on (before advantages; may add rows, never reorder them)
     post_step(trainer, domain)      after each trainer step
     post_task(trainer, domain)      after the last step on ``domain`` (before the boundary evaluation)
+    eval_context(trainer, domain)   a context manager the scoring of ``domain`` runs in (default: none)
 
 Built here (``cl.algorithm``, :data:`ALGORITHMS`):
 
@@ -21,6 +22,7 @@ Built here (``cl.algorithm``, :data:`ALGORITHMS`):
   RL-trained LLMs (stored trajectories would need importance weights from a policy that no longer exists).
 * ``ewc`` — elastic weight consolidation (:class:`EWC`, a baseline): a diagonal-Fisher penalty pulling the
   weights towards those that ended each earlier task (``cl.ewc_lambda``).
+* ``lora_per_domain`` — one LoRA adapter per domain (:class:`LoRAPerDomain`; the no-forgetting reference point).
 * ``joint`` — the upper bound: one stage over all domains, the trained domain rotating every step (round robin),
   ``cl.num_steps_per_task * T`` steps in all; the result is one row of scores, not a T x T matrix.
 
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import copy
 import math
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -42,8 +44,8 @@ from tensordict import NonTensorStack, TensorDict, is_non_tensor
 if TYPE_CHECKING:  # pragma: no cover
     from .continual_trainer import ContinualTrainer
 
-__all__ = ["CLAlgorithm", "Sequential", "Replay", "Joint", "EWC", "KLAnchor", "PenalisedLoss", "ALGORITHMS",
-           "make_algorithm", "concat_batches"]
+__all__ = ["CLAlgorithm", "Sequential", "Replay", "Joint", "EWC", "LoRAPerDomain", "KLAnchor", "PenalisedLoss",
+           "ALGORITHMS", "make_algorithm", "concat_batches"]
 
 
 class CLAlgorithm:
@@ -66,6 +68,10 @@ class CLAlgorithm:
 
     def post_task(self, trainer, domain: str) -> None:
         pass
+
+    def eval_context(self, trainer, domain: str):
+        """A context the scoring of ``domain`` runs in (default: nothing changes)."""
+        return nullcontext()
 
 
 class Sequential(CLAlgorithm):
@@ -205,6 +211,64 @@ class EWC(CLAlgorithm):
         self._recent = []
 
 
+class LoRAPerDomain(CLAlgorithm):
+    """One LoRA adapter per domain (the reference point: no forgetting by construction). Task k trains a fresh
+    adapter (same LoRA config as ``actor.peft``; the first domain uses the ``default`` adapter build() made) while the
+    earlier ones are frozen; domain j is scored with its own adapter once trained, and before that with the newest
+    adapter (so FWT measures what the latest adapter carries over). Needs ``actor.peft.enable=true``.
+
+    Where we diverge, and why: the optimizer keeps its one parameter group and the LR schedule; the group's
+    parameters are replaced by the new adapter's at each task start (Adam moments start at zero for it, as for a new
+    run). The rollout backend is re-synced after each adapter switch (a no-op for the colocated backend). Resuming a
+    run from ``checkpoint_task_k`` is not supported (the checkpoint holds every adapter, but the loader restores the
+    ``default`` one only).
+
+    Raises:
+        ValueError (at setup): the policy has no LoRA adapter.
+    """
+
+    name = "lora_per_domain"
+
+    def setup(self, cl: "ContinualTrainer") -> None:
+        super().setup(cl)
+        model = cl.trainer.model
+        if not hasattr(model, "peft_config") or "default" not in model.peft_config:
+            raise ValueError("cl.algorithm=lora_per_domain needs actor.peft.enable=true (a LoRA adapter per domain)")
+        self.lora_config = copy.deepcopy(model.peft_config["default"])
+        self.adapters: dict[str, str] = {}  # domain -> adapter name, in training order
+
+    def _activate(self, trainer, name: str) -> None:
+        if trainer.model.active_adapter != name:
+            trainer.model.set_adapter(name)  # peft: the active adapter becomes the only trainable one
+            trainer.backend.sync_from(trainer.model)
+
+    def adapter_for(self, domain: str) -> str:
+        """``domain``'s own adapter once trained, else the newest one (``default`` before any task)."""
+        if domain in self.adapters:
+            return self.adapters[domain]
+        return list(self.adapters.values())[-1] if self.adapters else "default"
+
+    def pre_task(self, trainer, domain: str) -> None:
+        name = "default" if not self.adapters else domain
+        if name != "default":
+            trainer.model.add_adapter(name, copy.deepcopy(self.lora_config))
+        self._activate(trainer, name)
+        self.adapters[domain] = name
+        trainer.optimizer.param_groups[0]["params"] = [p for p in trainer.model.parameters() if p.requires_grad]
+
+    def eval_context(self, trainer, domain: str):
+        @contextmanager
+        def ctx():
+            before = trainer.model.active_adapter
+            self._activate(trainer, self.adapter_for(domain))
+            try:
+                yield
+            finally:
+                self._activate(trainer, before)
+
+        return ctx()
+
+
 class PenalisedLoss:
     """A :class:`torchrl_grpo.loss.GRPOLoss` plus a penalty: ``loss_kl`` += ``penalty()``, and the penalty's value
     under ``name`` for the metrics. Every other attribute is the wrapped loss's."""
@@ -237,7 +301,8 @@ class KLAnchor(CLAlgorithm):
 
 
 #: ``cl.algorithm`` values.
-ALGORITHMS = {"sequential": Sequential, "replay": Replay, "joint": Joint, "ewc": EWC}
+ALGORITHMS = {"sequential": Sequential, "replay": Replay, "joint": Joint, "ewc": EWC,
+              "lora_per_domain": LoRAPerDomain}
 
 
 def make_algorithm(cl_cfg, seed: int = 0) -> CLAlgorithm:

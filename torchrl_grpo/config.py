@@ -180,7 +180,7 @@ class ContinualConfig:
     eval_split: dict = field(default_factory=dict)  # domain -> eval split (default: cl_domains.DOMAIN_DEFAULTS)
     econfig: dict = field(default_factory=dict)  # domain -> econfig overrides (solo_mode, user, reward, max_turns, ...)
     metric: str = "pass^1"  # the score in the accuracy matrix R: pass^1 | pass^k | reward_mean
-    algorithm: str = "sequential"  # sequential | replay | ewc | joint (cl_algorithms.ALGORITHMS)
+    algorithm: str = "sequential"  # sequential | replay | ewc | lora_per_domain | joint (cl_algorithms.ALGORITHMS)
     replay_ratio: float = 0.5  # replay: ceil(ratio * train.batch_size) past-domain tasks added to each step
     kl_coef: float = 0.0  # > 0: k3 KL to the previous task's policy (the untrained model during the first task)
     ewc_lambda: float = 10.0  # ewc: λ of (λ/2) Σ F (θ − θ*)²

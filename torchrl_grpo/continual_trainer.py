@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -164,7 +165,10 @@ class ContinualTrainer:
         t = self.trainer
         t.use_env(self.sides[domain])
         try:
-            ev = t.evaluate()
+            with ExitStack() as stack:
+                for h in self.hooks:
+                    stack.enter_context(h.eval_context(t, domain))
+                ev = t.evaluate()
         finally:
             if self._current is not None:
                 t.use_env(self.sides[self._current])
