@@ -94,6 +94,16 @@ def test_bad_cl_settings_raise_value_error(cl, msg):
         validate_cl_config(cl_cfg(cl), check_tasks=False)
 
 
+def test_a_metric_the_evaluation_does_not_compute_is_refused():
+    with pytest.raises(ValueError, match="eval.greedy=false has no score"):
+        validate_cl_config(cl_cfg({"metric": "reward_mean"}, eval={"greedy": False, "pass_k": 4}), check_tasks=False)
+    with pytest.raises(ValueError, match="eval.greedy=false has no score"):
+        validate_cl_config(cl_cfg(eval={"greedy": False, "pass_k": 0}), check_tasks=False)
+    with pytest.raises(ValueError, match="pass_k >= 1"):
+        validate_cl_config(cl_cfg({"metric": "pass^k"}, eval={"pass_k": 0}), check_tasks=False)
+    validate_cl_config(cl_cfg(eval={"greedy": False, "pass_k": 2}), check_tasks=False)  # pass^1 = sampled pass@1
+
+
 def test_async_mode_is_refused():
     with pytest.raises(ValueError, match="sync only"):
         validate_cl_config(cl_cfg(mode="async"), check_tasks=False)

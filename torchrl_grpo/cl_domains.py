@@ -114,6 +114,9 @@ def validate_cl_config(cfg, *, check_tasks: bool = True) -> None:
         raise ValueError(f"cl.metric={c.metric!r} is not one of {METRICS}")
     if c.metric == "pass^k" and cfg.eval.pass_k < 1:
         raise ValueError("cl.metric=pass^k needs eval.pass_k >= 1")
+    if not cfg.eval.greedy and (c.metric == "reward_mean" or cfg.eval.pass_k < 1):
+        raise ValueError(f"cl.metric={c.metric} with eval.greedy=false has no score: set eval.greedy=true (or, for "
+                         "pass^1, eval.pass_k >= 1: the sampled pass@1)")
     if c.algorithm not in ALGORITHMS:
         raise ValueError(f"cl.algorithm={c.algorithm!r} is not one of {tuple(ALGORITHMS)}")
     if not 0 <= c.replay_ratio <= 4 or (c.algorithm == "replay" and c.replay_ratio <= 0):
