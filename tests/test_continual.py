@@ -133,3 +133,26 @@ def test_cli_redraws_from_metrics_json(tmp_path, capsys):
     assert (tmp_path / cl.ACCURACY_MATRIX_PNG).read_bytes()[:8] == PNG_MAGIC
     with pytest.raises(FileNotFoundError, match="metrics.json"):
         cl.main(["plot", str(tmp_path / "nope")])
+
+
+def test_plots_go_to_wandb_when_it_is_on(tmp_path):
+    import wandb
+
+    from torchrl_grpo.stats_logger import StatsLogger
+
+    class FakeRun:
+        calls = []
+
+        def log(self, data, step):
+            self.calls.append((data, step))
+
+    logger = StatsLogger(tmp_path, wandb_mode="disabled", console=False)
+    logger.log_images({"cl/accuracy_matrix": tmp_path / "none.png"}, step=1)  # no wandb: nothing, no error
+    logger._wandb = FakeRun()
+    paths = cl.plot_run(tmp_path, _metrics())
+    logger.log_images({"cl/learning_curves": paths[0], "cl/accuracy_matrix": paths[1]}, step=4)
+    (data, step), = FakeRun.calls
+    assert step == 4 and set(data) == {"cl/learning_curves", "cl/accuracy_matrix"}
+    assert all(isinstance(v, wandb.Image) for v in data.values())
+    logger._wandb = None
+    logger.close()

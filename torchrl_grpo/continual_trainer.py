@@ -285,14 +285,18 @@ class ContinualTrainer:
 
     # ------------------------------------------------------------------ files
     def _write(self) -> None:
-        """``metrics.json`` (atomically) and the two PNGs."""
+        """``metrics.json`` (atomically) and the two PNGs (also sent to wandb when it is on)."""
         tmp = self.run_dir / (continual.METRICS_JSON + ".tmp")
         tmp.write_text(json.dumps(self.metrics, indent=1, default=_json_default))
         tmp.replace(self.run_dir / continual.METRICS_JSON)
         try:
-            continual.plot_run(self.run_dir, json.loads((self.run_dir / continual.METRICS_JSON).read_text()))
+            curves, matrix = continual.plot_run(self.run_dir,
+                                                json.loads((self.run_dir / continual.METRICS_JSON).read_text()))
         except Exception as e:  # plots are a convenience; never lose a run to them
             log.warning("could not draw the continual-learning plots: %s: %s", type(e).__name__, e)
+            return
+        self.trainer.logger.log_images({"cl/learning_curves": curves, "cl/accuracy_matrix": matrix},
+                                       step=self.trainer.step)
 
     def save_task_checkpoint(self, k: int) -> Path:
         """``checkpoint_task_{k}/``: the trainer checkpoint (``step_<n>/``), the trajectory buffer, the resolved

@@ -81,6 +81,18 @@ class StatsLogger:
                                 "entropy", "rollout/tokens_per_s", "time/step_s") if row.get(k) is not None]
             log.info("step %d | %s", step, " ".join(f"{k}={row[k]:.4g}" for k in keys))
 
+    def log_images(self, images: dict[str, str | os.PathLike], step: int) -> None:
+        """Send image files (PNG plots) to wandb under the given keys; nothing without wandb, and a failure is logged,
+        never raised."""
+        if self._wandb is None or not images:
+            return
+        try:
+            import wandb
+
+            self._wandb.log({k: wandb.Image(str(p)) for k, p in images.items()}, step=step)
+        except Exception as exc:
+            log.warning("wandb image upload failed: %s", exc)
+
     def log_samples(self, samples: list[dict[str, Any]], step: int) -> None:
         """Append episodes (decoded text and reward) to ``<run_dir>/samples.jsonl``, one JSON object per episode."""
         if not samples:
