@@ -56,11 +56,8 @@ def test_load_local_dir(tmp_path):
 
 
 def test_missing_data_dir_errors(tmp_path, monkeypatch):
+    # (no data_dir and no $GSM8K_DATA_DIR loads the packaged copy: tests/test_gsm8k_packaged_data.py)
     monkeypatch.delenv("GSM8K_DATA_DIR", raising=False)
-    with pytest.raises(FileNotFoundError, match="GSM8K_DATA_DIR"):
-        load_gsm8k("train")
-    with pytest.raises(FileNotFoundError, match="GSM8K_DATA_DIR"):
-        GSM8KEnv()
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_gsm8k("train", tmp_path / "nowhere")
     with pytest.raises(FileNotFoundError, match=r"train\.jsonl"):

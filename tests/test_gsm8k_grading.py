@@ -16,7 +16,7 @@ from envs.gsm8k.grading import (
     parse_gold,
 )
 
-from tests.gsm8k_data import DATA_DIR, needs_data  # noqa: E402
+from tests.gsm8k_data import needs_data, open_split  # noqa: E402
 
 
 # (model text, expected extracted answer)
@@ -224,7 +224,7 @@ def test_parse_gold_errors(bad):
 
 def _rows(split: str, n: int | None = None) -> list[dict]:
     rows = []
-    with open(DATA_DIR / f"{split}.jsonl", encoding="utf-8") as f:
+    with open_split(split) as f:
         for line in f:
             rows.append(json.loads(line))
             if n is not None and len(rows) >= n:

@@ -21,6 +21,7 @@ What :func:`build` makes, in order:
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import math
 import random
@@ -274,7 +275,8 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
             backend gets a merged copy; a given backend must have ``share_module=False``.
 
     Raises:
-        ValueError: bad config values, a preloaded model without its tokenizer, an empty train split.
+        ValueError: bad config values, a preloaded model without its tokenizer, an empty train split, a malformed
+            GSM8K row (``file:line``; the data is checked before the model loads, see ``env_factory.check_data``).
         FileNotFoundError: missing data or checkpoint.
     """
     from .checkpoint import load_checkpoint
@@ -291,6 +293,11 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
     run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(cfg.seed)
     device = resolve_device(cfg.train.device)
+    from .env_factory import check_data  # the data is checked before the model loads: a bad path fails in a second
+
+    sources = check_data(cfg)
+    if sources:  # .hydra/config.yaml keeps the unresolved path (null = $GSM8K_DATA_DIR, else the packaged copy)
+        (run_dir / "data_sources.json").write_text(json.dumps(sources, indent=1) + "\n")
     t0 = time.perf_counter()
     if model is None:
         model, tokenizer = load_model_and_tokenizer(cfg.actor.path, dtype=cfg.actor.dtype, device=device)

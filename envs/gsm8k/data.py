@@ -1,14 +1,22 @@
 """Loading GSM8K problems (Cobbe et al., 2021, arXiv:2110.14168).
 
-Two sources:
+Sources, first match wins (:func:`resolve_data_dir`):
 
-* a local directory holding ``train.jsonl`` and ``test.jsonl``, one JSON object per line with the
-  dataset's fields ``question`` and ``answer`` (the reference solution, ending in ``#### N``);
-  this is the layout of the official repository ``openai/grade-school-math`` (its
-  ``grade_school_math/data`` folder), the usual value of ``$GSM8K_DATA_DIR``;
-* a Hugging Face ``datasets`` id such as ``"openai/gsm8k"`` (config ``"main"``), used when
-  ``data_dir`` is not an existing directory and looks like a hub id (needs the optional
-  ``datasets`` package and network or a local HF cache).
+1. ``data_dir=`` (the trainer's ``train_dataset.path``): a local directory or a hub id, below;
+2. ``$GSM8K_DATA_DIR``: the same;
+3. the copy shipped inside this package (:data:`PACKAGED_DATA_DIR`, ``envs/gsm8k/data/``:
+   ``train.jsonl.gz`` / ``test.jsonl.gz`` from ``openai/grade-school-math``, MIT License, see the
+   ``LICENSE`` and ``README.md`` there), so no download or setting is needed.
+
+A local directory holds ``train.jsonl`` and ``test.jsonl`` (or gzipped ``*.jsonl.gz``), one JSON
+object per line with the dataset's fields ``question`` and ``answer`` (the reference solution,
+ending in ``#### N``); this is the layout of the official repository ``openai/grade-school-math``
+(its ``grade_school_math/data`` folder). A Hugging Face ``datasets`` id such as ``"openai/gsm8k"``
+(config ``"main"``) is used when the location is not an existing directory and looks like a hub id
+(needs the optional ``datasets`` package and network or a local HF cache).
+
+Every row is validated at load (a JSON object; ``question`` and ``answer`` strings; a ``#### N``
+gold line): a bad row raises ``ValueError`` naming ``file:line``.
 
 Each problem becomes ``{"question": str, "answer": str, "solution": str}`` where ``answer`` is the
 gold final number normalized by :func:`envs.gsm8k.grading.parse_gold` (``"#### 1,200"`` →
@@ -16,6 +24,7 @@ gold final number normalized by :func:`envs.gsm8k.grading.parse_gold` (``"#### 1
 """
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -24,12 +33,14 @@ from pathlib import Path
 
 from .grading import parse_gold
 
-__all__ = ["load_gsm8k", "resolve_data_dir", "SPLITS", "DATA_DIR_ENV"]
+__all__ = ["load_gsm8k", "resolve_data_dir", "data_source", "SPLITS", "DATA_DIR_ENV", "PACKAGED_DATA_DIR"]
 
 #: Environment variable naming the default data directory (or HF dataset id).
 DATA_DIR_ENV = "GSM8K_DATA_DIR"
 #: The splits GSM8K ships with.
 SPLITS = ("train", "test")
+#: The GSM8K copy shipped in the package (``{split}.jsonl.gz`` + ``LICENSE``): the default source.
+PACKAGED_DATA_DIR = Path(__file__).resolve().parent / "data"
 
 _CACHE: dict[tuple[str, str], tuple[dict, ...]] = {}
 _LOCK = threading.Lock()
@@ -37,19 +48,52 @@ _HF_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
 def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> str:
-    """The data source to use: ``data_dir`` if given, else ``$GSM8K_DATA_DIR``.
+    """The data location to use: ``data_dir`` if given (not ``None``/empty), else
+    ``$GSM8K_DATA_DIR`` if set (non-empty), else the packaged copy :data:`PACKAGED_DATA_DIR`.
+
+    Returns:
+        A directory path or a hub id, as given (not checked here; :func:`load_gsm8k` checks).
+    """
+    if data_dir is None or os.fspath(data_dir) == "":
+        data_dir = os.environ.get(DATA_DIR_ENV) or PACKAGED_DATA_DIR
+    return os.fspath(data_dir)
+
+
+def _split_file(directory: Path, split: str) -> Path | None:
+    for name in (f"{split}.jsonl", f"{split}.jsonl.gz"):
+        if (directory / name).is_file():
+            return (directory / name).resolve()
+    return None
+
+
+def data_source(split: str = "train", data_dir: str | os.PathLike | None = None) -> str:
+    """Where :func:`load_gsm8k` reads ``split`` from: the absolute path of the split's file, or
+    ``"hf:<id>"`` for a hub id (for run records; nothing is loaded).
 
     Raises:
-        FileNotFoundError: neither is set.
+        ValueError: unknown split.
+        FileNotFoundError: a directory without ``{split}.jsonl[.gz]``, or a path that does not exist.
     """
-    if data_dir is None:
-        data_dir = os.environ.get(DATA_DIR_ENV)
-        if not data_dir:
+    if split not in SPLITS:
+        raise ValueError(f"GSM8K split must be one of {SPLITS}, got {split!r}")
+    source = resolve_data_dir(data_dir)
+    local = Path(source).expanduser()
+    if local.is_dir():
+        path = _split_file(local, split)
+        if path is None:
             raise FileNotFoundError(
-                "No GSM8K data location: pass data_dir=<folder with train.jsonl/test.jsonl> "
-                f"(or an HF dataset id such as 'openai/gsm8k'), or set {DATA_DIR_ENV}."
+                f"GSM8K file {local.resolve() / (split + '.jsonl')} not found: the data directory {local} "
+                f"must contain {split}.jsonl or {split}.jsonl.gz (set {DATA_DIR_ENV} or pass data_dir; "
+                f"unset both to use the packaged copy)."
             )
-    return os.fspath(data_dir)
+        return str(path)
+    if local.exists() or source.startswith((".", "/", "~")) or not _HF_ID_RE.match(source):
+        raise FileNotFoundError(
+            f"GSM8K data directory {source!r} does not exist or is not a directory: set "
+            f"{DATA_DIR_ENV} or pass data_dir=<folder with train.jsonl and test.jsonl> "
+            "(or unset both to use the packaged copy)."
+        )
+    return f"hf:{source}"
 
 
 def _row_to_problem(row: dict, where: str) -> dict:
@@ -67,7 +111,8 @@ def _row_to_problem(row: dict, where: str) -> dict:
 
 def _load_jsonl(path: Path) -> tuple[dict, ...]:
     problems = []
-    with path.open(encoding="utf-8") as f:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -113,8 +158,9 @@ def load_gsm8k(
 
     Args:
         split: ``"train"`` (7473 problems) or ``"test"`` (1319 problems).
-        data_dir: folder holding ``{split}.jsonl``, or a Hugging Face dataset id
-            (``"openai/gsm8k"``); defaults to ``$GSM8K_DATA_DIR``.
+        data_dir: folder holding ``{split}.jsonl`` (or ``{split}.jsonl.gz``), or a Hugging Face
+            dataset id (``"openai/gsm8k"``); defaults to ``$GSM8K_DATA_DIR``, then to the
+            packaged copy (:func:`resolve_data_dir`).
         hf_config: dataset config when loading from the hub (GSM8K's are ``"main"`` and
             ``"socratic"``).
 
@@ -126,32 +172,19 @@ def load_gsm8k(
     Raises:
         ValueError: unknown split; a malformed line (bad JSON, missing field, no ``####``
             number), reported as ``path:line``.
-        FileNotFoundError: no data location given, the directory lacks ``{split}.jsonl``, or
-            the path neither exists nor loads as a hub dataset.
+        FileNotFoundError: the directory lacks ``{split}.jsonl[.gz]``, or the path neither exists
+            nor loads as a hub dataset.
         ImportError: a hub id was given but ``datasets`` is not installed.
     """
-    if split not in SPLITS:
-        raise ValueError(f"GSM8K split must be one of {SPLITS}, got {split!r}")
-    source = resolve_data_dir(data_dir)
-    local = Path(source).expanduser()
-    if local.is_dir():
-        path = (local / f"{split}.jsonl").resolve()
-        key = (str(path), split)
+    where = data_source(split, data_dir)  # ValueError / FileNotFoundError for a bad split / location
+    if not where.startswith("hf:"):
+        key = (where, split)
         if key not in _CACHE:
-            if not path.is_file():
-                raise FileNotFoundError(
-                    f"GSM8K file {path} not found: the data directory {local} must contain "
-                    f"{split}.jsonl (set {DATA_DIR_ENV} or pass data_dir)."
-                )
             with _LOCK:
                 if key not in _CACHE:
-                    _CACHE[key] = _load_jsonl(path)
+                    _CACHE[key] = _load_jsonl(Path(where))
         return list(_CACHE[key])
-    if local.exists() or source.startswith((".", "/", "~")) or not _HF_ID_RE.match(source):
-        raise FileNotFoundError(
-            f"GSM8K data directory {source!r} does not exist or is not a directory: set "
-            f"{DATA_DIR_ENV} or pass data_dir=<folder with train.jsonl and test.jsonl>."
-        )
+    source = where[3:]
     key = (f"hf:{source}:{hf_config}", split)
     if key not in _CACHE:
         with _LOCK:

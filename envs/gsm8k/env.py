@@ -105,8 +105,9 @@ class GSM8KEnv(gym.Env):
 
     Args:
         split: ``"train"`` or ``"test"``.
-        data_dir: folder with ``{split}.jsonl`` or an HF dataset id; default ``$GSM8K_DATA_DIR``
-            (see :func:`envs.gsm8k.data.load_gsm8k`). Ignored when ``data`` is given.
+        data_dir: folder with ``{split}.jsonl[.gz]`` or an HF dataset id; default ``$GSM8K_DATA_DIR``,
+            else the copy shipped in the package (see :func:`envs.gsm8k.data.load_gsm8k`). Ignored
+            when ``data`` is given.
         system_prompt: system message prepended to each question; ``None`` or ``""`` to send
             the question alone.
         format_reward: reward for a wrong answer in a well-formed final-answer format; default
@@ -121,8 +122,10 @@ class GSM8KEnv(gym.Env):
         render_mode: ``None`` or ``"ansi"`` (``render()`` returns the conversation as text).
 
     Raises:
-        ValueError: bad ``split``/``data``/``options`` (bad index or task id) at construction or reset.
-        FileNotFoundError: no data found (see :func:`~envs.gsm8k.data.load_gsm8k`).
+        ValueError: bad ``split``/``data``/``options`` (bad index or task id) at construction or reset;
+            a malformed data row (the message names ``file:line``).
+        FileNotFoundError: ``data_dir`` / ``$GSM8K_DATA_DIR`` names no usable data (see
+            :func:`~envs.gsm8k.data.load_gsm8k`).
         TypeError: ``step`` with an action outside the action space.
         RuntimeError: ``step`` before ``reset`` or after the episode ended.
 
@@ -131,7 +134,7 @@ class GSM8KEnv(gym.Env):
     ```python
     >>> import gymnasium as gym, envs
     >>> gym.register_envs(envs)
-    >>> env = gym.make("GSM8K-v0", split="test")          # data from $GSM8K_DATA_DIR
+    >>> env = gym.make("GSM8K-v0", split="test")          # the packaged data (or $GSM8K_DATA_DIR)
     >>> obs, info = env.reset(seed=0, options={"index": 3})
     >>> [m["role"] for m in obs]
     ['system', 'user']
