@@ -16,11 +16,16 @@ This package never imports ``torchrl_grpo``.
 """
 from gymnasium.envs.registration import register, registry
 
-__all__ = ["TAU2_DOMAINS", "ENV_IDS"]
+__all__ = ["TAU2_DOMAINS", "ENV_IDS", "COMPAT_IDS"]
 
 TAU2_DOMAINS = ("airline", "retail", "telecom", "mock")
 
 ENV_IDS = ["GSM8K-v0"] + [f"tau2/{d}-v0" for d in TAU2_DOMAINS]
+
+#: Ids that follow another project's API instead of :mod:`envs.contract` (each tested in its own
+#: file): ``tau2/agent-gym-v0`` is tau2's ``tau-bench-v0`` API (string observations) over our
+#: Tau2Env (:mod:`envs.tau2.agent_gym_compat`).
+COMPAT_IDS = ["tau2/agent-gym-v0"]
 
 if "GSM8K-v0" not in registry:
     register(id="GSM8K-v0", entry_point="envs.gsm8k.env:GSM8KEnv")
@@ -29,3 +34,6 @@ for _domain in TAU2_DOMAINS:
     _id = f"tau2/{_domain}-v0"
     if _id not in registry:
         register(id=_id, entry_point="envs.tau2.env:Tau2Env", kwargs={"domain": _domain})
+
+if "tau2/agent-gym-v0" not in registry:
+    register(id="tau2/agent-gym-v0", entry_point="envs.tau2.agent_gym_compat:AgentGymCompatEnv")
