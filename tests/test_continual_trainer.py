@@ -258,6 +258,24 @@ def test_lora_per_domain_trains_one_adapter_per_domain_and_keeps_the_others(tmp_
     assert t.trainer.model.active_adapter == "telecom"  # scoring restores the training adapter
 
 
+@pytest.mark.parametrize("lora", [False, True])
+def test_kl_to_base_is_zero_before_training_and_grows_after(tmp_path, lora):
+    cfg = cl_cfg(save_checkpoints=False, kl_to_base=True)
+    cfg.actor.peft.enable, cfg.optimizer.lr = lora, 1e-2
+    t = ContinualTrainer(cfg, tmp_path / "klb", algorithm=Rewarded())
+    try:
+        t.train()
+    finally:
+        t.close()
+    assert (t._base_copy is None) == lora  # LoRA: the base is the model with its adapter off, no copy
+    m = json.loads((tmp_path / "klb" / "metrics.json").read_text())
+    assert [r["kl_base"] for r in m["base/eval"]] == pytest.approx([0.0, 0.0], abs=1e-6)
+    after = [r["kl_base"] for r in m["task_1/eval"]]
+    assert all(k > 1e-5 for k in after), after  # k3: positive once the policy moved
+    rows = [json.loads(x) for x in (tmp_path / "klb" / "metrics.jsonl").read_text().splitlines()]
+    assert any("cl_eval/mock/kl_base" in r for r in rows)
+
+
 def test_grpo_py_runs_a_joint_continual_config(tmp_path):
     import os
     import subprocess

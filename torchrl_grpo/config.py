@@ -36,7 +36,7 @@ class ActorConfig:
 
 @dataclass
 class DatasetConfig:
-    path: Optional[str] = None  # GSM8K: local dir (default $GSM8K_DATA_DIR) or HF datasets id (openai/gsm8k)
+    path: Optional[str] = None  # GSM8K: local dir or HF datasets id (openai/gsm8k); null: $GSM8K_DATA_DIR, else packaged
     split: str = "test"  # valid_dataset: evaluation reads its first eval.n_problems usable tasks
 
 
@@ -185,6 +185,7 @@ class ContinualConfig:
     kl_coef: float = 0.0  # > 0: k3 KL to the previous task's policy (the untrained model during the first task)
     ewc_lambda: float = 10.0  # ewc: λ of (λ/2) Σ F (θ − θ*)²
     buffer_size: int = 512  # trajectories kept per domain (oldest dropped first)
+    kl_to_base: bool = False  # also report KL(policy || untrained) on each domain's eval prompts (a forgetting predictor)
     save_checkpoints: bool = True  # checkpoint_task_{k}/ after each task (model, optimizer, trajectories, state)
     resume_from: Optional[str] = None  # .../checkpoint_task_{k}: continue with the domain after k
 

@@ -23,7 +23,9 @@ scores all domains once at the end: ``R`` then has that single row (``row_labels
 Scores (:meth:`ContinualTrainer.evaluate_task`, on the first ``eval.n_problems`` usable tasks of the domain's eval
 split): ``pass^1`` = greedy success rate (reward >= 1; with ``eval.greedy=false`` the sampled pass@1 of the
 ``eval.pass_k`` samples), ``pass^k`` = tau-bench's pass^k over ``eval.pass_k`` samples
-(:mod:`torchrl_grpo.evaluation`), ``reward_mean`` = greedy mean reward. ``cl.metric`` picks the one in R.
+(:mod:`torchrl_grpo.evaluation`), ``reward_mean`` = greedy mean reward. ``cl.metric`` picks the one in R. With
+``cl.kl_to_base`` each score row also has ``kl_base``, the policy's KL to the untrained model on that domain's eval
+prompts (:meth:`ContinualTrainer.kl_to_base`; one extra rollout of ``n_samples`` episodes per eval task).
 
 Run dir: ``metrics.json`` (schema in :mod:`torchrl_grpo.continual`), ``metrics.jsonl`` (every step's trainer metrics
 plus ``cl/*``, ``cl_eval/<domain>/<score>`` and ``cl_transfer/*``; also sent to wandb), ``learning_curves.png``,
@@ -40,7 +42,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +129,11 @@ class ContinualTrainer:
         for h in self.hooks:
             h.setup(self)
         self.buffer = TrajectoryBuffer(c.buffer_size)
+        self._base_copy = None  # π_0 for cl.kl_to_base without LoRA (with LoRA: the adapters switched off)
+        if c.kl_to_base and not hasattr(self.trainer.model, "disable_adapter"):
+            import copy
+
+            self._base_copy = copy.deepcopy(self.trainer.model).eval().requires_grad_(False)
         self.joint = isinstance(self.algorithm, Joint)
         self.metrics: dict[str, Any] = {
             "task_order": self.domains, "algorithm": self.algorithm.name, "metric": self.metric, "boundaries": [],
@@ -165,9 +172,7 @@ class ContinualTrainer:
         t = self.trainer
         t.use_env(self.sides[domain])
         try:
-            with ExitStack() as stack:
-                for h in self.hooks:
-                    stack.enter_context(h.eval_context(t, domain))
+            with self._eval_contexts(domain):
                 ev = t.evaluate()
         finally:
             if self._current is not None:
@@ -176,12 +181,53 @@ class ContinualTrainer:
         return {"pass^1": ev.get("eval/accuracy", ev.get("eval/pass@1")), "pass^k": ev.get(f"eval/pass^{k}"),
                 "reward_mean": ev.get("eval/reward"), "k": k}
 
+    def _eval_contexts(self, domain: str) -> ExitStack:
+        stack = ExitStack()
+        for h in self.hooks:
+            stack.enter_context(h.eval_context(self.trainer, domain))
+        return stack
+
+    def kl_to_base(self, domain: str) -> float:
+        """Mean per-token KL(π_θ ‖ π_0) of the current policy to the untrained one on ``domain``'s eval prompts:
+        ``n_samples`` episodes per eval task sampled now from π_θ, k3 estimator mean_t (r_t − 1 − log r_t) with
+        r_t = π_0(a_t) / π_θ(a_t) over their response tokens (Schulman, "Approximating KL divergence", 2020: unbiased
+        and never negative, where the k1 mean of −log r_t came out negative on a few dozen tokens), both under the
+        sampler's processed
+        distribution (:meth:`GRPOUpdate.fill_log_probs`). A predictor of forgetting: "RL's Razor" (Shenfeld et al.,
+        2025, arXiv:2509.04259) finds forgetting tracks this KL on the old task's distribution. π_0 is the model with
+        its LoRA adapters switched off, or a frozen copy of the initial weights (``cl.kl_to_base`` without LoRA).
+        Returns 0.0 when no response token was sampled."""
+        t = self.trainer
+        tasks = [{"index": int(i)} for i in self.sides[domain].eval_tasks()]
+        with self._eval_contexts(domain):
+            td = self.collect(domain, tasks).exclude("task", "info")
+            if not td["response_mask"].any():
+                return 0.0
+            t.updater.fill_log_probs(td, "policy_lp", t.model)
+        with self._base_policy() as base:
+            t.updater.fill_log_probs(td, "base_lp", base)
+        log_r = (td["base_lp"] - td["policy_lp"])[td["response_mask"]]
+        return float((log_r.exp() - 1 - log_r).mean())
+
+    def _base_policy(self):
+        model = self.trainer.model
+        if hasattr(model, "disable_adapter"):
+            @contextmanager
+            def off():
+                with model.disable_adapter():
+                    yield model
+
+            return off()
+        return nullcontext(self._base_copy)
+
     def _evaluate_all(self, key: str) -> dict[str, dict]:
         """Score every domain; append one row per domain to ``metrics[key]`` and log them."""
         step = self.trainer.step
         out, flat = {}, {}
         for d in self.domains:
             s = self.evaluate_task(d)
+            if self.cfg.cl.kl_to_base:
+                s["kl_base"] = self.kl_to_base(d)
             out[d] = s
             self.metrics.setdefault(key, []).append({"step": step, "domain": d, **s})
             flat.update({f"cl_eval/{d}/{m}": v for m, v in s.items() if m != "k" and v is not None})
