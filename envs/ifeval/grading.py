@@ -1,0 +1,148 @@
+"""Scoring a response against a prompt's verifiable instructions (IFEval / IFBench).
+
+IFEval (Zhou et al. 2023, "Instruction-Following Evaluation for Large Language Models",
+arXiv:2311.07911) attaches to each prompt a list of *verifiable instructions* (``instruction_id_list``,
+e.g. ``"punctuation:no_comma"``, with one ``kwargs`` dict each); a program checks each one. IFBench
+(Pyatkin et al. 2025, arXiv:2507.02833) uses the same format with 58 new instruction types.
+
+The checkers are not re-written here: they come from the maintained package ``if-verifiable``
+(``pip install 'torchrl-grpo[ifeval]'``), which carries both instruction registries (IFEval's 25 types,
+IFBench's 58; their ids do not overlap, so an id names its registry) and IFEval's strict / loose
+protocol (:func:`if_verifiable.common.evaluate_instructions`):
+
+* strict: the instruction's checker accepts the response as it is;
+* loose (IFEval §2.2): the checker accepts *any* of 8 variants: the response, with its first line,
+  its last line or both removed, each also with every markdown ``*`` removed.
+
+Per prompt: ``strict`` = fraction of its instructions followed strictly (IFEval's
+instruction-level strict accuracy, restricted to this prompt), ``loose`` likewise, and
+``prompt_strict`` / ``prompt_loose`` = 1.0 when *all* are followed (prompt-level accuracy).
+
+A ``<think>...</think>`` block is removed before checking (if-verifiable's ``strip_thinking``); an
+empty response follows no instruction.
+
+Offline note: a few checkers need NLTK data (``punkt`` sentence splitter, stopwords, a POS tagger)
+that NLTK downloads on first use. Without it they raise ``LookupError``;
+:func:`instruction_available` tells such instructions apart so the env can leave their prompts out
+(``python -m nltk.downloader punkt punkt_tab stopwords averaged_perceptron_tagger_eng`` makes them
+available).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import random
+from typing import Any
+
+__all__ = ["get_checker_class", "check_kwargs", "instruction_available", "score_response"]
+
+_INSTALL = "pip install 'torchrl-grpo[ifeval]' (or: pip install if-verifiable)"
+#: A short text every checker can run on; used only to see whether the checker's NLTK data is there.
+_PROBE = "Hello world. This is a short probe text, with two sentences."
+
+
+@functools.lru_cache(maxsize=None)
+def _registry(name: str) -> dict:
+    try:
+        if name == "ifeval":
+            from if_verifiable.ifeval.instructions_registry import INSTRUCTION_DICT
+        else:  # imported only when needed: IFBench's module tries to download NLTK data on import
+            from if_verifiable.ifbench.instructions_registry import INSTRUCTION_DICT
+    except ImportError as err:
+        raise ImportError(f"IFEval-v0 needs the 'if-verifiable' package: {_INSTALL}") from err
+    return dict(INSTRUCTION_DICT)
+
+
+def get_checker_class(instruction_id: str):
+    """The checker class of ``instruction_id`` from IFEval's registry, else IFBench's.
+
+    Raises:
+        KeyError: the id is in neither registry.
+        ImportError: ``if-verifiable`` is not installed.
+    """
+    for name in ("ifeval", "ifbench"):
+        cls = _registry(name).get(instruction_id)
+        if cls is not None:
+            return cls
+    raise KeyError(f"unknown instruction id {instruction_id!r} (not in IFEval's or IFBench's registry)")
+
+
+@contextlib.contextmanager
+def _keep_global_random():
+    """Checkers draw missing kwargs from the global ``random`` module: restore its state so that grading never
+    shifts a trainer's random stream."""
+    state = random.getstate()
+    try:
+        yield
+    finally:
+        random.setstate(state)
+
+
+def _build(instruction_id: str, kwargs: dict | None, prompt: str):
+    checker = get_checker_class(instruction_id)(instruction_id)
+    checker.build_description(**{k: v for k, v in (kwargs or {}).items() if v is not None})
+    args = checker.get_instruction_args()
+    if args and "prompt" in args:
+        checker.build_description(prompt=prompt)
+    return checker
+
+
+def check_kwargs(instruction_id: str, kwargs: dict | None, prompt: str) -> None:
+    """Build the checker once, so an unknown id or a bad ``kwargs`` dict fails at load, not mid-training.
+
+    Raises:
+        KeyError: unknown instruction id.
+        TypeError / ValueError: kwargs the checker does not accept.
+    """
+    with _keep_global_random():
+        _build(instruction_id, kwargs, prompt)
+
+
+@functools.lru_cache(maxsize=None)
+def instruction_available(instruction_id: str) -> bool:
+    """Whether the checker of ``instruction_id`` can run here: ``False`` when it needs NLTK data that is not
+    installed (it raises ``LookupError`` on a probe text). Cached per id.
+    """
+    try:
+        with _keep_global_random():
+            _build(instruction_id, None, _PROBE).check_following(_PROBE)
+    except LookupError:
+        return False
+    except Exception:  # noqa: BLE001 - a probe with default kwargs may fail otherwise; only NLTK data matters here
+        return True
+    return True
+
+
+def score_response(response: str, instruction_id_list: list[str], kwargs: list[dict], prompt: str) -> dict[str, Any]:
+    """Check ``response`` against each instruction, strictly and loosely (if-verifiable's protocol).
+
+    Args:
+        response: the model's text.
+        instruction_id_list: the prompt's instruction ids (``n`` of them, ``n >= 1``).
+        kwargs: one dict per instruction (``len == n``).
+        prompt: the prompt (some checkers compare with it, e.g. ``combination:repeat_prompt``).
+
+    Returns:
+        ``{"strict": float, "loose": float, "prompt_strict": float, "prompt_loose": float,
+        "instructions": [{"instruction_id", "strict", "loose"}, ...]}`` (``n`` entries, prompt order).
+
+    Raises:
+        LookupError: a checker's NLTK data is missing (see :func:`instruction_available`).
+        KeyError: an unknown instruction id.
+    """
+    from if_verifiable.common import evaluate_instructions
+
+    registry = {i: get_checker_class(i) for i in instruction_id_list}
+    with _keep_global_random():
+        results, _ = evaluate_instructions(response=response, instruction_id_list=list(instruction_id_list),
+                                           kwargs_list=list(kwargs), prompt=prompt, instruction_registry=registry)
+    if not results:  # an empty response (after removing <think>): if-verifiable returns no rows; none followed
+        per = [{"instruction_id": i, "strict": False, "loose": False} for i in instruction_id_list]
+    else:
+        per = [{"instruction_id": r.instruction_id, "strict": bool(r.strict_pass), "loose": bool(r.loose_pass)}
+               for r in results]
+    n = len(per)
+    s = sum(p["strict"] for p in per)
+    lo = sum(p["loose"] for p in per)
+    return {"strict": s / n, "loose": lo / n, "prompt_strict": float(s == n), "prompt_loose": float(lo == n),
+            "instructions": per}
