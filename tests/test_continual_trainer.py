@@ -289,7 +289,7 @@ def test_grpo_py_runs_a_joint_continual_config(tmp_path):
     out = tmp_path / "cli"
     cmd = [sys.executable, str(repo / "grpo.py"), "--config-name", "grpo_cl", "cl.task_order=[mock,telecom]",
            "+cl.train_split.telecom=small", "+cl.eval_split.telecom=small", "cl.num_steps_per_task=1",
-           "cl.max_tasks_per_domain=2", "cl.algorithm=joint", "actor.path=tiny-random", "actor.peft.enable=false",
+           "cl.max_tasks_per_domain=2", "cl.algorithm=joint", "cl.eval_interval=1", "actor.path=tiny-random", "actor.peft.enable=false",
            "actor.gradient_checkpointing=false", "gconfig.n_samples=2", "gconfig.max_new_tokens=8",
            "econfig.max_turns=2", "econfig.max_steps=3", "train.batch_size=1", "eval.n_problems=2", "eval.pass_k=2",
            "rollout.max_context_tokens=32768", "rollout.vllm.max_model_len=32768", "stats_logger.wandb.mode=disabled",
@@ -300,6 +300,8 @@ def test_grpo_py_runs_a_joint_continual_config(tmp_path):
     # joint: one stage, the domain alternating every step, one row of scores at the end
     assert m["algorithm"] == "joint" and m["row_labels"] == ["joint"] and len(m["R"]) == 1 and len(m["R"][0]) == 2
     assert [r["domain"] for r in m["task_0/train"]] == ["mock", "telecom"] and m["boundaries"] == [2]
+    assert [(r["step"], r["domain"]) for r in m["task_0/eval"]] == [(1, "mock"), (1, "telecom"), (2, "mock"),
+                                                                     (2, "telecom")]  # eval_interval=1, then the end
     assert m["summary"]["acc"] == pytest.approx(sum(m["R"][0]) / 2) and "bwt" not in m["summary"]
     assert (out / continual.ACCURACY_MATRIX_PNG).read_bytes()[:8] == PNG
     assert (out / "checkpoint_task_0" / "cl_state.json").is_file()

@@ -292,12 +292,15 @@ class ContinualTrainer:
 
     def _train_joint(self) -> None:
         t, algo = self.trainer, self.algorithm
-        for _ in range(self.num_steps_per_task * len(self.domains)):
+        n = self.num_steps_per_task * len(self.domains)
+        for i in range(1, n + 1):
             d = algo.domain_for_step(t.step, self.domains)
             self._current = d
             t.use_env(self.sides[d])
             t.augment_batch = lambda batch, d=d: self._augment(batch, d)
             t.logger.log(self._step(0, d), step=t.step)
+            if self.eval_interval and i % self.eval_interval == 0 and i < n:
+                self._evaluate_all("task_0/eval")
         for h in self.hooks:
             h.post_task(t, "joint")
         scores = self._evaluate_all("task_0/eval")
