@@ -36,7 +36,7 @@ class ActorConfig:
 
 @dataclass
 class DatasetConfig:
-    path: Optional[str] = None  # GSM8K: local dir (default $GSM8K_DATA_DIR) or HF datasets id (openai/gsm8k)
+    path: Optional[str] = None  # GSM8K: local dir or HF datasets id (openai/gsm8k); null: $GSM8K_DATA_DIR, else packaged
     split: str = "test"  # valid_dataset: evaluation reads its first eval.n_problems usable tasks
 
 
