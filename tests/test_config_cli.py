@@ -71,6 +71,10 @@ def test_cli_run_writes_outputs(tmp_path, gsm8k_dir):
     assert len(runs) == 1
     run = runs[0]
     assert (run / ".hydra" / "config.yaml").is_file()
+    # the resolved model and data paths are recorded (the Hydra config keeps the user's spelling)
+    src = json.loads((run / "model_source.json").read_text())
+    assert src["spec"] == "tiny-random" and src["kind"] == "alias" and Path(src["path"], "config.json").is_file()
+    assert (run / "data_sources.json").is_file()
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert {r["step"] for r in rows} == {0, 1, 2}
     assert any("eval/accuracy" in r for r in rows) and any("reward/mean" in r for r in rows)

@@ -301,6 +301,11 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
     t0 = time.perf_counter()
     if model is None:
         model, tokenizer = load_model_and_tokenizer(cfg.actor.path, dtype=cfg.actor.dtype, device=device)
+        from .models import resolve_model_path  # cached by now: records what actor.path resolved to
+
+        src = resolve_model_path(cfg.actor.path)
+        (run_dir / "model_source.json").write_text(json.dumps(
+            {"spec": src.spec, "kind": src.kind, "path": src.path, "gguf_file": src.gguf_file}, indent=1) + "\n")
     elif tokenizer is None:
         raise ValueError("a preloaded model needs its tokenizer")
     load_time_s = time.perf_counter() - t0
