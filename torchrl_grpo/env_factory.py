@@ -113,22 +113,15 @@ def check_data(cfg) -> dict[str, str]:
         ValueError: a malformed row, naming ``file:line`` (:func:`envs.gsm8k.data.load_gsm8k`).
     """
     if cfg.econfig.env_id == "IFEval-v0":
-        from envs.ifeval.data import data_source as ifeval_source, load_prompts
-
-        out = {}
-        for name, split, path in (("train_dataset", cfg.train_dataset.split, cfg.train_dataset.path),
-                                  ("valid_dataset", cfg.valid_dataset.split, cfg.valid_dataset.path or cfg.train_dataset.path)):
-            load_prompts(split, path)
-            out[name] = ifeval_source(split, path)
-        return out
-    if cfg.econfig.env_id != "GSM8K-v0":
+        from envs.ifeval.data import data_source, load_prompts as load
+    elif cfg.econfig.env_id == "GSM8K-v0":
+        from envs.gsm8k.data import data_source, load_gsm8k as load
+    else:
         return {}
-    from envs.gsm8k.data import data_source, load_gsm8k
-
     sources = {}
     for name, split, path in (("train_dataset", cfg.train_dataset.split, cfg.train_dataset.path),
                               ("valid_dataset", cfg.valid_dataset.split, cfg.valid_dataset.path or cfg.train_dataset.path)):
-        load_gsm8k(split, path)
+        load(split, path)
         sources[name] = data_source(split, path)
     return sources
 

@@ -24,13 +24,12 @@ gold final number normalized by :func:`envs.gsm8k.grading.parse_gold` (``"#### 1
 """
 from __future__ import annotations
 
-import gzip
-import json
 import os
 import re
 import threading
 from pathlib import Path
 
+from ..jsonl import iter_jsonl
 from .grading import parse_gold
 
 __all__ = ["load_gsm8k", "resolve_data_dir", "data_source", "SPLITS", "DATA_DIR_ENV", "PACKAGED_DATA_DIR"]
@@ -110,17 +109,7 @@ def _row_to_problem(row: dict, where: str) -> dict:
 
 
 def _load_jsonl(path: Path) -> tuple[dict, ...]:
-    problems = []
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{lineno}: malformed JSON line ({err.msg})") from None
-            problems.append(_row_to_problem(row, f"{path}:{lineno}"))
+    problems = [_row_to_problem(row, where) for where, row in iter_jsonl(path)]
     if not problems:
         raise ValueError(f"{path}: no problems in file")
     return tuple(problems)

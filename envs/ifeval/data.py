@@ -27,14 +27,13 @@ numbers as in-distribution, not as IFEval / IFBench scores.
 """
 from __future__ import annotations
 
-import gzip
-import json
 import os
 import threading
 from pathlib import Path
 
 import numpy as np
 
+from ..jsonl import iter_jsonl
 from .grading import check_kwargs
 
 __all__ = ["load_prompts", "packaged_path", "data_source", "SPLITS", "SPLIT_SEED", "TEST_FRACTION", "DEFAULT_HF_ID"]
@@ -133,17 +132,7 @@ def _row(row, where: str) -> dict:
 
 
 def _load_jsonl(path: Path) -> tuple[dict, ...]:
-    rows = []
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{lineno}: malformed JSON line ({err.msg})") from None
-            rows.append(_row(row, f"{path}:{lineno}"))
+    rows = [_row(row, where) for where, row in iter_jsonl(path)]
     return _checked(rows, str(path))
 
 
