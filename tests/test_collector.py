@@ -217,3 +217,17 @@ def test_one_failing_env_ends_only_its_own_episode(tok):
     assert td["num_turns"].tolist() == [3, 2, 3]
     assert td["reward"].tolist() == [1.0, 0.0, 1.0]
     assert "simulator down" in td["info"][1]["error"]
+
+
+def test_evaluate_chunks_tasks_with_progress_and_counts_every_task(tok, monkeypatch):
+    """evaluate() collects EVAL_CHUNK tasks per call (so a progress bar can advance) and scores every task once."""
+    from torchrl_grpo import evaluation
+
+    monkeypatch.setattr(evaluation, "EVAL_CHUNK", 2)
+    calls = []
+    col = GroupCollector(ScriptedChatEnv, ScriptedBackend(tok), tok, SamplingConfig(max_new_tokens=8), max_turns=5)
+    real = col.collect
+    monkeypatch.setattr(col, "collect", lambda tasks, n, **kw: calls.append((len(tasks), n)) or real(tasks, n, **kw))
+    out = evaluation.evaluate(col, task_indices=[0, 1, 2, 3, 0], greedy=True, pass_k=2, progress=True)
+    assert calls == [(2, 1), (2, 1), (1, 1), (2, 2), (2, 2), (1, 2)]
+    assert out["eval/accuracy"] == 1.0 and out["eval/pass^2"] == 1.0 and out["eval/tokens_per_s"] > 0

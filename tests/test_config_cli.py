@@ -75,10 +75,11 @@ def test_cli_run_writes_outputs(tmp_path, gsm8k_dir):
     src = json.loads((run / "model_source.json").read_text())
     assert src["spec"] == "tiny-random" and src["kind"] == "alias" and Path(src["path"], "config.json").is_file()
     assert (run / "data_sources.json").is_file()
+    assert (run / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # drawn at the end of fit()
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert {r["step"] for r in rows} == {0, 1, 2}
     assert any("eval/accuracy" in r for r in rows) and any("reward/mean" in r for r in rows)
-    assert sorted(x.name for x in (run / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
+    assert sorted(x.name for x in (run / "checkpoints").iterdir()) == ["step_000002"]  # checkpoint.keep_last: 1 in the demo config
     # eval-only entry on the checkpoint
     p2 = _run(COMMON + [f"train_dataset.path={gsm8k_dir}", "eval_only=true",
                         f"train.resume_from={run / 'checkpoints'}"], cwd=tmp_path)

@@ -35,6 +35,27 @@ def pass_hat_k(n: int, c: int, k: int) -> float:
     return comb(c, k) / comb(n, k)
 
 
+#: Tasks per collector call in :func:`evaluate` (the transformers backend's default ``max_batch_size``): a long
+#: evaluation advances in these steps, which its progress bar shows. Fixed, so no display setting changes a result.
+EVAL_CHUNK = 64
+
+
+def _rewards(collector: GroupCollector, tasks: list[dict], n: int, step: int, sampling: SamplingConfig,
+             bar, stats: dict[str, float]):
+    """Final rewards ``[len(tasks) * n]`` (task-major) collected :data:`EVAL_CHUNK` tasks at a time."""
+    import torch
+
+    out = []
+    for s in range(0, len(tasks), EVAL_CHUNK):
+        part = tasks[s : s + EVAL_CHUNK]
+        out.append(collector.collect(part, n, step=step, sampling=sampling)["reward"])
+        for k in ("rollout/generated_tokens", "rollout/generate_time_s"):
+            stats[k] = stats.get(k, 0.0) + float(collector.last_stats.get(k, 0.0))
+        if bar is not None:
+            bar.update(len(part) * n)
+    return torch.cat(out)
+
+
 def evaluate(
     collector: GroupCollector,
     *,
@@ -46,8 +67,10 @@ def evaluate(
     step: int = 0,
     success_threshold: float = 1.0,
     prefix: str = "eval",
+    progress: bool = False,
 ) -> dict[str, float]:
-    """Evaluate on a fixed subset of the collector env's tasks (``options={"index": i}`` for i in ``task_indices``).
+    """Evaluate on a fixed subset of the collector env's tasks (``options={"index": i}`` for i in ``task_indices``),
+    :data:`EVAL_CHUNK` tasks per collector call (``progress``: a tqdm bar over the episodes).
 
     Returns:
         ``{prefix}/accuracy`` (greedy success rate), ``{prefix}/reward`` (greedy mean reward), and when
@@ -59,20 +82,32 @@ def evaluate(
     t0 = time.perf_counter()
     tasks = [{"index": int(i)} for i in task_indices]
     out: dict[str, float] = {}
-    if greedy:
-        td = collector.collect(tasks, 1, step=step, sampling=SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0))
-        r = td["reward"]
-        out[f"{prefix}/accuracy"] = (r >= success_threshold).float().mean().item()
-        out[f"{prefix}/reward"] = r.mean().item()
-        out[f"{prefix}/tokens_per_s"] = collector.last_stats.get("rollout/tokens_per_s", 0.0)
-    if pass_k > 0:
-        td = collector.collect(tasks, pass_k, step=step,
-                               sampling=SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, seed=12345))
-        ok = (td["reward"] >= success_threshold).reshape(len(tasks), pass_k)
-        c = ok.sum(-1).tolist()
-        out[f"{prefix}/pass@{pass_k}"] = sum(pass_at_k(pass_k, ci, pass_k) for ci in c) / len(c)
-        out[f"{prefix}/pass^{pass_k}"] = sum(pass_hat_k(pass_k, ci, pass_k) for ci in c) / len(c)
-        out[f"{prefix}/pass@1"] = sum(pass_at_k(pass_k, ci, 1) for ci in c) / len(c)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(tasks) * ((1 if greedy else 0) + pass_k), desc=f"{prefix} (step {step})", unit="episode",
+                   leave=False)
+    try:
+        if greedy:
+            stats: dict[str, float] = {}
+            r = _rewards(collector, tasks, 1, step, SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0),
+                         bar, stats)
+            out[f"{prefix}/accuracy"] = (r >= success_threshold).float().mean().item()
+            out[f"{prefix}/reward"] = r.mean().item()
+            gen_s = stats.get("rollout/generate_time_s", 0.0)
+            out[f"{prefix}/tokens_per_s"] = stats.get("rollout/generated_tokens", 0.0) / gen_s if gen_s > 0 else 0.0
+        if pass_k > 0:
+            r = _rewards(collector, tasks, pass_k, step,
+                         SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, seed=12345), bar, {})
+            ok = (r >= success_threshold).reshape(len(tasks), pass_k)
+            c = ok.sum(-1).tolist()
+            out[f"{prefix}/pass@{pass_k}"] = sum(pass_at_k(pass_k, ci, pass_k) for ci in c) / len(c)
+            out[f"{prefix}/pass^{pass_k}"] = sum(pass_hat_k(pass_k, ci, pass_k) for ci in c) / len(c)
+            out[f"{prefix}/pass@1"] = sum(pass_at_k(pass_k, ci, 1) for ci in c) / len(c)
+    finally:
+        if bar is not None:
+            bar.close()
     out[f"{prefix}/time_s"] = time.perf_counter() - t0
     return out
 

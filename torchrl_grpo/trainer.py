@@ -183,7 +183,8 @@ class GRPOTrainer:
         if self._eval_tasks is None:
             self._eval_tasks = self.components.eval_tasks()
         out = evaluate(self.eval_collector, task_indices=self._eval_tasks, greedy=s.eval_greedy, pass_k=s.eval_pass_k,
-                       temperature=s.eval_temperature, max_new_tokens=s.max_new_tokens, step=self.step)
+                       temperature=s.eval_temperature, max_new_tokens=s.max_new_tokens, step=self.step,
+                       progress=s.progress_bar)
         if self._baseline is None:
             self._baseline = self.components.eval_baseline(self._eval_tasks)  # {} without one
         out.update(self._baseline)
@@ -256,7 +257,23 @@ class GRPOTrainer:
                     log.warning("%s: step %d abandoned, not saved", e, self.step + 1)
                 raise
         summary["last"] = last
+        summary["learning_curve"] = self._draw_learning_curve()
         return summary
+
+    def _draw_learning_curve(self) -> str | None:
+        """``learning_curve.png`` in the run dir and wandb (:mod:`torchrl_grpo.learning_curve`); a failure to draw is
+        logged, never raised: the run itself is done."""
+        from .learning_curve import plot_learning_curve
+
+        try:
+            png = plot_learning_curve(self.logger.path, self.run_dir / "learning_curve.png",
+                                      n_eval=len(self._eval_tasks) if self._eval_tasks else None)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("learning curve not drawn: %s", exc)
+            return None
+        if png is not None:
+            self.logger.log_images({"learning_curve": png}, step=self.step)
+        return None if png is None else str(png)
 
     def close(self) -> None:
         """Flush the logger, close the environments and shut the rollout backend down (a vLLM engine frees its

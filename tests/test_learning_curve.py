@@ -1,0 +1,42 @@
+"""The run's learning curve PNG (torchrl_grpo.learning_curve) and its Wilson intervals."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from torchrl_grpo.learning_curve import plot_learning_curve, wilson_interval
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_wilson_interval_matches_the_formula_and_bounds():
+    lo, hi = wilson_interval(29 / 150, 150)  # the GSM8K seed table: 0.193 (29/150) [0.138, 0.264]
+    assert round(lo, 3) == 0.138 and round(hi, 3) == 0.264
+    assert wilson_interval(0.0, 10)[0] == 0.0 and wilson_interval(1.0, 10)[1] == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        wilson_interval(0.5, 0)
+
+
+def test_plot_from_metrics_jsonl(tmp_path):
+    rows = [{"step": 0, "eval/accuracy": 0.2}] + [
+        {"step": s, "reward/mean": 0.1 * s, "episode/truncated_fraction": 0.5} for s in range(1, 5)
+    ] + [{"step": 4, "eval/accuracy": 0.3, "eval/pass^4": 0.1}]
+    m = tmp_path / "metrics.jsonl"
+    m.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = plot_learning_curve(m, tmp_path / "lc.png", n_eval=50)
+    assert out.read_bytes()[:8] == PNG and out.stat().st_size > 5000
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(json.dumps({"step": 0, "load_time_s": 1.0}) + "\n")
+    assert plot_learning_curve(empty, tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"step": 0}\nnot json\n')
+    with pytest.raises(ValueError, match="bad.jsonl:2"):
+        plot_learning_curve(bad, tmp_path / "x.png")
+    # the CLI redraws it into the run dir
+    p = subprocess.run([sys.executable, "-m", "torchrl_grpo.learning_curve", str(tmp_path)], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "learning_curve.png").read_bytes()[:8] == PNG
