@@ -20,20 +20,18 @@ import math
 import re
 from pathlib import Path
 
-Z95 = 1.959964
+from torchrl_grpo.learning_curve import wilson_interval
+
 # two-sided 95% Student-t quantiles, df = 1..10
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
 def wilson(k: int, n: int) -> tuple[float, float]:
-    """Wilson score 95% interval of a binomial proportion k/n (Wilson 1927, eq. for p with z = 1.96)."""
+    """Wilson score 95% interval of k successes in n (:func:`torchrl_grpo.learning_curve.wilson_interval`); NaNs
+    when n == 0."""
     if n == 0:
         return float("nan"), float("nan")
-    p = k / n
-    den = 1 + Z95**2 / n
-    mid = (p + Z95**2 / (2 * n)) / den
-    half = Z95 * math.sqrt(p * (1 - p) / n + Z95**2 / (4 * n * n)) / den
-    return max(0.0, mid - half), min(1.0, mid + half)
+    return wilson_interval(k / n, n)
 
 
 def _n_problems(run: Path) -> int | None:
