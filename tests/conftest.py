@@ -23,3 +23,9 @@ def tiny_model_and_tokenizer():
     from torchrl_grpo.models import load_model_and_tokenizer
 
     return load_model_and_tokenizer("tiny-random")
+
+
+@pytest.fixture(scope="session")
+def tok(tiny_model_and_tokenizer):
+    """The tiny random model's tokenizer (ChatML template with tools)."""
+    return tiny_model_and_tokenizer[1]

@@ -60,11 +60,6 @@ class ScriptedBackend(RolloutBackend):
         self.policy_version += 1
 
 
-@pytest.fixture(scope="module")
-def tok(tiny_model_and_tokenizer):
-    return tiny_model_and_tokenizer[1]
-
-
 def test_mask_covers_exactly_assistant_tokens_and_matches_fresh_render(tok):
     be = ScriptedBackend(tok)
     col = GroupCollector(ScriptedChatEnv, be, tok, SamplingConfig(max_new_tokens=32), max_turns=5)

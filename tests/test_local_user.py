@@ -4,7 +4,6 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
 
 from torchrl_grpo.backends.base import Generation, RolloutBackend
 from torchrl_grpo.local_user import LocalUser
@@ -28,11 +27,6 @@ class EchoBackend(RolloutBackend):
 
     def load_weights(self, weights=None):
         self.policy_version += 1
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_model_and_tokenizer):
-    return tiny_model_and_tokenizer[1]
 
 
 def _msgs(k):

@@ -299,11 +299,6 @@ def test_disabled_terms_and_errors():
 # Tiny HF Llama (vocabulary of the tiny-random tokenizer), fixed seed
 # ======================================================================================================================
 @pytest.fixture(scope="module")
-def tok(tiny_model_and_tokenizer):
-    return tiny_model_and_tokenizer[1]
-
-
-@pytest.fixture(scope="module")
 def model(tok):
     torch.manual_seed(1234)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,

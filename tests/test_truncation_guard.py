@@ -38,11 +38,6 @@ class LengthScriptBackend(RolloutBackend):
         self.policy_version += 1
 
 
-@pytest.fixture(scope="module")
-def tok(tiny_model_and_tokenizer):
-    return tiny_model_and_tokenizer[1]
-
-
 def test_collector_records_length_truncation_of_the_last_generation(tok):
     # 3 turns per episode; 2 prompts per call: prompt 0 is cut at the limit, prompt 1 stops early (turns 1-2);
     # in the last call, prompt 0 stops and prompt 1 is cut: only the LAST generation counts
