@@ -248,7 +248,7 @@ def build_env_side(cfg, backend: RolloutBackend, tokenizer, sampling: SamplingCo
     env_id, kw = env_kwargs_from_config(cfg, cfg.train_dataset.split, cfg.train_dataset.path, user_fn=user_fn)
     collector = GroupCollector(make_env_fn(env_id, **kw), backend, tokenizer, sampling, max_turns=cfg.econfig.max_turns,
                                max_context_tokens=cfg.rollout.max_context_tokens, seed=cfg.seed, user_batcher=user_fn)
-    train_tasks = usable_task_indices(collector._envs(1)[0], cfg.train_dataset.limit)
+    train_tasks = usable_task_indices(collector.probe_env, cfg.train_dataset.limit)
     if len(train_tasks) < 1:
         raise ValueError(f"train split {cfg.train_dataset.split!r} of {env_id} has no tasks")
     vid, vkw = env_kwargs_from_config(cfg, cfg.valid_dataset.split, cfg.valid_dataset.path or cfg.train_dataset.path,
@@ -258,7 +258,7 @@ def build_env_side(cfg, backend: RolloutBackend, tokenizer, sampling: SamplingCo
                                     seed=cfg.seed + 1, user_batcher=user_fn)
     n_eval = cfg.eval.n_problems
     return EnvSide(user_fn=user_fn, collector=collector, eval_collector=eval_collector, train_tasks=train_tasks,
-                   _eval_tasks=lambda: usable_task_indices(eval_collector._envs(1)[0], n_eval),
+                   _eval_tasks=lambda: usable_task_indices(eval_collector.probe_env, n_eval),
                    _baseline=lambda tasks: do_nothing_baseline(make_env_fn(vid, **vkw), tasks))
 
 

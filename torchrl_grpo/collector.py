@@ -220,6 +220,11 @@ class GroupCollector(BaseCollector):
             self._renderers[key] = ChatRenderer(self.tokenizer, tools)
         return self._renderers[key]
 
+    @property
+    def probe_env(self) -> gym.Env:
+        """One pooled Gymnasium env (built on first use), for reading task lists and spaces without stepping."""
+        return self._envs(1)[0]
+
     def _envs(self, n: int) -> list[gym.Env]:
         while len(self._pool) < n:
             self._pool.append(self.make_env())
