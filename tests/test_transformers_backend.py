@@ -158,3 +158,55 @@ def test_gqa_decode_attention_gives_the_same_generations(n_kv):
     with decode_attention(model):
         assert model.config._attn_implementation == ATTN_IMPLEMENTATION
     assert model.config._attn_implementation == "sdpa"  # restored: the trainer's forward is untouched
+
+
+def _teacher_forced(model, seq: list[int], start: int, n: int) -> torch.Tensor:
+    ids = torch.tensor([seq])
+    lp, _ = token_log_probs(model, ids, torch.ones_like(ids))
+    return lp[0, start : start + n]
+
+
+def test_partial_rollout_continues_with_new_weights_and_records_versions(model):
+    """Issue 12 t.3: a generation interrupted by a weight update after 4 tokens continues under the new weights; its
+    tokens carry versions 0 then 1; pre-update log-probs are the old policy's, post-update ones the new policy's
+    (teacher-forced recompute of the whole sequence under each model, 1e-4)."""
+    import copy
+
+    new = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    be = TransformersBackend(copy.deepcopy(model), pad_token_id=0, share_module=False, prefix_cache_min_tokens=16)
+    calls = []
+
+    def hook():
+        calls.append(be.policy_version)
+        if be.policy_version == 0:
+            be.load_weights(new.state_dict())
+
+    be.weight_update_hook, be.partial_rollout_chunk = hook, 4
+    prompts = [SYS + [5, 6, 7]] * 2 + [[12, 13]]
+    gens = be.generate(prompts, SamplingConfig(max_new_tokens=10, temperature=1.0, seed=5))
+    assert calls[0] == 0 and be.policy_version == 1 and be.stats["partial_interrupts"] == 1
+    for p, g in zip(prompts, gens):
+        assert len(g.token_ids) == 10  # no stop tokens: every row runs through the update
+        assert g.versions == [0] * 4 + [1] * 6
+        lp_old = _teacher_forced(model, p + g.token_ids, len(p), 10)
+        lp_new = _teacher_forced(new, p + g.token_ids, len(p), 10)
+        got = torch.tensor(g.logprobs)
+        torch.testing.assert_close(got[:4], lp_old[:4], atol=1e-4, rtol=0)
+        torch.testing.assert_close(got[4:], lp_new[4:], atol=1e-4, rtol=0)
+        assert (lp_old[4:] - lp_new[4:]).abs().max() > 1e-2  # the two policies really differ on these tokens
+
+
+def test_partial_rollout_without_an_update_gives_the_uninterrupted_samples(model):
+    """The hook is called at every chunk boundary; when it loads nothing the generation is that of a plain call."""
+    plain = TransformersBackend(model, pad_token_id=0)
+    hooked = TransformersBackend(model, pad_token_id=0)
+    n = []
+    hooked.weight_update_hook, hooked.partial_rollout_chunk = (lambda: n.append(1)), 3
+    s = SamplingConfig(max_new_tokens=10, temperature=1.0, stop_token_ids=STOP, seed=7)
+    a, b = plain.generate(PROMPTS, s), hooked.generate(PROMPTS, s)
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    assert [g.logprobs for g in a] == [g.logprobs for g in b]
+    assert n and all(g.versions == [0] * len(g.token_ids) for g in b)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -59,11 +59,16 @@ class Generation:
             These are log-softmax of the processed logits (temperature, top-k, top-p:
             :func:`torchrl_grpo.sampling.processed_logits`) — the distribution actually sampled.
         finish_reason: ``"stop"`` (a stop token was produced) or ``"length"`` (hit max_new_tokens).
+        versions: ``policy_version`` of the weights that sampled each token, length L; ``None`` when the backend
+            does not record it (then every token is of the version the backend held when ``generate`` returned).
+            Tokens of one generation carry two or more versions only with partial rollouts
+            (:attr:`RolloutBackend.weight_update_hook`).
     """
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
+    versions: list[int] | None = None
 
 
 class RolloutBackend(abc.ABC):
@@ -75,6 +80,15 @@ class RolloutBackend(abc.ABC):
     """
 
     policy_version: int = 0
+
+    #: Partial rollouts — AReaL (Fu et al., 2025, arXiv:2505.24298) Sec. 5.1 "interruptible rollout", APRIL (2025):
+    #: when set (with ``partial_rollout_chunk > 0``), a backend that supports them calls ``weight_update_hook()``
+    #: after every ``partial_rollout_chunk`` sampled tokens of a ``generate`` call; if the hook loaded new weights
+    #: (``policy_version`` moved), the unfinished sequences continue under the new weights (their context is
+    #: re-encoded with them), and each token's :attr:`Generation.versions` entry records the version that sampled it.
+    #: A backend without support ignores both (whole generations with one version).
+    weight_update_hook: Callable[[], None] | None = None
+    partial_rollout_chunk: int = 0
 
     @abc.abstractmethod
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:

@@ -12,6 +12,11 @@ It runs its own batched decode loop over a KV cache instead of ``model.generate`
   (:mod:`torchrl_grpo.backends.decode_attention`),
 * return the behaviour log-prob of each sampled token under the distribution actually sampled from
   (``log_softmax(top_p(top_k(logits / T)))``, :mod:`torchrl_grpo.sampling`), with no second forward pass.
+* partial rollouts (AReaL's interruptible generation; :attr:`RolloutBackend.weight_update_hook`): every
+  ``partial_rollout_chunk`` decode steps the hook may load new weights; the unfinished rows are then re-prefilled
+  (prompt + tokens so far) under the new weights — their old KV cache is the old policy's — and decoding goes on,
+  so every later token and its log-prob are the new policy's; ``Generation.versions`` records each token's version.
+  The re-prefill consumes no random numbers: without a weight change the samples are those of an uninterrupted call.
 
 When colocated with the trainer (``share_module=True``) it samples from the very module being trained, so
 :meth:`load_weights` only bumps ``policy_version``; otherwise it copies the weights in.
@@ -184,55 +189,77 @@ class TransformersBackend(RolloutBackend):
         self._prefix = (pre, cache)
         return pre, copy.deepcopy(cache)
 
+    def _prefill(self, prompts: list[list[int]]):
+        """Prefill each distinct prompt once (after a shared-prefix KV cache when there is one) and fan out to rows.
+
+        Returns:
+            ``(logits [B, V], cache, attention_mask [B, S] long, next_pos [B] long)`` for the B rows of ``prompts``.
+        """
+        model, dev = self.model, self.device
+        uniq: dict[tuple[int, ...], int] = {}
+        row_to_uniq = [uniq.setdefault(tuple(p), len(uniq)) for p in prompts]
+        uprompts = list(uniq.keys())
+        U = len(uprompts)
+        prefix, cache = self._shared_prefix(uprompts)
+        Lp = len(prefix)
+        S = max(len(p) - Lp for p in uprompts)
+        ids = torch.full((U, S), self.pad_token_id, dtype=torch.long)
+        am = torch.zeros((U, Lp + S), dtype=torch.long)
+        am[:, :Lp] = 1
+        for u, p in enumerate(uprompts):
+            sfx = p[Lp:]
+            ids[u, S - len(sfx) :] = torch.tensor(sfx, dtype=torch.long)
+            am[u, Lp + S - len(sfx) :] = 1
+        ids, am = ids.to(dev), am.to(dev)
+        pos = (am.cumsum(-1) - 1).clamp_min(0)[:, Lp:]
+        if cache is None:
+            cache = DynamicCache()
+        else:
+            cache.reorder_cache(torch.zeros(U, dtype=torch.long, device=dev))
+        self.stats["prefilled_tokens"] += int((am[:, Lp:] > 0).sum())
+        logits = model(input_ids=ids, attention_mask=am, position_ids=pos, past_key_values=cache, use_cache=True,
+                       logits_to_keep=1).logits[:, -1]
+        fan = torch.tensor(row_to_uniq, dtype=torch.long, device=dev)
+        cache.reorder_cache(fan)
+        return logits.index_select(0, fan), cache, am.index_select(0, fan), pos[:, -1].index_select(0, fan) + 1
+
+    def _weights_changed(self, step: int) -> bool:
+        """Partial rollouts: after every ``partial_rollout_chunk`` tokens, let the hook load pending weights; True
+        if it did (``policy_version`` moved)."""
+        chunk, hook = self.partial_rollout_chunk, self.weight_update_hook
+        if hook is None or chunk <= 0 or (step + 1) % chunk != 0:
+            return False
+        before = self.policy_version
+        hook()
+        if self.policy_version == before:
+            return False
+        self.stats["partial_interrupts"] = self.stats.get("partial_interrupts", 0) + 1
+        return True
+
     @torch.no_grad()
     def _generate_chunk(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
         model, dev = self.model, self.device
         was_training = model.training
         model.eval()
         try:
-            # 1. prefill each distinct prompt once, after a shared-prefix KV cache when there is one
-            uniq: dict[tuple[int, ...], int] = {}
-            row_to_uniq = [uniq.setdefault(tuple(p), len(uniq)) for p in prompts]
-            uprompts = list(uniq.keys())
-            U = len(uprompts)
-            prefix, cache = self._shared_prefix(uprompts)
-            Lp = len(prefix)
-            S = max(len(p) - Lp for p in uprompts)
-            ids = torch.full((U, S), self.pad_token_id, dtype=torch.long)
-            am = torch.zeros((U, Lp + S), dtype=torch.long)
-            am[:, :Lp] = 1
-            for u, p in enumerate(uprompts):
-                sfx = p[Lp:]
-                ids[u, S - len(sfx) :] = torch.tensor(sfx, dtype=torch.long)
-                am[u, Lp + S - len(sfx) :] = 1
-            ids, am = ids.to(dev), am.to(dev)
-            pos = (am.cumsum(-1) - 1).clamp_min(0)[:, Lp:]
-            if cache is None:
-                cache = DynamicCache()
-            else:
-                cache.reorder_cache(torch.zeros(U, dtype=torch.long, device=dev))
-            self.stats["prefilled_tokens"] += int((am[:, Lp:] > 0).sum())
-            logits = model(input_ids=ids, attention_mask=am, position_ids=pos, past_key_values=cache, use_cache=True,
-                           logits_to_keep=1).logits[:, -1]
-            # 2. fan out to rows
-            fan = torch.tensor(row_to_uniq, dtype=torch.long, device=dev)
-            cache.reorder_cache(fan)
-            logits = logits.index_select(0, fan)
-            am = am.index_select(0, fan)
-            next_pos = pos[:, -1].index_select(0, fan) + 1
+            # 1. prefill each distinct prompt once, after a shared-prefix KV cache when there is one; fan out to rows
+            logits, cache, am, next_pos = self._prefill(prompts)
             B = len(prompts)
             stop = set(sampling.stop_token_ids)
             stop_t = torch.tensor(sorted(stop), dtype=torch.long, device=dev) if stop else None
             toks: list[list[int]] = [[] for _ in range(B)]
             lps: list[list[float]] = [[] for _ in range(B)]
+            vers: list[list[int]] = [[] for _ in range(B)]
             finish = ["length"] * B
             active = torch.arange(B, device=dev)  # row ids still generating, aligned with cache rows
             for step in range(sampling.max_new_tokens):
                 tok, lp = sample_next_token(logits, sampling, self._generator if dev.type == "cpu" else None)
                 tok_l, lp_l, act_l = tok.tolist(), lp.tolist(), active.tolist()
+                v = self.policy_version
                 for r, t, l in zip(act_l, tok_l, lp_l):
                     toks[r].append(t)
                     lps[r].append(l)
+                    vers[r].append(v)
                 done = torch.isin(tok, stop_t) if stop_t is not None else torch.zeros_like(tok, dtype=torch.bool)
                 for j in done.nonzero().flatten().tolist():
                     finish[act_l[j]] = "stop"
@@ -244,13 +271,19 @@ class TransformersBackend(RolloutBackend):
                 if keep.numel() < active.numel():
                     cache.reorder_cache(keep)
                     active, tok, am, next_pos = active[keep], tok[keep], am[keep], next_pos[keep]
+                if self._weights_changed(step):
+                    # partial rollout: the cached keys/values are the old policy's; re-encode prompt + tokens so far
+                    # with the new weights, so every later token is sampled from the new policy
+                    logits, cache, am, next_pos = self._prefill([prompts[r] + toks[r] for r in active.tolist()])
+                    continue
                 am = torch.cat([am, am.new_ones((am.shape[0], 1))], dim=1)
                 logits = model(
                     input_ids=tok[:, None], attention_mask=am, position_ids=next_pos[:, None],
                     past_key_values=cache, use_cache=True,
                 ).logits[:, -1]
                 next_pos = next_pos + 1
-            return [Generation(token_ids=toks[r], logprobs=lps[r], finish_reason=finish[r]) for r in range(B)]
+            return [Generation(token_ids=toks[r], logprobs=lps[r], finish_reason=finish[r], versions=vers[r])
+                    for r in range(B)]
         finally:
             if was_training:
                 model.train()
