@@ -1,0 +1,317 @@
+"""Device allocation plan: which process or actor runs what on which device, from one of two spellings.
+
+Two spellings users know map to one :class:`AllocationPlan`:
+
+* TorchRL's GRPO recipe keys (``sota-implementations/grpo``): ``train_model.num_devices``,
+  ``inference_model.num_devices``, ``ref_model.num_devices`` — or an explicit ``devices=[...]`` list per role
+  (device indices, e.g. ``train_model.devices=[0,1]``). Roles with a count get consecutive devices in the order
+  train, inference, ref, after the devices named explicitly; a role with neither is *colocated* on the train devices.
+* AReaL's ``allocation_mode`` string (Fu et al., 2025, arXiv:2505.24298, the released ``AllocationMode``):
+  ``ENGINE:DIMS[+ENGINE:DIMS]``, e.g. ``vllm:d1+fsdp:d2`` (1 device for a vLLM engine, 2 for FSDP training, disjoint).
+  ``DIMS`` is ``d<dp>[t<tp>][p<pp>]``; the role uses ``dp * tp * pp`` devices. One training term alone
+  (``fsdp:d2``) colocates inference on the training devices. Inference engines: :data:`INFERENCE_ENGINES`;
+  training engines: :data:`TRAIN_ENGINES` (AReaL's ``sglang``/``megatron`` are named in the error as not available).
+
+The two spellings are exclusive (an error if both are set). Nothing set: everything colocated on one device, the
+default (``cuda:0`` where CUDA is present, else ``cpu:0``).
+
+Devices present: CUDA devices ``cuda:0..n-1``; without CUDA, CPU *slots* ``cpu:0..k-1`` with ``k = os.cpu_count()``
+(one process pinned per slot; gloo ranks and Ray actors each take one). The plan is validated against them: more
+devices asked than present, a device index out of range, the same device named twice (within a role or across
+roles), an unknown engine, a training world size that differs from the processes launched (``torchrun``), each raise
+:class:`AllocationError` naming the keys in conflict.
+
+The plan is pure data: :func:`resolve_plan` takes the device list, so it is tested without hardware; the trainer
+prints :meth:`AllocationPlan.describe` at start and writes :meth:`AllocationPlan.to_dict` to ``run_dir/plan.json``.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+__all__ = ["AllocationError", "AllocationPlan", "RolePlacement", "parse_allocation_mode", "resolve_plan",
+           "detect_devices", "INFERENCE_ENGINES", "TRAIN_ENGINES", "ROLES"]
+
+#: ``allocation_mode`` inference engines (rollout backends) and training engines (``train.strategy``-like).
+INFERENCE_ENGINES = ("vllm", "transformers")
+TRAIN_ENGINES = ("fsdp", "ddp")
+#: engines AReaL knows that this trainer does not run (named in the error, not silently ignored)
+_FOREIGN_ENGINES = ("sglang", "megatron", "trtllm")
+#: the roles a plan places, in allocation order
+ROLES = ("train", "inference", "ref")
+
+
+class AllocationError(ValueError):
+    """A device plan that cannot run on the devices present; the message names the conflicting keys."""
+
+
+@dataclass(frozen=True)
+class RolePlacement:
+    """Where one role runs.
+
+    Attributes:
+        role: ``train`` | ``inference`` | ``ref``.
+        engine: the engine of the role (``ddp``/``fsdp``/``single`` for train, a rollout backend for inference,
+            ``frozen`` for the KL reference).
+        devices: device names, e.g. ``("cuda:0", "cuda:1")``.
+        colocated_with: the role whose devices these are (``None``: its own devices).
+        source: where the placement came from (``allocation_mode``, ``train_model.num_devices``, ``default`` ...).
+        parallel: AReaL's parallel dims ``{"d": dp, "t": tp, "p": pp}`` (all 1 for the recipe keys).
+    """
+
+    role: str
+    engine: str
+    devices: tuple[str, ...]
+    colocated_with: str | None = None
+    source: str = "default"
+    parallel: dict[str, int] = field(default_factory=lambda: {"d": 1, "t": 1, "p": 1})
+
+
+@dataclass(frozen=True)
+class AllocationPlan:
+    """The resolved plan: one :class:`RolePlacement` per role, plus the processes that run them.
+
+    Attributes:
+        placements: ``{role: RolePlacement}`` for every role in :data:`ROLES`.
+        available: the devices present when the plan was resolved.
+        world_size: training processes (``torchrun`` ranks; 1 without it).
+        rollout_workers: rollout actors (``rollout.num_workers``; 0: the rollout runs in the trainer process).
+    """
+
+    placements: dict[str, RolePlacement]
+    available: tuple[str, ...]
+    world_size: int = 1
+    rollout_workers: int = 0
+
+    @property
+    def colocated(self) -> bool:
+        """Every role on the training devices (the single-device default is one such plan)."""
+        return all(p.colocated_with == "train" for r, p in self.placements.items() if r != "train")
+
+    def train_device(self, rank: int) -> str:
+        """The device of training rank ``rank`` (rank ``r`` takes the ``r``-th train device)."""
+        return self.placements["train"].devices[rank % len(self.placements["train"].devices)]
+
+    def worker_device(self, worker: int) -> str:
+        """The device of rollout worker ``worker`` (round robin over the inference devices)."""
+        devs = self.placements["inference"].devices
+        return devs[worker % len(devs)]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: placements, devices present, and which rank / worker runs on which device."""
+        return {
+            "available": list(self.available),
+            "colocated": self.colocated,
+            "world_size": self.world_size,
+            "rollout_workers": self.rollout_workers,
+            "placements": {r: {**asdict(p), "devices": list(p.devices)} for r, p in self.placements.items()},
+            "processes": self.processes(),
+        }
+
+    def processes(self) -> list[dict[str, str]]:
+        """One row per process/actor: ``{"name", "runs", "device"}``."""
+        rows = [{"name": f"rank {r}", "runs": f"train ({self.placements['train'].engine})",
+                 "device": self.train_device(r)} for r in range(self.world_size)]
+        inf = self.placements["inference"]
+        if self.rollout_workers:
+            rows += [{"name": f"rollout worker {w}", "runs": f"inference ({inf.engine})",
+                      "device": self.worker_device(w)} for w in range(self.rollout_workers)]
+        else:
+            rows.append({"name": "rank 0" if inf.colocated_with else "rollout engine",
+                         "runs": f"inference ({inf.engine})", "device": ",".join(inf.devices)})
+        ref = self.placements["ref"]
+        rows.append({"name": "each rank" if ref.colocated_with else "ref engine", "runs": "reference (frozen)",
+                     "device": ",".join(ref.devices)})
+        return rows
+
+    def describe(self) -> str:
+        """A few lines for the start-up log."""
+        lines = [f"allocation plan ({'colocated' if self.colocated else 'disjoint'}; present: "
+                 f"{len(self.available)} x {self.available[0].split(':')[0]}):"]
+        for p in self.placements.values():
+            where = f"colocated with {p.colocated_with}" if p.colocated_with else f"from {p.source}"
+            lines.append(f"  {p.role:<9} {p.engine:<12} {','.join(p.devices):<24} ({where})")
+        for row in self.processes():
+            lines.append(f"  - {row['name']}: {row['runs']} on {row['device']}")
+        return "\n".join(lines)
+
+
+_TERM = re.compile(r"^(?:(?P<engine>[a-z_]+)[:.])?(?P<dims>(?:[dtp]\d+)+)$")
+
+
+def parse_allocation_mode(mode: str) -> dict[str, tuple[str, dict[str, int]]]:
+    """Parse AReaL's ``allocation_mode``.
+
+    Args:
+        mode: ``ENGINE:DIMS[+ENGINE:DIMS]`` (``vllm:d1+fsdp:d2``; AReaL's older ``vllm.d1p1t1+d2p1t1`` also parses,
+            a term without an engine being training with ``fsdp``).
+
+    Returns:
+        ``{"inference" | "train": (engine, {"d": dp, "t": tp, "p": pp})}``.
+
+    Raises:
+        AllocationError: malformed term, unknown engine, two terms for one role, zero-sized dims.
+    """
+    out: dict[str, tuple[str, dict[str, int]]] = {}
+    for term in mode.replace(" ", "").split("+"):
+        m = _TERM.match(term)
+        if not m:
+            raise AllocationError(f"allocation_mode={mode!r}: term {term!r} is not ENGINE:d<dp>[t<tp>][p<pp>] "
+                                  f"(e.g. vllm:d1+fsdp:d2)")
+        engine = m["engine"] or "fsdp"
+        dims = {"d": 1, "t": 1, "p": 1}
+        for k, v in re.findall(r"([dtp])(\d+)", m["dims"]):
+            dims[k] = int(v)
+        if min(dims.values()) < 1:
+            raise AllocationError(f"allocation_mode={mode!r}: term {term!r} has a zero dimension")
+        if engine in INFERENCE_ENGINES:
+            role = "inference"
+        elif engine in TRAIN_ENGINES:
+            role = "train"
+        else:
+            extra = " (an AReaL engine this trainer does not run)" if engine in _FOREIGN_ENGINES else ""
+            raise AllocationError(f"allocation_mode={mode!r}: unknown engine {engine!r}{extra}; inference engines: "
+                                  f"{INFERENCE_ENGINES}, training engines: {TRAIN_ENGINES}")
+        if role in out:
+            raise AllocationError(f"allocation_mode={mode!r}: two {role} terms ({out[role][0]} and {engine})")
+        if role == "train" and (dims["t"] > 1 or dims["p"] > 1):
+            raise AllocationError(f"allocation_mode={mode!r}: training supports data parallelism only (d); "
+                                  f"tensor/pipeline dims t{dims['t']}p{dims['p']} need Megatron")
+        out[role] = (engine, dims)
+    if "train" not in out and "inference" in out:
+        out["train"] = ("single", {"d": 1, "t": 1, "p": 1})
+    return out
+
+
+def detect_devices() -> list[str]:
+    """The devices present: ``cuda:i`` for each CUDA device, else ``cpu:i`` per CPU core (see module docstring)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    return [f"cpu:{i}" for i in range(os.cpu_count() or 1)]
+
+
+def _role_spec(cfg: Any, role: str) -> tuple[int, list[int]]:
+    node = cfg.get(f"{role}_model") if hasattr(cfg, "get") else getattr(cfg, f"{role}_model", None)
+    if node is None:
+        return 0, []
+    get = node.get if hasattr(node, "get") else lambda k, d=None: getattr(node, k, d)
+    return int(get("num_devices", 0) or 0), [int(d) for d in (get("devices", None) or [])]
+
+
+def resolve_plan(cfg: Any, available: Sequence[str], *, world_size: int = 1, rollout_workers: int = 0,
+                 train_engine: str = "single", inference_engine: str = "transformers") -> AllocationPlan:
+    """Resolve a config into a plan on the devices ``available``.
+
+    Args:
+        cfg: a mapping/config with ``allocation_mode`` (str or None) and ``train_model`` / ``inference_model`` /
+            ``ref_model`` nodes each with ``num_devices`` (int, 0: not set) and ``devices`` (list of indices).
+        available: the device names present (:func:`detect_devices`), all of one type.
+        world_size: training processes launched (``WORLD_SIZE`` under torchrun).
+        rollout_workers: rollout actors (``rollout.num_workers``).
+        train_engine: the training engine of the config (``train.strategy``: ``single`` | ``ddp``).
+        inference_engine: the rollout backend of the config (``rollout.backend``).
+
+    Returns:
+        The :class:`AllocationPlan`.
+
+    Raises:
+        AllocationError: both spellings set; too many devices; an index out of range; a device in two roles;
+            an unknown engine; a training world size other than the processes launched; an engine in
+            ``allocation_mode`` other than the one configured (``rollout.backend`` / ``train.strategy``).
+    """
+    available = tuple(available)
+    if not available:
+        raise AllocationError("no devices present")
+    dtype = available[0].split(":")[0]
+    mode = cfg.get("allocation_mode") if hasattr(cfg, "get") else getattr(cfg, "allocation_mode", None)
+    specs = {r: _role_spec(cfg, r) for r in ROLES}
+    recipe_set = [f"{r}_model.{'devices' if d else 'num_devices'}" for r, (n, d) in specs.items() if n or d]
+    if mode and recipe_set:
+        raise AllocationError(f"allocation_mode={mode!r} and {', '.join(recipe_set)} are both set: use one spelling")
+
+    # each role: (engine, count or explicit indices, source, parallel dims)
+    want: dict[str, dict[str, Any]] = {}
+    if mode:
+        for role, (engine, dims) in parse_allocation_mode(mode).items():
+            want[role] = {"engine": engine, "n": dims["d"] * dims["t"] * dims["p"], "idx": [],
+                          "source": f"allocation_mode={mode}", "parallel": dims}
+        eng = want.get("inference", {}).get("engine")
+        if eng is not None and eng != inference_engine:
+            raise AllocationError(f"allocation_mode={mode!r} names inference engine {eng!r} but "
+                                  f"rollout.backend={inference_engine!r}")
+        eng = want["train"]["engine"]
+        if eng != "single" and eng != train_engine:
+            raise AllocationError(f"allocation_mode={mode!r} names training engine {eng!r} but "
+                                  f"train.strategy={train_engine!r} (FSDP2 is documented in "
+                                  f"torchrl_grpo/distributed.py, not wired: use {eng.replace('fsdp', 'ddp')}"
+                                  f" with train.strategy=ddp)")
+    else:
+        for role, (n, idx) in specs.items():
+            if idx and n and n != len(idx):
+                raise AllocationError(f"{role}_model.num_devices={n} but {role}_model.devices={idx} "
+                                      f"lists {len(idx)} devices")
+            if n or idx:
+                key = f"{role}_model.{'devices' if idx else 'num_devices'}"
+                want[role] = {"engine": None, "n": len(idx) or n, "idx": idx, "source": key,
+                              "parallel": {"d": len(idx) or n, "t": 1, "p": 1}}
+
+    # explicit indices first (range + overlap), then counts from the devices left, in role order
+    taken: dict[int, str] = {}
+    for role, w in want.items():
+        for i in w["idx"]:
+            if not 0 <= i < len(available):
+                raise AllocationError(f"{w['source']}={w['idx']}: device {i} is not present "
+                                      f"({len(available)} {dtype} device(s): {', '.join(available)})")
+            if i in taken:
+                what = "twice" if taken[i] == w["source"] else f"in both {taken[i]} and {w['source']}"
+                raise AllocationError(f"device {i} ({available[i]}) is named {what}: roles cannot share an "
+                                      f"explicit device (leave a role unset to colocate it with train)")
+            taken[i] = w["source"]
+    total = sum(w["n"] for w in want.values())
+    if total > len(available):
+        parts = " + ".join(f"{w['source'].split('=')[0] if not mode else r}: {w['n']}" for r, w in want.items())
+        raise AllocationError(f"the plan asks for {total} devices ({parts}) but {len(available)} {dtype} device(s) "
+                              f"are present ({', '.join(available)})")
+    free = [i for i in range(len(available)) if i not in taken]
+    placed: dict[str, tuple[str, ...]] = {}
+    for role in ROLES:
+        if role not in want:
+            continue
+        w = want[role]
+        if w["idx"]:
+            placed[role] = tuple(available[i] for i in w["idx"])
+        else:
+            placed[role], free = tuple(available[i] for i in free[: w["n"]]), free[w["n"]:]
+
+    train_dev = placed.get("train", (available[0],))
+    engines = {"train": train_engine, "inference": inference_engine, "ref": "frozen"}
+    placements: dict[str, RolePlacement] = {}
+    for role in ROLES:
+        w = want.get(role)
+        eng = (w or {}).get("engine") or engines[role]
+        if role == "train" and eng == "single" and world_size > 1:
+            eng = train_engine
+        if role in placed:
+            placements[role] = RolePlacement(role, eng, placed[role], None, w["source"], dict(w["parallel"]))
+        else:
+            placements[role] = RolePlacement(role, eng, train_dev, None if role == "train" else "train",
+                                             "default")
+    n_train = len(placements["train"].devices)
+    if "train" in want and world_size != n_train:
+        raise AllocationError(f"{want['train']['source']} gives training {n_train} device(s) but {world_size} "
+                              f"training process(es) were launched: start torchrun --nproc_per_node={n_train} "
+                              f"(train.strategy=ddp) or change the plan")
+    if "train" not in want and world_size > 1:
+        if world_size > len(available):
+            raise AllocationError(f"{world_size} training processes but {len(available)} {dtype} device(s) present")
+        placements["train"] = RolePlacement("train", train_engine, available[:world_size], None, "WORLD_SIZE",
+                                            {"d": world_size, "t": 1, "p": 1})
+        for role in ("inference", "ref"):
+            if placements[role].colocated_with == "train":
+                placements[role] = RolePlacement(role, placements[role].engine, available[:world_size], "train")
+    return AllocationPlan(placements=placements, available=available, world_size=world_size,
+                          rollout_workers=rollout_workers)
