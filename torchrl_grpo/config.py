@@ -84,6 +84,11 @@ class VLLMConfig:
 @dataclass
 class RolloutConfig:
     backend: str = "transformers"  # transformers | vllm
+    # rollout actors (torchrl_grpo/ray_rollout.py): 0 = the rollout runs in the trainer process; N >= 1 with
+    # launcher=ray = N Ray actors, each with its own backend and envs (a local Ray, or a cluster via RAY_ADDRESS)
+    num_workers: int = 0
+    launcher: str = "local"  # local | ray
+    max_worker_restarts: int = 3  # ray: restarts of a dead worker per run before the run fails (rollout/worker_restarts)
     max_batch_size: int = 64
     max_context_tokens: int = 2048
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
@@ -131,6 +136,9 @@ class TrainConfig:
     resume_from: Optional[str] = None
     device: str = "auto"  # auto | cpu | cuda
     max_staleness: int = 1  # async mode: most policy versions a batch may lag behind
+    # single | ddp: data-parallel over torchrun ranks (torchrl_grpo/distributed.py: gloo on CPU, NCCL on CUDA; each
+    # rank collects its share of the step's prompt groups; gradients all-reduced; rank 0 writes the run's files)
+    strategy: str = "single"
 
 
 @dataclass
@@ -191,12 +199,26 @@ class ContinualConfig:
 
 
 @dataclass
+class DevicePlanConfig:
+    """``train_model`` / ``inference_model`` / ``ref_model``: TorchRL GRPO recipe keys (torchrl_grpo/allocation.py)."""
+
+    num_devices: int = 0  # devices of this role (0: not set; inference/ref then colocate on the train devices)
+    devices: list = field(default_factory=list)  # explicit device indices, e.g. [2, 3] (instead of num_devices)
+
+
+@dataclass
 class GRPOConfig:
     seed: int = 1
     mode: str = "sync"  # sync | async (rollouts overlapped with updates, staleness <= train.max_staleness); in the
     #                     YAML configs the `mode` group sets it (configs/mode/{sync,async}.yaml, grpo-async.py)
     eval_only: bool = False
     output_dir: Optional[str] = None  # default: hydra's run dir
+    # device plan (torchrl_grpo/allocation.py; printed at start, written to run_dir/plan.json): AReaL's string,
+    # e.g. vllm:d1+fsdp:d2, or the TorchRL recipe keys below; neither: one colocated device
+    allocation_mode: Optional[str] = None
+    train_model: DevicePlanConfig = field(default_factory=DevicePlanConfig)
+    inference_model: DevicePlanConfig = field(default_factory=DevicePlanConfig)
+    ref_model: DevicePlanConfig = field(default_factory=DevicePlanConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     train_dataset: TrainDatasetConfig = field(default_factory=TrainDatasetConfig)
     valid_dataset: DatasetConfig = field(default_factory=DatasetConfig)
