@@ -226,3 +226,27 @@ def test_evaluate_chunks_tasks_with_progress_and_counts_every_task(tok, monkeypa
     out = evaluation.evaluate(col, task_indices=[0, 1, 2, 3, 0], greedy=True, pass_k=2, progress=True)
     assert calls == [(2, 1), (2, 1), (1, 1), (2, 2), (2, 2), (1, 2)]
     assert out["eval/accuracy"] == 1.0 and out["eval/pass^2"] == 1.0 and out["eval/tokens_per_s"] > 0
+
+
+def test_token_policy_version_records_each_sampled_tokens_version(tok):
+    """Issue 12 t.3 (partial rollouts): ``token_policy_version`` holds the version of every sampled token (-1 off the
+    response mask); a generation without ``versions`` gets the backend's version; ``policy_version`` is the oldest."""
+
+    class Versioned(ScriptedBackend):
+        def generate(self, prompts, sampling):
+            gens = super().generate(prompts, sampling)
+            if self.calls == 2:  # second turn: interrupted after 2 tokens by an update to version 8
+                self.policy_version = 8
+                return [Generation(g.token_ids, g.logprobs, g.finish_reason,
+                                   versions=[7, 7] + [8] * (len(g.token_ids) - 2)) for g in gens]
+            return gens  # no versions recorded: the backend's current version (7 on turn 1, 8 on turn 3)
+
+    col = GroupCollector(ScriptedChatEnv, Versioned(tok), tok, SamplingConfig(max_new_tokens=32), max_turns=5)
+    td = col.collect([{"index": 0}], n_samples=2)
+    L = int(td["attention_mask"][0].sum())
+    v, m = td["token_policy_version"][0, :L], td["response_mask"][0, :L]
+    assert td["token_policy_version"].shape == td["tokens"].shape
+    assert torch.all(v[~m] == -1)
+    n = [len(tok.encode(r, add_special_tokens=False)) + 1 for r in REPLIES]
+    assert v[m].tolist() == [7] * n[0] + [7, 7] + [8] * (n[1] - 2) + [8] * n[2]
+    assert td["policy_version"].tolist() == [7, 7]

@@ -36,7 +36,11 @@ response_mask          [N, T] bool   tokens the policy sampled (assistant mask)
 sample_log_probs       [N, T] float  behaviour log-prob of each sampled token (nats), 0 elsewhere
 reward                 [N] float     final env reward
 group_id               [N] long      episodes of the same task in this batch share it
-policy_version         [N] long      backend policy version at the episode's first generation
+policy_version         [N] long      oldest policy version of the episode's sampled tokens (the backend's version
+                                     at its first generation)
+token_policy_version   [N, T] long   policy version that sampled each token (``Generation.versions``; the backend's
+                                     version after the call when it records none), -1 off ``response_mask``; two
+                                     or more versions in one episode with partial rollouts (async mode)
 prompt_length          [N] long      tokens before the first assistant turn
 response_tokens        [N] long      number of sampled tokens
 num_turns              [N] long      assistant turns
@@ -96,6 +100,7 @@ class Episode:
     tokens: list[int] = field(default_factory=list)
     response_mask: list[bool] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # policy version per token, -1 for tokens not sampled
     prompt_length: int = 0
     reward: float = 0.0
     done: bool = False
@@ -110,10 +115,12 @@ class Episode:
     info: dict = field(default_factory=dict)
     renderer: ChatRenderer | None = None
 
-    def extend(self, ids: list[int], sampled: bool, lps: list[float] | None = None) -> None:
+    def extend(self, ids: list[int], sampled: bool, lps: list[float] | None = None,
+               versions: list[int] | None = None) -> None:
         self.tokens.extend(ids)
         self.response_mask.extend([sampled] * len(ids))
         self.log_probs.extend(lps if lps is not None else [0.0] * len(ids))
+        self.versions.extend(versions if versions is not None else [-1] * len(ids))
 
 
 class GroupCollector(BaseCollector):
@@ -300,12 +307,13 @@ class GroupCollector(BaseCollector):
             step_mask = torch.zeros(n, dtype=torch.bool)
             stepping: list[tuple[Episode, list[int]]] = []
             for ep, gen in zip(live, gens):
-                if ep.policy_version < 0:
-                    ep.policy_version = self.backend.policy_version
                 room = self.max_context_tokens - len(ep.tokens)
                 ids, lps = gen.token_ids[:room], gen.logprobs[:room]
+                vers = gen.versions[:room] if gen.versions is not None else [self.backend.policy_version] * len(ids)
+                if ep.policy_version < 0:
+                    ep.policy_version = min(vers) if vers else self.backend.policy_version
                 gen_tokens += len(ids)
-                ep.extend(ids, sampled=True, lps=lps)
+                ep.extend(ids, sampled=True, lps=lps, versions=vers)
                 ep.num_turns += 1
                 ep.length_truncated = gen.finish_reason == "length"  # of the latest generation
                 if len(gen.token_ids) > room:
@@ -375,12 +383,14 @@ class GroupCollector(BaseCollector):
         attn = torch.zeros((N, T), dtype=torch.bool)
         rmask = torch.zeros((N, T), dtype=torch.bool)
         lps = torch.zeros((N, T), dtype=torch.float32)
+        vers = torch.full((N, T), -1, dtype=torch.long)
         for i, e in enumerate(episodes):
             L = len(e.tokens)
             tokens[i, :L] = torch.tensor(e.tokens, dtype=torch.long)
             attn[i, :L] = True
             rmask[i, :L] = torch.tensor(e.response_mask, dtype=torch.bool)
             lps[i, :L] = torch.tensor(e.log_probs, dtype=torch.float32)
+            vers[i, :L] = torch.tensor(e.versions, dtype=torch.long)
         td = TensorDict(
             {
                 "tokens": tokens,
@@ -390,6 +400,7 @@ class GroupCollector(BaseCollector):
                 "reward": torch.tensor([e.reward for e in episodes], dtype=torch.float32),
                 "group_id": torch.tensor([e.group_id for e in episodes], dtype=torch.long),
                 "policy_version": torch.tensor([e.policy_version for e in episodes], dtype=torch.long),
+                "token_policy_version": vers,
                 "prompt_length": torch.tensor([e.prompt_length for e in episodes], dtype=torch.long),
                 "response_tokens": rmask.sum(-1),
                 "num_turns": torch.tensor([e.num_turns for e in episodes], dtype=torch.long),
