@@ -61,7 +61,19 @@ def test_domain_config_layers():
     assert t.train_dataset.limit == 3 and t.valid_dataset.split == "small"
     g = domain_config(cfg, "gsm8k")
     assert g.econfig.env_id == "GSM8K-v0" and g.econfig.max_turns == 1
-    assert set(CL_DOMAINS) == {"airline", "retail", "telecom", "mock", "gsm8k"}
+    assert set(CL_DOMAINS) == {"airline", "retail", "telecom", "mock", "gsm8k", "ifeval"}
+    assert g.train_dataset.path is None  # no cl.data_path: the run's (shared) dataset path
+
+
+def test_data_path_per_domain():
+    cfg = cl_cfg({"task_order": ["gsm8k", "ifeval"], "data_path": {"ifeval": "/data/ifbench.jsonl"}})
+    f = domain_config(cfg, "ifeval")
+    assert (f.econfig.env_id, f.econfig.max_turns, f.train_dataset.split, f.valid_dataset.split) == \
+        ("IFEval-v0", 1, "train", "test")
+    assert f.train_dataset.path == f.valid_dataset.path == "/data/ifbench.jsonl"
+    assert domain_config(cfg, "gsm8k").train_dataset.path is None
+    with pytest.raises(ValueError, match="cl.data_path names unknown domain 'gsm9k'"):
+        validate_cl_config(cl_cfg({"task_order": ["gsm8k"], "data_path": {"gsm9k": "x"}}), check_tasks=False)
 
 
 def test_solo_defaults_agree_with_tau2():

