@@ -133,3 +133,54 @@ def test_grpo_async_cli(tmp_path, gsm8k_dir):
     bad = subprocess.run([sys.executable, str(REPO / "grpo-async.py"), "mode=sync", *args], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=600)
     assert bad.returncode != 0 and "grpo.py for sync" in bad.stderr + bad.stdout
+
+
+def test_partial_rollouts_mix_versions_within_the_staleness_bound(tmp_path, monkeypatch):
+    """Issue 12 t.3: with train.partial_rollout_chunk=2 and generation slowed so that updates land mid-batch, some
+    episodes carry tokens of two versions (the newer after the older), every token's lag is within
+    max_staleness=1 (the bound is on the oldest token), the lag histogram sums to 1 and training runs."""
+    cfg = make_cfg(mode="async", train={"steps": 6, "batch_size": 1, "max_staleness": 1, "partial_rollout_chunk": 2},
+                   gconfig={"n_samples": 4, "max_new_tokens": 12}, loss={"behaviour_weight_cap": 2.0})
+    trainer = AsyncGRPOTrainer(cfg, tmp_path)
+    assert trainer.backend.weight_update_hook is not None and trainer.backend.partial_rollout_chunk == 2
+    gen = trainer.backend._generate_chunk
+
+    def slow_generate_chunk(*a, **k):  # slow decoding: each token 0.02 s, so an update lands mid-generation
+        model_fwd = trainer.backend.model.forward
+
+        def slow(*aa, **kk):
+            time.sleep(0.02)
+            return model_fwd(*aa, **kk)
+
+        trainer.backend.model.forward = slow
+        try:
+            return gen(*a, **k)
+        finally:
+            del trainer.backend.model.forward
+
+    monkeypatch.setattr(trainer.backend, "_generate_chunk", slow_generate_chunk)
+    batches = []
+    learn = trainer._learn
+
+    def spy(batch, **k):
+        batches.append((trainer.step, batch.clone()))
+        return learn(batch, **k)
+
+    monkeypatch.setattr(trainer, "_learn", spy)
+    ms = _fit_steps(trainer, 6)
+    mixed = 0
+    for (s, b), m in zip(batches, ms):
+        v, mask = b["token_policy_version"], b["response_mask"]
+        assert torch.all(v[~mask] == -1)
+        lags = s - v[mask]
+        assert lags.min() >= 0 and lags.max() <= 1
+        assert m["async/staleness"] == float(lags.max())
+        assert sum(m[f"async/token_lag_frac/{k}"] for k in (0, 1)) == pytest.approx(1.0)
+        assert b["policy_version"].tolist() == [int(row[mk].min()) for row, mk in zip(v, mask)]
+        for row, mk in zip(v, mask):
+            seq = row[mk]
+            assert torch.all(seq[1:] >= seq[:-1])  # versions only move forward within an episode
+            mixed += int(seq.unique().numel() > 1)
+    assert mixed > 0, [m["async/partial_interrupts"] for m in ms]
+    assert sum(m["async/partial_interrupts"] for m in ms) > 0
+    assert all(m["train/optimizer_steps"] == 1.0 for m in ms)

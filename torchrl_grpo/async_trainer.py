@@ -18,6 +18,21 @@ Off-policy correction: every batch here is trained against the trainer's own no-
 ``loss.behaviour_weight_cap`` (default 2.0; ``loss.behaviour_weight_mode`` truncate or mask) — whatever
 ``train.ppo_epochs`` and ``train.minibatch_size`` are.
 
+Partial rollouts — AReaL Sec. 5.1 (interruptible rollout workers), APRIL (2025) — with ``train.partial_rollout_chunk``
+``= N > 0``: the rollout thread does not wait for the end of a batch to take published weights; the backend checks
+for them every N generated tokens (:attr:`~torchrl_grpo.backends.base.RolloutBackend.weight_update_hook`) and
+continues the unfinished generations under them. Each token records the version that sampled it (the batch's
+``token_policy_version``), its behaviour log-prob is that version's, and the decoupled objective's weight
+π_prox/π_behav is per token, so a mixed-version episode is corrected token by token. The staleness bound is on the
+*oldest* token (the version the batch started with, checked as above): ``async/staleness`` = step minus the oldest
+response-token version; ``async/token_lag_mean`` and ``async/token_lag_frac/<k>`` (fraction of response tokens
+``k`` versions behind) describe the mix. Which tokens land before or after an update depends on thread timing, so
+with partial rollouts (as with any ``max_staleness > 0``) a run is not bitwise reproducible; a resumed run starts
+with no generation in flight, at the checkpoint's version.
+
+Idle time: ``async/wait_s`` is the trainer waiting for a batch, ``async/generator_wait_s`` the rollout thread
+waiting for the staleness bound before the batch (both seconds).
+
 The rollout backend never shares the training module: the transformers backend gets its own copy (LoRA merged),
 vLLM its own engine; weights are handed over as a snapshot (``export_hf_weights``, cloned) and loaded by the rollout
 thread between batches, so the trainer never waits for generation to finish a batch.
@@ -30,21 +45,52 @@ import time
 from collections import deque
 from typing import Any
 
+import torch
+
 from . import interrupt
 from .trainer import GRPOTrainer
 from .weight_sync import export_hf_weights
 
-__all__ = ["AsyncGRPOTrainer"]
+__all__ = ["AsyncGRPOTrainer", "token_lag_metrics"]
 
 log = logging.getLogger(__name__)
+
+
+def token_lag_metrics(batch, step: int, version: int, max_staleness: int) -> dict[str, float]:
+    """Staleness of a batch trained at trainer version ``step``, from its per-token versions.
+
+    Args:
+        batch: collected TensorDict with ``response_mask`` [N, T] and (when the collector recorded it)
+            ``token_policy_version`` [N, T] long.
+        step: the trainer version the batch is trained at.
+        version: the version the batch's generation started with (used when no token versions are present).
+        max_staleness: η; the histogram has one bin per lag 0..η (a larger lag is a broken bound: it lands in no bin).
+
+    Returns:
+        ``async/staleness`` (step minus the oldest response-token version), ``async/token_lag_mean`` (mean over
+        response tokens of step minus the token's version) and ``async/token_lag_frac/<k>`` (fraction of response
+        tokens exactly ``k`` versions behind), all floats.
+    """
+    mask = batch["response_mask"]
+    if "token_policy_version" in batch.keys() and mask.any():
+        lag = (step - batch["token_policy_version"][mask]).float()
+    else:
+        lag = torch.full((max(int(mask.sum()), 1),), float(step - version))
+    out = {"async/staleness": float(lag.max()), "async/token_lag_mean": float(lag.mean())}
+    for k in range(max_staleness + 1):
+        out[f"async/token_lag_frac/{k}"] = float((lag == k).float().mean())
+    return out
 
 
 class AsyncGRPOTrainer(GRPOTrainer):
     """GRPO with rollouts overlapped with updates (``mode=async``; entry point ``grpo-async.py``).
 
     Same arguments and outputs as :class:`~torchrl_grpo.trainer.GRPOTrainer`; adds the metrics
-    ``async/staleness`` (trainer version minus the batch's generating version, in optimizer steps),
-    ``async/wait_s`` (seconds the trainer waited for a batch) and ``async/queued`` (ready batches left).
+    ``async/staleness`` (trainer version minus the batch's oldest response-token version, in optimizer steps),
+    ``async/token_lag_mean`` / ``async/token_lag_frac/<k>`` (:func:`token_lag_metrics`), ``async/wait_s`` (seconds
+    the trainer waited for a batch), ``async/generator_wait_s`` (seconds the rollout thread waited for the staleness
+    bound before it), ``async/partial_interrupts`` (weight updates taken mid-generation) and ``async/queued``
+    (ready batches left).
 
     Raises:
         ValueError: ``train.max_staleness < 0``.
@@ -67,6 +113,13 @@ class AsyncGRPOTrainer(GRPOTrainer):
         self._error: BaseException | None = None
         self._stop = False
         self._thread: threading.Thread | None = None
+        # the backend's policy_version counts trainer versions here (tokens record it: token_policy_version)
+        self.backend.policy_version = self._backend_version
+        if self.settings.partial_rollout_chunk > 0:
+            self.backend.partial_rollout_chunk = self.settings.partial_rollout_chunk
+            self.backend.weight_update_hook = self._apply_pending
+        #: optional callable run first thing in the rollout thread (e.g. pin it to a core: benchmarks/async_bench.py)
+        self.on_rollout_thread_start = None
 
     # ------------------------------------------------------------------ weight hand-over
     def _publish_weights(self) -> None:
@@ -89,13 +142,16 @@ class AsyncGRPOTrainer(GRPOTrainer):
             pending, self._pending = self._pending, None
         if pending is not None:
             self.backend.load_weights(pending[1])
-            self._backend_version = pending[0]
+            self._backend_version = self.backend.policy_version = pending[0]
 
     # ------------------------------------------------------------------ rollout thread
     def _rollout_loop(self) -> None:
         steps, eta, n = self.settings.steps, self.settings.max_staleness, self.settings.n_samples
         try:
+            if self.on_rollout_thread_start is not None:
+                self.on_rollout_thread_start()
             while True:
+                t_wait = time.perf_counter()
                 with self._cond:
                     while not self._stop and self._next_collect < steps and self._next_collect - self._trained > eta:
                         self._cond.wait()
@@ -110,9 +166,14 @@ class AsyncGRPOTrainer(GRPOTrainer):
                         raise RuntimeError(f"async staleness bound broken: batch {s} would be generated with policy "
                                            f"version {version} (train.max_staleness={eta})")
                     t0 = time.perf_counter()
+                    interrupts = self.backend.stats.get("partial_interrupts", 0) if hasattr(self.backend, "stats") else 0
                     batch = self.collector.collect(self.tasks_for_step(s), n, step=s)
                     stats = dict(self.collector.last_stats)
                     stats["time/rollout_wall_s"] = time.perf_counter() - t0
+                    stats["async/generator_wait_s"] = t0 - t_wait
+                    if hasattr(self.backend, "stats"):
+                        stats["async/partial_interrupts"] = float(self.backend.stats.get("partial_interrupts", 0)
+                                                                  - interrupts)
                 with self._cond:
                     self._ready.append((s, version, batch, stats))
                     self._cond.notify_all()
@@ -146,11 +207,12 @@ class AsyncGRPOTrainer(GRPOTrainer):
         if s != self.step:  # cannot happen: batches are produced and consumed in step order
             raise RuntimeError(f"async pipeline out of order: batch for step {s} at trainer step {self.step}")
         metrics: dict[str, Any] = dict(stats)
-        metrics.update(self._learn(batch, stale=s != version))
+        lag = token_lag_metrics(batch, s, version, self.settings.max_staleness)
+        metrics.update(self._learn(batch, stale=lag["async/staleness"] > 0))
         t_sync = time.perf_counter()
         self._publish_weights()
         metrics["time/sync_s"] = time.perf_counter() - t_sync
-        metrics["async/staleness"] = float(s - version)
+        metrics.update(lag)
         metrics["async/wait_s"] = wait_s
         metrics["async/queued"] = float(queued)
         metrics["time/step_s"] = time.perf_counter() - t0

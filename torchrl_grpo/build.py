@@ -118,6 +118,7 @@ class LoopSettings:
     progress_bar: bool
     max_staleness: int  # async only
     config_yaml: str  # the resolved config, stored with every checkpoint
+    partial_rollout_chunk: int = 0  # async only: tokens between checks for new weights (0: off)
 
 
 @dataclass
@@ -375,7 +376,8 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
         eval_at_start=e.at_start, eval_at_end=e.at_end, eval_n_problems=n_eval, eval_greedy=e.greedy,
         eval_pass_k=e.pass_k, eval_temperature=g.temperature or 1.0, checkpoint_every=c.every,
         checkpoint_keep_last=c.keep_last, checkpoint_save_final=c.save_final, checkpoint_on_interrupt=c.on_interrupt,
-        progress_bar=s.progress_bar, max_staleness=t.max_staleness, config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
+        progress_bar=s.progress_bar, max_staleness=t.max_staleness, partial_rollout_chunk=t.partial_rollout_chunk,
+        config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
     )
     return Components(
         model=model, tokenizer=tokenizer, backend=backend, sampling=sampling, user_fn=side.user_fn,

@@ -136,6 +136,8 @@ class TrainConfig:
     resume_from: Optional[str] = None
     device: str = "auto"  # auto | cpu | cuda
     max_staleness: int = 1  # async mode: most policy versions a batch may lag behind
+    partial_rollout_chunk: int = 0  # async mode: check for new weights every N generated tokens and continue
+    # unfinished generations with them (partial rollouts, AReaL; per-token versions); 0: whole generations
     # single | ddp: data-parallel over torchrun ranks (torchrl_grpo/distributed.py: gloo on CPU, NCCL on CUDA; each
     # rank collects its share of the step's prompt groups; gradients all-reduced; rank 0 writes the run's files)
     strategy: str = "single"
@@ -300,6 +302,8 @@ def validate_config(cfg) -> None:
         raise ValueError(f"config loss.behaviour_weight_cap must be > 0 or null, got {cfg.loss.behaviour_weight_cap}")
     if cfg.train.max_staleness < 0:
         raise ValueError(f"config train.max_staleness must be >= 0, got {cfg.train.max_staleness}")
+    if cfg.train.partial_rollout_chunk < 0:
+        raise ValueError(f"config train.partial_rollout_chunk must be >= 0, got {cfg.train.partial_rollout_chunk}")
     if OmegaConf.select(cfg, "cl.task_order"):
         from .cl_domains import validate_cl_config
 
