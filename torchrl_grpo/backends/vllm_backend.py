@@ -335,11 +335,60 @@ class VLLMBackend(RolloutBackend):
         Raises:
             ValueError: empty prompt list, an empty / too long prompt, or token ids outside the vocab.
             RuntimeError: the engine aborted a request or returned no log-probs.
+
+        Partial rollouts (:attr:`RolloutBackend.weight_update_hook` with ``partial_rollout_chunk = N > 0``): the
+        requests are generated N tokens at a time; between rounds the hook may load new weights, and the unfinished
+        requests are resubmitted as prompt + tokens so far (vLLM's abort-and-resubmit, AReaL's interruptible
+        rollout): their context is prefilled again (from the prefix cache when the weights did not change), so the
+        later tokens are the new policy's. ``Generation.versions`` records each token's ``policy_version``. Seeded
+        request i samples round r with seed ``seed + i + r * 1000003``: reproducible, but not the stream of an
+        uninterrupted call.
         """
         self._check_prompts(prompts, "generate")
+        chunk = int(self.partial_rollout_chunk or 0)
+        if self.weight_update_hook is None or chunk <= 0:
+            seeds = None if sampling.seed is None else [int(sampling.seed) + i for i in range(len(prompts))]
+            v = self.policy_version
+            return [Generation(g.token_ids, g.logprobs, g.finish_reason, versions=[v] * len(g.token_ids))
+                    for g in self._submit(prompts, sampling, seeds)]
+        from dataclasses import replace
+
+        B = len(prompts)
+        toks: list[list[int]] = [[] for _ in range(B)]
+        lps: list[list[float]] = [[] for _ in range(B)]
+        vers: list[list[int]] = [[] for _ in range(B)]
+        finish: list[str | None] = [None] * B
+        rnd = 0
+        while True:
+            live = [i for i in range(B) if finish[i] is None]
+            for i in live:  # a context that reached the engine's limit ends as "length", as in one call
+                if len(prompts[i]) + len(toks[i]) > self.max_model_len - 1:
+                    finish[i] = "length"
+            live = [i for i in live if finish[i] is None]
+            if not live:
+                break
+            k = min(chunk, sampling.max_new_tokens - len(toks[live[0]]))  # live rows have equal lengths
+            sub = replace(sampling, max_new_tokens=k)
+            seeds = None if sampling.seed is None else [int(sampling.seed) + i + rnd * 1_000_003 for i in live]
+            v = self.policy_version
+            for i, g in zip(live, self._submit([list(prompts[i]) + toks[i] for i in live], sub, seeds)):
+                toks[i] += g.token_ids
+                lps[i] += g.logprobs
+                vers[i] += [v] * len(g.token_ids)
+                if g.finish_reason == "stop":
+                    finish[i] = "stop"
+                elif len(toks[i]) >= sampling.max_new_tokens or len(g.token_ids) < k:
+                    finish[i] = "length"
+            rnd += 1
+            if any(f is None for f in finish):
+                self.weight_update_hook()  # may load new weights (and reset the prefix cache)
+        return [Generation(toks[i], lps[i], finish[i], versions=vers[i]) for i in range(B)]
+
+    def _submit(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None) -> list[Generation]:
+        """One blocking ``llm.generate`` over ``prompts`` (request i seeded ``seeds[i]``; ``None``: engine RNG)."""
         TokensPrompt = self._vllm.inputs.TokensPrompt
         reqs = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
-        if sampling.seed is None:
+        if seeds is None:
             params: Any = self._sampling_params(sampling, None)
         elif self._chunked_prefill and self._on_cpu():
             raise RuntimeError(
@@ -347,7 +396,7 @@ class VLLMBackend(RolloutBackend):
                 "backend without enable_chunked_prefill=True or pass SamplingConfig(seed=None)"
             )
         else:
-            params = [self._sampling_params(sampling, int(sampling.seed) + i) for i in range(len(prompts))]
+            params = [self._sampling_params(sampling, s) for s in seeds]
         outs = self.llm.generate(reqs, params, use_tqdm=False, lora_request=self._lora_request)
         gens: list[Generation] = []
         for i, out in enumerate(outs):
