@@ -184,3 +184,31 @@ def test_partial_rollouts_mix_versions_within_the_staleness_bound(tmp_path, monk
     assert mixed > 0, [m["async/partial_interrupts"] for m in ms]
     assert sum(m["async/partial_interrupts"] for m in ms) > 0
     assert all(m["train/optimizer_steps"] == 1.0 for m in ms)
+
+
+def test_zero_staleness_with_partial_rollouts_resumes_exactly(tmp_path):
+    """η = 0: the rollout thread starts batch s only after update s-1 is published and the trainer waits for it, so
+    no update can land mid-generation (no interrupts) and the run is deterministic: 2 steps + checkpoint + resume
+    + 2 steps gives the same rewards, losses and final weights as 4 straight steps. (With η >= 1 which tokens come
+    before an update depends on thread timing; a resumed run restarts with no generation in flight.)"""
+    over = dict(mode="async", train={"steps": 4, "batch_size": 1, "max_staleness": 0, "partial_rollout_chunk": 2},
+                gconfig={"n_samples": 4, "max_new_tokens": 8})
+    straight = AsyncGRPOTrainer(make_cfg(**over), tmp_path / "a")
+    ms_a = _fit_steps(straight, 4)
+    first = AsyncGRPOTrainer(make_cfg(**over), tmp_path / "b")
+    ms_b = []
+    try:
+        ms_b += [first.train_step() for _ in range(2)]
+        ck = first.save()
+    finally:
+        first.close()
+    cfg = make_cfg(**over)
+    cfg.train.resume_from = str(ck)
+    resumed = AsyncGRPOTrainer(cfg, tmp_path / "c")
+    assert resumed.step == 2 and resumed.backend.policy_version == 2
+    ms_b += _fit_steps(resumed, 2)
+    for a, b in zip(ms_a, ms_b):
+        assert a["async/partial_interrupts"] == b["async/partial_interrupts"] == 0.0
+        assert a["reward/mean"] == b["reward/mean"] and a["loss/total"] == pytest.approx(b["loss/total"], abs=1e-6)
+    for (n, p), (_, q) in zip(straight.model.named_parameters(), resumed.model.named_parameters()):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=0, msg=n)
