@@ -99,11 +99,17 @@ def test_torchrun_world_size_without_plan_spreads_over_devices():
                                                                r"--nproc_per_node=2"),
     (cfg("fsdp:d2"), {"world_size": 2, "train_engine": "ddp"}, r"names training engine 'fsdp' but "
                                                                 r"train.strategy='ddp'"),
-    (cfg(), {"world_size": 3, "train_engine": "ddp"}, r"3 training processes but 2 cpu device"),
 ])
 def test_invalid_plans_name_the_conflict(conf, kwargs, match):
     with pytest.raises(AllocationError, match=match):
         resolve_plan(conf, CPU2, **kwargs)
+
+
+def test_torchrun_ranks_beyond_devices():
+    with pytest.raises(AllocationError, match=r"3 training processes but 2 cuda device"):
+        resolve_plan(cfg(), ["cuda:0", "cuda:1"], world_size=3, train_engine="ddp")
+    plan = resolve_plan(cfg(), ["cpu:0"], world_size=2, train_engine="ddp")  # CPU slots may be shared
+    assert plan.placements["train"].devices == ("cpu:0", "cpu:0")
 
 
 def test_no_devices_is_an_error():

@@ -185,11 +185,12 @@ def parse_allocation_mode(mode: str) -> dict[str, tuple[str, dict[str, int]]]:
     return out
 
 
-def detect_devices() -> list[str]:
-    """The devices present: ``cuda:i`` for each CUDA device, else ``cpu:i`` per CPU core (see module docstring)."""
+def detect_devices(device_type: str = "auto") -> list[str]:
+    """The devices present: ``cuda:i`` for each CUDA device (``device_type`` ``auto``/``cuda``), else ``cpu:i`` per
+    CPU core (see module docstring)."""
     import torch
 
-    if torch.cuda.is_available():
+    if device_type != "cpu" and torch.cuda.is_available():
         return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
     return [f"cpu:{i}" for i in range(os.cpu_count() or 1)]
 
@@ -306,12 +307,13 @@ def resolve_plan(cfg: Any, available: Sequence[str], *, world_size: int = 1, rol
                               f"training process(es) were launched: start torchrun --nproc_per_node={n_train} "
                               f"(train.strategy=ddp) or change the plan")
     if "train" not in want and world_size > 1:
-        if world_size > len(available):
+        if world_size > len(available) and dtype != "cpu":  # CPU slots may be shared (oversubscribed) by ranks
             raise AllocationError(f"{world_size} training processes but {len(available)} {dtype} device(s) present")
-        placements["train"] = RolePlacement("train", train_engine, available[:world_size], None, "WORLD_SIZE",
+        devs = tuple(available[i % len(available)] for i in range(world_size))
+        placements["train"] = RolePlacement("train", train_engine, devs, None, "WORLD_SIZE",
                                             {"d": world_size, "t": 1, "p": 1})
         for role in ("inference", "ref"):
             if placements[role].colocated_with == "train":
-                placements[role] = RolePlacement(role, placements[role].engine, available[:world_size], "train")
+                placements[role] = RolePlacement(role, placements[role].engine, devs, "train")
     return AllocationPlan(placements=placements, available=available, world_size=world_size,
                           rollout_workers=rollout_workers)

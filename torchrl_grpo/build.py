@@ -24,6 +24,7 @@ import copy
 import json
 import logging
 import math
+import os
 import random
 import time
 from contextlib import contextmanager, nullcontext
@@ -150,6 +151,8 @@ class Components:
     run_dir: Path
     start_step: int = 0
     load_time_s: float = 0.0
+    dp: Any = None  # torchrl_grpo.distributed.DataParallel (None: one process)
+    plan: Any = None  # torchrl_grpo.allocation.AllocationPlan
 
 
 def autocast_for(device: torch.device) -> Callable[[], Any]:
@@ -186,6 +189,40 @@ def _build_backend(cfg, model, tokenizer, own_copy: bool) -> RolloutBackend:
                         model_path=path, seed=cfg.seed, vllm_dtype=r.vllm.dtype, max_model_len=r.vllm.max_model_len,
                         check_sync_every=r.vllm.check_sync_every,
                         gpu_memory_utilization=r.vllm.gpu_memory_utilization, push_weights=cfg.actor.peft.enable)
+
+
+def _data_parallel_and_plan(cfg, device: torch.device):
+    """Join the torchrun group (``train.strategy``, :mod:`torchrl_grpo.distributed`) and resolve the device plan
+    (:mod:`torchrl_grpo.allocation`) on the devices present; rank 0 logs it.
+
+    Raises:
+        AllocationError (a ValueError): a plan that does not fit the devices or the launch.
+        ValueError: ``ddp`` outside torchrun, or fewer tasks per step than ranks.
+    """
+    from .allocation import detect_devices, resolve_plan
+    from .distributed import init_data_parallel
+
+    workers = cfg.rollout.num_workers if cfg.rollout.launcher == "ray" else 0
+    world = int(os.environ.get("WORLD_SIZE", "1")) if cfg.train.strategy == "ddp" else 1
+    plan = resolve_plan(cfg, detect_devices(device.type), world_size=world, rollout_workers=workers,
+                        train_engine=cfg.train.strategy, inference_engine=cfg.rollout.backend)
+    dp = init_data_parallel(cfg.train.strategy, device.type)
+    if dp.world_size > cfg.train.batch_size:
+        raise ValueError(f"train.batch_size={cfg.train.batch_size} tasks cannot give each of {dp.world_size} ranks "
+                         f"a whole group: raise train.batch_size to >= {dp.world_size}")
+    if dp.is_main:
+        log.info("%s", plan.describe())
+    return dp, plan
+
+
+def _rank_run_dir(dp, run_dir) -> Path:
+    """Rank 0's run dir on rank 0; a throwaway dir on other ranks (whatever they would write, e.g. the data and
+    model sources, stays out of the run's files; their checkpoints and metrics are not written at all)."""
+    if dp.is_main:
+        return Path(run_dir)
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix=f"grpo-rank{dp.rank}-"))
 
 
 def _check_async(cfg, backend) -> None:
@@ -290,10 +327,15 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
     validate_config(cfg)
     if own_backend_copy:
         _check_async(cfg, backend)
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    seed_everything(cfg.seed)
     device = resolve_device(cfg.train.device)
+    dp, plan = _data_parallel_and_plan(cfg, device)
+    if dp.enabled and device.type == "cuda":
+        device = torch.device(plan.train_device(dp.local_rank))
+    run_dir = _rank_run_dir(dp, run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if dp.is_main:
+        (run_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=1) + "\n")
+    seed_everything(cfg.seed)
     from .env_factory import check_data  # the data is checked before the model loads: a bad path fails in a second
 
     sources = check_data(cfg)
@@ -331,6 +373,7 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
         reference = _reference(model, peft=cfg.actor.peft.enable)
     if cfg.train.disable_dropout:  # see torchrl_grpo/dropout.py: dropout alone moved on-policy ratios to 1.14
         disable_dropout(model)
+    dp.broadcast_module(model)  # every rank starts from rank 0's weights (LoRA's random init included)
     backend = backend or _build_backend(cfg, model, tokenizer, own_copy=own_backend_copy)
     g = cfg.gconfig
     sampling = SamplingConfig(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p, top_k=g.top_k)
@@ -363,11 +406,16 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
                         ppo_epochs=t.ppo_epochs, minibatch_size=t.minibatch_size, micro_batch_size=t.micro_batch_size,
                         max_tokens_per_mb=t.max_tokens_per_mb, max_grad_norm=o.max_grad_norm, anchor=cfg.loss.anchor,
                         exact_log_probs=bool(getattr(backend, "exact_log_probs", False)), seed=cfg.seed,
-                        optimizer_steps=optimizer_steps)
+                        optimizer_steps=optimizer_steps, dp=dp)
     s = cfg.stats_logger
-    logger = StatsLogger(run_dir, OmegaConf.to_container(cfg, resolve=True), wandb_mode=s.wandb.mode,
-                         project=s.wandb.project, entity=s.wandb.entity, name=s.wandb.name, console=s.console,
-                         resume=bool(cfg.train.resume_from))
+    if dp.is_main:
+        logger = StatsLogger(run_dir, OmegaConf.to_container(cfg, resolve=True), wandb_mode=s.wandb.mode,
+                             project=s.wandb.project, entity=s.wandb.entity, name=s.wandb.name, console=s.console,
+                             resume=bool(cfg.train.resume_from))
+    else:
+        from .distributed import NullLogger
+
+        logger = NullLogger()
     e, c = cfg.eval, cfg.checkpoint
     settings = LoopSettings(
         steps=t.steps, batch_size=t.batch_size, n_samples=g.n_samples, seed=cfg.seed, adv_scale=cfg.loss.adv_scale,
@@ -384,5 +432,5 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
         collector=side.collector, eval_collector=side.eval_collector, train_tasks=side.train_tasks,
         eval_tasks=side.eval_tasks, eval_baseline=side.eval_baseline,
         loss_fn=loss_fn, optimizer=optimizer, scheduler=scheduler, update=update, logger=logger, device=device,
-        settings=settings, run_dir=run_dir, start_step=start_step, load_time_s=load_time_s,
+        settings=settings, run_dir=run_dir, start_step=start_step, load_time_s=load_time_s, dp=dp, plan=plan,
     )

@@ -22,6 +22,7 @@ from tensordict import TensorDict
 
 from .advantage import group_advantages, group_reward_std
 from .checkpoint import save_checkpoint
+from .distributed import SINGLE
 from .episode_stats import LengthGuard, episode_metrics, sample_rows
 from .evaluation import evaluate, format_eval_table
 
@@ -64,6 +65,7 @@ class GRPOTrainer:
         self.collector, self.eval_collector, self.train_tasks = c.collector, c.eval_collector, c.train_tasks
         self.loss_fn, self.optimizer, self.scheduler, self.updater = c.loss_fn, c.optimizer, c.scheduler, c.update
         self.logger, self.load_time_s, self.step = c.logger, c.load_time_s, c.start_step
+        self.dp = c.dp or SINGLE  # data parallel (torchrl_grpo.distributed): this rank's share, rank 0 writes
         self._length_guard = LengthGuard(self.settings.max_new_tokens)
         self._eval_tasks: list[int] | None = None
         self._baseline: dict[str, float] | None = None
@@ -115,7 +117,8 @@ class GRPOTrainer:
     def train_step(self) -> dict[str, Any]:
         """Run one GRPO step (collect, advantages, updates, weight sync). Returns its metrics."""
         t0 = time.perf_counter()
-        batch = self.collector.collect(self.tasks_for_step(self.step), self.settings.n_samples, step=self.step)
+        tasks = self.dp.shard(self.tasks_for_step(self.step))  # whole groups per rank (all of them on one process)
+        batch = self.collector.collect(tasks, self.settings.n_samples, step=self.dp.collect_step(self.step))
         metrics: dict[str, Any] = dict(self.collector.last_stats)
         if self.augment_batch is not None:
             batch = self.augment_batch(batch)
@@ -129,7 +132,7 @@ class GRPOTrainer:
         metrics["policy_version"] = self.backend.policy_version
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         self.step += 1
-        return metrics
+        return self.dp.mean_metrics(metrics)  # numeric values averaged over ranks (as is on one process)
 
     def _learn(self, batch: TensorDict, *, stale: bool = False) -> dict[str, Any]:
         """Advantages, group filters (infrastructure failures, zero variance) and the optimizer updates on one
@@ -161,7 +164,7 @@ class GRPOTrainer:
             batch = batch[keep]
         metrics["groups/kept_episodes"] = float(batch.shape[0])
         t_train = time.perf_counter()
-        if batch.shape[0] == 0 or not batch["response_mask"].any():
+        if self.dp.all(batch.shape[0] == 0 or not bool(batch["response_mask"].any())):  # every rank, or none
             reason = ("no episodes left after zero-variance/infrastructure group filtering" if batch.shape[0] == 0
                       else "no response tokens")
             log.warning("step %d: optimizer step skipped (%s)", self.step, reason)
@@ -180,6 +183,8 @@ class GRPOTrainer:
         """Greedy accuracy / pass@k / pass^k on the first ``eval.n_problems`` usable tasks of the valid split, plus
         the do-nothing baseline on the same tasks for envs that define one (the env's ``do_nothing_action``)."""
         s = self.settings
+        if not self.dp.is_main:  # rank 0 evaluates and logs for the run
+            return {}
         if self._eval_tasks is None:
             self._eval_tasks = self.components.eval_tasks()
         out = evaluate(self.eval_collector, task_indices=self._eval_tasks, greedy=s.eval_greedy, pass_k=s.eval_pass_k,
@@ -192,6 +197,8 @@ class GRPOTrainer:
         return out
 
     def save(self) -> Path:
+        if not self.dp.is_main:  # rank 0's checkpoint holds the whole state (identical weights and optimizer)
+            return self.run_dir / "checkpoints" / f"step_{self.step:06d}"
         return save_checkpoint(self.run_dir / "checkpoints", self.step, model=self.model, tokenizer=self.tokenizer,
                                optimizer=self.optimizer, scheduler=self.scheduler, config_yaml=self.settings.config_yaml,
                                keep_last=self.settings.checkpoint_keep_last,
@@ -265,6 +272,8 @@ class GRPOTrainer:
         logged, never raised: the run itself is done."""
         from .learning_curve import plot_learning_curve
 
+        if not self.dp.is_main:
+            return None
         try:
             png = plot_learning_curve(self.logger.path, self.run_dir / "learning_curve.png",
                                       n_eval=len(self._eval_tasks) if self._eval_tasks else None)
@@ -284,3 +293,4 @@ class GRPOTrainer:
             self.eval_collector.close()
         finally:
             self.backend.close()
+            self.dp.close()

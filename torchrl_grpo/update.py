@@ -18,6 +18,7 @@ from tensordict import TensorDict
 
 from .log_probs import token_log_probs
 from .loss import GRPOLoss, LossMetrics, total_loss
+from .distributed import SINGLE
 from .micro_batch import split_micro_batches
 
 __all__ = ["GRPOUpdate", "ANCHORS"]
@@ -47,6 +48,10 @@ class GRPOUpdate:
         exact_log_probs: the rollout backend's behaviour log-probs are the trainer's own numerics
             (:attr:`~torchrl_grpo.backends.base.RolloutBackend.exact_log_probs`).
         seed: with the step number, seeds the minibatch permutation.
+        dp: the data-parallel group (:mod:`torchrl_grpo.distributed`; None: one process). ``batch`` is then this
+            rank's shard: the minibatch normaliser is summed over ranks and the gradients all-reduced before each
+            optimizer step, so the step equals the single-process step on the union of the shards
+            (``minibatch_size`` is global; a rank may hold an empty minibatch).
 
     Attributes:
         optimizer_steps: optimizer steps taken so far (restored on resume).
@@ -56,7 +61,7 @@ class GRPOUpdate:
                  reference: Callable[[], AbstractContextManager] | None, device: torch.device,
                  autocast: Callable[[], AbstractContextManager], ppo_epochs: int, minibatch_size: int,
                  micro_batch_size: int, max_tokens_per_mb: int, max_grad_norm: float, anchor: str,
-                 exact_log_probs: bool, seed: int, optimizer_steps: int = 0) -> None:
+                 exact_log_probs: bool, seed: int, optimizer_steps: int = 0, dp=None) -> None:
         if anchor not in ANCHORS:
             raise ValueError(f"anchor must be one of {ANCHORS}, got {anchor!r}")
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
@@ -65,6 +70,7 @@ class GRPOUpdate:
         self.micro_batch_size, self.max_tokens_per_mb = micro_batch_size, max_tokens_per_mb
         self.max_grad_norm, self.anchor, self.exact_log_probs, self.seed = max_grad_norm, anchor, exact_log_probs, seed
         self.optimizer_steps = optimizer_steps
+        self.dp = dp or SINGLE
 
     def micro_batches(self, td: TensorDict):
         """Micro-batches of ``td`` by ``micro_batch_size`` and the ``max_tokens_per_mb`` token budget
@@ -115,9 +121,14 @@ class GRPOUpdate:
         policy than the one being trained (async). A minibatch whose loss or gradient norm is not finite is skipped
         (``train/skipped_minibatches``) without touching the weights.
         """
+        dp = self.dp
         n = batch.shape[0]
-        mb_size = min(self.minibatch_size or n, n)
-        multi_update = self.ppo_epochs > 1 or mb_size < n
+        n_all = int(dp.sum(n))  # episodes over all ranks (n on one process)
+        mb_all = max(1, min(self.minibatch_size or n_all, n_all))
+        n_mb = -(-n_all // mb_all)  # minibatches per epoch, the same on every rank
+        mb_size = mb_all if not dp.enabled else max(1, -(-n // n_mb))  # this rank's rows per minibatch
+        multi_update = self.ppo_epochs > 1 or n_mb > 1
+        params = [p for p in self.model.parameters() if p.requires_grad]
         if self.reference is not None:
             with self.reference() as ref:
                 self.fill_log_probs(batch, "ref_log_probs", ref)
@@ -130,9 +141,10 @@ class GRPOUpdate:
         gen = torch.Generator().manual_seed(self.seed * 31 + step)
         for _epoch in range(self.ppo_epochs):
             perm = torch.randperm(n, generator=gen) if multi_update else torch.arange(n)
-            for ms in range(0, n, mb_size):
-                mini = batch[perm[ms : ms + mb_size]]
+            for ms in range(0, n_mb * mb_size, mb_size):
+                mini = batch[perm[ms : ms + mb_size]]  # may be empty on a rank (data parallel)
                 denom = float(mini["response_mask"].sum() if agg_tokens else (mini["response_tokens"] > 0).sum())
+                denom = dp.sum(denom)  # the whole minibatch's normaliser, over all ranks
                 self.optimizer.zero_grad(set_to_none=True)
                 finite = True
                 for _rows, micro in self.micro_batches(mini):
@@ -149,13 +161,13 @@ class GRPOUpdate:
                     (loss * (num / max(denom, 1.0))).backward()
                     acc.add(losses, tokens=float(micro["response_mask"].sum()),
                             scaled_loss=float(loss.detach()) * num / max(denom, 1.0))
-                if not finite:
+                if not dp.all(finite):  # every rank skips, or none
                     self.optimizer.zero_grad(set_to_none=True)
                     n_skipped += 1
                     log.warning("step %d: non-finite loss, minibatch skipped", step)
                     continue
-                gn = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad],
-                                                    self.max_grad_norm)
+                dp.all_reduce_grads(params)  # summed over ranks (torchrl_grpo.distributed); no-op on one process
+                gn = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
                 if not torch.isfinite(gn):
                     self.optimizer.zero_grad(set_to_none=True)
                     n_skipped += 1

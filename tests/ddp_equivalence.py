@@ -1,0 +1,53 @@
+"""Worker of tests/test_distributed.py: one GRPO update of the tiny model on a fixed batch, on one process or as one
+torchrun rank (``train.strategy=ddp``: this rank updates on its whole groups only, ``group_id % W == rank``).
+
+    python tests/ddp_equivalence.py OUT.pt single MICRO_BATCH
+    torchrun --nproc_per_node=2 tests/ddp_equivalence.py OUT.pt ddp MICRO_BATCH
+
+Every rank collects the same full batch (same weights, same seeds) and draws the same random rewards, so the
+single-process update on the whole batch and the data-parallel update on its shards see the same data. Rank 0
+saves the updated parameters to OUT.pt.
+"""
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+
+from torchrl_grpo.advantage import group_advantages
+from torchrl_grpo.build import build
+from torchrl_grpo.config import register_configs
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main(out: str, strategy: str, micro: int) -> None:
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        cfg = compose(config_name="grpo_gsm8k", overrides=[
+            "actor.path=tiny-random", f"train.strategy={strategy}", "train.batch_size=4", "gconfig.n_samples=3",
+            "gconfig.max_new_tokens=12", f"train.micro_batch_size={micro}", "optimizer.lr=1e-3", "eval.n_problems=0",
+            "stats_logger.wandb.mode=disabled", "stats_logger.progress_bar=false", "train.device=cpu"])
+    c = build(cfg, tempfile.mkdtemp(prefix="ddp-eq-"))
+    batch = c.collector.collect([{"index": i} for i in range(4)], 3, step=0)  # identical on every rank
+    batch["reward"] = torch.rand(batch.shape[0], generator=torch.Generator().manual_seed(0))
+    # uneven response lengths (episode i keeps its first i + 1 sampled tokens), so the ranks' token counts differ
+    keep = torch.arange(batch.shape[0]).unsqueeze(-1) + 1
+    batch["response_mask"] = batch["response_mask"] & (batch["response_mask"].long().cumsum(-1) <= keep)
+    batch["advantage"] = group_advantages(batch["reward"], batch["group_id"], scale="group", baseline="mean")
+    shard = batch[(batch["group_id"] % c.dp.world_size) == c.dp.rank]
+    before = {n: p.detach().clone() for n, p in c.model.named_parameters()}
+    metrics = c.update(shard.exclude("task", "info"), step=0)
+    if c.dp.is_main:
+        torch.save({"params": {n: p.detach().clone() for n, p in c.model.named_parameters()}, "before": before,
+                    "grads": {n: p.grad.detach().clone() for n, p in c.model.named_parameters()},
+                    "tokens": [int(batch[batch["group_id"] % 2 == r]["response_mask"].sum()) for r in (0, 1)],
+                    "optimizer_steps": metrics["train/optimizer_steps"]}, out)
+    c.dp.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))

@@ -1,0 +1,101 @@
+"""Data-parallel training (torchrl_grpo.distributed) with torchrun + gloo on CPU, tiny model.
+
+One DDP step on two ranks equals one single-process step on the doubled batch; a torchrun run of grpo.py writes
+its files from rank 0 only and its checkpoint resumes on one process.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "1", "OMP_NUM_THREADS": "1"}
+
+
+def _torchrun(args, cwd, timeout=600):
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def test_ddp_step_equals_single_process_step_on_the_doubled_batch(tmp_path):
+    single, ddp = tmp_path / "single.pt", tmp_path / "ddp.pt"
+    script = str(REPO / "tests" / "ddp_equivalence.py")
+    p = subprocess.run([sys.executable, script, str(single), "single", "4"], cwd=tmp_path, env=ENV,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    # another micro-batch split on the ranks (2 episodes per forward): the all-reduced gradient must not depend on it
+    p = _torchrun([script, str(ddp), "ddp", "2"], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    a, b = torch.load(single), torch.load(ddp)
+    assert a["tokens"][0] != a["tokens"][1]  # the ranks' token counts differ (token-mean normaliser is global)
+    assert a["optimizer_steps"] == b["optimizer_steps"] == 1.0
+    moved = max((a["params"][k] - a["before"][k]).abs().max().item() for k in a["params"])
+    assert moved > 1e-4  # the step did change the weights
+    grad_diff = max((a["grads"][k] - b["grads"][k]).abs().max().item() for k in a["grads"])
+    grad_scale = max(a["grads"][k].abs().max().item() for k in a["grads"])
+    param_diff = max((a["params"][k] - b["params"][k]).abs().max().item() for k in a["params"])
+    print(f"max |grad diff| {grad_diff:.3g} (max |grad| {grad_scale:.3g}); max |param diff| {param_diff:.3g} "
+          f"(max |update| {moved:.3g}); response tokens per rank {a['tokens']}")
+    for k in a["grads"]:
+        torch.testing.assert_close(b["grads"][k], a["grads"][k], rtol=1e-4, atol=1e-6 * grad_scale)
+    for k in a["params"]:
+        torch.testing.assert_close(b["params"][k], a["params"][k], rtol=0, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory, gsm8k_dir):
+    tmp = tmp_path_factory.mktemp("ddp-run")
+    run = tmp / "run"
+    args = [str(REPO / "grpo.py"), "actor.path=tiny-random", "train.strategy=ddp", "train.steps=2",
+            "train.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=8", "eval.n_problems=2",
+            "checkpoint.every=1", "checkpoint.keep_last=2", "stats_logger.wandb.mode=disabled",
+            "stats_logger.progress_bar=false", f"train_dataset.path={gsm8k_dir}", f"hydra.run.dir={run}"]
+    p = _torchrun(args, cwd=tmp)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    return run, tmp, p
+
+
+def test_torchrun_grpo_only_rank0_writes(ddp_run):
+    run, tmp, _p = ddp_run
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if "reward/mean" in r]
+    assert [r["step"] for r in train_rows] == [1, 2]  # one row per step: rank 1 logged nothing
+    assert all(r["dist/world_size"] == 2.0 for r in train_rows)
+    assert all(r["rollout/episodes"] == 2.0 for r in train_rows)  # each rank: 1 task x 2 samples (mean over ranks)
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["world_size"] == 2 and plan["placements"]["train"]["engine"] == "ddp"
+    assert sorted(x.name for x in (run / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
+    samples = (run / "samples.jsonl").read_text().splitlines()
+    assert [json.loads(s)["step"] for s in samples] == [1, 2]  # rank 0's one group per step, first episode
+    # nothing else of the run anywhere below the working dir: rank 1's own files went to a throwaway dir
+    others = [p for p in tmp.rglob("*") if p.is_file() and run not in p.parents]
+    assert others == []
+    ranks = {r.get("dist/world_size") for r in rows if "eval/accuracy" in r}
+    assert ranks  # rank 0's evaluation rows
+
+
+def test_ddp_checkpoint_resumes_on_one_process(ddp_run, gsm8k_dir):
+    run, tmp, _ = ddp_run
+    out = tmp / "resumed"
+    args = [str(REPO / "grpo.py"), "actor.path=tiny-random", "train.steps=3", "train.batch_size=2",
+            "gconfig.n_samples=2", "gconfig.max_new_tokens=8", "eval.n_problems=0", "stats_logger.wandb.mode=disabled",
+            "stats_logger.progress_bar=false", f"train_dataset.path={gsm8k_dir}", f"hydra.run.dir={out}",
+            f"train.resume_from={run / 'checkpoints' / 'step_000002'}"]
+    p = subprocess.run([sys.executable, *args], cwd=tmp, env=ENV, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "reward/mean" in r] == [3]
+
+
+def test_ddp_outside_torchrun_is_a_clear_error(tmp_path, gsm8k_dir):
+    env = {k: v for k, v in ENV.items() if k not in ("RANK", "WORLD_SIZE")}
+    p = subprocess.run([sys.executable, str(REPO / "grpo.py"), "actor.path=tiny-random", "train.strategy=ddp",
+                        f"train_dataset.path={gsm8k_dir}", f"hydra.run.dir={tmp_path / 'r'}"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0 and "needs torchrun" in p.stderr
