@@ -3,7 +3,7 @@
 
     # in the project venv, GSM8K from $GSM8K_DATA_DIR; heavy job: run under the shared lock
     flock /work/notes/heavy.lock env OMP_NUM_THREADS=1 python benchmarks/async_bench.py > RUN_DIR/log 2>&1
-    python benchmarks/async_bench.py --modes sync,async --warmup 0 --steps 1 --max-new-tokens 16 --no-write  # smoke
+    python benchmarks/async_bench.py --modes sync_colocated,async --warmup 0 --steps 1 --max-new-tokens 16 --no-write  # smoke
 
 Why: on shared cores async cannot pay (generation and the update compete for the same cores: issue 12 measured
 0.99x). Overlap pays only where rollout and training have their own resources. Here both modes get the same ones:
@@ -17,7 +17,10 @@ Why: on shared cores async cannot pay (generation and the update compete for the
 
 Modes (one trainer each, built from the same freshly loaded weights, same seed, same prompts):
 
-* ``sync``: ``max_staleness=0`` — AReaL's η = 0, the synchronous schedule (generate batch s with the weights of
+* ``sync_colocated``: the production sync :class:`~torchrl_grpo.trainer.GRPOTrainer` (the backend samples from the
+  trained module itself: no weight copy, no hand-over, no anchor recompute since its log-probs are exact), its one
+  thread moved to the generation core for each collect and back to the training core for the update;
+* ``sync``: the async trainer with ``max_staleness=0`` — AReaL's η = 0, the synchronous schedule (generate batch s with the weights of
   step s, then train on it; the generator idles while the trainer updates and vice versa);
 * ``async``: ``max_staleness=1`` — one-step-off pipeline: batch s+1 is generated while the trainer updates on s;
 * ``async_partial``: ``max_staleness=1`` plus partial rollouts (``train.partial_rollout_chunk``): the generator
@@ -61,7 +64,8 @@ import torch  # noqa: E402
 
 from train_bench import _loadavg, _machine, _versions, build_ours_config  # noqa: E402
 
-MODES = {"sync": (0, 0), "async": (1, 0), "async_partial": (1, None)}  # name -> (max_staleness, chunk; None = arg)
+# name -> (max_staleness, partial_rollout_chunk; None = --chunk); sync_colocated is the plain sync GRPOTrainer
+MODES = {"sync_colocated": (0, 0), "sync": (0, 0), "async": (1, 0), "async_partial": (1, None)}
 
 
 def _pin(core: int) -> str:
@@ -79,24 +83,41 @@ def run_mode(name: str, args, model0, tokenizer, tmp: Path) -> dict:
 
     from torchrl_grpo.async_trainer import AsyncGRPOTrainer
     from torchrl_grpo.build import seed_everything
+    from torchrl_grpo.trainer import GRPOTrainer
 
     eta, chunk = MODES[name]
     chunk = args.chunk if chunk is None else chunk
     total = args.warmup + args.steps
     cfg, overrides = build_ours_config(args, total)
     OmegaConf.set_struct(cfg, False)
-    cfg.mode = "async"
+    colocated = name == "sync_colocated"
+    cfg.mode = "sync" if colocated else "async"
     cfg.train.max_staleness = eta
     cfg.train.partial_rollout_chunk = chunk
     cfg.loss.behaviour_weight_cap = 2.0
     seed_everything(args.seed)
-    trainer = AsyncGRPOTrainer(cfg, tmp / name, model=copy.deepcopy(model0), tokenizer=tokenizer)
     placement = {}
+    if colocated:
+        # the production sync trainer: one thread, the backend samples from the trained module itself (no weight
+        # copy, no anchor recompute); the thread moves to the generation core for each collect and back after
+        trainer = GRPOTrainer(cfg, tmp / name, model=copy.deepcopy(model0), tokenizer=tokenizer)
+        collect = trainer.collector.collect
 
-    def pin_rollout():
-        placement["rollout_thread_cpus"] = _pin(args.gen_core)
+        def pinned_collect(*a, **k):
+            placement["collect_cpus"] = _pin(args.gen_core)
+            try:
+                return collect(*a, **k)
+            finally:
+                _pin(args.train_core)
 
-    trainer.on_rollout_thread_start = pin_rollout
+        trainer.collector.collect = pinned_collect
+    else:
+        trainer = AsyncGRPOTrainer(cfg, tmp / name, model=copy.deepcopy(model0), tokenizer=tokenizer)
+
+        def pin_rollout():
+            placement["rollout_thread_cpus"] = _pin(args.gen_core)
+
+        trainer.on_rollout_thread_start = pin_rollout
     placement["trainer_thread_cpus"] = _pin(args.train_core)
     steps, t_mark = [], None
     try:
@@ -104,11 +125,15 @@ def run_mode(name: str, args, model0, tokenizer, tmp: Path) -> dict:
         for k in range(total):
             m = trainer.train_step()
             now = time.perf_counter()
+            rollout_s = m.get("time/rollout_wall_s", m["rollout/time_s"])
             rec = {"step": k, "warmup": k < args.warmup, "end_s": now - t_start, "step_s": m["time/step_s"],
-                   "wait_s": m["async/wait_s"], "generator_wait_s": m.get("async/generator_wait_s", 0.0),
-                   "rollout_s": m["time/rollout_wall_s"], "train_s": m["time/train_s"], "sync_s": m["time/sync_s"],
-                   "staleness": m["async/staleness"], "token_lag_mean": m["async/token_lag_mean"],
-                   "token_lag_frac": {kk: m.get(f"async/token_lag_frac/{kk}", 0.0) for kk in range(eta + 1)},
+                   # colocated sync: the training core idles while the thread generates on the other core
+                   "wait_s": m.get("async/wait_s", rollout_s), "generator_wait_s": m.get("async/generator_wait_s", 0.0),
+                   "rollout_s": rollout_s, "train_s": m["time/train_s"], "sync_s": m["time/sync_s"],
+                   "staleness": m.get("async/staleness", 0.0), "token_lag_mean": m.get("async/token_lag_mean", 0.0),
+                   "token_lag_frac": {kk: m.get(f"async/token_lag_frac/{kk}", 1.0 if colocated else 0.0)
+                                      for kk in range(eta + 1)},
+                   "anchor_recomputed": m.get("train/anchor_recomputed"),
                    "partial_interrupts": m.get("async/partial_interrupts", 0.0),
                    "generated_tokens": m["rollout/generated_tokens"], "response_tokens": m.get("episode/response_tokens"),
                    "completions": int(m["rollout/episodes"]), "reward_mean": m["reward/mean"],
@@ -155,7 +180,7 @@ def run_mode(name: str, args, model0, tokenizer, tmp: Path) -> dict:
 
 def to_markdown(res: dict) -> str:
     rows = res["modes"]
-    base = rows.get("sync")
+    base = rows.get("sync_colocated") or rows.get("sync")
     out = ["| mode | η | chunk | s/step | samples/s | x sync | trainer idle % | generator idle % | rollout s | "
            "train s | sync s | token lag hist (0/1) | staleness (oldest) per batch | interrupts |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -174,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--data-dir", default=os.environ.get("GSM8K_DATA_DIR"))
-    p.add_argument("--modes", default="sync,async,async_partial")
+    p.add_argument("--modes", default="sync_colocated,sync,async,async_partial")
     p.add_argument("--prompts", type=int, default=2)
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -183,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--steps", type=int, default=3)
     p.add_argument("--chunk", type=int, default=16, help="async_partial: tokens between checks for new weights")
     p.add_argument("--train-core", type=int, default=0)
     p.add_argument("--gen-core", type=int, default=1)
@@ -226,10 +251,10 @@ def main(argv: list[str] | None = None) -> int:
            "versions": _versions(), "machine": _machine(), "args": vars(args), "modes": results}
     table = to_markdown(res)
     print(table, flush=True)
-    if "sync" in results:
+    for b in ("sync_colocated", "sync"):
         for name in results:
-            if name != "sync":
-                print(f"{name} / sync samples/s: {results[name]['samples_per_s'] / results['sync']['samples_per_s']:.2f}x")
+            if b in results and name != b:
+                print(f"{name} / {b} samples/s: {results[name]['samples_per_s'] / results[b]['samples_per_s']:.2f}x")
     if not args.no_write:
         out = Path(args.out_dir)
         out.mkdir(parents=True, exist_ok=True)
