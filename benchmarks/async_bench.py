@@ -119,10 +119,22 @@ def run_mode(name: str, args, model0, tokenizer, tmp: Path) -> dict:
 
         trainer.on_rollout_thread_start = pin_rollout
     placement["trainer_thread_cpus"] = _pin(args.train_core)
+    # time the no-grad anchor recompute (π_prox) inside the update: async pays it on every stale batch
+    fill, anchor_s = trainer.updater.fill_log_probs, [0.0]
+
+    def timed_fill(*a, **k):
+        t = time.perf_counter()
+        try:
+            return fill(*a, **k)
+        finally:
+            anchor_s[0] += time.perf_counter() - t
+
+    trainer.updater.fill_log_probs = timed_fill
     steps, t_mark = [], None
     try:
         t_start = time.perf_counter()
         for k in range(total):
+            anchor_s[0] = 0.0
             m = trainer.train_step()
             now = time.perf_counter()
             rollout_s = m.get("time/rollout_wall_s", m["rollout/time_s"])
@@ -133,7 +145,7 @@ def run_mode(name: str, args, model0, tokenizer, tmp: Path) -> dict:
                    "staleness": m.get("async/staleness", 0.0), "token_lag_mean": m.get("async/token_lag_mean", 0.0),
                    "token_lag_frac": {kk: m.get(f"async/token_lag_frac/{kk}", 1.0 if colocated else 0.0)
                                       for kk in range(eta + 1)},
-                   "anchor_recomputed": m.get("train/anchor_recomputed"),
+                   "anchor_recomputed": m.get("train/anchor_recomputed"), "anchor_s": anchor_s[0],
                    "partial_interrupts": m.get("async/partial_interrupts", 0.0),
                    "generated_tokens": m["rollout/generated_tokens"], "response_tokens": m.get("episode/response_tokens"),
                    "completions": int(m["rollout/episodes"]), "reward_mean": m["reward/mean"],
@@ -143,7 +155,7 @@ def run_mode(name: str, args, model0, tokenizer, tmp: Path) -> dict:
                 t_mark = now
             print(f"[{name}] step {k}{' (warm-up)' if rec['warmup'] else ''}: {rec['step_s']:.2f}s  trainer wait "
                   f"{rec['wait_s']:.2f}s  rollout {rec['rollout_s']:.2f}s (gen wait {rec['generator_wait_s']:.2f}s)  "
-                  f"train {rec['train_s']:.2f}s  sync {rec['sync_s']:.2f}s  staleness {rec['staleness']:.0f}  "
+                  f"train {rec['train_s']:.2f}s (anchor {rec['anchor_s']:.2f}s)  sync {rec['sync_s']:.2f}s  staleness {rec['staleness']:.0f}  "
                   f"lag {rec['token_lag_mean']:.2f}  interrupts {rec['partial_interrupts']:.0f}  "
                   f"tokens {rec['generated_tokens']:.0f}  reward {rec['reward_mean']:.3f}  load {rec['load'][0]}",
                   flush=True)
@@ -168,6 +180,7 @@ def run_mode(name: str, args, model0, tokenizer, tmp: Path) -> dict:
         "mean_rollout_s": sum(r["rollout_s"] for r in timed) / len(timed),
         "mean_train_s": sum(r["train_s"] for r in timed) / len(timed),
         "mean_sync_s": sum(r["sync_s"] for r in timed) / len(timed),
+        "mean_anchor_s": sum(r["anchor_s"] for r in timed) / len(timed),
         "token_lag_hist": lag_hist,
         "staleness_counts": {str(v): sum(1 for r in timed if r["staleness"] == v) for v in sorted({r["staleness"] for r in timed})},
         "partial_interrupts": sum(r["partial_interrupts"] for r in timed),
@@ -182,7 +195,7 @@ def to_markdown(res: dict) -> str:
     rows = res["modes"]
     base = rows.get("sync_colocated") or rows.get("sync")
     out = ["| mode | η | chunk | s/step | samples/s | x sync | trainer idle % | generator idle % | rollout s | "
-           "train s | sync s | token lag hist (0/1) | staleness (oldest) per batch | interrupts |",
+           "train s (anchor s) | sync s | token lag hist (0/1) | staleness (oldest) per batch | interrupts |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
         ratio = r["samples_per_s"] / base["samples_per_s"] if base else float("nan")
@@ -190,7 +203,7 @@ def to_markdown(res: dict) -> str:
         st = ", ".join(f"{k}: {v}" for k, v in r["staleness_counts"].items())
         out.append(f"| {name} | {r['max_staleness']} | {r['partial_rollout_chunk']} | {r['s_per_step']:.1f} | "
                    f"{r['samples_per_s']:.3f} | {ratio:.2f}x | {r['trainer_idle_pct']:.0f} | "
-                   f"{r['generator_idle_pct']:.0f} | {r['mean_rollout_s']:.1f} | {r['mean_train_s']:.1f} | "
+                   f"{r['generator_idle_pct']:.0f} | {r['mean_rollout_s']:.1f} | {r['mean_train_s']:.1f} ({r['mean_anchor_s']:.1f}) | "
                    f"{r['mean_sync_s']:.2f} | {hist} | {st} | {r['partial_interrupts']:.0f} |")
     return "\n".join(out) + "\n"
 
