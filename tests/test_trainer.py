@@ -119,8 +119,8 @@ def test_non_finite_loss_skips_the_update_with_a_reason(tmp_path, monkeypatch, c
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     real = trainer.loss_fn.forward
 
-    def nan_loss(td):
-        out = real(td)
+    def nan_loss(td, **kw):
+        out = real(td, **kw)
         out["loss_objective"] = out["loss_objective"] * float("nan")
         return out
 

@@ -52,9 +52,10 @@ def _record_loss_calls(trainer):
     calls = []
     fwd = trainer.loss_fn.forward
 
-    def recorder(td):
-        out = fwd(td)
-        calls.append({"rows": td.shape[0], "T": td["tokens"].shape[-1],
+    def recorder(td, **kw):  # kw: the update's shared prefix (torchrl_grpo.shared_prefix)
+        out = fwd(td, **kw)
+        prefix = kw.get("prefix")
+        calls.append({"rows": td.shape[0], "T": td["tokens"].shape[-1], "P": prefix.length if prefix is not None else 0,
                       "ratio_max": float(out["ratio_max"]), "ess": float(out["ess"])})
         return out
 
@@ -219,7 +220,8 @@ def test_split_micro_batches():
 
 
 def test_token_budget_bounds_micro_batches_and_keeps_the_gradient(tmp_path):
-    """train.max_tokens_per_mb splits by padded tokens; gradient accumulation makes the step identical."""
+    """train.max_tokens_per_mb splits by padded tokens (after the shared prefix, which runs once outside the
+    micro-batches: rows x (T - P)); gradient accumulation makes the step identical."""
     ref = GRPOTrainer(make_cfg(train={"steps": 1, "micro_batch_size": 16}), tmp_path / "a")
     r = ref.train_step()
     ref.close()
@@ -230,7 +232,7 @@ def test_token_budget_bounds_micro_batches_and_keeps_the_gradient(tmp_path):
     m = trainer.train_step()
     trainer.close()
     assert len(calls) > 1
-    assert all(c["rows"] * c["T"] <= budget or c["rows"] == 1 for c in calls)
+    assert all(c["rows"] * (c["T"] - c["P"]) <= budget or c["rows"] == 1 for c in calls)
     for k in ("loss/total", "grad_norm", "ess", "num_tokens"):
         assert m[k] == pytest.approx(r[k], rel=1e-4, abs=1e-7), k
 

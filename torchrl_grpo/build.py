@@ -405,6 +405,7 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
     update = GRPOUpdate(model, loss_fn, optimizer, reference=reference, device=device, autocast=autocast_for(device),
                         ppo_epochs=t.ppo_epochs, minibatch_size=t.minibatch_size, micro_batch_size=t.micro_batch_size,
                         max_tokens_per_mb=t.max_tokens_per_mb, max_grad_norm=o.max_grad_norm, anchor=cfg.loss.anchor,
+                        shared_prefix=t.shared_prefix,
                         exact_log_probs=bool(getattr(backend, "exact_log_probs", False)), seed=cfg.seed,
                         optimizer_steps=optimizer_steps, dp=dp)
     s = cfg.stats_logger

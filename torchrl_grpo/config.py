@@ -131,6 +131,10 @@ class TrainConfig:
     minibatch_size: int = 0  # episodes per optimizer step (0: the whole batch, one optimizer step per batch)
     micro_batch_size: int = 4  # episodes per forward/backward (gradient accumulation inside a minibatch)
     max_tokens_per_mb: int = 0  # padded-token budget per micro-batch (rows x longest row; 0: no budget), AReaL mb_spec
+    # auto | off: run the token prefix common to a minibatch's episodes (prompt; policy + tools across tasks) once for
+    # all its micro-batches, remainders against its keys/values (exact; gc and LoRA too; torchrl_grpo/shared_prefix.py)
+    # and count only remainder tokens against max_tokens_per_mb; off: whole episodes per micro-batch
+    shared_prefix: str = "auto"
     disable_dropout: bool = True  # zero every dropout rate in the policy (TRL's default for GRPO too)
     ppo_epochs: int = 1
     resume_from: Optional[str] = None
@@ -296,6 +300,8 @@ def validate_config(cfg) -> None:
             f"config rollout.vllm.max_model_len={cfg.rollout.vllm.max_model_len} is below "
             f"rollout.max_context_tokens={cfg.rollout.max_context_tokens}; raise it or lower the context limit"
         )
+    if cfg.train.shared_prefix not in ("auto", "off"):
+        raise ValueError(f"config train.shared_prefix must be auto | off, got {cfg.train.shared_prefix!r}")
     if cfg.train.max_tokens_per_mb < 0:
         raise ValueError(f"config train.max_tokens_per_mb must be >= 0 (0: no budget), got {cfg.train.max_tokens_per_mb}")
     if cfg.loss.behaviour_weight_cap is not None and cfg.loss.behaviour_weight_cap <= 0:

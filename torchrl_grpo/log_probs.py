@@ -14,7 +14,9 @@ Two savings over one plain forward over the whole padded batch, both exact up to
   and only the suffixes run per row. A group of G episodes then pays one prompt forward/backward, not G.
 
 Sharing needs a KV cache, so it is off when the model trains with gradient checkpointing (HF turns the cache off
-there) and for models whose forward has no ``past_key_values``; the plain path is used then.
+there) and for models whose forward has no ``past_key_values``; the plain path is used then. The update
+(:class:`torchrl_grpo.update.GRPOUpdate`) goes further with ``prefix=``: the prefix common to a whole minibatch
+runs once for all its micro-batches, under gradient checkpointing too (:mod:`torchrl_grpo.shared_prefix`).
 
 Which distribution: ``log_softmax`` of :func:`torchrl_grpo.sampling.processed_logits` (temperature, then top-k,
 then nucleus top-p, renormalised), the function the transformers backend samples with, so the recomputed
@@ -28,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from .sampling import check_processing, processed_logits
+from .shared_prefix import SharedPrefix, cache_under_checkpointing
 
 __all__ = ["token_log_probs", "HEAD_CHUNK", "MASKED_LOG_PROB"]
 
@@ -67,10 +70,12 @@ def _decoder_and_head(model: torch.nn.Module):
     return dec, head
 
 
-def _window_outputs(model, dec_head, tokens, am, pos, start: int, share_prefix: bool) -> tuple[torch.Tensor, bool]:
+def _window_outputs(model, dec_head, tokens, am, pos, start: int, share_prefix: bool,
+                   prefix: SharedPrefix | None = None) -> tuple[torch.Tensor, bool]:
     """Outputs at positions ``start-1 .. T-2`` (those predicting ``tokens[:, start:]``): final hidden states
-    [b, T-start, H] when ``dec_head`` is given, else logits [b, T-start, V]. Also returns whether the shared-prefix
-    path ran."""
+    [b, T-start, H] when ``dec_head`` is given, else logits [b, T-start, V]. Also returns whether a shared-prefix
+    path ran. With ``prefix`` (checked by the caller: every row starts with it, ``prefix.length < start``, and
+    ``dec_head`` is given) only ``tokens[:, P:]`` run, against the prefix's keys/values."""
     b, T = tokens.shape
     net = dec_head[0] if dec_head is not None else model
 
@@ -78,6 +83,12 @@ def _window_outputs(model, dec_head, tokens, am, pos, start: int, share_prefix: 
         out = net(**kw)
         return out.last_hidden_state if dec_head is not None else out.logits
 
+    if prefix is not None:  # cross-micro-batch shared prefix (torchrl_grpo.shared_prefix): remainders only
+        Pp = prefix.length
+        with cache_under_checkpointing(model):
+            out = dec_head[0](input_ids=tokens[:, Pp:], attention_mask=am, position_ids=pos[:, Pp:],
+                              past_key_values=prefix.cache(), use_cache=False).last_hidden_state
+        return out[:, start - 1 - Pp : -1], True
     P = start - 1  # columns [0, P) need no outputs: candidates for the shared prefix
     if share_prefix and P >= 1 and b > 1 and not _uses_grad_checkpointing(model):
         key = torch.cat([tokens[:, :P], am[:, :P]], dim=1)
@@ -164,6 +175,7 @@ def token_log_probs(
     logits_chunk: int = 0,
     response_mask: torch.Tensor | None = None,
     share_prefix: bool = True,
+    prefix: SharedPrefix | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs of ``tokens`` under a causal LM.
 
@@ -181,6 +193,9 @@ def token_log_probs(
         response_mask: optional bool [B, T], the tokens whose log-probs are needed; only they get logits
             computed, every other position is returned as 0.
         share_prefix: run columns before the response window once per distinct prefix (see module docstring).
+        prefix: a :class:`~torchrl_grpo.shared_prefix.SharedPrefix` every row starts with, computed once for several
+            calls (micro-batches); only the columns after it run here, against its keys/values. Its gradients
+            accumulate on its leaves: call its ``backward()`` after the last backward pass that reads it.
 
     Returns:
         ``(log_probs, entropy)``: float32 [B, T] each; position ``t`` holds ``log pi(tokens[t] | tokens[<t])``;
@@ -189,7 +204,9 @@ def token_log_probs(
 
     Raises:
         ValueError: ``tokens``/``attention_mask``/``response_mask`` are not matching [B, T] tensors, or
-            ``temperature``/``top_p``/``top_k`` out of range (see :func:`~torchrl_grpo.sampling.processed_logits`).
+            ``temperature``/``top_p``/``top_k`` out of range (see :func:`~torchrl_grpo.sampling.processed_logits`);
+            ``prefix`` given but a row does not start with it, it reaches the first scored column, or the model's
+            logits are not ``lm_head(decoder(...))``.
     """
     if tokens.ndim != 2 or attention_mask.shape != tokens.shape:
         raise ValueError(f"tokens [B, T] and attention_mask [B, T] expected, got {tuple(tokens.shape)} / {tuple(attention_mask.shape)}")
@@ -208,10 +225,14 @@ def token_log_probs(
     step = logits_chunk if logits_chunk > 0 else B
     score = (response_mask.bool() if response_mask is not None else torch.ones_like(am, dtype=torch.bool)) & am.bool()
     dec_head = _decoder_and_head(model)
+    if prefix is not None and (dec_head is None or not prefix.matches(tokens, am) or prefix.length >= start):
+        raise ValueError(f"prefix of {prefix.length} tokens does not apply: rows must start with it (real tokens), "
+                         f"end it before column {start - 1} (the output predicting the first scored token), and the "
+                         "model's logits must be lm_head(decoder(...))")
     lps, ents = [], []
     for s in range(0, B, step):
         sl = slice(s, s + step)
-        out, _ = _window_outputs(model, dec_head, tokens[sl], am[sl], position_ids[sl], start, share_prefix)
+        out, _ = _window_outputs(model, dec_head, tokens[sl], am[sl], position_ids[sl], start, share_prefix, prefix)
         sel = score[sl, start:]  # [b, T-start]: positions whose log-prob is needed
         targets = tokens[sl, start:][sel]
         if dec_head is not None:

@@ -56,6 +56,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.objectives.common import LossModule
 
 from .log_probs import token_log_probs
+from .shared_prefix import SharedPrefix
 
 __all__ = ["GRPOLoss", "total_loss", "combine_ess", "BEHAVIOUR_WEIGHT_MODES", "token_log_probs", "masked_aggregate",
            "AGGREGATIONS", "REDUCTIONS", "LossMetrics"]
@@ -211,7 +212,11 @@ class GRPOLoss(LossModule):
             raise ValueError(f"GRPOLoss: input TensorDict lacks key {key!r}; present: {sorted(map(str, td.keys()))}")
         return None
 
-    def forward(self, tensordict: TensorDictBase) -> TensorDict:
+    def forward(self, tensordict: TensorDictBase, prefix: SharedPrefix | None = None) -> TensorDict:
+        """Losses and metrics of ``tensordict`` (keys: :attr:`in_keys`). ``prefix``: a
+        :class:`~torchrl_grpo.shared_prefix.SharedPrefix` every row starts with (see
+        :func:`~torchrl_grpo.log_probs.token_log_probs`); its ``backward()`` is the caller's, after the last
+        backward pass that reads it."""
         k = self.tensor_keys
         tokens = self._get(tensordict, k.tokens)
         attn = self._get(tensordict, k.attention_mask).bool()
@@ -229,7 +234,7 @@ class GRPOLoss(LossModule):
         logp, ent = token_log_probs(
             self.actor, tokens, attn, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
             with_entropy=need_entropy,
-            logits_chunk=self.logits_chunk, response_mask=mask,
+            logits_chunk=self.logits_chunk, response_mask=mask, prefix=prefix,
         )
         zeros = torch.zeros_like(logp)
         log_ratio = torch.where(mask, logp - old, zeros)

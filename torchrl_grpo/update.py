@@ -16,12 +16,17 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from .log_probs import token_log_probs
+from .log_probs import _decoder_and_head, token_log_probs
 from .loss import GRPOLoss, LossMetrics, total_loss
 from .distributed import SINGLE
 from .micro_batch import split_micro_batches
+from .shared_prefix import SharedPrefix, build_shared_prefix, shared_prefix_length
 
-__all__ = ["GRPOUpdate", "ANCHORS"]
+__all__ = ["GRPOUpdate", "ANCHORS", "SHARED_PREFIX_MODES"]
+
+#: Accepted ``shared_prefix=`` values of :class:`GRPOUpdate` (config ``train.shared_prefix``; see
+#: :meth:`GRPOUpdate.shared_prefix_for`).
+SHARED_PREFIX_MODES = ("auto", "off")
 
 #: Accepted ``anchor=`` values of :class:`GRPOUpdate` (config ``loss.anchor``; see
 #: :meth:`GRPOUpdate.needs_anchor_recompute`).
@@ -52,6 +57,10 @@ class GRPOUpdate:
             rank's shard: the minibatch normaliser is summed over ranks and the gradients all-reduced before each
             optimizer step, so the step equals the single-process step on the union of the shards
             (``minibatch_size`` is global; a rank may hold an empty minibatch).
+        shared_prefix: ``train.shared_prefix``: ``auto`` runs the longest token prefix common to all episodes of a
+            minibatch (or of a no-grad recompute) once and every micro-batch's remainders against its keys/values
+            (:mod:`torchrl_grpo.shared_prefix`; exact), when there is one and the model supports it; ``off``: every
+            micro-batch runs whole episodes.
 
     Attributes:
         optimizer_steps: optimizer steps taken so far (restored on resume).
@@ -61,9 +70,12 @@ class GRPOUpdate:
                  reference: Callable[[], AbstractContextManager] | None, device: torch.device,
                  autocast: Callable[[], AbstractContextManager], ppo_epochs: int, minibatch_size: int,
                  micro_batch_size: int, max_tokens_per_mb: int, max_grad_norm: float, anchor: str,
-                 exact_log_probs: bool, seed: int, optimizer_steps: int = 0, dp=None) -> None:
+                 exact_log_probs: bool, seed: int, optimizer_steps: int = 0, dp=None, shared_prefix: str = "auto") -> None:
         if anchor not in ANCHORS:
             raise ValueError(f"anchor must be one of {ANCHORS}, got {anchor!r}")
+        if shared_prefix not in SHARED_PREFIX_MODES:
+            raise ValueError(f"shared_prefix must be one of {SHARED_PREFIX_MODES}, got {shared_prefix!r}")
+        self.shared_prefix = shared_prefix
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
         self.reference, self.device, self.autocast = reference, device, autocast
         self.ppo_epochs, self.minibatch_size = ppo_epochs, minibatch_size
@@ -72,12 +84,16 @@ class GRPOUpdate:
         self.optimizer_steps = optimizer_steps
         self.dp = dp or SINGLE
 
-    def micro_batches(self, td: TensorDict):
+    def micro_batches(self, td: TensorDict, prefix_len: int = 0):
         """Micro-batches of ``td`` by ``micro_batch_size`` and the ``max_tokens_per_mb`` token budget
-        (:func:`~torchrl_grpo.micro_batch.split_micro_batches`), each cut to its own longest episode."""
+        (:func:`~torchrl_grpo.micro_batch.split_micro_batches`), each cut to its own longest episode. With a shared
+        prefix of ``prefix_len`` tokens (run once, outside the micro-batches) the budget counts remainder tokens only,
+        ``rows x longest remainder``: what a micro-batch's forward stores (each remainder also reads the prefix's
+        keys/values, [layers x 2 x kv_heads x P x head_dim] held once for all micro-batches)."""
         lengths = td["attention_mask"].sum(-1)
         full_T = td["tokens"].shape[-1]
-        for rows in split_micro_batches(lengths.tolist(), self.micro_batch_size, self.max_tokens_per_mb):
+        budget = (lengths - prefix_len).clamp_min(1).tolist()
+        for rows in split_micro_batches(budget, self.micro_batch_size, self.max_tokens_per_mb):
             mb = td[torch.tensor(rows)] if len(rows) != td.shape[0] else td
             T = int(lengths[rows].max().item())
             yield rows, mb.apply(lambda x: x[:, :T] if x.ndim == 2 and x.shape[-1] == full_T else x,
@@ -91,17 +107,32 @@ class GRPOUpdate:
         was_training = model.training
         model.eval()
         try:
-            for rows, mb in self.micro_batches(td):
+            with self.autocast():
+                prefix = self.shared_prefix_for(td, model)
+            for rows, mb in self.micro_batches(td, prefix.length if prefix is not None else 0):
                 with self.autocast():
                     lp, _ = token_log_probs(model, mb["tokens"].to(self.device), mb["attention_mask"].to(self.device),
                                             temperature=self.loss_fn.temperature,
                                             top_p=self.loss_fn.top_p, top_k=self.loss_fn.top_k,
-                                            response_mask=mb["response_mask"].to(self.device))
+                                            response_mask=mb["response_mask"].to(self.device), prefix=prefix)
                 T = lp.shape[-1]
                 out[torch.tensor(rows), :T] = lp.float().cpu()
         finally:
             model.train(was_training)
         td[key] = out
+
+    def shared_prefix_for(self, td: TensorDict, model) -> SharedPrefix | None:
+        """The :class:`~torchrl_grpo.shared_prefix.SharedPrefix` of ``td``'s episodes under ``model`` (with a graph
+        when gradients are on), or None for the plain path: ``shared_prefix="off"``, fewer than 2 episodes, no common
+        real-token prefix before the first response column, or a model without the decoder/LM-head split or KV cache
+        support. Call under the forward passes' autocast."""
+        if self.shared_prefix == "off" or td.shape[0] < 2:
+            return None
+        P = shared_prefix_length(td["tokens"], td["attention_mask"], td["response_mask"])
+        dec_head = _decoder_and_head(model)
+        if P < 1 or dec_head is None:
+            return None
+        return build_shared_prefix(model, dec_head[0], td["tokens"][0, :P].to(self.device))
 
     def needs_anchor_recompute(self, multi_update: bool, stale: bool) -> bool:
         """Whether the PPO anchor π_old must be the trainer's own no-grad recompute rather than the sampler's
@@ -137,7 +168,7 @@ class GRPOUpdate:
         self.model.train()
         agg_tokens = self.loss_fn.aggregation == "token_mean"
         acc = LossMetrics()
-        n_opt, n_skipped, grad_norms = 0, 0, []
+        n_opt, n_skipped, grad_norms, prefix_tokens = 0, 0, [], []
         gen = torch.Generator().manual_seed(self.seed * 31 + step)
         for _epoch in range(self.ppo_epochs):
             perm = torch.randperm(n, generator=gen) if multi_update else torch.arange(n)
@@ -147,13 +178,16 @@ class GRPOUpdate:
                 denom = dp.sum(denom)  # the whole minibatch's normaliser, over all ranks
                 self.optimizer.zero_grad(set_to_none=True)
                 finite = True
-                for _rows, micro in self.micro_batches(mini):
+                with self.autocast():
+                    prefix = self.shared_prefix_for(mini, self.model)  # one prefix forward for all micro-batches
+                prefix_tokens.append(prefix.length if prefix is not None else 0)
+                for _rows, micro in self.micro_batches(mini, prefix_tokens[-1]):
                     num = float(micro["response_mask"].sum() if agg_tokens else (micro["response_tokens"] > 0).sum())
                     if num == 0:
                         continue
                     micro = micro.to(self.device)
                     with self.autocast():
-                        losses = self.loss_fn(micro)
+                        losses = self.loss_fn(micro, prefix=prefix)
                     loss = total_loss(losses)
                     if not torch.isfinite(loss):
                         finite = False
@@ -161,6 +195,9 @@ class GRPOUpdate:
                     (loss * (num / max(denom, 1.0))).backward()
                     acc.add(losses, tokens=float(micro["response_mask"].sum()),
                             scaled_loss=float(loss.detach()) * num / max(denom, 1.0))
+                if finite and prefix is not None:
+                    prefix.backward()  # the remainders' summed gradient through the one prefix pass
+                del prefix
                 if not dp.all(finite):  # every rank skips, or none
                     self.optimizer.zero_grad(set_to_none=True)
                     n_skipped += 1
@@ -182,6 +219,7 @@ class GRPOUpdate:
         out["train/anchor_recomputed"] = float("old_log_probs" in batch.keys())
         out["train/optimizer_steps"] = float(n_opt)
         out["train/skipped_minibatches"] = float(n_skipped)
+        out["train/shared_prefix_tokens"] = float(np.mean(prefix_tokens)) if prefix_tokens else 0.0
         if grad_norms:
             out["grad_norm"] = float(np.mean(grad_norms))
         return out

@@ -1,0 +1,222 @@
+r"""One prefix forward/backward for every episode of a minibatch that starts with the same tokens.
+
+A tau2 telecom episode is a ~9.9k-token prefix (policy, 44 tool schemas, ticket) and a few hundred generated and
+tool tokens; the G episodes of a GRPO group (and, up to the ticket, every task of a domain) share that prefix. The
+plain update runs it once per episode: 351 s of bf16 + gradient-checkpointing forward/backward per episode on 2 cores
+(``benchmarks/results/tau2_telecom_run.md``). Here it runs once per minibatch, exactly (same log-probs and gradients
+up to float rounding), with or without gradient checkpointing, across micro-batches:
+
+1. **Prefix pass** (:func:`build_shared_prefix`): the decoder runs over the prefix ``tokens[0, :P]`` with a
+   *capture* cache as ``past_key_values``; each attention layer hands it its keys/values ``[1, kv_heads, P, d]``.
+   The cache is write-once per layer, so the backward replay of non-reentrant gradient checkpointing (which re-runs
+   the layer, cache update included) neither appends twice nor changes what the layer sees.
+2. **Leaves**: the captured K/V are detached into leaf tensors (``requires_grad`` when gradients are on). Every
+   micro-batch's remainders ``tokens[:, P:]`` (responses, tool and user tokens between turns) run against a
+   *read-only* cache view over the leaves (:meth:`SharedPrefix.cache`: ``update`` returns
+   ``cat(prefix, new)`` and stores nothing, so a checkpoint replay sees the same keys), with position ids
+   continuing from ``P`` and the 2-D attention mask covering prefix + remainder. Each micro-batch's backward
+   accumulates ``.grad`` on the leaves (and on the parameters, for the remainder's own computation).
+3. **Prefix backward** (:meth:`SharedPrefix.backward`): after the last micro-batch,
+   ``torch.autograd.backward(captured_kv, grad_tensors=leaf_grads)`` pushes the summed remainder gradients through
+   the one prefix pass. By the chain rule this is the gradient of the plain per-episode forward: the prefix
+   activations are the same function of the parameters in every episode (causal attention: a prefix position never
+   sees the remainder), so d(loss)/d(theta) = sum over episodes of (d loss / d K/V_prefix) (d K/V_prefix / d theta).
+
+No-grad recomputes (reference, PPO anchor) use a no-grad prefix the same way (step 1 without a graph).
+
+Gradient checkpointing: HF's ``GradientCheckpointingLayer`` drops ``past_key_values`` under checkpointing unless
+the layer sets ``_can_checkpoint_with_cache`` (transformers ``modeling_layers.py``: "writers must leave it False,
+otherwise the cache is updated a second time on the backward replay"). Both caches here are replay-safe (write-once
+capture, read-only view), so :func:`cache_under_checkpointing` sets the instance attribute for the duration of a
+forward. Only non-reentrant checkpointing is supported: with ``use_reentrant=True`` no gradient reaches tensors the
+layer reads from a closure (the leaves), so :func:`supports_shared_prefix` says no and the plain path runs.
+
+Where it does not apply, the caller uses the plain path: models whose logits are not ``lm_head(decoder(...))`` or
+whose decoder takes no ``past_key_values`` (the capture cache stays empty), rows with no common real-token prefix
+before the first scored column (left padding, a single row).
+"""
+from __future__ import annotations
+
+import inspect
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["SharedPrefix", "shared_prefix_length", "build_shared_prefix", "cache_under_checkpointing",
+           "supports_shared_prefix"]
+
+
+def shared_prefix_length(tokens: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor) -> int:
+    """Length ``P`` of the longest token prefix common to all rows, made of real tokens only, and ending at least one
+    column before the first scored column (the output at column ``s-1`` predicts the first response token ``s``, so
+    it must be computed in the remainder pass).
+
+    Args:
+        tokens: long [B, T]; attention_mask: [B, T], 1 for real tokens; response_mask: bool [B, T], scored tokens.
+
+    Returns:
+        ``P`` in ``[0, T)``; 0 when ``B < 2`` (nothing to share) or the rows differ at column 0.
+    """
+    B, T = tokens.shape
+    if B < 2:
+        return 0
+    am = attention_mask.bool()
+    same = (tokens == tokens[:1]).all(0) & am.all(0)  # [T]: column identical and real in every row
+    P = int(same.long().cumprod(0).sum())
+    cols = response_mask.bool().any(0).nonzero()
+    if cols.numel():
+        P = min(P, int(cols[0]) - 1)
+    return max(P, 0)
+
+
+def _checkpointing_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    return [m for m in model.modules() if hasattr(m, "_can_checkpoint_with_cache")]
+
+
+def _uses_reentrant_checkpointing(model: torch.nn.Module) -> bool:
+    for m in _checkpointing_layers(model):
+        if getattr(m, "gradient_checkpointing", False):
+            fn = getattr(m, "_gradient_checkpointing_func", None)
+            kw = getattr(fn, "keywords", None) or {}
+            return kw.get("use_reentrant", True) is not False
+    return False
+
+
+def supports_shared_prefix(model: torch.nn.Module, decoder: torch.nn.Module) -> bool:
+    """Whether ``decoder`` takes ``past_key_values`` and gradients can reach the prefix leaves (no reentrant
+    gradient checkpointing)."""
+    try:
+        params = inspect.signature(decoder.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return "past_key_values" in params and not _uses_reentrant_checkpointing(model)
+
+
+@contextmanager
+def cache_under_checkpointing(model: torch.nn.Module):
+    """Let HF checkpointed layers keep ``past_key_values`` (``layer._can_checkpoint_with_cache = True`` as an
+    instance attribute) for the duration; only for the replay-safe caches of this module."""
+    layers = _checkpointing_layers(model)
+    had = [("_can_checkpoint_with_cache" in vars(m), vars(m).get("_can_checkpoint_with_cache")) for m in layers]
+    for m in layers:
+        m._can_checkpoint_with_cache = True
+    try:
+        yield
+    finally:
+        for m, (own, val) in zip(layers, had):
+            if own:
+                m._can_checkpoint_with_cache = val
+            else:
+                del m._can_checkpoint_with_cache
+
+
+def _layer_classes():
+    from transformers.cache_utils import DynamicLayer
+
+    class CaptureLayer(DynamicLayer):
+        """Keeps the first keys/values it is given (write-once: a checkpoint replay does not append) and returns
+        the given ones, as an empty cache would."""
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+                self.keys, self.values = key_states, value_states
+            return key_states, value_states
+
+    class PrefixViewLayer(DynamicLayer):
+        """Read-only view over prefix keys/values [1, h, P, d]: ``update`` returns ``cat(prefix, new)`` per row and
+        stores nothing."""
+
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+            super().__init__()
+            self.lazy_initialization(keys, values)
+            self.keys, self.values = keys, values
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            b = key_states.shape[0]
+            k = self.keys.to(key_states.dtype).expand(b, -1, -1, -1)
+            v = self.values.to(value_states.dtype).expand(b, -1, -1, -1)
+            return torch.cat([k, key_states], dim=-2), torch.cat([v, value_states], dim=-2)
+
+    return CaptureLayer, PrefixViewLayer
+
+
+@dataclass
+class SharedPrefix:
+    """K/V of one token prefix, computed once and read by every remainder of a minibatch.
+
+    Attributes:
+        tokens: long [P], the prefix.
+        keys / values: per attention layer, [1, kv_heads, P, head_dim] leaf tensors (``requires_grad`` when built with
+            gradients on); their ``.grad`` accumulates over the micro-batches' backward passes.
+        captured: per layer, the prefix pass's own (graph-attached) keys and values; empty without gradients.
+    """
+
+    tokens: torch.Tensor
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    captured: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def cache(self):
+        """A fresh read-only ``transformers`` cache over the prefix (one per forward; it holds no state)."""
+        from transformers.cache_utils import Cache
+
+        _, view = _layer_classes()
+        return Cache(layers=[view(k, v) for k, v in zip(self.keys, self.values)])
+
+    def matches(self, tokens: torch.Tensor, attention_mask: torch.Tensor) -> bool:
+        """Whether every row of ``tokens`` [b, T] starts with the prefix, all real tokens."""
+        P = self.length
+        return (tokens.shape[1] > P and bool((tokens[:, :P] == self.tokens.to(tokens.device)).all())
+                and bool(attention_mask[:, :P].bool().all()))
+
+    def backward(self) -> None:
+        """Push the leaves' accumulated gradients through the prefix pass (once, after the last micro-batch that
+        reads the prefix), then free the graph. A no-op without gradients or when no remainder reached the leaves."""
+        pairs = [(c, leaf.grad) for c, leaf in zip(self.captured, self.keys + self.values)
+                 if leaf.grad is not None and c.requires_grad]
+        self.captured = []
+        if pairs:
+            torch.autograd.backward([c for c, _ in pairs], grad_tensors=[g for _, g in pairs])
+        for leaf in self.keys + self.values:
+            leaf.grad = None
+
+
+def build_shared_prefix(model: torch.nn.Module, decoder: torch.nn.Module, prefix: torch.Tensor) -> SharedPrefix | None:
+    """Run ``decoder`` over ``prefix`` (long [P]) once and capture every attention layer's keys/values.
+
+    Gradients follow ``torch.is_grad_enabled()``: with them on, the result's leaves take the remainders' gradients and
+    :meth:`SharedPrefix.backward` must be called after the last remainder backward. Works under non-reentrant
+    gradient checkpointing (:func:`cache_under_checkpointing`).
+
+    Returns:
+        The :class:`SharedPrefix`, or None when the decoder does not support it (see :func:`supports_shared_prefix`)
+        or hands no keys/values to its cache.
+    """
+    from transformers.cache_utils import Cache
+
+    if prefix.ndim != 1 or prefix.numel() == 0 or not supports_shared_prefix(model, decoder):
+        return None
+    capture, _ = _layer_classes()
+    cache = Cache(layer_class_to_replicate=capture)
+    P = prefix.shape[0]
+    ids = prefix[None]
+    with cache_under_checkpointing(model):
+        decoder(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=torch.arange(P, device=ids.device)[None],
+                past_key_values=cache, use_cache=True)
+    layers = list(cache.layers)
+    if not layers or not all(getattr(l, "is_initialized", False) and l.keys is not None for l in layers):
+        return None
+    cap_k, cap_v = [l.keys for l in layers], [l.values for l in layers]
+    grad = torch.is_grad_enabled()
+
+    def leaf(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().requires_grad_(grad and t.requires_grad)
+
+    return SharedPrefix(tokens=prefix.detach(), keys=[leaf(t) for t in cap_k], values=[leaf(t) for t in cap_v],
+                        captured=(cap_k + cap_v) if grad else [])
