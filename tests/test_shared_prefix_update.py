@@ -214,3 +214,27 @@ def test_micro_batches_count_remainder_tokens_only():
     plain = [rows for rows, _ in upd.micro_batches(batch)]
     shared = [rows for rows, mb in upd.micro_batches(batch, prefix_len=22)]
     assert len(plain) > 1 and shared == [[0, 1, 2, 3]]
+
+
+def test_auto_keeps_per_micro_batch_group_sharing_when_it_runs_fewer_tokens(tiny_model_and_tokenizer):
+    """Two groups whose prompts share only 4 tokens, one micro-batch per group: without gradient checkpointing
+    today's per-micro-batch sharing runs each prompt once, so the minibatch prefix would save nothing (plain path);
+    with checkpointing (no per-micro-batch sharing) it saves (G - 1) x 4 tokens."""
+    a, am, rm = _multi_turn_rows(n=4, seed=2)  # prompt: columns 0..22, first response column 23
+    b = a.clone()
+    b[:, 4:23] = (a[:1, 4:23] + 7) % 190 + 3  # group b: another prompt after the common 4 tokens
+    tokens = torch.cat([a, b])
+    batch = _batch(tokens, torch.cat([am, am]), torch.cat([rm, rm]))
+    assert shared_prefix_length(batch["tokens"], batch["attention_mask"], batch["response_mask"]) == 4
+    for gc, expected in ((False, None), (True, 4)):
+        model = _model(tiny_model_and_tokenizer, gc=gc, lora=False)
+        upd = GRPOUpdate(model, GRPOLoss(model), None, reference=None, device=torch.device("cpu"),
+                         autocast=lambda: torch.autocast("cpu", enabled=False), ppo_epochs=1, minibatch_size=0,
+                         micro_batch_size=4, max_tokens_per_mb=0, max_grad_norm=1.0, anchor="behaviour",
+                         exact_log_probs=True, seed=0)
+        saved = upd.prefix_tokens_saved(batch, 4, model)
+        prefix = upd.shared_prefix_for(batch, model)
+        assert (prefix.length if prefix is not None else None) == expected, (gc, saved)
+        # gc: 8 rows x 4 prefix tokens -> 4 (saves 28); no gc: per micro-batch, 22 prompt columns once per group (2 x 22)
+        # against 4 once + 8 rows x 18 (loses 104)
+        assert saved == (28 if gc else -104)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from .log_probs import _decoder_and_head, token_log_probs
+from .log_probs import _decoder_and_head, _uses_grad_checkpointing, token_log_probs
 from .loss import GRPOLoss, LossMetrics, total_loss
 from .distributed import SINGLE
 from .micro_batch import split_micro_batches
@@ -124,15 +124,33 @@ class GRPOUpdate:
     def shared_prefix_for(self, td: TensorDict, model) -> SharedPrefix | None:
         """The :class:`~torchrl_grpo.shared_prefix.SharedPrefix` of ``td``'s episodes under ``model`` (with a graph
         when gradients are on), or None for the plain path: ``shared_prefix="off"``, fewer than 2 episodes, no common
-        real-token prefix before the first response column, or a model without the decoder/LM-head split or KV cache
-        support. Call under the forward passes' autocast."""
+        real-token prefix before the first response column, a model without the decoder/LM-head split or KV cache
+        support, or no saving (:meth:`prefix_tokens_saved`). Call under the forward passes' autocast."""
         if self.shared_prefix == "off" or td.shape[0] < 2:
             return None
         P = shared_prefix_length(td["tokens"], td["attention_mask"], td["response_mask"])
         dec_head = _decoder_and_head(model)
-        if P < 1 or dec_head is None:
+        if P < 1 or dec_head is None or self.prefix_tokens_saved(td, P, model) <= 0:
             return None
         return build_shared_prefix(model, dec_head[0], td["tokens"][0, :P].to(self.device))
+
+    def prefix_tokens_saved(self, td: TensorDict, P: int, model) -> int:
+        """Decoder tokens the minibatch prefix of ``P`` tokens saves over today's path, which (without gradient
+        checkpointing) still shares each micro-batch's distinct prompts (:mod:`torchrl_grpo.log_probs`): a batch of
+        several groups with a short common prefix (GSM8K: the system prompt) and micro-batches holding whole groups
+        runs fewer tokens that way. Token counts, not FLOPs (attention over the prefix is the same either way)."""
+        lengths = td["attention_mask"].sum(-1)
+        shared = P + int((lengths - P).sum())
+        if _uses_grad_checkpointing(model):
+            return int(lengths.sum()) - shared
+        plain = 0
+        for rows, mb in self.micro_batches(td):
+            cols = mb["response_mask"].bool().any(0).nonzero()
+            s = max(0, int(cols[0]) - 1) if cols.numel() else 0  # columns the per-micro-batch sharing may dedupe
+            key = torch.cat([mb["tokens"][:, :s], mb["attention_mask"][:, :s].long()], 1)
+            n_distinct = torch.unique(key, dim=0).shape[0] if len(rows) > 1 and s > 0 else len(rows)
+            plain += n_distinct * s + int((lengths[rows] - s).sum())
+        return plain - shared
 
     def needs_anchor_recompute(self, multi_update: bool, stale: bool) -> bool:
         """Whether the PPO anchor π_old must be the trainer's own no-grad recompute rather than the sampler's
