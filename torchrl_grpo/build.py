@@ -401,6 +401,14 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
         optimizer_steps = int(state.get("extra", {}).get("optimizer_steps", 0))
         backend.sync_from(model)
         log.info("resumed from %s at step %d", state["path"], start_step)
+    if cfg.rollout.launcher == "ray":  # rollout on Ray actors, each with its own backend and envs (ray_rollout.py)
+        from .ray_rollout import RayRolloutCollector
+
+        side.collector.close()
+        side.collector = RayRolloutCollector(cfg, cfg.rollout.num_workers, local_backend=backend,
+                                             max_restarts=cfg.rollout.max_worker_restarts)
+        if start_step or cfg.actor.peft.enable:  # the actors loaded actor.path: give them the policy's weights
+            side.collector.update_policy_weights_(model)
     t = cfg.train
     update = GRPOUpdate(model, loss_fn, optimizer, reference=reference, device=device, autocast=autocast_for(device),
                         ppo_epochs=t.ppo_epochs, minibatch_size=t.minibatch_size, micro_batch_size=t.micro_batch_size,

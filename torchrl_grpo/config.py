@@ -254,6 +254,8 @@ def _choices() -> dict[str, tuple]:
 
     from .advantage import BASELINES, SCALES
     from .build import BACKENDS, DEVICES, SCHEDULERS
+    from .distributed import STRATEGIES
+    from .ray_rollout import LAUNCHERS
     from .loss import AGGREGATIONS, BEHAVIOUR_WEIGHT_MODES
     from .models.loading import DTYPES
     from .stats_logger import WANDB_MODES
@@ -272,6 +274,8 @@ def _choices() -> dict[str, tuple]:
         "stats_logger.wandb.mode": WANDB_MODES,
         "econfig.reward": REWARD_KINDS,
         "train.device": DEVICES,
+        "train.strategy": STRATEGIES,
+        "rollout.launcher": LAUNCHERS,
     }
 
 
@@ -308,6 +312,7 @@ def validate_config(cfg) -> None:
         raise ValueError(f"config loss.behaviour_weight_cap must be > 0 or null, got {cfg.loss.behaviour_weight_cap}")
     if cfg.train.max_staleness < 0:
         raise ValueError(f"config train.max_staleness must be >= 0, got {cfg.train.max_staleness}")
+    _validate_scale_out(cfg)
     if cfg.train.partial_rollout_chunk < 0:
         raise ValueError(f"config train.partial_rollout_chunk must be >= 0, got {cfg.train.partial_rollout_chunk}")
     if OmegaConf.select(cfg, "cl.task_order"):
@@ -326,6 +331,25 @@ def validate_config(cfg) -> None:
             f"config train.minibatch_size={cfg.train.minibatch_size} must divide the episodes per step "
             f"(train.batch_size * gconfig.n_samples = {episodes})"
         )
+
+
+def _validate_scale_out(cfg) -> None:
+    """``rollout.num_workers`` / ``launcher`` and ``train.strategy`` against each other and the mode (issue 11)."""
+    from omegaconf import OmegaConf
+
+    r = cfg.rollout
+    if r.num_workers < 0 or r.max_worker_restarts < 0:
+        raise ValueError(f"config rollout.num_workers ({r.num_workers}) and rollout.max_worker_restarts "
+                         f"({r.max_worker_restarts}) must be >= 0")
+    if r.launcher == "ray" and r.num_workers < 1:
+        raise ValueError("config rollout.launcher=ray needs rollout.num_workers >= 1")
+    if r.launcher == "local" and r.num_workers > 0:
+        raise ValueError(f"config rollout.num_workers={r.num_workers} needs rollout.launcher=ray (local: the rollout "
+                         f"runs in the trainer process)")
+    scaled = r.launcher == "ray" or cfg.train.strategy == "ddp"
+    if scaled and (cfg.mode != "sync" or OmegaConf.select(cfg, "cl.task_order")):
+        raise ValueError("rollout.launcher=ray and train.strategy=ddp run with the sync trainer (mode=sync, no "
+                         "cl.task_order) for now")
 
 
 def register_configs() -> None:
