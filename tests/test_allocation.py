@@ -115,3 +115,40 @@ def test_torchrun_ranks_beyond_devices():
 def test_no_devices_is_an_error():
     with pytest.raises(AllocationError, match="no devices"):
         resolve_plan(cfg(), [])
+
+
+def _compose(overrides):
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    from torchrl_grpo.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"), version_base="1.3"):
+        return compose(config_name="grpo_gsm8k", overrides=overrides)
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["rollout.launcher=ray"], "rollout.num_workers >= 1"),
+    (["rollout.num_workers=2"], "needs rollout.launcher=ray"),
+    (["rollout.launcher=ray", "rollout.num_workers=2", "train.strategy=ddp"], "not combined yet"),
+    (["rollout.launcher=ray", "rollout.num_workers=2", "mode=async"], "sync trainer"),
+    (["train.strategy=fsdp"], r"train.strategy='fsdp' is not one of \('single', 'ddp'\)"),
+    (["rollout.launcher=slurm"], "rollout.launcher"),
+])
+def test_scale_out_config_errors(overrides, match):
+    from torchrl_grpo.config import validate_config
+
+    with pytest.raises(ValueError, match=match):
+        validate_config(_compose(overrides))
+
+
+def test_config_keys_resolve_to_a_plan():
+    """The Hydra keys (allocation_mode, train_model/inference_model/ref_model) feed resolve_plan as they are."""
+    cfg = _compose(["train_model.num_devices=2", "inference_model.devices=[3]"])
+    plan = resolve_plan(cfg, GPUS4, world_size=2, train_engine="ddp")
+    assert plan.placements["train"].devices == ("cuda:0", "cuda:1")
+    assert plan.placements["inference"].devices == ("cuda:3",)
+    assert resolve_plan(_compose(["allocation_mode=vllm:d1+ddp:d2"]), GPUS4, world_size=2, train_engine="ddp",
+                        inference_engine="vllm").placements["inference"].devices == ("cuda:2",)

@@ -329,7 +329,7 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
         _check_async(cfg, backend)
     device = resolve_device(cfg.train.device)
     dp, plan = _data_parallel_and_plan(cfg, device)
-    if dp.enabled and device.type == "cuda":
+    if device.type == "cuda":  # this rank's device in the plan (cuda:0 by default; cuda:LOCAL_RANK under torchrun)
         device = torch.device(plan.train_device(dp.local_rank))
     run_dir = _rank_run_dir(dp, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -346,6 +346,8 @@ def _validate_scale_out(cfg) -> None:
     if r.launcher == "local" and r.num_workers > 0:
         raise ValueError(f"config rollout.num_workers={r.num_workers} needs rollout.launcher=ray (local: the rollout "
                          f"runs in the trainer process)")
+    if r.launcher == "ray" and cfg.train.strategy == "ddp":
+        raise ValueError("rollout.launcher=ray and train.strategy=ddp are not combined yet: one of them per run")
     scaled = r.launcher == "ray" or cfg.train.strategy == "ddp"
     if scaled and (cfg.mode != "sync" or OmegaConf.select(cfg, "cl.task_order")):
         raise ValueError("rollout.launcher=ray and train.strategy=ddp run with the sync trainer (mode=sync, no "

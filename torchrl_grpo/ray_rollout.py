@@ -68,6 +68,16 @@ def weights_digest(weights) -> str:
     return h.hexdigest()
 
 
+def _assigned_cpus() -> float:
+    """CPUs Ray assigned to the current actor (1 outside Ray)."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
+    except Exception:  # noqa: BLE001 - not in a Ray worker
+        return 1.0
+
+
 class RolloutWorker:
     """One rollout actor's state: a backend on its own copy of the policy and a collector over its own envs.
 
@@ -88,6 +98,8 @@ class RolloutWorker:
         c = OmegaConf.create(cfg)
         seed_everything(c.seed)
         device = "cuda" if torch.cuda.is_available() and c.train.device != "cpu" else "cpu"
+        if device == "cpu":  # use the CPUs Ray gave this actor, not the driver's OMP_NUM_THREADS (oversubscription)
+            torch.set_num_threads(max(1, int(_assigned_cpus())))
         model, tokenizer = load_model_and_tokenizer(c.actor.path, dtype=c.actor.dtype, device=device)
         model.eval().requires_grad_(False)
         self.worker_id = worker_id
