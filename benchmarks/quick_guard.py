@@ -1,0 +1,288 @@
+#!/usr/bin/env python
+"""Quick performance regression guard for CI (issue 12): three speed *ratios*, each against a baseline run in the
+same process on the same inputs, checked against the values measured when the guard was set up.
+
+Ratios (higher is better; each is ``baseline seconds / ours seconds``):
+
+* ``rollout_vs_hf_generate``: our :class:`~torchrl_grpo.backends.transformers_backend.TransformersBackend` vs HF
+  ``model.generate(do_sample=True)`` on the same left-padded batch: ``--prompts`` GSM8K test prompts x
+  ``--samples`` samples, exactly ``--new-tokens`` new tokens per row (no stop token, so both do the same work).
+* ``update_vs_plain``: one :class:`~torchrl_grpo.update.GRPOUpdate` step (the trainer's update: response-window
+  LM head, group-shared prompt, micro-batches) vs a plain loop over the same rows: one full forward, log-softmax,
+  gather, policy-gradient loss and backward per row, then the same optimizer step.
+* ``collector_vs_bare_env``: the GSM8K env resets/steps alone vs :class:`~torchrl_grpo.collector.GroupCollector`
+  collecting the same episodes with a zero-cost backend (what the collector adds around generation per step; see
+  ``benchmarks/collector_overhead.py``).
+
+Because both sides of each ratio run in one process, one after the other, machine speed and load mostly cancel;
+CI fails only when a ratio drops below ``--factor`` (default 0.6) x its :data:`REFERENCE` value, so a 2x slowdown of
+our side (ratio x 0.5) fails while ordinary noise (tens of percent) does not.
+
+    python benchmarks/quick_guard.py --check            # CI: exit 1 with a message naming each failed ratio
+    python benchmarks/quick_guard.py --record           # also write benchmarks/results/quick_guard.{json,md}
+
+Model: ``--model`` (default SmolLM2-135M-Instruct, fetched by the slow test stage; fp32 on CPU). About 1 minute on
+2 cores. The :data:`REFERENCE` values hold for that model only; another model reports its ratios without a check.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+#: Ratios measured when the guard was set up: the mean of two runs on 2026-11-23 (benchmarks/results/quick_guard.md;
+#: SmolLM2-135M fp32, one thread on a shared core at load 6-9: 1.80 / 1.48, 4.20 / 3.74, 0.223 / 0.216).
+REFERENCE: dict[str, float] = {
+    "rollout_vs_hf_generate": 1.64,
+    "update_vs_plain": 3.97,
+    "collector_vs_bare_env": 0.22,
+}
+DEFAULT_FACTOR = 0.6
+
+
+def check_ratios(measured: dict[str, float], reference: dict[str, float], factor: float) -> list[str]:
+    """Failure messages, one per ratio below ``factor * reference`` (or missing / not a finite positive number).
+
+    Args:
+        measured: ratio name -> measured value (higher is better).
+        reference: ratio name -> value recorded when the guard was set up.
+        factor: in (0, 1]; the fraction of the reference a ratio must keep.
+
+    Returns:
+        Empty list when every reference ratio passes.
+
+    Raises:
+        ValueError: ``factor`` outside (0, 1].
+    """
+    if not 0 < factor <= 1:
+        raise ValueError(f"factor must be in (0, 1], got {factor}")
+    failures = []
+    for name, ref in reference.items():
+        got = measured.get(name)
+        if got is None or not isinstance(got, (int, float)) or not math.isfinite(got) or got <= 0:
+            failures.append(f"{name}: no valid measurement (got {got!r})")
+        elif got < factor * ref:
+            failures.append(f"{name}: {got:.3f} < {factor:g} x reference {ref:.3f} = {factor * ref:.3f} "
+                            f"(our side is {ref / got:.2f}x slower relative to its baseline than when recorded)")
+    return failures
+
+
+def _best(fn: Callable[[], object], repeats: int) -> float:
+    """Median seconds of ``repeats`` calls after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure(model_name: str, prompts: int, samples: int, new_tokens: int, repeats: int) -> tuple[dict, dict]:
+    """Run the three comparisons; returns ``(ratios, details)`` (details: seconds of each side)."""
+    sys.path.insert(0, str(ROOT))
+    import gymnasium as gym
+    import torch
+    from tensordict import TensorDict
+
+    import envs
+    from torchrl_grpo.backends.base import Generation, RolloutBackend, SamplingConfig
+    from torchrl_grpo.backends.transformers_backend import TransformersBackend
+    from torchrl_grpo.chat_tokens import ChatRenderer
+    from torchrl_grpo.collector import GroupCollector
+    from torchrl_grpo.loss import GRPOLoss
+    from torchrl_grpo.models import load_model_and_tokenizer
+    from torchrl_grpo.update import GRPOUpdate
+
+    gym.register_envs(envs)
+    torch.manual_seed(0)
+    model, tok = load_model_and_tokenizer(model_name, dtype="float32")
+    env = gym.make("GSM8K-v0", split="test").unwrapped
+    ren = ChatRenderer(tok)
+    base = []
+    for i in range(prompts):
+        obs, _ = env.reset(options={"index": i})
+        base.append(ren.prompt_ids(obs))
+    rows = [p for p in base for _ in range(samples)]
+    details: dict[str, float] = {}
+
+    # 1. rollout: ours vs HF generate, exactly new_tokens per row
+    P = max(map(len, rows))
+    ids = torch.full((len(rows), P), tok.pad_token_id, dtype=torch.long)
+    am = torch.zeros_like(ids)
+    for i, p in enumerate(rows):
+        ids[i, P - len(p):] = torch.tensor(p)
+        am[i, P - len(p):] = 1
+    eos = sorted(ren.end_of_turn_ids())
+
+    def hf():
+        with torch.no_grad():
+            model.generate(input_ids=ids, attention_mask=am, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                           max_new_tokens=new_tokens, min_new_tokens=new_tokens, eos_token_id=eos,
+                           pad_token_id=tok.pad_token_id)
+
+    ours = TransformersBackend(model, pad_token_id=tok.pad_token_id)
+    sampling = SamplingConfig(max_new_tokens=new_tokens, temperature=1.0, top_p=1.0, stop_token_ids=[], seed=0)
+    gens: list = []
+
+    def ours_gen():
+        ours._prefix = None
+        gens[:] = ours.generate(rows, sampling)
+
+    details["hf_generate_s"] = _best(hf, repeats)
+    details["ours_generate_s"] = _best(ours_gen, repeats)
+
+    # 2. update: GRPOUpdate vs a plain per-row forward/backward, same rows (prompt + the generations above)
+    seqs = [p + g.token_ids for p, g in zip(rows, gens)]
+    T = max(map(len, seqs))
+    tokens = torch.full((len(seqs), T), tok.pad_token_id, dtype=torch.long)
+    amask = torch.zeros((len(seqs), T), dtype=torch.bool)
+    rmask = torch.zeros_like(amask)
+    behav = torch.zeros((len(seqs), T))
+    for i, (p, g) in enumerate(zip(rows, gens)):
+        s = T - len(seqs[i])  # left padding, as the collector stores it
+        tokens[i, s:] = torch.tensor(seqs[i])
+        amask[i, s:] = True
+        rmask[i, s + len(p):] = True
+        behav[i, s + len(p):] = torch.tensor(g.logprobs)
+    adv = torch.randn(len(seqs), generator=torch.Generator().manual_seed(0))
+    batch = TensorDict(tokens=tokens, attention_mask=amask, response_mask=rmask, sample_log_probs=behav,
+                       advantage=adv, response_tokens=rmask.sum(-1), batch_size=[len(seqs)])
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=0.0)  # lr 0: every repeat sees the same weights
+    upd = GRPOUpdate(model, GRPOLoss(model), opt, reference=None, device=torch.device("cpu"),
+                     autocast=lambda: torch.autocast("cpu", enabled=False), ppo_epochs=1, minibatch_size=0,
+                     micro_batch_size=samples, max_tokens_per_mb=0, max_grad_norm=1.0, anchor="behaviour",
+                     exact_log_probs=True, seed=0)
+    step = [0]
+
+    def ours_update():
+        step[0] += 1
+        upd(batch.clone(), step=step[0])
+
+    def plain_update():
+        opt.zero_grad(set_to_none=True)
+        for i in range(len(seqs)):
+            x = torch.tensor([seqs[i]])
+            logp = torch.log_softmax(model(input_ids=x).logits[0, :-1].float(), -1)
+            lp = logp.gather(-1, x[0, 1:, None]).squeeze(-1)[len(rows[i]) - 1:]
+            ratio = torch.exp(lp - lp.detach())
+            (-(ratio * adv[i]).sum() / int(rmask.sum())).backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+
+    details["ours_update_s"] = _best(ours_update, repeats)
+    details["plain_update_s"] = _best(plain_update, repeats)
+    model.eval()
+
+    # 3. collector overhead: GroupCollector with a zero-cost backend vs the bare env resets/steps
+    reply = tok.encode("The answer is #### 42", add_special_tokens=False) + [tok.eos_token_id]
+
+    class InstantBackend(RolloutBackend):
+        policy_version = 0
+
+        def generate(self, prompts, sampling):
+            return [Generation(list(reply), [-0.1] * len(reply), "stop") for _ in prompts]
+
+        def load_weights(self, weights=None):
+            pass
+
+    n_tasks, n_samples = 16, 4
+    col = GroupCollector(lambda: gym.make("GSM8K-v0", split="test", disable_env_checker=True), InstantBackend(),
+                         tok, SamplingConfig(max_new_tokens=16), max_turns=1, max_context_tokens=1 << 20)
+    tasks = [{"index": i} for i in range(n_tasks)]
+    col.collect(tasks, n_samples)
+    pool = col._envs(n_tasks * n_samples)
+    text = tok.decode(reply, skip_special_tokens=True)
+
+    def bare():
+        for i, e in enumerate(pool):
+            e.reset(seed=0, options=dict(tasks[i // n_samples]))
+            e.step(text)
+
+    details["collector_s"] = _best(lambda: col.collect(tasks, n_samples), repeats)
+    details["bare_env_s"] = _best(bare, repeats)
+    (getattr(col, "shutdown", None) or col.close)()
+
+    ratios = {
+        "rollout_vs_hf_generate": details["hf_generate_s"] / details["ours_generate_s"],
+        "update_vs_plain": details["plain_update_s"] / details["ours_update_s"],
+        "collector_vs_bare_env": details["bare_env_s"] / details["collector_s"],
+    }
+    return ratios, details
+
+
+def write_results(ratios: dict, details: dict, meta: dict, failures: list[str]) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "quick_guard.json").write_text(json.dumps({"meta": meta, "ratios": ratios, "details": details,
+                                                          "reference": REFERENCE, "failures": failures}, indent=2))
+    lines = ["# Quick regression guard (CI)", "",
+             f"Command: `{meta['command']}`  ", f"Date: {meta['date']}; {meta['seconds']:.0f} s wall  ",
+             f"Machine: {meta['nproc']} cores, torch threads {meta['threads']}; load average before "
+             f"{meta['load_before']}, after {meta['load_after']}  ",
+             f"Versions: python {meta['python']}, torch {meta['torch']}, transformers {meta['transformers']}  ",
+             f"Settings: {meta['model']} fp32, {meta['prompts']} GSM8K prompts x {meta['samples']} samples, "
+             f"{meta['new_tokens']} new tokens, median of {meta['repeats']} after a warm-up", "",
+             f"CI fails when a ratio < {meta['factor']} x reference.", "",
+             "| ratio (baseline s / ours s) | measured | reference | floor |", "|---|---:|---:|---:|"]
+    for k, v in ratios.items():
+        ref = REFERENCE.get(k, float("nan"))
+        lines.append(f"| {k} | {v:.3f} | {ref:.3f} | {meta['factor'] * ref:.3f} |")
+    lines += ["", "| side | seconds |", "|---|---:|"] + [f"| {k} | {v:.3f} |" for k, v in details.items()]
+    (RESULTS / "quick_guard.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 when a ratio is below --factor x reference")
+    ap.add_argument("--record", action="store_true", help="write benchmarks/results/quick_guard.{json,md}")
+    ap.add_argument("--factor", type=float, default=DEFAULT_FACTOR)
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args(argv)
+    load_before = tuple(round(x, 2) for x in os.getloadavg())
+    t0 = time.perf_counter()
+    ratios, details = measure(args.model, args.prompts, args.samples, args.new_tokens, args.repeats)
+    checked = args.model == DEFAULT_MODEL
+    failures = check_ratios(ratios, REFERENCE, args.factor) if checked else []
+    for k, v in ratios.items():
+        print(f"quick_guard {k}: {v:.3f} (reference {REFERENCE.get(k, float('nan')):.3f}, "
+              f"floor {args.factor * REFERENCE.get(k, float('nan')):.3f})")
+    if args.record:
+        import torch
+        import transformers
+
+        meta = {"command": "python benchmarks/quick_guard.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seconds": time.perf_counter() - t0,
+                "nproc": os.cpu_count(), "threads": torch.get_num_threads(), "load_before": load_before,
+                "load_after": tuple(round(x, 2) for x in os.getloadavg()), "python": platform.python_version(),
+                "torch": torch.__version__, "transformers": transformers.__version__, "model": args.model,
+                "prompts": args.prompts, "samples": args.samples, "new_tokens": args.new_tokens,
+                "repeats": args.repeats, "factor": args.factor}
+        write_results(ratios, details, meta, failures)
+    if not checked:
+        print(f"quick_guard: no reference for model {args.model!r}; ratios reported, not checked")
+    if failures:
+        print("quick_guard FAILED (performance regression):\n  " + "\n  ".join(failures), file=sys.stderr)
+        return 1 if args.check else 0
+    print(f"quick_guard: all ratios >= {args.factor:g} x reference ({time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
