@@ -118,3 +118,10 @@ def test_worker_restarts_are_bounded(ray_session, tmp_path, gsm8k_dir):
             trainer.train_step()
     finally:
         trainer.close()
+
+
+def test_more_workers_than_ray_cpus_is_a_clear_error(ray_session):
+    from torchrl_grpo.ray_rollout import RayRolloutCollector
+
+    with pytest.raises(ValueError, match=r"rollout.num_workers=3 actors need 3 CPUs but the Ray cluster has 2"):
+        RayRolloutCollector({"train": {"device": "cpu"}}, 3)

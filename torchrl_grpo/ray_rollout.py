@@ -146,6 +146,7 @@ class RayRolloutCollector:
 
     Raises:
         ImportError: ray not installed (``pip install -e ".[ray]"``).
+        ValueError: ``num_workers < 1``, or more workers than the Ray cluster has CPUs (GPUs on CUDA).
     """
 
     def __init__(self, cfg: Any, num_workers: int, *, local_backend=None, max_restarts: int = 3,
@@ -165,6 +166,11 @@ class RayRolloutCollector:
         self.num_workers, self.max_restarts, self.check_sync = num_workers, max_restarts, check_sync
         self.local_backend = local_backend
         gpu = torch.cuda.is_available() and self.cfg["train"]["device"] != "cpu"
+        need = "GPU" if gpu else "CPU"
+        have = ray.cluster_resources().get(need, 0)
+        if have < num_workers:  # the actors would wait for resources forever
+            raise ValueError(f"rollout.num_workers={num_workers} actors need {num_workers} {need}s but the Ray cluster "
+                             f"has {have:g}: lower rollout.num_workers or add nodes (ray start --address=...)")
         self._actor_cls = ray.remote(num_cpus=0 if gpu else 1, num_gpus=1 if gpu else 0)(RolloutWorker)
         self.workers = [self._start(w) for w in range(num_workers)]
         self.restarts = 0
