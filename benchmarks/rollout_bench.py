@@ -6,6 +6,14 @@ Workloads (real prompts, rendered with the model's chat template):
 * ``gsm8k``: ``--gsm8k-prompts`` GSM8K test questions x ``--samples`` samples each (GRPO groups).
 * ``tau2``: the opening prompt of ``--tau2-tasks`` tau2 ``mock`` tasks (domain policy + tool schemas; a shared
   system prefix) x ``--samples`` samples — the multi-turn agent case, where prefix reuse matters.
+* ``telecom`` (issue 12, target 2; its own model, ``--telecom-model``, default Qwen2.5-Coder-0.5B-Instruct: SmolLM2's
+  8k context is too short): the real opening prompt of ``--telecom-tasks`` tau2 ``telecom`` small-split solo tasks
+  (~9.9k tokens: solo policy, 44 tool schemas, ticket) x ``--samples`` samples, ``--telecom-max-new-tokens`` new
+  tokens, one timed run per backend after a short-prompt warm-up (HF generate prefills every sample, so repeats are
+  expensive). With ``--telecom-turns 2`` a second turn continues each episode: the sampled reply is stepped in the
+  env and the env's answer appended token-in/token-out, so a prefix cache kept across turns prefills only the new
+  tokens. Backends: HF generate, ours (shared-prefix KV cache kept across calls), vLLM with prefix caching off and on
+  (all in ``--telecom-dtype``). Written to ``--out`` + ``_telecom.{json,md}``.
 
 Backends: ``hf_generate`` (baseline: ``model.generate(do_sample=True)`` on the left-padded batch, the way a
 plain HF loop or TRL samples), ``transformers`` (our :class:`TransformersBackend`: prefix-shared prefill, finished
@@ -73,6 +81,173 @@ def tau2_prompts(tok, n: int) -> list[list[int]]:
     return out
 
 
+def telecom_prompts(tok, n: int) -> tuple[list[list[int]], list[int], object]:
+    """Opening prompts of the first ``n`` usable telecom small-split solo tasks, their task indices, and the env."""
+    import gymnasium as gym
+
+    import envs
+
+    gym.register_envs(envs)
+    env = gym.make("tau2/telecom-v0", split="small", user="solo").unwrapped
+    out, idx = [], []
+    for i in env.usable_task_indices():
+        if len(out) >= n:
+            break
+        obs, info = env.reset(options={"index": i})
+        out.append(ChatRenderer(tok, info["tools"]).prompt_ids(obs))
+        idx.append(i)
+    return out, idx, env
+
+
+def second_turn_prompts(env, tok, task_idx: list[int], prompts: list[list[int]], gens: list[list[int]]) -> list[list[int]]:
+    """Each episode's prompt for its second turn: first prompt + sampled reply (closed with end-of-turn) + the
+    env's answer to that reply (tool result, tool error or user message), rendered token-in/token-out."""
+    import gymnasium as gym  # noqa: F401
+
+    out = []
+    for ti, p, g in zip(task_idx, prompts, gens):
+        obs, info = env.reset(options={"index": ti})
+        ren = ChatRenderer(tok, info["tools"])
+        eot = ren.end_of_turn_ids()
+        reply = list(g) if g and g[-1] in eot else list(g) + [tok.convert_tokens_to_ids("<|im_end|>")]
+        text = tok.decode(reply, skip_special_tokens=True)
+        obs2, _, term, trunc, _ = env.step(text)
+        if term or trunc or not obs2:
+            obs2 = [{"role": "user", "content": "Please go on."}]
+        out.append(p + reply + ren.assistant_suffix + ren.continuation_ids(obs2))
+    return out
+
+
+def hf_generate_tokens(model, tok, prompts, sampling: SamplingConfig) -> tuple[int, list[list[int]]]:
+    """HF generate on the batch (one left-padded batch when all prompts have the same length, else one call per
+    prompt: a padded 10k-token batch would need an O(B L^2) attention mask). Returns (tokens, per-row tokens)."""
+    groups = [prompts] if len({len(p) for p in prompts}) == 1 else [[p] for p in prompts]
+    n, rows = 0, []
+    stops = set(sampling.stop_token_ids)
+    for grp in groups:
+        P = len(grp[0])
+        ids = torch.tensor(grp, dtype=torch.long)
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                                 temperature=sampling.temperature, top_p=sampling.top_p, top_k=0,
+                                 max_new_tokens=sampling.max_new_tokens, eos_token_id=sampling.stop_token_ids,
+                                 pad_token_id=tok.pad_token_id)
+        for row in out[:, P:].tolist():
+            kept = []
+            for t in row:
+                kept.append(t)
+                if t in stops:
+                    break
+            n += len(kept)
+            rows.append(kept)
+    return n, rows
+
+
+def run_telecom(args) -> None:
+    """The telecom-length workload (see the module docstring); writes ``<out>_telecom.{json,md}``."""
+    import transformers
+
+    t_load = time.perf_counter()
+    model, tok = load_model_and_tokenizer(args.telecom_model, dtype=args.telecom_dtype)
+    print(f"loaded {args.telecom_model} ({args.telecom_dtype}) in {time.perf_counter() - t_load:.1f} s", flush=True)
+    stop = sorted(ChatRenderer(tok).end_of_turn_ids())
+    sampling = SamplingConfig(max_new_tokens=args.telecom_max_new_tokens, temperature=1.0, top_p=1.0,
+                              stop_token_ids=stop, seed=0)
+    warm = SamplingConfig(max_new_tokens=4, temperature=1.0, top_p=1.0, stop_token_ids=stop, seed=0)
+    base_prompts, task_idx, env = telecom_prompts(tok, args.telecom_tasks)
+    prompts = [p for p in base_prompts for _ in range(args.samples)]
+    row_tasks = [t for t in task_idx for _ in range(args.samples)]
+    short = [prompts[0][:64]]
+    out = Path(str(args.out) + "_telecom")
+    meta = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "model": args.telecom_model, "dtype": args.telecom_dtype, "max_new_tokens": args.telecom_max_new_tokens,
+        "tasks": task_idx, "samples": args.samples, "turns": args.telecom_turns,
+        "prompt_tokens": [len(p) for p in base_prompts],
+        "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+        "nproc": os.cpu_count(), "threads": torch.get_num_threads(), "loadavg_before": os.getloadavg(),
+    }
+    rows: list[dict] = []
+
+    def record(turn: int, name: str, tokens: int, secs: float, prompt_lens: list[int], **extra) -> None:
+        rows.append({"turn": turn, "backend": name, "tokens": tokens, "seconds": secs, "tokens_per_s": tokens / secs,
+                     "prompt_tokens_mean": sum(prompt_lens) / len(prompt_lens), "loadavg": os.getloadavg(), **extra})
+        print(f"telecom turn {turn} {name:18s} {tokens / secs:7.2f} tok/s  ({tokens} tokens, {secs:.1f} s)", flush=True)
+        out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+
+    # 1. HF generate (baseline) and ours, same model object
+    hf_generate_tokens(model, tok, short, warm)
+    turn_prompts = {1: prompts}
+    gens_for_turn2 = None
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    n, hf_rows = hf_generate_tokens(model, tok, prompts, sampling)
+    record(1, "hf_generate", n, time.perf_counter() - t0, [len(p) for p in prompts])
+    ours = TransformersBackend(model, pad_token_id=tok.pad_token_id)
+    ours.generate(short, warm)
+    ours._prefix = None
+    t0 = time.perf_counter()
+    gens = ours.generate(prompts, sampling)
+    record(1, "transformers", sum(len(g.token_ids) for g in gens), time.perf_counter() - t0,
+           [len(p) for p in prompts], prefilled_tokens=ours.stats["prefilled_tokens"])
+    if args.telecom_turns == 2:
+        gens_for_turn2 = [g.token_ids for g in gens]
+        turn_prompts[2] = second_turn_prompts(env, tok, row_tasks, prompts, gens_for_turn2)
+        p2 = turn_prompts[2]
+        torch.manual_seed(1)
+        t0 = time.perf_counter()
+        n, _ = hf_generate_tokens(model, tok, p2, sampling)
+        record(2, "hf_generate", n, time.perf_counter() - t0, [len(p) for p in p2])
+        before = ours.stats["prefilled_tokens"]
+        t0 = time.perf_counter()
+        g2 = ours.generate(p2, sampling)  # the turn-1 prefix cache is kept (same weights)
+        record(2, "transformers", sum(len(g.token_ids) for g in g2), time.perf_counter() - t0, [len(p) for p in p2],
+               prefilled_tokens=ours.stats["prefilled_tokens"] - before, prefix_hits=ours.stats["prefix_hits"])
+    del ours, model
+    # 2. vLLM without and with prefix caching (same prompts, turn 2 = the same continuation prompts as above)
+    if not args.no_vllm:
+        try:
+            from torchrl_grpo.backends.vllm_backend import VLLMBackend
+        except ImportError as exc:
+            print(f"vLLM backend skipped: {exc}", file=sys.stderr)
+        else:
+            path = resolve_model_path(args.telecom_model).path
+            max_len = max(len(p) for ps in turn_prompts.values() for p in ps) + args.telecom_max_new_tokens + 64
+            for name, caching in (("vllm_no_prefix_cache", False), ("vllm_prefix_cache", True)):
+                t0 = time.perf_counter()
+                eng = VLLMBackend(path, tokenizer=tok, dtype=args.telecom_dtype, max_model_len=max_len, seed=0,
+                                  kv_cache_memory_bytes=3 << 30, enable_prefix_caching=caching)
+                startup = time.perf_counter() - t0
+                eng.generate(short, warm)
+                for turn, ps in sorted(turn_prompts.items()):
+                    t0 = time.perf_counter()
+                    n = sum(len(g.token_ids) for g in eng.generate(ps, sampling))
+                    record(turn, name, n, time.perf_counter() - t0, [len(p) for p in ps], startup_s=startup)
+                del eng
+                import gc
+
+                gc.collect()
+    meta["loadavg_after"] = os.getloadavg()
+    base = {r["turn"]: r["tokens_per_s"] for r in rows if r["backend"] == "hf_generate"}
+    for r in rows:
+        r["ratio_vs_hf_generate"] = r["tokens_per_s"] / base[r["turn"]]
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    lines = [f"## Telecom length (issue 12, target 2): {args.telecom_model} {args.telecom_dtype}", "",
+             f"`{meta['command']}` — {meta['date']}; tasks {task_idx} (prompt tokens {meta['prompt_tokens']}) x "
+             f"{args.samples} samples, {args.telecom_max_new_tokens} new tokens, temperature 1.0, one timed run each "
+             f"after a short warm-up; torch {meta['torch']}, transformers {meta['transformers']}, {meta['nproc']} cores, "
+             f"{meta['threads']} threads; load avg before {', '.join(f'{x:.1f}' for x in meta['loadavg_before'])}, "
+             f"after {', '.join(f'{x:.1f}' for x in meta['loadavg_after'])}", "",
+             "| turn | backend | prompt tokens (mean) | generated tokens | seconds | tokens/s | x HF generate |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['turn']} | {r['backend']} | {r['prompt_tokens_mean']:.0f} | {r['tokens']} | {r['seconds']:.1f} | "
+                     f"{r['tokens_per_s']:.2f} | {r['ratio_vs_hf_generate']:.2f} |")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}", flush=True)
+
+
 def run_hf_generate(model, tok, prompts, sampling: SamplingConfig) -> int:
     P = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), P), tok.pad_token_id, dtype=torch.long)
@@ -118,9 +293,20 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--workloads", default="gsm8k,tau2")
     ap.add_argument("--no-vllm", action="store_true")
+    ap.add_argument("--telecom-model", default="qwen2.5-coder-0.5b-instruct")
+    ap.add_argument("--telecom-tasks", type=int, default=1)
+    ap.add_argument("--telecom-max-new-tokens", type=int, default=48)
+    ap.add_argument("--telecom-turns", type=int, default=2, choices=(1, 2))
+    ap.add_argument("--telecom-dtype", default="bfloat16", choices=("bfloat16", "float32"))
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rollout_bench"))
     args = ap.parse_args()
 
+    wls = args.workloads.split(",")
+    if "telecom" in wls:
+        run_telecom(args)
+        wls = [w for w in wls if w != "telecom"]
+        if not wls:
+            return 0
     model, tok = load_model_and_tokenizer(args.model, dtype="float32")
     stop = sorted(ChatRenderer(tok).end_of_turn_ids())
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=1.0, top_p=1.0, stop_token_ids=stop, seed=0)
@@ -137,7 +323,7 @@ def main() -> int:
             print(f"vLLM backend skipped: {exc}", file=sys.stderr)
     ours = TransformersBackend(model, pad_token_id=tok.pad_token_id)
     results = []
-    for wl in args.workloads.split(","):
+    for wl in wls:
         base_prompts = gsm8k_prompts(tok, args.gsm8k_prompts) if wl == "gsm8k" else tau2_prompts(tok, args.tau2_tasks)
         prompts = [p for p in base_prompts for _ in range(args.samples)]
         rows = {}
