@@ -24,6 +24,14 @@ advantages, 4 micro-batch forward/backward, optimizer, plus the previous step's 
 its ``_generate_single_turn`` (HF ``model.generate``), rollout = ``_generate_and_score_completions``,
 train = step - rollout. Generated tokens: sampled completion tokens up to and including the stop token
 (both trainers count the same way). Results: ``benchmarks/results/train_bench.{json,md}``.
+
+``--ours-vllm`` adds a third trainer, ours with the vLLM rollout backend (``rollout.backend=vllm``, its default
+bf16 engine, weights synced every step), interleaved with the other two (issue 12: beside the like-for-like row).
+vLLM lives in its own venv and TRL in the project's, so run it from the vLLM venv with the project venv's
+site-packages appended after the vLLM venv's own (``--append-sys-path``; same torch/transformers in both):
+
+    /work/venv-vllm/bin/python benchmarks/train_bench.py --ours-vllm \
+        --append-sys-path /work/venv/lib/python3.11/site-packages
 """
 from __future__ import annotations
 
@@ -91,7 +99,7 @@ def _machine() -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- ours
-def build_ours_config(args, total_steps: int):
+def build_ours_config(args, total_steps: int, backend: str = "transformers"):
     from hydra import compose, initialize_config_dir
 
     from torchrl_grpo.config import register_configs
@@ -108,7 +116,7 @@ def build_ours_config(args, total_steps: int):
         f"optimizer.lr={args.lr}", "optimizer.scheduler=constant", "optimizer.warmup_steps=0",
         "optimizer.weight_decay=0.0", "optimizer.max_grad_norm=1.0",
         "train.minibatch_size=0", f"train.micro_batch_size={args.micro_batch}", "train.ppo_epochs=1",
-        "train.device=cpu", "rollout.backend=transformers",
+        "train.device=cpu", f"rollout.backend={backend}",
         "eval.at_start=false", "eval.at_end=false", "eval.every=0", "eval.n_problems=0",
         "checkpoint.every=0", "checkpoint.save_final=false",
         "stats_logger.wandb.mode=disabled", "stats_logger.console=false", "stats_logger.progress_bar=false",
@@ -121,8 +129,8 @@ def build_ours_config(args, total_steps: int):
 class OursRunner:
     """Steps our trainer one ``train_step()`` at a time and records its per-step timings."""
 
-    def __init__(self, args, trainer) -> None:
-        self.args, self.trainer, self.steps, self.loads = args, trainer, [], []
+    def __init__(self, args, trainer, name: str = "ours") -> None:
+        self.args, self.trainer, self.steps, self.loads, self.name = args, trainer, [], [], name
 
     def step(self) -> None:
         args, k = self.args, len(self.steps)
@@ -140,7 +148,7 @@ class OursRunner:
             "mean_total_tokens": m.get("episode/total_tokens"),
         }
         self.steps.append(rec)
-        print(f"[ours] step {k}{' (warm-up)' if rec['warmup'] else ''}: {wall:.2f}s  rollout {rec['rollout_s']:.2f}s "
+        print(f"[{self.name}] step {k}{' (warm-up)' if rec['warmup'] else ''}: {wall:.2f}s  rollout {rec['rollout_s']:.2f}s "
               f"(generate {rec['generate_s']:.2f}s)  train {rec['train_s']:.2f}s  "
               f"tokens {rec['generated_tokens']:.0f}  reward {rec['reward_mean']:.3f}  load {_loadavg()[0]}", flush=True)
         self.loads.append(_loadavg())
@@ -317,13 +325,32 @@ def to_markdown(res: dict) -> str:
         f"{t['generated_tokens_per_completion']:.1f} | |",
         f"| mean reward | {o['reward_mean']:.3f} | {t['reward_mean']:.3f} | |",
         "",
+    ]
+    if "ours_vllm" in res:
+        v = res["ours_vllm"]["summary"]
+        lines += [
+            "Ours with the vLLM rollout backend (same run, interleaved; vLLM engine bf16, weights synced every step):",
+            "",
+            "| metric | ours (vLLM backend) | TRL | ours (vLLM)/TRL |",
+            "|---|---:|---:|---:|",
+            f"| completions/s | {v['completions_per_s']:.3f} | {t['completions_per_s']:.3f} | "
+            f"**{v['completions_per_s'] / t['completions_per_s']:.2f}x** |",
+            f"| step time (s) | {v['step_s_mean']:.2f} | {t['step_s_mean']:.2f} | {v['step_s_mean'] / t['step_s_mean']:.2f} |",
+            f"| generation time per step (s) | {v['generate_s_per_step']:.2f} | {t['generate_s_per_step']:.2f} | "
+            f"{v['generate_s_per_step'] / t['generate_s_per_step']:.2f} |",
+            f"| train time per step (s, incl. weight sync) | {v['train_s_per_step']:.2f} | {t['train_s_per_step']:.2f} | "
+            f"{v['train_s_per_step'] / t['train_s_per_step']:.2f} |",
+            f"| generated tokens per step | {v['generated_tokens_per_step']:.0f} | {t['generated_tokens_per_step']:.0f} | |",
+            "",
+        ]
+    lines += [
         "Per step (s; warm-up steps marked w):",
         "",
         "| trainer | step | wall | rollout | generate | train | gen. tokens | reward |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name in ("ours", "trl"):
-        for st in res[name]["steps"]:
+    for name in ("ours", "ours_vllm", "trl"):
+        for st in res.get(name, {}).get("steps", []):
             rw = "" if st["reward_mean"] is None else f"{st['reward_mean']:.3f}"
             lines.append(f"| {name} | {st['step']}{' w' if st['warmup'] else ''} | {st['wall_s']:.2f} | {st['rollout_s']:.2f} "
                          f"| {st['generate_s']:.2f} | {st['train_s']:.2f} | {st['generated_tokens']:.0f} | {rw} |")
@@ -353,7 +380,15 @@ def main(argv: list[str] | None = None) -> int:
                         "or sequential: ours,trl | trl,ours")
     p.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
     p.add_argument("--no-write", action="store_true", help="print only, do not write results files")
+    p.add_argument("--ours-vllm", action="store_true",
+                   help="also run ours with the vLLM rollout backend (interleaved; run from the vLLM venv)")
+    p.add_argument("--append-sys-path", action="append", default=[],
+                   help="directory appended to sys.path (after this venv's site-packages), e.g. the project venv's "
+                        "site-packages for trl when running from the vLLM venv")
     args = p.parse_args(argv)
+    sys.path.extend(args.append_sys_path)
+    if args.ours_vllm and args.order != "interleave":
+        raise SystemExit("--ours-vllm needs --order interleave")
     if not args.data_dir:
         raise SystemExit("no GSM8K data: pass --data-dir <folder with train.jsonl/test.jsonl> or set GSM8K_DATA_DIR")
     os.environ["GSM8K_DATA_DIR"] = args.data_dir  # read by build_ours_config, the GSM8K env and the results record
@@ -412,13 +447,28 @@ def main(argv: list[str] | None = None) -> int:
         results: dict = {}
         loads_between = []
         runner = OursRunner(args, ours)
+        ours_v = runner_v = None
+        if args.ours_vllm:
+            cfg_v, overrides_v = build_ours_config(args, total, backend="vllm")
+            model_v, tok_v = load_model_and_tokenizer(args.model, dtype="float32", device="cpu")
+            seed_everything(args.seed)
+            ours_v = GRPOTrainer(cfg_v, Path(tmp) / "ours_vllm", model=model_v, tokenizer=tok_v)
+            runner_v = OursRunner(args, ours_v, name="ours_vllm")
+
+        def between_steps():
+            runner.step()
+            if runner_v is not None:
+                runner_v.step()
+
         try:
             if order == ["interleave"]:
                 model, tok = load_model_and_tokenizer(args.model, dtype="float32", device="cpu")
                 torch.manual_seed(args.seed)
                 t0 = time.perf_counter()
-                results["trl"] = run_trl(args, model, tok, prompts, Path(tmp) / "trl", between_steps=runner.step)
+                results["trl"] = run_trl(args, model, tok, prompts, Path(tmp) / "trl", between_steps=between_steps)
                 results["ours"] = {"steps": runner.steps}
+                if runner_v is not None:
+                    results["ours_vllm"] = {"steps": runner_v.steps, "total_s": time.perf_counter() - t0}
                 loads_between.extend(runner.loads)
                 results["trl"]["total_s"] = results["ours"]["total_s"] = time.perf_counter() - t0
                 del model, tok
@@ -440,11 +490,13 @@ def main(argv: list[str] | None = None) -> int:
                 results[name]["total_s"] = time.perf_counter() - t0
         finally:
             ours.close()
+            if ours_v is not None:
+                ours_v.close()
         if len(runner.steps) != total:
             raise RuntimeError(f"our trainer ran {len(runner.steps)} steps, expected {total}")
         del ours, model_ours, runner
     load_after = _loadavg()
-    for name in ("ours", "trl"):
+    for name in results:
         results[name]["summary"] = summarize(results[name])
     o, t = results["ours"]["summary"], results["trl"]["summary"]
     ratio = {
@@ -482,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
                      "prompt_tokens": [p["prompt_tokens"] for p in prompts]},
         "ours": {**results["ours"], "config_overrides": overrides},
         "trl": results["trl"],
+        **({"ours_vllm": {**results["ours_vllm"], "config_overrides": overrides_v}} if "ours_vllm" in results else {}),
         "ratio_ours_over_trl": ratio,
         "notes": notes,
         "script_wall_s": time.perf_counter() - t_start,
