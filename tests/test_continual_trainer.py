@@ -305,3 +305,126 @@ def test_grpo_py_runs_a_joint_continual_config(tmp_path):
     assert m["summary"]["acc"] == pytest.approx(sum(m["R"][0]) / 2) and "bwt" not in m["summary"]
     assert (out / continual.ACCURACY_MATRIX_PNG).read_bytes()[:8] == PNG
     assert (out / "checkpoint_task_0" / "cl_state.json").is_file()
+
+
+# ---------------------------------------------------------------------------------------------- checkpoint gaps
+class SigintAt:
+    """Mixin: send this process SIGINT from ``post_step`` once the trainer has finished step ``at`` (the continual
+    trainer holds it until the step, its logging and any evaluation are done, then stops)."""
+
+    at = 0
+
+    def post_step(self, trainer, domain):
+        super().post_step(trainer, domain)
+        if trainer.step == self.at:
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+class RewardedSigint(SigintAt, Rewarded):
+    pass
+
+
+def _interrupted(cfg, run_dir, algo):
+    from torchrl_grpo.interrupt import TrainingInterrupted
+
+    t = ContinualTrainer(cfg, run_dir, algorithm=algo)
+    try:
+        with pytest.raises(TrainingInterrupted):
+            t.train()
+    finally:
+        t.close()
+    return t
+
+
+def _train(cfg, run_dir, algo):
+    t = ContinualTrainer(cfg, run_dir, algorithm=algo)
+    try:
+        t.train()
+    finally:
+        t.close()
+    return t, json.loads((run_dir / "metrics.json").read_text())
+
+
+def test_sigint_mid_task_saves_a_checkpoint_and_resume_continues_exactly(tmp_path):
+    full_t, a = _train(cl_cfg(num_steps_per_task=2, eval_interval=1), tmp_path / "full", Rewarded())
+    # SIGINT during step 3 = the first of two telecom steps: that step finishes, then a checkpoint of it is written
+    algo = RewardedSigint()
+    algo.at = 3
+    _interrupted(cl_cfg(num_steps_per_task=2, eval_interval=1), tmp_path / "int", algo)
+    ck = tmp_path / "int" / "checkpoint_task_1_interrupted"
+    st = json.loads((ck / "cl_state.json").read_text())
+    assert (st["task"], st["task_step"], st["task_done"], st["step"]) == (1, 1, False, 3)
+    t, b = _train(cl_cfg(num_steps_per_task=2, eval_interval=1, resume_from=str(ck)), tmp_path / "res", Rewarded())
+    assert (t.start_task, t.start_task_step) == (1, 1)
+    # the resumed run's next step (4) is the uninterrupted run's step 4
+    assert [r["step"] for r in b["task_1/train"]] == [3, 4]
+    for key in ("loss", "reward_mean", "ess"):
+        assert b["task_1/train"][1][key] == pytest.approx(a["task_1/train"][1][key], abs=1e-6), key
+    assert b["R"] == a["R"] and b["b"] == a["b"] and b["boundaries"] == a["boundaries"] == [2, 4]
+    assert [(r["step"], r["domain"]) for r in b["task_1/eval"]] == [(r["step"], r["domain"]) for r in a["task_1/eval"]]
+    w_full, w_res = _weights(tmp_path / "full" / "checkpoint_task_1"), _weights(tmp_path / "res" / "checkpoint_task_1")
+    assert all(torch.allclose(p, q, atol=1e-6) for p, q in zip(w_full, w_res))
+
+
+class RewardedLoRASigint(SigintAt, RewardedLoRA):
+    def post_task(self, trainer, domain):  # RewardedLoRA's snapshots, kept per run
+        super().post_task(trainer, domain)
+
+
+def _adapters(model):
+    from peft import get_peft_model_state_dict
+
+    return {name: {k: v.detach().clone() for k, v in get_peft_model_state_dict(model, adapter_name=name).items()}
+            for name in model.peft_config}
+
+
+def test_lora_per_domain_resume_restores_every_adapter(tmp_path):
+    def cfg(**over):
+        c = cl_cfg(num_steps_per_task=2, algorithm="lora_per_domain", **over)
+        c.actor.peft.enable, c.optimizer.lr = True, 1e-2
+        return c
+
+    full_t, a = _train(cfg(), tmp_path / "full", RewardedLoRA())
+    algo = RewardedLoRASigint()
+    algo.at = 3  # one step into telecom: the checkpoint holds the trained mock adapter and a half-trained telecom one
+    mid = _interrupted(cfg(), tmp_path / "int", algo)
+    mid_adapters = _adapters(mid.trainer.model)
+    ck = tmp_path / "int" / "checkpoint_task_1_interrupted"
+    res_algo = RewardedLoRA()
+    t = ContinualTrainer(cfg(resume_from=str(ck)), tmp_path / "res", algorithm=res_algo)
+    try:
+        assert set(t.trainer.model.peft_config) == {"default", "telecom"}
+        assert res_algo.adapters == {"mock": "default", "telecom": "telecom"}
+        loaded = _adapters(t.trainer.model)
+        for name in ("default", "telecom"):  # every adapter as it was when interrupted
+            assert all(torch.equal(loaded[name][k], mid_adapters[name][k]) for k in mid_adapters[name]), name
+        t.train()
+    finally:
+        t.close()
+    b = json.loads((tmp_path / "res" / "metrics.json").read_text())
+    assert b["task_1/train"][1]["loss"] == pytest.approx(a["task_1/train"][1]["loss"], abs=1e-6)
+    assert b["R"] == a["R"]
+    end_full, end_res = _adapters(full_t.trainer.model), _adapters(t.trainer.model)
+    for name in ("default", "telecom"):
+        assert all(torch.allclose(end_full[name][k], end_res[name][k], atol=1e-6) for k in end_full[name]), name
+
+
+def test_ewc_fisher_and_anchor_survive_a_resume(tmp_path):
+    def cfg(**over):
+        c = cl_cfg(num_steps_per_task=2, algorithm="ewc", **over)
+        c.optimizer.lr = 1e-2
+        return c
+
+    full_algo = RewardedEWC(lam=1000.0)
+    _, a = _train(cfg(), tmp_path / "full", full_algo)
+    res_algo = RewardedEWC(lam=1000.0)
+    t, b = _train(cfg(resume_from=str(tmp_path / "full" / "checkpoint_task_0")), tmp_path / "res", res_algo)
+    pen_a, pen_b = [r["ewc_penalty"] for r in a["task_1/train"]], [r["ewc_penalty"] for r in b["task_1/train"]]
+    assert pen_a[1] > 0  # the uninterrupted run pays the penalty in its second telecom step
+    assert pen_b == pytest.approx(pen_a, rel=1e-5, abs=1e-9)
+    assert res_algo.fisher_episodes == full_algo.fisher_episodes == 4
+    for (_, f1, s1), (_, f2, s2) in zip(full_algo.terms, res_algo.terms):
+        assert torch.allclose(f1, f2, rtol=1e-5, atol=1e-12) and torch.allclose(s1, s2, atol=1e-6)

@@ -9,6 +9,9 @@ it and pass an instance as ``ContinualTrainer(cfg, algorithm=...)``; ``self.cl``
     post_step(trainer, domain)      after each trainer step
     post_task(trainer, domain)      after the last step on ``domain`` (before the boundary evaluation)
     eval_context(trainer, domain)   a context manager the scoring of ``domain`` runs in (default: none)
+    state_dict() / load_state_dict(trainer, state)
+                                    what a resumed run needs beyond the trainer checkpoint (saved in every task
+                                    checkpoint as ``cl_algorithm.pt``; loaded before the weights and optimizer state)
 
 Built here (``cl.algorithm``, :data:`ALGORITHMS`):
 
@@ -72,6 +75,14 @@ class CLAlgorithm:
     def eval_context(self, trainer, domain: str):
         """A context the scoring of ``domain`` runs in (default: nothing changes)."""
         return nullcontext()
+
+    def state_dict(self) -> dict:
+        """The algorithm's own state for a checkpoint (tensors allowed; ``torch.save``-able). Default: none."""
+        return {}
+
+    def load_state_dict(self, trainer, state: dict) -> None:
+        """Restore :meth:`state_dict` on resume, before the trainer checkpoint (weights, optimizer) is loaded into
+        ``trainer``: structure it adds (adapters, optimizer parameter groups) is then in place for it."""
 
 
 class Sequential(CLAlgorithm):
@@ -140,8 +151,8 @@ class EWC(CLAlgorithm):
 
     Where we diverge, and why: the penalty is added to the loss's ``loss_kl`` entry (the regulariser slot that
     :func:`torchrl_grpo.loss.total_loss` backpropagates; ``kl_ref`` is still reported on its own) and logged as
-    ``ewc_penalty``, so neither the loss module nor the update changes. F and θ* live in memory only: a run resumed
-    from ``checkpoint_task_k`` starts without the earlier tasks' penalty.
+    ``ewc_penalty``, so neither the loss module nor the update changes. F, θ*, the episode count and the batches kept
+    for the next Fisher are in :meth:`state_dict`, so a resumed run pays the uninterrupted run's penalty.
 
     Args:
         lam: λ (``cl.ewc_lambda``).
@@ -210,6 +221,29 @@ class EWC(CLAlgorithm):
         self.fisher_episodes += n
         self._recent = []
 
+    def state_dict(self) -> dict:
+        """``fisher`` and ``anchor`` (θ*): lists of tensors in the order of the trainable parameters (the ones the
+        penalty covers), ``fisher_episodes``, and ``recent``: the batches kept for the next Fisher."""
+        return {"fisher": [f.detach().cpu() for _, f, _ in self.terms],
+                "anchor": [a.detach().cpu() for _, _, a in self.terms],
+                "fisher_episodes": self.fisher_episodes, "recent": [b.cpu() for b in self._recent]}
+
+    def load_state_dict(self, trainer, state: dict) -> None:
+        """Pair the saved F and θ* with this model's trainable parameters (same order as when saved).
+
+        Raises:
+            ValueError: the saved tensors do not match the trainable parameters (count or shapes).
+        """
+        params = [p for p in trainer.model.parameters() if p.requires_grad]
+        fisher, anchor = state["fisher"], state["anchor"]
+        if fisher and (len(fisher) != len(params) or any(f.shape != p.shape for f, p in zip(fisher, params))):
+            raise ValueError(f"EWC state has {len(fisher)} tensors that do not match the model's {len(params)} "
+                             "trainable parameters (another model or LoRA setting?)")
+        dev = trainer.device
+        self.terms = [(p, f.to(dev), a.to(dev)) for p, f, a in zip(params, fisher, anchor)]
+        self.fisher_episodes = int(state["fisher_episodes"])
+        self._recent = list(state["recent"])
+
 
 class LoRAPerDomain(CLAlgorithm):
     """One LoRA adapter per domain (the reference point: no forgetting by construction). Task k trains a fresh
@@ -219,9 +253,10 @@ class LoRAPerDomain(CLAlgorithm):
 
     Where we diverge, and why: the optimizer keeps its one parameter group and the LR schedule; the group's
     parameters are replaced by the new adapter's at each task start (Adam moments start at zero for it, as for a new
-    run). The rollout backend is re-synced after each adapter switch (a no-op for the colocated backend). Resuming a
-    run from ``checkpoint_task_k`` is not supported (the checkpoint holds every adapter, but the loader restores the
-    ``default`` one only).
+    run). The rollout backend is re-synced after each adapter switch (a no-op for the colocated backend). Resuming:
+    :meth:`state_dict` holds every adapter's weights and the domain -> adapter map; :meth:`load_state_dict` re-creates
+    the adapters, loads them and makes the newest one the trained one (the trainer checkpoint holds the ``default``
+    adapter only).
 
     Raises:
         ValueError (at setup): the policy has no LoRA adapter.
@@ -249,12 +284,54 @@ class LoRAPerDomain(CLAlgorithm):
         return list(self.adapters.values())[-1] if self.adapters else "default"
 
     def pre_task(self, trainer, domain: str) -> None:
-        name = "default" if not self.adapters else domain
-        if name != "default":
+        name = self.adapters.get(domain) or ("default" if not self.adapters else domain)  # resumed: it exists
+        if name not in trainer.model.peft_config:
             trainer.model.add_adapter(name, copy.deepcopy(self.lora_config))
         self._activate(trainer, name)
         self.adapters[domain] = name
-        trainer.optimizer.param_groups[0]["params"] = [p for p in trainer.model.parameters() if p.requires_grad]
+        self._train_params(trainer)
+
+    @staticmethod
+    def _train_params(trainer) -> None:
+        """The optimizer's group becomes the active adapter's parameters; the Adam moments of the ones it drops are
+        dropped too (they are frozen from now on, and ``optimizer.state_dict()`` fails on state without a group)."""
+        opt = trainer.optimizer
+        params = [p for p in trainer.model.parameters() if p.requires_grad]
+        keep = set(map(id, params))
+        for p in opt.param_groups[0]["params"]:
+            if id(p) not in keep:
+                opt.state.pop(p, None)
+        opt.param_groups[0]["params"] = params
+
+    def state_dict(self) -> dict:
+        """``adapters`` (domain -> adapter name, in training order), ``active`` (the adapter being trained) and
+        ``weights`` (adapter name -> its peft state dict, CPU tensors)."""
+        from peft import get_peft_model_state_dict
+
+        model = self.cl.trainer.model
+        return {"adapters": dict(self.adapters), "active": model.active_adapter,
+                "weights": {n: {k: v.detach().cpu() for k, v in get_peft_model_state_dict(model, adapter_name=n).items()}
+                            for n in dict.fromkeys(self.adapters.values())}}
+
+    def load_state_dict(self, trainer, state: dict) -> None:
+        """Re-create every saved adapter, load its weights, activate the one being trained and give the optimizer its
+        parameters (so the checkpoint's optimizer state loads into them).
+
+        Raises:
+            ValueError: an adapter's saved weights do not fit (unexpected keys).
+        """
+        from peft import set_peft_model_state_dict
+
+        model = trainer.model
+        for name, weights in state["weights"].items():
+            if name not in model.peft_config:
+                model.add_adapter(name, copy.deepcopy(self.lora_config))
+            res = set_peft_model_state_dict(model, weights, adapter_name=name)
+            if getattr(res, "unexpected_keys", None):
+                raise ValueError(f"adapter {name!r}: unexpected keys in the saved weights, e.g. {res.unexpected_keys[:3]}")
+        self.adapters = dict(state["adapters"])
+        self._activate(trainer, state["active"])
+        self._train_params(trainer)
 
     def eval_context(self, trainer, domain: str):
         @contextmanager
@@ -279,8 +356,8 @@ class PenalisedLoss:
     def __getattr__(self, attr):
         return getattr(self.__dict__["base"], attr)
 
-    def __call__(self, td):
-        out = self.base(td)
+    def __call__(self, td, **kwargs):  # kwargs: the update's (e.g. prefix=, the shared-prefix pass)
+        out = self.base(td, **kwargs)
         p = self.penalty()
         out["loss_kl"] = out["loss_kl"] + p
         out[self.name] = p.detach()
@@ -294,10 +371,34 @@ class KLAnchor(CLAlgorithm):
 
     name = "kl_anchor"
 
+    anchor = None
+    _pending: dict | None = None  # saved anchor weights, applied when the resumed task starts
+
     def post_task(self, trainer, domain: str) -> None:
-        frozen = copy.deepcopy(trainer.model).eval().requires_grad_(False)
+        self._set(trainer, copy.deepcopy(trainer.model).eval().requires_grad_(False))
+
+    def _set(self, trainer, frozen) -> None:
         trainer.updater.reference = lambda: nullcontext(frozen)
         self.anchor = frozen
+
+    def state_dict(self) -> dict:
+        """``anchor``: the anchor's weights that can differ from the untrained model's (with LoRA the ``lora_``
+        tensors; else every tensor, a full copy of the model), or None during the first task."""
+        if self.anchor is None:
+            return {"anchor": None}
+        lora = hasattr(self.anchor, "peft_config")
+        return {"anchor": {k: v.detach().cpu() for k, v in self.anchor.state_dict().items()
+                           if not lora or "lora_" in k}}
+
+    def load_state_dict(self, trainer, state: dict) -> None:
+        self._pending = state["anchor"]  # applied in pre_task, once the checkpoint's weights are loaded
+
+    def pre_task(self, trainer, domain: str) -> None:
+        if self._pending is not None:
+            frozen = copy.deepcopy(trainer.model)
+            frozen.load_state_dict(self._pending, strict=False)
+            self._set(trainer, frozen.eval().requires_grad_(False))
+            self._pending = None
 
 
 #: ``cl.algorithm`` values.

@@ -132,9 +132,6 @@ def validate_cl_config(cfg, *, check_tasks: bool = True) -> None:
                          f"{c.replay_ratio}")
     if c.algorithm == "lora_per_domain" and not cfg.actor.peft.enable:
         raise ValueError("cl.algorithm=lora_per_domain needs actor.peft.enable=true (one LoRA adapter per domain)")
-    if c.algorithm == "lora_per_domain" and c.resume_from:
-        raise ValueError("cl.resume_from is not supported with cl.algorithm=lora_per_domain (the loader restores the "
-                         "default adapter only)")
     if c.ewc_lambda < 0:
         raise ValueError(f"cl.ewc_lambda must be >= 0, got {c.ewc_lambda}")
     if c.kl_coef < 0:

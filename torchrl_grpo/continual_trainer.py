@@ -32,10 +32,21 @@ plus ``cl/*``, ``cl_eval/<domain>/<score>`` and ``cl_transfer/*``; also sent to 
 ``accuracy_matrix.png``, ``trajectories.jsonl`` (the buffer at the end) and per task ``checkpoint_task_{k}/``:
 ``step_<n>/`` (model or LoRA adapter, tokenizer, optimizer, schedule, RNG, resolved config;
 :mod:`torchrl_grpo.checkpoint`), ``trajectories.jsonl``, ``config.yaml`` and ``cl_state.json`` (task order, k, step,
-the metrics so far). ``cl.resume_from=<run>/checkpoint_task_{k}`` continues with domain k+1; it must come from a
-run with the same ``cl.task_order``.
+the metrics so far) and ``cl_algorithm.pt`` (the algorithm's state: EWC's Fisher and anchor weights and its recent
+batches, every per-domain LoRA adapter, the KL anchor's weights; :meth:`CLAlgorithm.state_dict`).
+``cl.resume_from=<run>/checkpoint_task_{k}`` continues with domain k+1; it must come from a run with the same
+``cl.task_order``.
 
-Not handled here: SIGINT/SIGTERM checkpointing inside a task (resume from the last finished task), async mode.
+SIGINT / SIGTERM (:mod:`torchrl_grpo.interrupt`, as in :meth:`GRPOTrainer.fit`): a step, with its logging and any
+evaluation after it, and a task boundary (post-task hook, scoring, ``checkpoint_task_{k}/``) each run to their end;
+then the run stops, and when a step finished after the last task checkpoint, ``checkpoint_task_{k}_interrupted/``
+(same layout; ``cl_state.json`` has ``task_step`` = steps done in task k, ``task_done``) is written
+(``checkpoint.on_interrupt``) and the exception re-raised. ``cl.resume_from=<run>/checkpoint_task_{k}_interrupted``
+continues with step ``task_step + 1`` of task k: the same next step as the uninterrupted run (weights, optimizer,
+schedule, RNG, buffer, algorithm state and the metrics so far are restored; the step's task and sampling seeds derive
+from the step number). A second signal abandons the step in flight; nothing is saved then.
+
+Not handled here: async mode.
 """
 from __future__ import annotations
 
@@ -53,11 +64,12 @@ from .cl_algorithms import CLAlgorithm, Joint, KLAnchor, make_algorithm
 from .cl_domains import domain_config, validate_cl_config
 from .trajectory_buffer import TrajectoryBuffer
 
-__all__ = ["ContinualTrainer", "read_resume_state", "CL_STATE_JSON", "TRAJECTORIES_JSONL"]
+__all__ = ["ContinualTrainer", "read_resume_state", "CL_STATE_JSON", "CL_ALGORITHM_PT", "TRAJECTORIES_JSONL"]
 
 log = logging.getLogger(__name__)
 
 CL_STATE_JSON = "cl_state.json"
+CL_ALGORITHM_PT = "cl_algorithm.pt"
 TRAJECTORIES_JSONL = "trajectories.jsonl"
 
 
@@ -67,6 +79,10 @@ def read_resume_state(cfg) -> dict:
     Raises:
         FileNotFoundError: no ``cl_state.json`` there.
         ValueError: it comes from another ``cl.task_order``, or its run had already finished every task.
+
+    The state of a finished task (``checkpoint_task_{k}``) continues with task k+1; an interrupted one
+    (``task_done`` false) with step ``task_step + 1`` of task k. States written before these keys existed are finished
+    tasks.
     """
     path = Path(cfg.cl.resume_from)
     f = path / CL_STATE_JSON
@@ -79,7 +95,8 @@ def read_resume_state(cfg) -> dict:
                          f"{order}: resume needs the same order")
     if state.get("joint"):
         raise ValueError(f"cl.resume_from={path} is a joint run: there is no next domain to continue with")
-    if int(state["task"]) >= len(order) - 1:
+    state.setdefault("task_done", True)
+    if state["task_done"] and int(state["task"]) >= len(order) - 1:
         raise ValueError(f"cl.resume_from={path} finished the last task ({order[-1]}); nothing left to train")
     state["path"] = str(path)
     return state
@@ -142,6 +159,9 @@ class ContinualTrainer:
         if self.joint:
             self.metrics["row_labels"] = ["joint"]
         self.start_task = 0
+        self.start_task_step = 0  # steps of task start_task already done (a resumed interrupted task)
+        self._progress: tuple[int, int, bool] | None = None  # (task, steps done in it, boundary done) of this run
+        self._saved_progress: tuple[int, int, bool] | None = None  # the progress the newest checkpoint holds
         self._current: str | None = None
         self._domain_reward: float | None = None
         self._replayed = 0
@@ -260,19 +280,31 @@ class ContinualTrainer:
         self.metrics.setdefault(f"task_{k}/train", []).append(row)
         return {**m, "cl/task": k, "cl/domain_reward_mean": self._domain_reward, "cl/replayed_episodes": self._replayed}
 
-    def _task(self, k: int, domain: str) -> None:
+    def _task(self, k: int, domain: str, done: int = 0) -> None:
+        """Task ``k`` on ``domain`` from its step ``done + 1`` (``done`` > 0: a resumed interrupted task). Each step
+        (with its evaluation) and the boundary run inside :func:`torchrl_grpo.interrupt.finish_step`."""
+        from .interrupt import finish_step
+
         t = self.trainer
         self._current = domain
         t.use_env(self.sides[domain])
         t.augment_batch = lambda batch: self._augment(batch, domain)
         for h in self.hooks:
             h.pre_task(t, domain)
-        log.info("task %d: %s (%d steps from step %d)", k, domain, self.num_steps_per_task, t.step)
-        for i in range(1, self.num_steps_per_task + 1):
-            m = self._step(k, domain)
-            t.logger.log(m, step=t.step)
-            if self.eval_interval and i % self.eval_interval == 0 and i < self.num_steps_per_task:
-                self._evaluate_all(f"task_{k}/eval")
+        log.info("task %d: %s (%d steps from step %d)", k, domain, self.num_steps_per_task - done, t.step)
+        for i in range(done + 1, self.num_steps_per_task + 1):
+            with finish_step():  # a signal in here lets the step (and its evaluation) finish first
+                m = self._step(k, domain)
+                t.logger.log(m, step=t.step)
+                if self.eval_interval and i % self.eval_interval == 0 and i < self.num_steps_per_task:
+                    self._evaluate_all(f"task_{k}/eval")
+                self._progress = (k, i, False)
+        with finish_step():
+            self._boundary(k, domain)
+
+    def _boundary(self, k: int, domain: str) -> None:
+        """The end of task ``k``: post-task hooks, scores -> ``R[k]``, transfer, console, checkpoint, files."""
+        t = self.trainer
         for h in self.hooks:
             h.post_task(t, domain)
         scores = self._evaluate_all(f"task_{k}/eval")
@@ -286,6 +318,7 @@ class ContinualTrainer:
         log.info("\n%s\n%s\n%s", continual.format_banner(k, self.domains, R, self.metrics["b"],
                                                           steps=self.num_steps_per_task),
                  continual.format_matrix(self.domains, R, self.metrics["b"]), continual.format_transfer(tr))
+        self._progress = (k, self.num_steps_per_task, True)
         if self.cfg.cl.save_checkpoints:
             self.save_task_checkpoint(k)
         self._write()
@@ -311,7 +344,38 @@ class ContinualTrainer:
 
     def train(self) -> dict[str, Any]:
         """Run the sequence (module docstring). Returns the final summary (``acc``, ``bwt``, ``fwt``, ``forgetting``,
-        ``R``, ``b``; joint: ``acc``, ``R``, ``b``)."""
+        ``R``, ``b``; joint: ``acc``, ``R``, ``b``).
+
+        Raises:
+            TrainingInterrupted: on SIGINT / SIGTERM, after ``checkpoint_task_{k}_interrupted/`` is written (module
+                docstring; ``exit_code`` 130 / 143).
+        """
+        from .interrupt import TrainingInterrupted, handle_signals
+
+        with handle_signals():  # a no-op inside grpo.py's own
+            try:
+                return self._train()
+            except TrainingInterrupted as e:
+                self._on_interrupt(e)
+                raise
+
+    def _on_interrupt(self, e) -> None:
+        """Checkpoint the last completed step if no checkpoint holds it (``checkpoint.on_interrupt``)."""
+        p = self._progress
+        if e.mid_step:
+            log.warning("%s: the step in flight is abandoned, not saved", e)
+        elif p is None or p == self._saved_progress or (p[2] and self.cfg.cl.save_checkpoints):
+            log.warning("%s: nothing to save since the last checkpoint", e)
+        elif self.joint:
+            log.warning("%s: a joint run cannot be resumed mid-way; not saved", e)
+        elif self.trainer.settings.checkpoint_on_interrupt:
+            root = self.save_task_checkpoint(p[0], task_step=p[1], done=p[2],
+                                             name=f"checkpoint_task_{p[0]}_interrupted")
+            self._write()
+            log.warning("%s: saved task %d after %d of its steps (step %d) to %s; continue with cl.resume_from=%s", e,
+                        p[0], p[1], self.trainer.step, root, root)
+
+    def _train(self) -> dict[str, Any]:
         if self.metrics["b"] is None:
             self.metrics["b"] = self._row(self._evaluate_all("base/eval"))
         if self.joint:
@@ -320,7 +384,7 @@ class ContinualTrainer:
             summary: dict[str, Any] = {"acc": sum(row) / len(row)}
         else:
             for k in range(self.start_task, len(self.domains)):
-                self._task(k, self.domains[k])
+                self._task(k, self.domains[k], done=self.start_task_step if k == self.start_task else 0)
             summary = continual.transfer_metrics(self.metrics["R"], self.metrics["b"])
             log.info("continual run finished (%s):\n%s\n%s", self.algorithm.name,
                      continual.format_matrix(self.domains, self.metrics["R"], self.metrics["b"]),
@@ -347,29 +411,49 @@ class ContinualTrainer:
         self.trainer.logger.log_images({"cl/learning_curves": curves, "cl/accuracy_matrix": matrix},
                                        step=self.trainer.step)
 
-    def save_task_checkpoint(self, k: int) -> Path:
-        """``checkpoint_task_{k}/``: the trainer checkpoint (``step_<n>/``), the trajectory buffer, the resolved
-        config and ``cl_state.json``. Returns the directory."""
+    def save_task_checkpoint(self, k: int, *, task_step: int | None = None, done: bool = True,
+                             name: str | None = None) -> Path:
+        """``checkpoint_task_{k}/`` (or ``name``): the trainer checkpoint (``step_<n>/``), the trajectory buffer,
+        the resolved config, the algorithm state (``cl_algorithm.pt``) and ``cl_state.json`` (``task_step``: steps
+        done in task k, default all; ``task_done``: its boundary is done). Returns the directory."""
+        import torch
+
         from .checkpoint import save_checkpoint
 
         t = self.trainer
-        root = self.run_dir / f"checkpoint_task_{k}"
+        root = self.run_dir / (name or f"checkpoint_task_{k}")
         cfg_yaml = OmegaConf.to_yaml(self.cfg, resolve=True)
         save_checkpoint(root, t.step, model=t.model, tokenizer=t.tokenizer, optimizer=t.optimizer,
                         scheduler=t.scheduler, config_yaml=cfg_yaml, keep_last=1,
                         extra={"optimizer_steps": t.optimizer_steps, "cl_task": k})
         self.buffer.save(root / TRAJECTORIES_JSONL)
         (root / "config.yaml").write_text(cfg_yaml)
+        tmp = root / (CL_ALGORITHM_PT + ".tmp")
+        torch.save({h.name: h.state_dict() for h in self.hooks}, tmp)
+        tmp.replace(root / CL_ALGORITHM_PT)
         state = {"task_order": self.domains, "task": k, "domain": "joint" if self.joint else self.domains[k],
-                 "joint": self.joint, "step": t.step, "algorithm": self.algorithm.name, "metrics": self.metrics}
-        (root / CL_STATE_JSON).write_text(json.dumps(state, indent=1, default=_json_default))
+                 "joint": self.joint, "step": t.step, "algorithm": self.algorithm.name,
+                 "task_step": self.num_steps_per_task if task_step is None else int(task_step), "task_done": done,
+                 "metrics": self.metrics}
+        tmp = root / (CL_STATE_JSON + ".tmp")
+        tmp.write_text(json.dumps(state, indent=1, default=_json_default))
+        tmp.replace(root / CL_STATE_JSON)
+        self._saved_progress = (k, state["task_step"], done)
         return root
 
     def _resume(self, state: dict) -> None:
         from .checkpoint import load_checkpoint
 
+        import torch
+
         t = self.trainer
         path = Path(state["path"])
+        # the algorithms' state first: it may add structure the weights and optimizer state load into (adapters)
+        algo_state = torch.load(path / CL_ALGORITHM_PT, weights_only=False) if (path / CL_ALGORITHM_PT).is_file() \
+            else {}
+        for h in self.hooks:
+            if h.name in algo_state:
+                h.load_state_dict(t, algo_state[h.name])
         ck = load_checkpoint(path, model=t.model, optimizer=t.optimizer, scheduler=t.scheduler)
         t.step = int(ck["step"])
         t.updater.optimizer_steps = int(ck.get("extra", {}).get("optimizer_steps", 0))
@@ -377,13 +461,15 @@ class ContinualTrainer:
         self.metrics = state["metrics"]
         if (path / TRAJECTORIES_JSONL).is_file():
             self.buffer = TrajectoryBuffer.load(path / TRAJECTORIES_JSONL, self.cfg.cl.buffer_size)
-        k = int(state["task"])
-        self.start_task = k + 1
+        k, done = int(state["task"]), bool(state["task_done"])
+        self.start_task, self.start_task_step = (k + 1, 0) if done else (k, int(state["task_step"]))
         for h in self.hooks:
-            if isinstance(h, KLAnchor):  # the anchor is the policy at the end of task k: the loaded weights
-                h.post_task(t, self.domains[k])
-        log.info("resumed from %s: task %d (%s) done at step %d; next: %s", ck["path"], k, self.domains[k], t.step,
-                 self.domains[k + 1])
+            if isinstance(h, KLAnchor) and done and KLAnchor.name not in algo_state:
+                h.post_task(t, self.domains[k])  # a checkpoint without algorithm state: the anchor = loaded weights
+        self._progress = self._saved_progress = (k, int(state["task_step"]), done)
+        log.info("resumed from %s: task %d (%s) %s at step %d; next: %s step %d", ck["path"], k, self.domains[k],
+                 "done" if done else f"interrupted after {state['task_step']} steps", t.step,
+                 self.domains[self.start_task], self.start_task_step + 1)
 
     def close(self) -> None:
         """Close every domain's envs, the logger and the rollout backend."""
