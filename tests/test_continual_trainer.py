@@ -428,3 +428,21 @@ def test_ewc_fisher_and_anchor_survive_a_resume(tmp_path):
     assert res_algo.fisher_episodes == full_algo.fisher_episodes == 4
     for (_, f1, s1), (_, f2, s2) in zip(full_algo.terms, res_algo.terms):
         assert torch.allclose(f1, f2, rtol=1e-5, atol=1e-12) and torch.allclose(s1, s2, atol=1e-6)
+
+
+def test_kl_anchor_survives_a_mid_task_resume(tmp_path):
+    # cl.kl_coef > 0: during telecom the KL reference is the policy that ended mock; interrupted after telecom's first
+    # step and resumed, the second step's KL (to that anchor, not to the loaded weights) equals the uninterrupted one
+    def cfg(**over):
+        c = cl_cfg(num_steps_per_task=2, kl_coef=0.1, **over)
+        c.optimizer.lr = 1e-2
+        return c
+
+    _, a = _train(cfg(), tmp_path / "full", Rewarded())
+    algo = RewardedSigint()
+    algo.at = 3
+    _interrupted(cfg(), tmp_path / "int", algo)
+    _, b = _train(cfg(resume_from=str(tmp_path / "int" / "checkpoint_task_1_interrupted")), tmp_path / "res",
+                  Rewarded())
+    kl_a, kl_b = a["task_1/train"][1]["kl_ref"], b["task_1/train"][1]["kl_ref"]
+    assert kl_a > 1e-6 and kl_b == pytest.approx(kl_a, rel=1e-4)
