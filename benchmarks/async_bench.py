@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=2)
     p.add_argument("--chunk", type=int, default=16, help="async_partial: tokens between checks for new weights")
     p.add_argument("--train-core", type=int, default=0)
     p.add_argument("--gen-core", type=int, default=1)
