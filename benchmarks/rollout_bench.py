@@ -177,13 +177,15 @@ def run_telecom(args) -> None:
         out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
 
     # 1. HF generate (baseline) and ours, same model object
+    use = set(args.telecom_backends.split(","))
     hf_generate_tokens(model, tok, short, warm)
     turn_prompts = {1: prompts}
     gens_for_turn2 = None
-    torch.manual_seed(0)
-    t0 = time.perf_counter()
-    n, hf_rows = hf_generate_tokens(model, tok, prompts, sampling)
-    record(1, "hf_generate", n, time.perf_counter() - t0, [len(p) for p in prompts])
+    if "hf_generate" in use:
+        torch.manual_seed(0)
+        t0 = time.perf_counter()
+        n, hf_rows = hf_generate_tokens(model, tok, prompts, sampling)
+        record(1, "hf_generate", n, time.perf_counter() - t0, [len(p) for p in prompts])
     ours = TransformersBackend(model, pad_token_id=tok.pad_token_id)
     ours.generate(short, warm)
     ours._prefix = None
@@ -195,10 +197,11 @@ def run_telecom(args) -> None:
         gens_for_turn2 = [g.token_ids for g in gens]
         turn_prompts[2] = second_turn_prompts(env, tok, row_tasks, prompts, gens_for_turn2)
         p2 = turn_prompts[2]
-        torch.manual_seed(1)
-        t0 = time.perf_counter()
-        n, _ = hf_generate_tokens(model, tok, p2, sampling)
-        record(2, "hf_generate", n, time.perf_counter() - t0, [len(p) for p in p2])
+        if "hf_generate" in use:
+            torch.manual_seed(1)
+            t0 = time.perf_counter()
+            n, _ = hf_generate_tokens(model, tok, p2, sampling)
+            record(2, "hf_generate", n, time.perf_counter() - t0, [len(p) for p in p2])
         before = ours.stats["prefilled_tokens"]
         t0 = time.perf_counter()
         g2 = ours.generate(p2, sampling)  # the turn-1 prefix cache is kept (same weights)
@@ -206,7 +209,7 @@ def run_telecom(args) -> None:
                prefilled_tokens=ours.stats["prefilled_tokens"] - before, prefix_hits=ours.stats["prefix_hits"])
     del ours, model
     # 2. vLLM without and with prefix caching (same prompts, turn 2 = the same continuation prompts as above)
-    if not args.no_vllm:
+    if not args.no_vllm and "vllm" in use:
         try:
             from torchrl_grpo.backends.vllm_backend import VLLMBackend
         except ImportError as exc:
@@ -231,7 +234,7 @@ def run_telecom(args) -> None:
     meta["loadavg_after"] = os.getloadavg()
     base = {r["turn"]: r["tokens_per_s"] for r in rows if r["backend"] == "hf_generate"}
     for r in rows:
-        r["ratio_vs_hf_generate"] = r["tokens_per_s"] / base[r["turn"]]
+        r["ratio_vs_hf_generate"] = r["tokens_per_s"] / base[r["turn"]] if r["turn"] in base else None
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     lines = [f"## Telecom length (issue 12, target 2): {args.telecom_model} {args.telecom_dtype}", "",
              f"`{meta['command']}` — {meta['date']}; tasks {task_idx} (prompt tokens {meta['prompt_tokens']}) x "
@@ -243,7 +246,7 @@ def run_telecom(args) -> None:
              "|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['turn']} | {r['backend']} | {r['prompt_tokens_mean']:.0f} | {r['tokens']} | {r['seconds']:.1f} | "
-                     f"{r['tokens_per_s']:.2f} | {r['ratio_vs_hf_generate']:.2f} |")
+                     f"{r['tokens_per_s']:.2f} | " + ("—" if r['ratio_vs_hf_generate'] is None else f"{r['ratio_vs_hf_generate']:.2f}") + " |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}", flush=True)
 
@@ -298,6 +301,8 @@ def main() -> int:
     ap.add_argument("--telecom-max-new-tokens", type=int, default=48)
     ap.add_argument("--telecom-turns", type=int, default=2, choices=(1, 2))
     ap.add_argument("--telecom-dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    ap.add_argument("--telecom-backends", default="hf_generate,transformers,vllm",
+                    help="subset of hf_generate,transformers,vllm (ours always generates turn 1 for turn 2's prompts)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rollout_bench"))
     args = ap.parse_args()
 
