@@ -244,3 +244,29 @@ def test_bad_training_core_config_values(tmp_path):
         GRPOTrainer(make_cfg(loss={"behaviour_weight_mode": "clip"}), tmp_path)
     with pytest.raises(ValueError, match="anchor"):
         GRPOTrainer(make_cfg(loss={"anchor": "sometimes"}), tmp_path)
+
+
+def test_current_anchor_equals_the_recompute_pass(tmp_path):
+    """Issue 12 t.3: with one optimizer step per batch the PPO anchor π_prox is the model before that step, which the
+    loss forward itself computes: ``loss.anchor=auto`` then uses its detached log-probs (no extra no-grad pass,
+    ``train/anchor_current`` 1) and gives the same metrics and the same updated weights as ``loss.anchor=recompute``
+    (the separate pass), on a sampler whose log-probs are off by ±0.3 nats (so the decoupled weight is not 1)."""
+    runs = {}
+    for anchor in ("auto", "recompute"):
+        torch.manual_seed(0)
+        trainer = _skewed_trainer(tmp_path / anchor, loss={"anchor": anchor})
+        passes = []
+        fill = trainer.updater.fill_log_probs
+        trainer.updater.fill_log_probs = lambda td, key, model: (passes.append(key), fill(td, key, model))
+        m = trainer.train_step()
+        trainer.close()
+        runs[anchor] = (m, passes, {n: p.detach().clone() for n, p in trainer.model.named_parameters()})
+    (ma, pa, wa), (mr, pr, wr) = runs["auto"], runs["recompute"]
+    assert pa == [] and pr == ["old_log_probs"]
+    assert ma["train/anchor_current"] == 1.0 and mr["train/anchor_current"] == 0.0
+    assert ma["train/anchor_recomputed"] == mr["train/anchor_recomputed"] == 1.0
+    for k in ("loss/total", "ratio_mean", "clip_fraction", "ess", "behaviour_weight_mean", "grad_norm"):
+        assert ma[k] == pytest.approx(mr[k], abs=1e-5), k
+    assert ma["behaviour_weight_mean"] != pytest.approx(1.0, abs=1e-2)
+    for n in wa:
+        torch.testing.assert_close(wa[n], wr[n], atol=1e-6, rtol=0, msg=n)

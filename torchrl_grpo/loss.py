@@ -34,7 +34,9 @@ see :mod:`torchrl_grpo.advantage`):
   truncated, :math:`\min(w, c)` (``behaviour_weight_mode="truncate"``; truncated importance sampling, Ionides 2008,
   as in IMPALA's V-trace, Espeholt et al., 2018, arXiv:1802.01561, Eq. 1), or the token is masked out when
   :math:`w > c` (``"mask"``: AReaL's ``behav_imp_weight_cap``, which drops those tokens' surrogate but keeps them
-  in the token count). Without ``old_log_probs`` the anchor is the behaviour policy itself and no weight applies.
+  in the token count). Without ``old_log_probs`` the anchor is the behaviour policy itself and no weight applies,
+  unless :attr:`GRPOLoss.anchor_current` is set (one optimizer step per batch): then π_prox is the current
+  policy, i.e. this forward's own detached log-probs (the value a no-grad recompute gives, without that pass).
 
 Metrics (all over response tokens only, never over prompt or padding):
 
@@ -195,6 +197,11 @@ class GRPOLoss(LossModule):
         self.behaviour_weight_cap = behaviour_weight_cap
         self.behaviour_weight_mode = behaviour_weight_mode
         self.logits_chunk = int(logits_chunk)
+        #: π_prox is the policy being trained, as it is before this optimizer step (set by
+        #: :class:`~torchrl_grpo.update.GRPOUpdate` when a batch gets one optimizer step): without ``old_log_probs``
+        #: the anchor is then this forward's own detached log-probs — the value a no-grad recompute would give,
+        #: without its extra forward pass — and the decoupled behaviour weight applies as with a recompute.
+        self.anchor_current = False
 
     @property
     def in_keys(self):
@@ -224,6 +231,7 @@ class GRPOLoss(LossModule):
         behav = self._get(tensordict, k.sample_log_probs).float()
         adv = self._get(tensordict, k.advantage).float().reshape(-1)
         old = self._get(tensordict, k.old_log_probs, required=False)
+        decoupled = old is not None or self.anchor_current
         old = behav if old is None else old.float()
         if tokens.shape != attn.shape or behav.shape != tokens.shape or old.shape != tokens.shape:
             raise ValueError("tokens, attention_mask, response_mask and log-probs must all be [B, T]")
@@ -236,6 +244,8 @@ class GRPOLoss(LossModule):
             with_entropy=need_entropy,
             logits_chunk=self.logits_chunk, response_mask=mask, prefix=prefix,
         )
+        if self.anchor_current and k.old_log_probs not in tensordict.keys():
+            old = logp.detach()
         zeros = torch.zeros_like(logp)
         log_ratio = torch.where(mask, logp - old, zeros)
         ratio = log_ratio.exp()
@@ -243,7 +253,7 @@ class GRPOLoss(LossModule):
         clipped = ratio.clamp(1.0 - self.clip_eps_low, 1.0 + self.clip_eps_high)
         surrogate = torch.minimum(ratio * A, clipped * A)
         behaviour_weight, weight_masked = None, None
-        if k.old_log_probs in tensordict.keys():
+        if decoupled:
             behaviour_weight = torch.where(mask, (old - behav).exp(), zeros + 1)
             c = self.behaviour_weight_cap
             if c is not None and self.behaviour_weight_mode == "truncate":

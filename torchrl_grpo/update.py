@@ -24,6 +24,21 @@ from .shared_prefix import SharedPrefix, build_shared_prefix, shared_prefix_leng
 
 __all__ = ["GRPOUpdate", "ANCHORS", "SHARED_PREFIX_MODES"]
 
+
+def _has_dropout(model: torch.nn.Module) -> bool:
+    """Whether a forward in train mode differs from one in eval mode by dropout (a module with p > 0, or an HF
+    config dropout rate read at call time): then the loss forward is not the π_prox a no-grad eval pass gives."""
+    from .dropout import _CONFIG_KEYS
+
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0:
+            return True
+        cfg = getattr(m, "config", None)
+        if cfg is not None and any(isinstance(v, (int, float)) and v > 0
+                                   for v in (getattr(cfg, key, None) for key in _CONFIG_KEYS)):
+            return True
+    return False
+
 #: Accepted ``shared_prefix=`` values of :class:`GRPOUpdate` (config ``train.shared_prefix``; see
 #: :meth:`GRPOUpdate.shared_prefix_for`).
 SHARED_PREFIX_MODES = ("auto", "off")
@@ -181,8 +196,14 @@ class GRPOUpdate:
         if self.reference is not None:
             with self.reference() as ref:
                 self.fill_log_probs(batch, "ref_log_probs", ref)
-        if self.needs_anchor_recompute(multi_update, stale):
+        # one optimizer step on this batch (and no dropout): π_prox is the model as it is now, which the loss's own
+        # forward computes; its detached log-probs anchor the ratio instead of a separate no-grad pass (exact up to
+        # float rounding; measured: the pass was 9.9 of 47 s of an async update, benchmarks/results/async_placement.md)
+        current = (self.needs_anchor_recompute(multi_update, stale) and not multi_update
+                   and self.anchor != "recompute" and not _has_dropout(self.model))
+        if self.needs_anchor_recompute(multi_update, stale) and not current:
             self.fill_log_probs(batch, "old_log_probs", self.model)
+        self.loss_fn.anchor_current = current
         self.model.train()
         agg_tokens = self.loss_fn.aggregation == "token_mean"
         acc = LossMetrics()
@@ -234,7 +255,9 @@ class GRPOUpdate:
         self.optimizer_steps += n_opt
         self.model.eval()
         out = acc.finish(n_opt + n_skipped)
-        out["train/anchor_recomputed"] = float("old_log_probs" in batch.keys())
+        self.loss_fn.anchor_current = False
+        out["train/anchor_recomputed"] = float("old_log_probs" in batch.keys() or current)
+        out["train/anchor_current"] = float(current)
         out["train/optimizer_steps"] = float(n_opt)
         out["train/skipped_minibatches"] = float(n_skipped)
         out["train/shared_prefix_tokens"] = float(np.mean(prefix_tokens)) if prefix_tokens else 0.0
