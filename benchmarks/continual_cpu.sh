@@ -13,7 +13,7 @@
 #        OUT_ROOT  run dirs: $OUT_ROOT/<algo>/ (default outputs/continual_cpu)
 #        CORES     taskset CPU list (default 0-1); THREADS  OMP/MKL threads (default 2)
 #        EXTRA     extra Hydra overrides appended to every run
-#        DEADLINE  unix time; a run is not started if now + EST_S > DEADLINE (default: none); EST_S default 1200
+#        DEADLINE  unix time; a run is not started if now + EST_S > DEADLINE (default: none); EST_S default 960
 # Each run dir gets run.log (stdout+stderr, /usr/bin/time -v at the end), metrics.json, metrics.jsonl, the two PNGs.
 set -uo pipefail
 
@@ -49,7 +49,7 @@ esac
 
 run_algos() {
   for algo in "$@"; do
-    if [ -n "${DEADLINE:-}" ] && [ $(( $(date +%s) + ${EST_S:-1200} )) -gt "$DEADLINE" ]; then
+    if [ -n "${DEADLINE:-}" ] && [ $(( $(date +%s) + ${EST_S:-960} )) -gt "$DEADLINE" ]; then
       echo "$(date -u +%FT%TZ) $algo not started: it would not finish before the deadline"; continue
     fi
     dir="$OUT_ROOT/$algo"; mkdir -p "$dir"
