@@ -308,6 +308,37 @@ def test_partial_or_bad_weights_are_rejected(backend, tiny):
 
 
 @pytest.mark.slow
+# Runs before the tests that start and close a second engine in this process: closing one tears down vLLM's
+# process-wide parallel state, which the shared `backend` engine needs (seen in CI: "pipeline model parallel group
+# is not initialized").
+def test_partial_rollout_resubmits_with_new_weights_and_records_versions(backend, tiny, base_weights):
+    """Issue 12 t.3: generating 4 tokens per round, a hook that loads model B after the first round: the requests
+    continue (prompt + partial tokens resubmitted) under B; versions v0 x4 then v0+1; the pre-update log-probs are
+    model A's, the post-update ones model B's (HF teacher forcing, fp32 tolerance)."""
+    _, model_a, model_b = tiny
+    v0 = backend.policy_version
+
+    def hook():
+        if backend.policy_version == v0:
+            backend.load_weights(model_b.state_dict())
+
+    backend.weight_update_hook, backend.partial_rollout_chunk = hook, 4
+    try:
+        gens = backend.generate(PROMPTS, SamplingConfig(max_new_tokens=10, temperature=1.0, seed=5))
+    finally:
+        backend.weight_update_hook, backend.partial_rollout_chunk = None, 0
+    assert backend.policy_version == v0 + 1
+    seqs = [p + g.token_ids for p, g in zip(PROMPTS, gens)]
+    lp_a, lp_b = hf_sequence_logprobs(model_a, seqs), hf_sequence_logprobs(model_b, seqs)
+    for p, g, a, b in zip(PROMPTS, gens, lp_a, lp_b):
+        assert len(g.token_ids) == 10 and g.finish_reason == "length"
+        assert g.versions == [v0] * 4 + [v0 + 1] * 6
+        got, a, b = torch.tensor(g.logprobs), a[len(p) - 1 :], b[len(p) - 1 :]
+        assert torch.allclose(got[:4], a[:4], atol=FP32_ATOL), (got[:4] - a[:4]).abs().max()
+        assert torch.allclose(got[4:], b[4:], atol=FP32_ATOL), (got[4:] - b[4:]).abs().max()
+        assert (a[4:] - b[4:]).abs().max() > 0.1
+
+
 def test_lora_adapter_serving(tiny, tmp_path):
     """enable_lora=True engines serve a saved peft adapter; base weights when it is unset."""
     import copy
@@ -380,31 +411,3 @@ def test_smollm2_bf16_sync_tolerance():
         assert res["mean_abs_diff"] < 0.5 * stale["mean_abs_diff"]
     finally:
         b.close()
-
-
-def test_partial_rollout_resubmits_with_new_weights_and_records_versions(backend, tiny, base_weights):
-    """Issue 12 t.3: generating 4 tokens per round, a hook that loads model B after the first round: the requests
-    continue (prompt + partial tokens resubmitted) under B; versions v0 x4 then v0+1; the pre-update log-probs are
-    model A's, the post-update ones model B's (HF teacher forcing, fp32 tolerance)."""
-    _, model_a, model_b = tiny
-    v0 = backend.policy_version
-
-    def hook():
-        if backend.policy_version == v0:
-            backend.load_weights(model_b.state_dict())
-
-    backend.weight_update_hook, backend.partial_rollout_chunk = hook, 4
-    try:
-        gens = backend.generate(PROMPTS, SamplingConfig(max_new_tokens=10, temperature=1.0, seed=5))
-    finally:
-        backend.weight_update_hook, backend.partial_rollout_chunk = None, 0
-    assert backend.policy_version == v0 + 1
-    seqs = [p + g.token_ids for p, g in zip(PROMPTS, gens)]
-    lp_a, lp_b = hf_sequence_logprobs(model_a, seqs), hf_sequence_logprobs(model_b, seqs)
-    for p, g, a, b in zip(PROMPTS, gens, lp_a, lp_b):
-        assert len(g.token_ids) == 10 and g.finish_reason == "length"
-        assert g.versions == [v0] * 4 + [v0 + 1] * 6
-        got, a, b = torch.tensor(g.logprobs), a[len(p) - 1 :], b[len(p) - 1 :]
-        assert torch.allclose(got[:4], a[:4], atol=FP32_ATOL), (got[:4] - a[:4]).abs().max()
-        assert torch.allclose(got[4:], b[4:], atol=FP32_ATOL), (got[4:] - b[4:]).abs().max()
-        assert (a[4:] - b[4:]).abs().max() > 0.1
