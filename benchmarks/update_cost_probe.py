@@ -37,8 +37,9 @@ from torchrl_grpo.loss import GRPOLoss, total_loss
 from torchrl_grpo.models import load_model_and_tokenizer
 
 
-def main(dtype: str = "bfloat16", gc: str = "gc", n: str = "1", rlen: str = "300") -> None:
-    nresp, rlen_i = int(n), int(rlen)
+def _lora_model_and_telecom_prompt(dtype: str, gc: str):
+    """Qwen2.5-Coder-0.5B with LoRA r=16 on all linear layers (gradient checkpointing when ``gc == "gc"``) and the
+    token ids of the real telecom solo prompt of task 0."""
     gym.register_envs(envs)
     model, tok = load_model_and_tokenizer("qwen2.5-coder-0.5b-instruct", dtype=dtype)
     if gc == "gc":
@@ -49,6 +50,12 @@ def main(dtype: str = "bfloat16", gc: str = "gc", n: str = "1", rlen: str = "300
     env = gym.make("tau2/telecom-v0", split="small", user="solo")
     obs, info = env.reset(options={"index": 0})
     prompt = ChatRenderer(tok, info["tools"]).prompt_ids(obs)
+    return model, prompt
+
+
+def main(dtype: str = "bfloat16", gc: str = "gc", n: str = "1", rlen: str = "300") -> None:
+    nresp, rlen_i = int(n), int(rlen)
+    model, prompt = _lora_model_and_telecom_prompt(dtype, gc)
     P, T = len(prompt), len(prompt) + rlen_i
     g = torch.Generator().manual_seed(0)
     tokens = torch.cat([torch.tensor(prompt).repeat(nresp, 1), torch.randint(100, 20000, (nresp, rlen_i), generator=g)], 1)
@@ -92,16 +99,7 @@ def _one_shared(dtype: str, gc: str, n: int, rlen: int, which: str) -> dict:
     ``shared`` (the n-row GRPO update with the shared prefix)."""
     from torchrl_grpo.update import GRPOUpdate
 
-    gym.register_envs(envs)
-    model, tok = load_model_and_tokenizer("qwen2.5-coder-0.5b-instruct", dtype=dtype)
-    if gc == "gc":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.config.use_cache = False
-    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear",
-                                             task_type="CAUSAL_LM"))
-    env = gym.make("tau2/telecom-v0", split="small", user="solo")
-    obs, info = env.reset(options={"index": 0})
-    prompt = ChatRenderer(tok, info["tools"]).prompt_ids(obs)
+    model, prompt = _lora_model_and_telecom_prompt(dtype, gc)
     td = _multi_turn_batch(prompt, n, rlen, vocab=min(20000, model.config.vocab_size))
     model.train()
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
