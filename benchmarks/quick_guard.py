@@ -78,15 +78,20 @@ def check_ratios(measured: dict[str, float], reference: dict[str, float], factor
     return failures
 
 
-def _best(fn: Callable[[], object], repeats: int) -> float:
-    """Median seconds of ``repeats`` calls after one warm-up call."""
-    fn()
-    times = []
+def _paired(fn_a: Callable[[], object], fn_b: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """Median seconds of ``repeats`` calls of each side, the sides interleaved (a, b, a, b, ...) after one
+    warm-up call each, so a burst of load from another process lands on both sides of a ratio rather than on
+    whichever side happened to run during it."""
+    fn_a()
+    fn_b()
+    times_a: list[float] = []
+    times_b: list[float] = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for fn, times in ((fn_a, times_a), (fn_b, times_b)):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times_a), statistics.median(times_b)
 
 
 def measure(model_name: str, prompts: int, samples: int, new_tokens: int, repeats: int) -> tuple[dict, dict]:
@@ -140,8 +145,7 @@ def measure(model_name: str, prompts: int, samples: int, new_tokens: int, repeat
         ours._prefix = None
         gens[:] = ours.generate(rows, sampling)
 
-    details["hf_generate_s"] = _best(hf, repeats)
-    details["ours_generate_s"] = _best(ours_gen, repeats)
+    details["hf_generate_s"], details["ours_generate_s"] = _paired(hf, ours_gen, repeats)
 
     # 2. update: GRPOUpdate vs a plain per-row forward/backward, same rows (prompt + the generations above)
     seqs = [p + g.token_ids for p, g in zip(rows, gens)]
@@ -183,8 +187,7 @@ def measure(model_name: str, prompts: int, samples: int, new_tokens: int, repeat
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
 
-    details["ours_update_s"] = _best(ours_update, repeats)
-    details["plain_update_s"] = _best(plain_update, repeats)
+    details["ours_update_s"], details["plain_update_s"] = _paired(ours_update, plain_update, repeats)
     model.eval()
 
     # 3. collector overhead: GroupCollector with a zero-cost backend vs the bare env resets/steps
@@ -212,8 +215,7 @@ def measure(model_name: str, prompts: int, samples: int, new_tokens: int, repeat
             e.reset(seed=0, options=dict(tasks[i // n_samples]))
             e.step(text)
 
-    details["collector_s"] = _best(lambda: col.collect(tasks, n_samples), repeats)
-    details["bare_env_s"] = _best(bare, repeats)
+    details["collector_s"], details["bare_env_s"] = _paired(lambda: col.collect(tasks, n_samples), bare, repeats)
     (getattr(col, "shutdown", None) or col.close)()
 
     ratios = {
@@ -234,7 +236,7 @@ def write_results(ratios: dict, details: dict, meta: dict, failures: list[str]) 
              f"{meta['load_before']}, after {meta['load_after']}  ",
              f"Versions: python {meta['python']}, torch {meta['torch']}, transformers {meta['transformers']}  ",
              f"Settings: {meta['model']} fp32, {meta['prompts']} GSM8K prompts x {meta['samples']} samples, "
-             f"{meta['new_tokens']} new tokens, median of {meta['repeats']} after a warm-up", "",
+             f"{meta['new_tokens']} new tokens, median of {meta['repeats']} per side after a warm-up, the two sides interleaved", "",
              f"CI fails when a ratio < {meta['factor']} x reference.", "",
              "| ratio (baseline s / ours s) | measured | reference | floor |", "|---|---:|---:|---:|"]
     for k, v in ratios.items():

@@ -81,3 +81,12 @@ def test_main_record_writes_results(monkeypatch, tmp_path):
 
     data = json.loads((tmp_path / "quick_guard.json").read_text())
     assert data["ratios"] == REF and data["failures"] == []
+
+
+def test_paired_timing_interleaves_the_two_sides_after_one_warm_up_each(monkeypatch):
+    calls = []
+    clock = iter(range(100))
+    monkeypatch.setattr(qg.time, "perf_counter", lambda: float(next(clock)))
+    a_s, b_s = qg._paired(lambda: calls.append("a"), lambda: calls.append("b"), repeats=3)
+    assert calls == ["a", "b", "a", "b", "a", "b", "a", "b"]  # warm-ups, then a/b alternating
+    assert (a_s, b_s) == (1.0, 1.0)  # each timed call spans one tick of the fake clock
