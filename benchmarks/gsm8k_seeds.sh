@@ -19,7 +19,6 @@
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PY="${PY:-${VLLM_VENV:-$(dirname "$REPO")/venv-vllm}/bin/python}"
 OUT_ROOT="${OUT_ROOT:-$REPO/outputs/gsm8k_seeds}"
 N_EVAL="${N_EVAL:-150}"
 CORES="${CORES:-1}"
@@ -27,16 +26,8 @@ EST_S="${EST_S:-3600}"
 SEEDS=("$@")
 [ ${#SEEDS[@]} -eq 0 ] && SEEDS=(3 1 2)
 
-cd "$REPO"
-export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
-export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled
-export GSM8K_DATA_DIR="${GSM8K_DATA_DIR:?set GSM8K_DATA_DIR to the GSM8K folder with train.jsonl/test.jsonl}"
-
-where=$("$PY" -c "import torchrl_grpo, envs; print(torchrl_grpo.__file__, envs.__file__)")
-case "$where" in
-  "$REPO"/*" $REPO"/*) echo "code from: $where (commit $(git -C "$REPO" rev-parse --short HEAD))" ;;
-  *) echo "error: torchrl_grpo/envs not imported from $REPO: $where" >&2; exit 1 ;;
-esac
+THREADS=1
+source "$REPO/benchmarks/run_env.sh"
 
 for seed in "${SEEDS[@]}"; do
   if [ -n "${DEADLINE:-}" ] && [ $(( $(date +%s) + EST_S )) -gt "$DEADLINE" ]; then
@@ -47,7 +38,7 @@ for seed in "${SEEDS[@]}"; do
   mkdir -p "$dir"
   echo "$(date -u +%FT%TZ) seed $seed -> $dir"
   {
-    echo "commit $(git -C "$REPO" rev-parse HEAD); code from: $where; start $(date -u +%FT%TZ)"
+    echo "commit $(git -C "$REPO" rev-parse HEAD); code from: $WHERE; start $(date -u +%FT%TZ)"
     /usr/bin/time -v taskset -c "$CORES" "$PY" grpo.py actor.path=qwen2.5-coder-0.5b-instruct \
       rollout.backend=vllm rollout.vllm.max_model_len=1024 rollout.max_context_tokens=1024 \
       actor.peft.enable=true actor.peft.r=32 actor.peft.lora_alpha=64 actor.peft.lora_dropout=0.0 optimizer.lr=2e-5 \
