@@ -110,15 +110,13 @@ def measure(model_name: str, prompts: int, samples: int, new_tokens: int, repeat
     from torchrl_grpo.models import load_model_and_tokenizer
     from torchrl_grpo.update import GRPOUpdate
 
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from rollout_bench import gsm8k_prompts  # the same prompts as the rollout benchmark
+
     gym.register_envs(envs)
     torch.manual_seed(0)
     model, tok = load_model_and_tokenizer(model_name, dtype="float32")
-    env = gym.make("GSM8K-v0", split="test").unwrapped
-    ren = ChatRenderer(tok)
-    base = []
-    for i in range(prompts):
-        obs, _ = env.reset(options={"index": i})
-        base.append(ren.prompt_ids(obs))
+    base = gsm8k_prompts(tok, prompts)
     rows = [p for p in base for _ in range(samples)]
     details: dict[str, float] = {}
 
@@ -129,7 +127,7 @@ def measure(model_name: str, prompts: int, samples: int, new_tokens: int, repeat
     for i, p in enumerate(rows):
         ids[i, P - len(p):] = torch.tensor(p)
         am[i, P - len(p):] = 1
-    eos = sorted(ren.end_of_turn_ids())
+    eos = sorted(ChatRenderer(tok).end_of_turn_ids())
 
     def hf():
         with torch.no_grad():

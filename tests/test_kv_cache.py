@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
 from torchrl_grpo.backends.base import SamplingConfig
 from torchrl_grpo.backends.kv_cache import PreallocatedCache, supports_preallocation
@@ -11,13 +11,8 @@ from torchrl_grpo.backends.transformers_backend import TransformersBackend
 
 
 @pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
-    m = LlamaForCausalLM(cfg).eval()
-    m.config._attn_implementation = "sdpa"
-    return m
+def model(tiny_llama):
+    return tiny_llama(4096)
 
 
 SYS = torch.randint(5, 300, (300,), generator=torch.Generator().manual_seed(1)).tolist()

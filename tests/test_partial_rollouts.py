@@ -9,7 +9,6 @@ import copy
 import pytest
 import torch
 from tensordict import TensorDict
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from torchrl_grpo.backends.base import SamplingConfig
 from torchrl_grpo.backends.transformers_backend import TransformersBackend
@@ -17,11 +16,8 @@ from torchrl_grpo.loss import GRPOLoss, token_log_probs
 
 
 @pytest.fixture(scope="module")
-def models():
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
-    old = LlamaForCausalLM(cfg).eval()
+def models(tiny_llama):
+    old = tiny_llama(512)
     new = copy.deepcopy(old)
     with torch.no_grad():
         for p in new.parameters():
