@@ -148,6 +148,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
     def _rollout_loop(self) -> None:
         steps, eta, n = self.settings.steps, self.settings.max_staleness, self.settings.n_samples
         try:
+            self.placement.pin_thread("inference")  # a disjoint CPU plan: this thread on the inference cores
             if self.on_rollout_thread_start is not None:
                 self.on_rollout_thread_start()
             while True:

@@ -9,9 +9,10 @@ What :func:`build` makes, in order:
 1. seeds (``seed``), the device (``train.device``);
 2. the policy and its tokenizer (``actor.path``, unless given), gradient checkpointing, LoRA (peft, ``actor.peft``),
    dropout off (``train.disable_dropout``);
-3. the KL reference (``loss.kl_coef > 0``): a frozen copy of the initial policy, or with LoRA the same model with
-   its adapter switched off — either way a context yielding the module to score with;
-4. the rollout backend (``rollout.backend``: transformers colocated, or a copy with ``own_backend_copy``; vLLM);
+3. the KL reference (``loss.kl_coef > 0``): a frozen copy of the initial policy (on the plan's ref device), or with
+   LoRA the same model with its adapter switched off — either way a context yielding the module to score with;
+4. the rollout backend (``rollout.backend``: transformers colocated, or a copy with ``own_backend_copy`` or when the
+   plan puts inference on another device; vLLM) — the plan's placement: :mod:`torchrl_grpo.placement`;
 5. the env side (:func:`build_env_side`, once per env config): the optional local LLM user, the train and eval
    collectors, the train task list and the eval task/baseline
    functions (the env decides which tasks are usable and what "doing nothing" is);
@@ -153,6 +154,7 @@ class Components:
     load_time_s: float = 0.0
     dp: Any = None  # torchrl_grpo.distributed.DataParallel (None: one process)
     plan: Any = None  # torchrl_grpo.allocation.AllocationPlan
+    placement: Any = None  # torchrl_grpo.placement.Placement (this process's part of the plan, applied)
 
 
 def autocast_for(device: torch.device) -> Callable[[], Any]:
@@ -162,8 +164,10 @@ def autocast_for(device: torch.device) -> Callable[[], Any]:
     return nullcontext
 
 
-def _reference(model: torch.nn.Module, peft: bool) -> Callable[[], Any]:
-    """The frozen KL reference as a context factory yielding the module to score with."""
+def _reference(model: torch.nn.Module, peft: bool, placement=None) -> Callable[[], Any]:
+    """The frozen KL reference as a context factory yielding the module to score with. With a
+    :class:`~torchrl_grpo.placement.Placement` (full fine-tuning): the copy lives on ``placement.ref_device``, and on
+    a disjoint CPU plan the scoring thread moves to the ref cores inside the context (:mod:`torchrl_grpo.placement`)."""
     if peft:  # LoRA: the reference is the base model, i.e. the adapter switched off
 
         @contextmanager
@@ -173,10 +177,19 @@ def _reference(model: torch.nn.Module, peft: bool) -> Callable[[], Any]:
 
         return base_model
     ref = copy.deepcopy(model).eval().requires_grad_(False)
-    return lambda: nullcontext(ref)
+    if placement is None or ("ref" not in placement.cores and placement.ref_device == placement.train_device):
+        return lambda: nullcontext(ref)  # colocated: as before
+    ref.to(placement.ref_device)
+
+    @contextmanager
+    def placed():
+        with placement.on_cores("ref"):
+            yield ref
+
+    return placed
 
 
-def _build_backend(cfg, model, tokenizer, own_copy: bool) -> RolloutBackend:
+def _build_backend(cfg, model, tokenizer, own_copy: bool, device: torch.device | None = None) -> RolloutBackend:
     r = cfg.rollout
     if r.backend not in BACKENDS:
         raise ValueError(f"config rollout.backend={r.backend!r} is not one of {BACKENDS}")
@@ -185,7 +198,7 @@ def _build_backend(cfg, model, tokenizer, own_copy: bool) -> RolloutBackend:
         from .models import resolve_model_path
 
         path = resolve_model_path(cfg.actor.path).path
-    return make_backend(r.backend, model, tokenizer, own_copy=own_copy, max_batch_size=r.max_batch_size,
+    return make_backend(r.backend, model, tokenizer, own_copy=own_copy, device=device, max_batch_size=r.max_batch_size,
                         model_path=path, seed=cfg.seed, vllm_dtype=r.vllm.dtype, max_model_len=r.vllm.max_model_len,
                         check_sync_every=r.vllm.check_sync_every,
                         gpu_memory_utilization=r.vllm.gpu_memory_utilization, push_weights=cfg.actor.peft.enable)
@@ -331,10 +344,15 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
     dp, plan = _data_parallel_and_plan(cfg, device)
     if device.type == "cuda":  # this rank's device in the plan (cuda:0 by default; cuda:LOCAL_RANK under torchrun)
         device = torch.device(plan.train_device(dp.local_rank))
+    from .placement import placement_for  # where this process puts the ref copy, the rollout engine, its threads
+
+    placement = placement_for(plan, device=device, rank=dp.local_rank, peft=cfg.actor.peft.enable,
+                              kl_coef=cfg.loss.kl_coef, backend=cfg.rollout.backend, launcher=cfg.rollout.launcher)
     run_dir = _rank_run_dir(dp, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if dp.is_main:
-        (run_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=1) + "\n")
+        (run_dir / "plan.json").write_text(json.dumps({**plan.to_dict(), "applied": placement.to_dict()},
+                                                      indent=1) + "\n")
     seed_everything(cfg.seed)
     from .env_factory import check_data  # the data is checked before the model loads: a bad path fails in a second
 
@@ -370,11 +388,13 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
                                                  target_modules=target, task_type="CAUSAL_LM"))
     reference = None
     if cfg.loss.kl_coef > 0:  # the copy is taken before dropout is disabled, as the policy was at start
-        reference = _reference(model, peft=cfg.actor.peft.enable)
+        reference = _reference(model, peft=cfg.actor.peft.enable, placement=placement)
     if cfg.train.disable_dropout:  # see torchrl_grpo/dropout.py: dropout alone moved on-policy ratios to 1.14
         disable_dropout(model)
     dp.broadcast_module(model)  # every rank starts from rank 0's weights (LoRA's random init included)
-    backend = backend or _build_backend(cfg, model, tokenizer, own_copy=own_backend_copy)
+    own_copy = own_backend_copy or placement.own_inference_copy  # async, or inference on another GPU
+    backend = backend or _build_backend(cfg, model, tokenizer, own_copy=own_copy,
+                                        device=placement.inference_device if placement.own_inference_copy else None)
     g = cfg.gconfig
     sampling = SamplingConfig(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p, top_k=g.top_k)
     side = build_env_side(cfg, backend, tokenizer, sampling)
@@ -411,6 +431,8 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
             side.collector.update_policy_weights_(model)
     t = cfg.train
     update = GRPOUpdate(model, loss_fn, optimizer, reference=reference, device=device, autocast=autocast_for(device),
+                        reference_device=placement.ref_device if reference is not None and not cfg.actor.peft.enable
+                        else None,
                         ppo_epochs=t.ppo_epochs, minibatch_size=t.minibatch_size, micro_batch_size=t.micro_batch_size,
                         max_tokens_per_mb=t.max_tokens_per_mb, max_grad_norm=o.max_grad_norm, anchor=cfg.loss.anchor,
                         shared_prefix=t.shared_prefix,
@@ -442,4 +464,5 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
         eval_tasks=side.eval_tasks, eval_baseline=side.eval_baseline,
         loss_fn=loss_fn, optimizer=optimizer, scheduler=scheduler, update=update, logger=logger, device=device,
         settings=settings, run_dir=run_dir, start_step=start_step, load_time_s=load_time_s, dp=dp, plan=plan,
+        placement=placement,
     )

@@ -25,10 +25,12 @@ from .checkpoint import save_checkpoint
 from .distributed import SINGLE
 from .episode_stats import LengthGuard, episode_metrics, sample_rows
 from .evaluation import evaluate, format_eval_table
+from .placement import Placement
 
 __all__ = ["GRPOTrainer"]
 
 log = logging.getLogger(__name__)
+_NO_PLACEMENT = Placement(torch.device("cpu"), torch.device("cpu"), torch.device("cpu"))  # components built elsewhere
 
 
 class GRPOTrainer:
@@ -66,6 +68,10 @@ class GRPOTrainer:
         self.loss_fn, self.optimizer, self.scheduler, self.updater = c.loss_fn, c.optimizer, c.scheduler, c.update
         self.logger, self.load_time_s, self.step = c.logger, c.load_time_s, c.start_step
         self.dp = c.dp or SINGLE  # data parallel (torchrl_grpo.distributed): this rank's share, rank 0 writes
+        # a disjoint CPU plan (torchrl_grpo.placement): this thread trains on the train cores, collects on the
+        # inference cores; a colocated plan pins nothing
+        self.placement = c.placement if c.placement is not None else _NO_PLACEMENT
+        self.placement.pin_thread("train")
         self._length_guard = LengthGuard(self.settings.max_new_tokens)
         self._eval_tasks: list[int] | None = None
         self._baseline: dict[str, float] | None = None
@@ -118,7 +124,8 @@ class GRPOTrainer:
         """Run one GRPO step (collect, advantages, updates, weight sync). Returns its metrics."""
         t0 = time.perf_counter()
         tasks = self.dp.shard(self.tasks_for_step(self.step))  # whole groups per rank (all of them on one process)
-        batch = self.collector.collect(tasks, self.settings.n_samples, step=self.dp.collect_step(self.step))
+        with self.placement.on_cores("inference"):
+            batch = self.collector.collect(tasks, self.settings.n_samples, step=self.dp.collect_step(self.step))
         metrics: dict[str, Any] = dict(self.collector.last_stats)
         if self.augment_batch is not None:
             batch = self.augment_batch(batch)
@@ -187,9 +194,10 @@ class GRPOTrainer:
             return {}
         if self._eval_tasks is None:
             self._eval_tasks = self.components.eval_tasks()
-        out = evaluate(self.eval_collector, task_indices=self._eval_tasks, greedy=s.eval_greedy, pass_k=s.eval_pass_k,
-                       temperature=s.eval_temperature, max_new_tokens=s.max_new_tokens, step=self.step,
-                       progress=s.progress_bar)
+        with self.placement.on_cores("inference"):
+            out = evaluate(self.eval_collector, task_indices=self._eval_tasks, greedy=s.eval_greedy,
+                           pass_k=s.eval_pass_k, temperature=s.eval_temperature, max_new_tokens=s.max_new_tokens,
+                           step=self.step, progress=s.progress_bar)
         if self._baseline is None:
             self._baseline = self.components.eval_baseline(self._eval_tasks)  # {} without one
         out.update(self._baseline)
@@ -294,3 +302,4 @@ class GRPOTrainer:
         finally:
             self.backend.close()
             self.dp.close()
+            self.placement.release()

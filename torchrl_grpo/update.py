@@ -59,6 +59,8 @@ class GRPOUpdate:
         optimizer: over ``model``'s trainable parameters.
         reference: ``None`` (no KL term), or a callable returning a context manager that yields the frozen reference
             module to score with (a copy of the initial policy, or the LoRA model with its adapter switched off).
+        reference_device: where the reference module lives (the plan's ref device, :mod:`torchrl_grpo.placement`;
+            None: ``device``); its inputs are moved there, and ``ref_log_probs`` come back on the batch's device (CPU).
         device: where the forward passes run.
         autocast: returns the autocast context of the forward passes (bf16 on CUDA, a null context on CPU).
         ppo_epochs / minibatch_size: passes over the batch and episodes per optimizer step (0: the whole batch).
@@ -85,7 +87,8 @@ class GRPOUpdate:
                  reference: Callable[[], AbstractContextManager] | None, device: torch.device,
                  autocast: Callable[[], AbstractContextManager], ppo_epochs: int, minibatch_size: int,
                  micro_batch_size: int, max_tokens_per_mb: int, max_grad_norm: float, anchor: str,
-                 exact_log_probs: bool, seed: int, optimizer_steps: int = 0, dp=None, shared_prefix: str = "auto") -> None:
+                 exact_log_probs: bool, seed: int, optimizer_steps: int = 0, dp=None, shared_prefix: str = "auto",
+                 reference_device: torch.device | None = None) -> None:
         if anchor not in ANCHORS:
             raise ValueError(f"anchor must be one of {ANCHORS}, got {anchor!r}")
         if shared_prefix not in SHARED_PREFIX_MODES:
@@ -93,6 +96,7 @@ class GRPOUpdate:
         self.shared_prefix = shared_prefix
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
         self.reference, self.device, self.autocast = reference, device, autocast
+        self.reference_device = reference_device or device
         self.ppo_epochs, self.minibatch_size = ppo_epochs, minibatch_size
         self.micro_batch_size, self.max_tokens_per_mb = micro_batch_size, max_tokens_per_mb
         self.max_grad_norm, self.anchor, self.exact_log_probs, self.seed = max_grad_norm, anchor, exact_log_probs, seed
@@ -115,39 +119,42 @@ class GRPOUpdate:
                                  batch_size=mb.batch_size)
 
     @torch.no_grad()
-    def fill_log_probs(self, td: TensorDict, key: str, model) -> None:
+    def fill_log_probs(self, td: TensorDict, key: str, model, device: torch.device | None = None) -> None:
         """``td[key]`` = no-grad log-probs of the sampled tokens under ``model``, in eval mode (dropout off, the
-        same network the sampler ran), with the loss's processed distribution (temperature, top-k, top-p)."""
+        same network the sampler ran), with the loss's processed distribution (temperature, top-k, top-p).
+        ``device``: where ``model`` lives (None: the training device); the result is on ``td``'s device (CPU)."""
+        dev = device or self.device
         out = torch.zeros_like(td["sample_log_probs"])
         was_training = model.training
         model.eval()
         try:
             with self.autocast():
-                prefix = self.shared_prefix_for(td, model)
+                prefix = self.shared_prefix_for(td, model, dev)
             for rows, mb in self.micro_batches(td, prefix.length if prefix is not None else 0):
                 with self.autocast():
-                    lp, _ = token_log_probs(model, mb["tokens"].to(self.device), mb["attention_mask"].to(self.device),
+                    lp, _ = token_log_probs(model, mb["tokens"].to(dev), mb["attention_mask"].to(dev),
                                             temperature=self.loss_fn.temperature,
                                             top_p=self.loss_fn.top_p, top_k=self.loss_fn.top_k,
-                                            response_mask=mb["response_mask"].to(self.device), prefix=prefix)
+                                            response_mask=mb["response_mask"].to(dev), prefix=prefix)
                 T = lp.shape[-1]
                 out[torch.tensor(rows), :T] = lp.float().cpu()
         finally:
             model.train(was_training)
         td[key] = out
 
-    def shared_prefix_for(self, td: TensorDict, model) -> SharedPrefix | None:
+    def shared_prefix_for(self, td: TensorDict, model, device: torch.device | None = None) -> SharedPrefix | None:
         """The :class:`~torchrl_grpo.shared_prefix.SharedPrefix` of ``td``'s episodes under ``model`` (with a graph
         when gradients are on), or None for the plain path: ``shared_prefix="off"``, fewer than 2 episodes, no common
         real-token prefix before the first response column, a model without the decoder/LM-head split or KV cache
-        support, or no saving (:meth:`prefix_tokens_saved`). Call under the forward passes' autocast."""
+        support, or no saving (:meth:`prefix_tokens_saved`). Call under the forward passes' autocast. ``device``:
+        where ``model`` lives (None: the training device)."""
         if self.shared_prefix == "off" or td.shape[0] < 2:
             return None
         P = shared_prefix_length(td["tokens"], td["attention_mask"], td["response_mask"])
         dec_head = _decoder_and_head(model)
         if P < 1 or dec_head is None or self.prefix_tokens_saved(td, P, model) <= 0:
             return None
-        return build_shared_prefix(model, dec_head[0], td["tokens"][0, :P].to(self.device))
+        return build_shared_prefix(model, dec_head[0], td["tokens"][0, :P].to(device or self.device))
 
     def prefix_tokens_saved(self, td: TensorDict, P: int, model) -> int:
         """Decoder tokens the minibatch prefix of ``P`` tokens saves over today's path, which (without gradient
@@ -195,7 +202,7 @@ class GRPOUpdate:
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.reference is not None:
             with self.reference() as ref:
-                self.fill_log_probs(batch, "ref_log_probs", ref)
+                self.fill_log_probs(batch, "ref_log_probs", ref, self.reference_device)
         # one optimizer step on this batch (and no dropout): π_prox is the model as it is now, which the loss's own
         # forward computes; its detached log-probs anchor the ratio instead of a separate no-grad pass (exact up to
         # float rounding; measured: the pass was 9.9 of 47 s of an async update, benchmarks/results/async_placement.md)

@@ -18,6 +18,7 @@ BACKENDS = ("transformers", "vllm")
 
 
 def make_backend(kind: str, model: torch.nn.Module, tokenizer, *, own_copy: bool, max_batch_size: int,
+                 device: torch.device | str | None = None,
                  model_path: str | None = None, seed: int = 0, vllm_dtype: str = "auto", max_model_len: int = 2048,
                  check_sync_every: int = 0, gpu_memory_utilization: float | None = None,
                  push_weights: bool = False) -> RolloutBackend:
@@ -29,6 +30,10 @@ def make_backend(kind: str, model: torch.nn.Module, tokenizer, *, own_copy: bool
         tokenizer: its tokenizer (pad id; vLLM's tokenizer).
         own_copy: ``transformers``: ``False`` shares ``model`` (sync is a no-op); ``True`` generates from a merged,
             frozen copy (the async trainer's engine, synced by export). vLLM always has its own weights.
+        device: ``transformers`` with ``own_copy``: the device of the copy (the plan's inference device,
+            :mod:`torchrl_grpo.placement`; None: ``model``'s). Weight sync copies across devices
+            (``load_weights``: ``Tensor.copy_``). vLLM: not used (the in-process engine takes the first visible GPU;
+            :func:`torchrl_grpo.placement.placement_for` refuses a plan that puts it elsewhere).
         max_batch_size: ``transformers``: most sequences per generate call.
         model_path: vLLM: the resolved model folder the engine loads.
         seed, vllm_dtype, max_model_len, check_sync_every, gpu_memory_utilization: vLLM engine settings
@@ -52,6 +57,8 @@ def make_backend(kind: str, model: torch.nn.Module, tokenizer, *, own_copy: bool
         if hasattr(gen_model, "peft_config"):
             gen_model = gen_model.merge_and_unload()
         gen_model.eval().requires_grad_(False)
+        if device is not None:
+            gen_model.to(device)
         return TransformersBackend(gen_model, pad_token_id=tokenizer.pad_token_id, share_module=False,
                                    max_batch_size=max_batch_size)
     if model_path is None:
