@@ -146,3 +146,20 @@ def test_transformers_backend_copy_goes_to_the_given_device(tiny_model_and_token
     b = make_backend("transformers", model, tok, own_copy=True, max_batch_size=4, device="meta")
     assert b.model is not model and {p.device.type for p in b.model.parameters()} == {"meta"}
     b.close()
+
+
+def test_without_sched_setaffinity_nothing_is_pinned_and_it_is_logged(monkeypatch, caplog):
+    """Non-Linux (no os.sched_setaffinity): the planned cores are logged as not applied; nothing raises."""
+    from torchrl_grpo import placement as placement_mod
+
+    plan = resolve_plan(cfg(train=(0, [0]), inference=(0, [1])), ["cpu:0", "cpu:1"])
+    p = placement_for(plan, device=torch.device("cpu"))
+    monkeypatch.delattr(os, "sched_setaffinity", raising=False)
+    monkeypatch.setattr(placement_mod, "_warned_unavailable", False)
+    with caplog.at_level("WARNING", logger="torchrl_grpo.placement"):
+        p.pin_thread("train")
+        with p.on_cores("inference"):
+            pass
+        p.release()
+    assert p.affinity == {} and p.to_dict()["pinning"] == "off"
+    assert "os.sched_setaffinity is not available" in caplog.text
