@@ -132,3 +132,21 @@ def test_non_finite_loss_skips_the_update_with_a_reason(tmp_path, monkeypatch, c
     assert "non-finite loss" in caplog.text
     for n, p in trainer.model.named_parameters():
         assert torch.equal(p, before[n]), n
+
+
+def test_run_eta_counts_remaining_steps_and_one_final_evaluation():
+    from torchrl_grpo.trainer import run_eta_s
+
+    assert run_eta_s(10.0, 3, eval_s=25.0, eval_at_end=True) == 55.0
+    assert run_eta_s(10.0, 3, eval_s=25.0, eval_at_end=False) == 30.0
+    assert run_eta_s(10.0, 0, eval_s=None, eval_at_end=True) == 0.0  # first eval not run: not counted
+
+
+def test_fit_logs_the_run_eta_after_the_first_step(tmp_path, caplog):
+    cfg = make_cfg(train={"steps": 2}, eval={"at_start": True, "at_end": True, "n_problems": 2})
+    trainer = GRPOTrainer(cfg, tmp_path)
+    with caplog.at_level("INFO", logger="torchrl_grpo.trainer"):
+        trainer.fit()
+    trainer.close()
+    eta = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ETA:")]
+    assert len(eta) == 1 and "1 steps to go" in eta[0] and "final evaluation" in eta[0], eta

@@ -33,6 +33,16 @@ log = logging.getLogger(__name__)
 _NO_PLACEMENT = Placement(torch.device("cpu"), torch.device("cpu"), torch.device("cpu"))  # components built elsewhere
 
 
+def run_eta_s(step_s: float, steps_left: int, eval_s: float | None, eval_at_end: bool) -> float:
+    """Seconds to the end of the run: ``steps_left`` steps at the mean ``step_s`` seen so far, plus one final
+    evaluation as long as the first one took (``eval_s``; not counted when unknown or no final evaluation)."""
+    return max(0, steps_left) * step_s + (eval_s or 0.0) * bool(eval_at_end)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
 class GRPOTrainer:
     """Sync GRPO trainer.
 
@@ -231,9 +241,13 @@ class GRPOTrainer:
         bar = None
         with handle_signals():
             try:
+                eval_s = None  # wall seconds of one evaluation (the first), for the run's ETA
                 if s.eval_at_start and self.step == 0 and s.eval_n_problems > 0:
+                    t_eval = time.perf_counter()
                     summary["eval_start"] = ev = self.evaluate()
+                    eval_s = time.perf_counter() - t_eval
                     self.logger.log(ev, step=0)
+                t_loop, steps_done = time.perf_counter(), 0
                 try:
                     from tqdm.auto import tqdm
 
@@ -247,10 +261,19 @@ class GRPOTrainer:
                         if s.eval_every and self.step % s.eval_every == 0 and self.step < s.steps and s.eval_n_problems > 0:
                             last.update(self.evaluate())
                         self.logger.log(last, step=self.step)
+                        steps_done += 1
+                        step_s = (time.perf_counter() - t_loop) / steps_done
+                        final_eval = s.eval_at_end and s.eval_n_problems > 0
+                        eta = run_eta_s(step_s, s.steps - self.step, eval_s, final_eval)
+                        if steps_done == 1:
+                            log.info("ETA: about %s to the end of the run (%d steps to go at %.0f s/step%s)",
+                                     _minutes(eta), s.steps - self.step, step_s,
+                                     f" + final evaluation ~{eval_s:.0f} s" if eval_s and final_eval else "")
                         if bar is not None:
                             bar.update(1)
-                            bar.set_postfix({k: f"{last[k]:.3g}" for k in ("reward/mean", "loss/total", "ess")
-                                             if isinstance(last.get(k), float)})
+                            post = {k: f"{last[k]:.3g}" for k in ("reward/mean", "loss/total", "ess")
+                                    if isinstance(last.get(k), float)}
+                            bar.set_postfix({**post, "run ETA": _minutes(eta)})
                         if s.checkpoint_every and self.step % s.checkpoint_every == 0:
                             summary["checkpoint"] = str(self.save())
                 if bar is not None:
