@@ -1,12 +1,15 @@
 """Worker of tests/test_distributed.py: one GRPO update of the tiny model on a fixed batch, on one process or as one
-torchrun rank (``train.strategy=ddp``: this rank updates on its whole groups only, ``group_id % W == rank``).
+torchrun rank (``train.strategy=ddp`` or ``fsdp``: this rank updates on its whole groups only,
+``group_id % W == rank``; ``fsdp`` on two ranks: rank 0 groups 0-2, rank 1 group 3, so that the ranks run different
+numbers of micro-batches and the FSDP lockstep padding is exercised).
 
     python tests/ddp_equivalence.py OUT.pt single MICRO_BATCH
     torchrun --nproc_per_node=2 tests/ddp_equivalence.py OUT.pt ddp MICRO_BATCH
+    torchrun --nproc_per_node=2 tests/ddp_equivalence.py OUT.pt fsdp MICRO_BATCH
 
 Every rank collects the same full batch (same weights, same seeds) and draws the same random rewards, so the
 single-process update on the whole batch and the data-parallel update on its shards see the same data. Rank 0
-saves the updated parameters to OUT.pt.
+saves the updated parameters (and gradients) to OUT.pt, FSDP shards gathered to full tensors (on every rank).
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
+from torch.distributed.tensor import DTensor
 
 from torchrl_grpo.advantage import group_advantages
 from torchrl_grpo.build import build
@@ -38,12 +42,15 @@ def main(out: str, strategy: str, micro: int) -> None:
     keep = torch.arange(batch.shape[0]).unsqueeze(-1) + 1
     batch["response_mask"] = batch["response_mask"] & (batch["response_mask"].long().cumsum(-1) <= keep)
     batch["advantage"] = group_advantages(batch["reward"], batch["group_id"], scale="group", baseline="mean")
-    shard = batch[(batch["group_id"] % c.dp.world_size) == c.dp.rank]
-    before = {n: p.detach().clone() for n, p in c.model.named_parameters()}
+    owner = batch["group_id"] % c.dp.world_size if strategy != "fsdp" else (batch["group_id"] == 3).long()
+    shard = batch[owner == c.dp.rank]
+    full = lambda t: (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()  # noqa: E731
+    before = {n: full(p) for n, p in c.model.named_parameters()}
     metrics = c.update(shard.exclude("task", "info"), step=0)
+    params = {n: full(p) for n, p in c.model.named_parameters()}  # FSDP: all-gathers, on every rank
+    grads = {n: full(p.grad) for n, p in c.model.named_parameters()}
     if c.dp.is_main:
-        torch.save({"params": {n: p.detach().clone() for n, p in c.model.named_parameters()}, "before": before,
-                    "grads": {n: p.grad.detach().clone() for n, p in c.model.named_parameters()},
+        torch.save({"params": params, "before": before, "grads": grads, "sharded": type(c.model).__name__,
                     "tokens": [int(batch[batch["group_id"] % 2 == r]["response_mask"].sum()) for r in (0, 1)],
                     "optimizer_steps": metrics["train/optimizer_steps"]}, out)
     c.dp.close()

@@ -98,7 +98,9 @@ def test_torchrun_world_size_without_plan_spreads_over_devices():
                                                                r"process\(es\) were launched: start torchrun "
                                                                r"--nproc_per_node=2"),
     (cfg("fsdp:d2"), {"world_size": 2, "train_engine": "ddp"}, r"names training engine 'fsdp' but "
-                                                                r"train.strategy='ddp'"),
+                                                                r"train.strategy='ddp': set train.strategy=fsdp"),
+    (cfg("fsdp:d2"), {"world_size": 1, "train_engine": "fsdp"}, r"start torchrun --nproc_per_node=2 "
+                                                                 r"\(train.strategy=fsdp\)"),
 ])
 def test_invalid_plans_name_the_conflict(conf, kwargs, match):
     with pytest.raises(AllocationError, match=match):
@@ -134,7 +136,10 @@ def _compose(overrides):
     (["rollout.num_workers=2"], "needs rollout.launcher=ray"),
     (["rollout.launcher=ray", "rollout.num_workers=2", "train.strategy=ddp"], "not combined yet"),
     (["rollout.launcher=ray", "rollout.num_workers=2", "mode=async"], "sync trainer"),
-    (["train.strategy=fsdp"], r"train.strategy='fsdp' is not one of \('single', 'ddp'\)"),
+    (["train.strategy=zero3"], r"train.strategy='zero3' is not one of \('single', 'ddp', 'fsdp'\)"),
+    (["train.strategy=fsdp", "actor.peft.enable=true"], r"fsdp with actor.peft.enable \(LoRA\) is not supported"),
+    (["allocation_mode=fsdp:d2", "rollout.launcher=ray", "rollout.num_workers=2"], r"train.strategy=fsdp are not "
+                                                                                   r"combined yet"),
     (["rollout.launcher=slurm"], "rollout.launcher"),
 ])
 def test_scale_out_config_errors(overrides, match):
@@ -142,6 +147,19 @@ def test_scale_out_config_errors(overrides, match):
 
     with pytest.raises(ValueError, match=match):
         validate_config(_compose(overrides))
+
+
+def test_allocation_mode_fsdp_selects_the_fsdp_strategy():
+    """``allocation_mode=...+fsdp:dN`` with train.strategy left at single runs FSDP2 (torchrl_grpo.distributed)."""
+    from torchrl_grpo.allocation import train_strategy
+
+    assert train_strategy(_compose(["allocation_mode=vllm:d1+fsdp:d2"])) == "fsdp"
+    assert train_strategy(_compose(["allocation_mode=vllm:d1+ddp:d2"])) == "ddp"
+    assert train_strategy(_compose(["train.strategy=ddp"])) == "ddp"
+    assert train_strategy(_compose([])) == "single"
+    cfg = _compose(["allocation_mode=vllm:d1+fsdp:d2", "rollout.backend=vllm"])
+    plan = resolve_plan(cfg, GPUS4, world_size=2, train_engine=train_strategy(cfg), inference_engine="vllm")
+    assert plan.placements["train"].engine == "fsdp" and plan.placements["train"].devices == ("cuda:0", "cuda:1")
 
 
 def test_config_keys_resolve_to_a_plan():

@@ -1,7 +1,7 @@
 """Data-parallel training (torchrl_grpo.distributed) with torchrun + gloo on CPU, tiny model.
 
-One DDP step on two ranks equals one single-process step on the doubled batch; a torchrun run of grpo.py writes
-its files from rank 0 only and its checkpoint resumes on one process.
+One DDP step, and one FSDP2 step, on two ranks equals one single-process step on the doubled batch; a torchrun run
+of grpo.py writes its files from rank 0 only and its checkpoint resumes on one process (FSDP: and back).
 """
 from __future__ import annotations
 
@@ -46,6 +46,75 @@ def test_ddp_step_equals_single_process_step_on_the_doubled_batch(tmp_path):
         torch.testing.assert_close(b["grads"][k], a["grads"][k], rtol=1e-4, atol=1e-6 * grad_scale)
     for k in a["params"]:
         torch.testing.assert_close(b["params"][k], a["params"][k], rtol=0, atol=1e-5)
+
+
+def test_fsdp_step_equals_single_process_step_on_the_doubled_batch(tmp_path):
+    """FSDP2 (fully_shard, gloo): uneven shards (rank 0: 3 groups in 5 micro-batches, rank 1: 1 group in 2, padded
+    with dummy passes) give the single-process gradient and step of the whole batch."""
+    single, fsdp = tmp_path / "single.pt", tmp_path / "fsdp.pt"
+    script = str(REPO / "tests" / "ddp_equivalence.py")
+    p = subprocess.run([sys.executable, script, str(single), "single", "4"], cwd=tmp_path, env=ENV,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    p = _torchrun([script, str(fsdp), "fsdp", "2"], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    a, b = torch.load(single), torch.load(fsdp)
+    assert b["sharded"].startswith("FSDP")  # the policy was sharded with fully_shard
+    assert a["optimizer_steps"] == b["optimizer_steps"] == 1.0
+    moved = max((a["params"][k] - a["before"][k]).abs().max().item() for k in a["params"])
+    assert moved > 1e-4
+    grad_diff = max((a["grads"][k] - b["grads"][k]).abs().max().item() for k in a["grads"])
+    grad_scale = max(a["grads"][k].abs().max().item() for k in a["grads"])
+    param_diff = max((a["params"][k] - b["params"][k]).abs().max().item() for k in a["params"])
+    print(f"FSDP: max |grad diff| {grad_diff:.3g} (max |grad| {grad_scale:.3g}); max |param diff| {param_diff:.3g} "
+          f"(max |update| {moved:.3g})")
+    for k in a["grads"]:
+        torch.testing.assert_close(b["grads"][k], a["grads"][k], rtol=1e-4, atol=1e-6 * grad_scale)
+    for k in a["params"]:
+        torch.testing.assert_close(b["params"][k], a["params"][k], rtol=0, atol=1e-5)
+
+
+def _grpo_args(gsm8k_dir, run, steps, *extra):
+    return [str(REPO / "grpo.py"), "actor.path=tiny-random", f"train.steps={steps}", "train.batch_size=2",
+            "gconfig.n_samples=2", "gconfig.max_new_tokens=8", "eval.n_problems=0", "stats_logger.wandb.mode=disabled",
+            "stats_logger.progress_bar=false", f"train_dataset.path={gsm8k_dir}", f"hydra.run.dir={run}", *extra]
+
+
+def test_fsdp_run_writes_from_rank0_and_its_checkpoints_load_at_any_world_size(tmp_path, gsm8k_dir):
+    """torchrun grpo.py train.strategy=fsdp: rank 0 alone writes; its checkpoint is the single-process one (full
+    weights, optimizer state by parameter index), resumes on one process, and that one resumes under FSDP."""
+    from safetensors.torch import load_file
+
+    run = tmp_path / "fsdp"
+    p = _torchrun(_grpo_args(gsm8k_dir, run, 2, "train.strategy=fsdp", "checkpoint.every=1",
+                             "checkpoint.keep_last=2"), cwd=tmp_path)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2]
+    assert all(r["dist/world_size"] == 2.0 for r in rows if "reward/mean" in r)
+    assert json.loads((run / "plan.json").read_text())["placements"]["train"]["engine"] == "fsdp"
+    assert sorted(x.name for x in (run / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
+    assert [p for p in tmp_path.rglob("*") if p.is_file() and run not in p.parents] == []  # rank 1 wrote nothing
+    ckpt = run / "checkpoints" / "step_000002"
+    weights = load_file(str(ckpt / "model" / "model.safetensors"))
+    osd = torch.load(ckpt / "optimizer.pt", weights_only=False)
+    assert weights["model.embed_tokens.weight"].shape[1] == weights["model.norm.weight"].shape[0] == 64  # full
+    assert sorted(osd["state"]) == list(range(len(osd["state"])))  # single-process layout: parameter indices
+    assert osd["state"][0]["exp_avg"].shape == weights["model.embed_tokens.weight"].shape  # full, not a shard
+    # world size 2 -> 1
+    one = tmp_path / "one"
+    p = subprocess.run([sys.executable, *_grpo_args(gsm8k_dir, one, 3, f"train.resume_from={ckpt}")], cwd=tmp_path,
+                       env=ENV, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert [json.loads(x)["step"] for x in (one / "metrics.jsonl").read_text().splitlines()
+            if "reward/mean" in x] == [3]
+    # world size 1 -> 2 (FSDP loads the full single-process checkpoint, shards it)
+    two = tmp_path / "two"
+    p = _torchrun(_grpo_args(gsm8k_dir, two, 4, "train.strategy=fsdp",
+                             f"train.resume_from={one / 'checkpoints' / 'step_000003'}"), cwd=tmp_path)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    assert [json.loads(x)["step"] for x in (two / "metrics.jsonl").read_text().splitlines()
+            if "reward/mean" in x] == [4]
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 __all__ = ["AllocationError", "AllocationPlan", "RolePlacement", "parse_allocation_mode", "resolve_plan",
-           "detect_devices", "INFERENCE_ENGINES", "TRAIN_ENGINES", "ROLES"]
+           "detect_devices", "train_strategy", "INFERENCE_ENGINES", "TRAIN_ENGINES", "ROLES"]
 
 #: ``allocation_mode`` inference engines (rollout backends) and training engines (``train.strategy``-like).
 INFERENCE_ENGINES = ("vllm", "transformers")
@@ -203,6 +203,21 @@ def _role_spec(cfg: Any, role: str) -> tuple[int, list[int]]:
     return int(get("num_devices", 0) or 0), [int(d) for d in (get("devices", None) or [])]
 
 
+def train_strategy(cfg: Any) -> str:
+    """The run's training strategy: ``train.strategy``, or, when that is ``single``, the training engine
+    ``allocation_mode`` names (``vllm:d1+fsdp:d2``: ``fsdp``; AReaL's engine-less ``d2p1t1``: ``fsdp``). A
+    malformed mode gives ``train.strategy`` (:func:`resolve_plan` then raises its error)."""
+    strategy = cfg.train.strategy
+    mode = cfg.get("allocation_mode") if hasattr(cfg, "get") else getattr(cfg, "allocation_mode", None)
+    if strategy != "single" or not mode:
+        return strategy
+    try:
+        train = parse_allocation_mode(mode).get("train")
+    except AllocationError:
+        return strategy
+    return train[0] if train is not None else strategy
+
+
 def resolve_plan(cfg: Any, available: Sequence[str], *, world_size: int = 1, rollout_workers: int = 0,
                  train_engine: str = "single", inference_engine: str = "transformers") -> AllocationPlan:
     """Resolve a config into a plan on the devices ``available``.
@@ -213,7 +228,7 @@ def resolve_plan(cfg: Any, available: Sequence[str], *, world_size: int = 1, rol
         available: the device names present (:func:`detect_devices`), all of one type.
         world_size: training processes launched (``WORLD_SIZE`` under torchrun).
         rollout_workers: rollout actors (``rollout.num_workers``).
-        train_engine: the training engine of the config (``train.strategy``: ``single`` | ``ddp``).
+        train_engine: the training engine of the run (:func:`train_strategy`: ``single`` | ``ddp`` | ``fsdp``).
         inference_engine: the rollout backend of the config (``rollout.backend``).
 
     Returns:
@@ -247,9 +262,8 @@ def resolve_plan(cfg: Any, available: Sequence[str], *, world_size: int = 1, rol
         eng = want["train"]["engine"]
         if eng != "single" and eng != train_engine:
             raise AllocationError(f"allocation_mode={mode!r} names training engine {eng!r} but "
-                                  f"train.strategy={train_engine!r} (FSDP2 is documented in "
-                                  f"torchrl_grpo/distributed.py, not wired: use {eng.replace('fsdp', 'ddp')}"
-                                  f" with train.strategy=ddp)")
+                                  f"train.strategy={train_engine!r}: set train.strategy={eng} (or leave it "
+                                  f"at single: the mode's engine is then used)")
     else:
         for role, (n, idx) in specs.items():
             if idx and n and n != len(idx):
@@ -305,7 +319,8 @@ def resolve_plan(cfg: Any, available: Sequence[str], *, world_size: int = 1, rol
     if "train" in want and world_size != n_train:
         raise AllocationError(f"{want['train']['source']} gives training {n_train} device(s) but {world_size} "
                               f"training process(es) were launched: start torchrun --nproc_per_node={n_train} "
-                              f"(train.strategy=ddp) or change the plan")
+                              f"(train.strategy={train_engine if train_engine != 'single' else 'ddp'}) or "
+                              f"change the plan")
     if "train" not in want and world_size > 1:
         if world_size > len(available) and dtype != "cpu":  # CPU slots may be shared (oversubscribed) by ranks
             raise AllocationError(f"{world_size} training processes but {len(available)} {dtype} device(s) present")

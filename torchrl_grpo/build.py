@@ -210,16 +210,17 @@ def _data_parallel_and_plan(cfg, device: torch.device):
 
     Raises:
         AllocationError (a ValueError): a plan that does not fit the devices or the launch.
-        ValueError: ``ddp`` outside torchrun, or fewer tasks per step than ranks.
+        ValueError: ``ddp``/``fsdp`` outside torchrun, or fewer tasks per step than ranks.
     """
-    from .allocation import detect_devices, resolve_plan
+    from .allocation import detect_devices, resolve_plan, train_strategy
     from .distributed import init_data_parallel
 
     workers = cfg.rollout.num_workers if cfg.rollout.launcher == "ray" else 0
-    world = int(os.environ.get("WORLD_SIZE", "1")) if cfg.train.strategy == "ddp" else 1
+    strategy = train_strategy(cfg)  # train.strategy, or the training engine allocation_mode names
+    world = int(os.environ.get("WORLD_SIZE", "1")) if strategy in ("ddp", "fsdp") else 1
     plan = resolve_plan(cfg, detect_devices(device.type), world_size=world, rollout_workers=workers,
-                        train_engine=cfg.train.strategy, inference_engine=cfg.rollout.backend)
-    dp = init_data_parallel(cfg.train.strategy, device.type)
+                        train_engine=strategy, inference_engine=cfg.rollout.backend)
+    dp = init_data_parallel(strategy, device.type)
     if dp.world_size > cfg.train.batch_size:
         raise ValueError(f"train.batch_size={cfg.train.batch_size} tasks cannot give each of {dp.world_size} ranks "
                          f"a whole group: raise train.batch_size to >= {dp.world_size}")
@@ -392,9 +393,15 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
     if cfg.train.disable_dropout:  # see torchrl_grpo/dropout.py: dropout alone moved on-policy ratios to 1.14
         disable_dropout(model)
     dp.broadcast_module(model)  # every rank starts from rank 0's weights (LoRA's random init included)
-    own_copy = own_backend_copy or placement.own_inference_copy  # async, or inference on another GPU
+    sharded = plan.placements["train"].engine == "fsdp"  # FSDP2 (torchrl_grpo/distributed.py)
+    # async, inference on another GPU, or FSDP: the rollout engine needs full weights, the trainer holds shards
+    own_copy = own_backend_copy or placement.own_inference_copy or sharded
     backend = backend or _build_backend(cfg, model, tokenizer, own_copy=own_copy,
                                         device=placement.inference_device if placement.own_inference_copy else None)
+    if sharded:  # after the full copies (KL reference, rollout engine) are taken; before the optimizer
+        from .distributed import shard_model
+
+        model = shard_model(model, dp)
     g = cfg.gconfig
     sampling = SamplingConfig(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p, top_k=g.top_k)
     side = build_env_side(cfg, backend, tokenizer, sampling)

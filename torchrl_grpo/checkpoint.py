@@ -210,6 +210,8 @@ def save_checkpoint(
     config_yaml: str | None = None,
     extra: dict | None = None,
     keep_last: int = 0,
+    model_state_dict: dict | None = None,
+    optimizer_state_dict: dict | None = None,
 ) -> Path:
     """Write a checkpoint for ``step`` crash-safely (protocol in the module docstring) and prune old ones.
 
@@ -223,6 +225,9 @@ def save_checkpoint(
         keep_last: keep the newest k complete checkpoints (by step), plus the one just written; delete the other
             complete ones and any incomplete ``step_<n>`` older than all kept ones (0 keeps all). Incomplete dirs
             never count towards k, so the newest complete checkpoint is never deleted.
+        model_state_dict / optimizer_state_dict: write these instead of ``model``'s and ``optimizer``'s own (an
+            FSDP-sharded model: the full states of :func:`torchrl_grpo.distributed.full_state_dicts`, so the
+            checkpoint is the single-process one).
 
     Returns:
         Path of the final checkpoint directory.
@@ -236,11 +241,13 @@ def save_checkpoint(
     final = root / f"step_{step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP}step_{step:06d}_", dir=root))
     try:
-        model.save_pretrained(tmp / "model", safe_serialization=True)
+        model.save_pretrained(tmp / "model", safe_serialization=True,
+                              **({"state_dict": model_state_dict} if model_state_dict is not None else {}))
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp / "tokenizer")
         if optimizer is not None:
-            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(optimizer_state_dict if optimizer_state_dict is not None else optimizer.state_dict(),
+                       tmp / "optimizer.pt")
         if scheduler is not None:
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         torch.save({"step": step, "rng": rng_state(), "extra": extra or {}, "peft": _is_peft(model)},
@@ -345,7 +352,10 @@ def _load_weights_into(model, model_dir: Path) -> None:
         if unexpected:
             raise ValueError(f"adapter checkpoint has unexpected keys, e.g. {unexpected[:3]}")
         return
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    from .distributed import is_fsdp, load_full_model_state
+
+    missing, unexpected = load_full_model_state(model, state) if is_fsdp(model) \
+        else model.load_state_dict(state, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     if isinstance(getattr(model, "_tied_weights_keys", None), dict):
         tied = set(model._tied_weights_keys)
@@ -355,7 +365,8 @@ def _load_weights_into(model, model_dir: Path) -> None:
 
 
 def load_checkpoint(path: str | os.PathLike, *, model, optimizer=None, scheduler=None, restore_rng: bool = True) -> dict:
-    """Load a checkpoint into live objects (built with the same config).
+    """Load a checkpoint into live objects (built with the same config). An FSDP-sharded ``model``: every rank
+    calls this; the full weights and optimizer state are sharded as they load (:mod:`torchrl_grpo.distributed`).
 
     Returns:
         The trainer state dict (``step``, ``extra``).
@@ -375,7 +386,13 @@ def load_checkpoint(path: str | os.PathLike, *, model, optimizer=None, scheduler
         raise ValueError(f"checkpoint {ckpt} was saved with peft={state.get('peft')} but actor.peft.enable is {_is_peft(model)}")
     _load_weights_into(model, ckpt / "model")
     if optimizer is not None and (ckpt / "optimizer.pt").is_file():
-        optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=False))
+        from .distributed import is_fsdp, load_full_optimizer_state
+
+        osd = torch.load(ckpt / "optimizer.pt", weights_only=False)
+        if is_fsdp(model):  # the single-process layout (any world size wrote it), sharded as it loads
+            load_full_optimizer_state(model, optimizer, osd)
+        else:
+            optimizer.load_state_dict(osd)
     if scheduler is not None and (ckpt / "scheduler.pt").is_file():
         scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt", weights_only=False))
     if restore_rng:

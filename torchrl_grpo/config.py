@@ -142,8 +142,9 @@ class TrainConfig:
     max_staleness: int = 1  # async mode: most policy versions a batch may lag behind
     partial_rollout_chunk: int = 0  # async mode: check for new weights every N generated tokens and continue
     # unfinished generations with them (partial rollouts, AReaL; per-token versions); 0: whole generations
-    # single | ddp: data-parallel over torchrun ranks (torchrl_grpo/distributed.py: gloo on CPU, NCCL on CUDA; each
-    # rank collects its share of the step's prompt groups; gradients all-reduced; rank 0 writes the run's files)
+    # single | ddp | fsdp: data-parallel over torchrun ranks (torchrl_grpo/distributed.py: gloo on CPU, NCCL on
+    # CUDA; each rank collects its share of the step's prompt groups; gradients all-reduced (ddp) or reduce-scattered
+    # to FSDP2 shards (fsdp); rank 0 writes the run's files). single + allocation_mode=...+fsdp:dN: fsdp
     strategy: str = "single"
 
 
@@ -346,12 +347,19 @@ def _validate_scale_out(cfg) -> None:
     if r.launcher == "local" and r.num_workers > 0:
         raise ValueError(f"config rollout.num_workers={r.num_workers} needs rollout.launcher=ray (local: the rollout "
                          f"runs in the trainer process)")
-    if r.launcher == "ray" and cfg.train.strategy == "ddp":
-        raise ValueError("rollout.launcher=ray and train.strategy=ddp are not combined yet: one of them per run")
-    scaled = r.launcher == "ray" or cfg.train.strategy == "ddp"
+    from .allocation import train_strategy
+
+    strategy = train_strategy(cfg)  # train.strategy, or the engine allocation_mode names
+    if r.launcher == "ray" and strategy in ("ddp", "fsdp"):
+        raise ValueError(f"rollout.launcher=ray and train.strategy={strategy} are not combined yet: one of them per "
+                         f"run")
+    scaled = r.launcher == "ray" or strategy in ("ddp", "fsdp")
     if scaled and (cfg.mode != "sync" or OmegaConf.select(cfg, "cl.task_order")):
-        raise ValueError("rollout.launcher=ray and train.strategy=ddp run with the sync trainer (mode=sync, no "
+        raise ValueError("rollout.launcher=ray and train.strategy=ddp/fsdp run with the sync trainer (mode=sync, no "
                          "cl.task_order) for now")
+    if strategy == "fsdp" and cfg.actor.peft.enable:
+        raise ValueError("train.strategy=fsdp with actor.peft.enable (LoRA) is not supported: LoRA's trainable state "
+                         "is small, use train.strategy=ddp")
 
 
 def register_configs() -> None:

@@ -1,6 +1,7 @@
-"""Data-parallel training over ``torchrun`` ranks (``train.strategy=ddp``) on ``torch.distributed``.
+"""Data-parallel training over ``torchrun`` ranks (``train.strategy=ddp`` or ``fsdp``) on ``torch.distributed``.
 
     torchrun --nproc_per_node=2 grpo.py train.strategy=ddp hydra.run.dir=outputs/ddp   # gloo on CPU, NCCL on CUDA
+    torchrun --nproc_per_node=2 grpo.py train.strategy=fsdp hydra.run.dir=outputs/fsdp # FSDP2 shards (see below)
     torchrun --nnodes=2 --node_rank=$R --nproc_per_node=8 --rdzv_backend=c10d \\
         --rdzv_endpoint=$HEAD:29500 grpo.py train.strategy=ddp                        # several machines
 
@@ -35,26 +36,43 @@ What each rank does in one trainer step:
 Hydra: each torchrun process runs Hydra; pass one ``hydra.run.dir`` (or ``output_dir``) so that they agree on the
 run dir (Hydra's own ``.hydra/`` and log are then the same files; the run's files are rank 0's).
 
-Models that do not fit one device — FSDP2 (documented, not wired here): shard each decoder layer, then the root,
-with ``torch.distributed.fsdp.fully_shard`` on a 1-D device mesh::
+**FSDP2** (``train.strategy=fsdp``, or ``allocation_mode=...+fsdp:dN``) — for models whose weights, gradients and
+AdamW state do not fit one device: :func:`shard_model` applies ``torch.distributed.fsdp.fully_shard`` to each
+decoder layer, then to the root, on a 1-D ``DeviceMesh`` over the ranks (gloo on CPU, NCCL on CUDA); parameters,
+gradients and the optimizer state are then ``DTensor`` shards, 1/W of each per rank. Steps 1 and 3 above are
+unchanged; what differs, and why it stays exact:
 
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    mesh = init_device_mesh("cuda", (world_size,))
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for layer in model.model.layers:            # HF decoder blocks (LoRA: shard the peft model's base layers)
-        fully_shard(layer, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
-
-and in this trainer: (a) FSDP reduce-scatters an *average* of gradients, so scale each micro-batch's loss by
-``W · tokens(micro) / Σ_ranks tokens(minibatch)`` (the same normaliser as above) and drop
-:meth:`DataParallel.all_reduce_grads`; ``clip_grad_norm_`` works on the DTensor gradients; (b) every rank must run
-the same number of forward/backward passes per optimizer step (pad the micro-batch count with an empty pass);
-(c) weight export to the rollout engine gathers full tensors (``DTensor.full_tensor()`` per parameter, or
-``torch.distributed.checkpoint.state_dict.get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
-cpu_offload=True))``) on rank 0, which then syncs the engine; (d) checkpoints save the same full state dict (so
-they still load at any world size) and the optimizer with ``get_optimizer_state_dict(..., full_state_dict=True)``.
-The allocation plan names it ``fsdp`` (``allocation_mode=vllm:d1+fsdp:d2``) and refuses to run it until wired.
+* **Gradients.** FSDP reduce-scatters each layer's gradient in the backward pass, by default as an *average* over
+  ranks. :func:`shard_model` sets the divide factor to 1 with sum-only collectives
+  (``set_gradient_divide_factor(1.0)`` + ``set_force_sum_reduction_for_comms(True)``; the factor alone would use
+  ``ReduceOp.PREMUL_SUM``, which gloo refuses: "Cannot use ReduceOp.PREMUL_SUM with Gloo"), so with the micro-batch
+  scale ``tokens(micro) / Σ_ranks tokens(minibatch)`` of step 2 the shards hold the single-process gradient of the
+  union of the ranks' batches; :meth:`DataParallel.all_reduce_grads` skips DTensor parameters.
+  ``clip_grad_norm_`` computes the global norm over the DTensor gradients; AdamW (fused) steps on the shards.
+* **Lockstep.** Every forward and backward of the sharded model is a collective (all-gather of each layer's
+  parameters, reduce-scatter of its gradients), so all ranks must run the same number, though their micro-batch
+  counts differ (token budget, filtered groups, an empty shard). :meth:`DataParallel.lockstep` pads a rank's
+  passes to the largest count with one-token dummy passes whose loss is multiplied by 0
+  (:meth:`torchrl_grpo.update.GRPOUpdate.idle_pass`); a call of :func:`torchrl_grpo.log_probs.token_log_probs`
+  runs exactly one forward of a sharded model (no in-call prefix sharing, no chunking; the cross-micro-batch
+  shared prefix is off: the root's forward must run, it gathers the embeddings, final norm and LM head). A
+  non-finite loss does not stop the passes: its backward still runs, and every rank then discards the minibatch.
+* **Rollout.** Each rank's in-process transformers backend generates from its own frozen full copy of the weights
+  (made before sharding), refreshed after each optimizer step through :func:`torchrl_grpo.weight_sync.
+  export_hf_weights`, which gathers each parameter (``DTensor.full_tensor()``, one all-gather per tensor; per step
+  the bytes of one full model, the same as one forward's all-gathers). Cost: one full copy of the weights (no
+  gradients, no optimizer state) per rank; the KL reference (``loss.kl_coef > 0``) is another. Generating with the
+  sharded module itself is not possible: each new token is a forward, i.e. a collective, and ranks stop
+  generating at different lengths. A separate engine (vLLM) gets the same gathered full weights.
+* **Checkpoints.** :func:`full_state_dicts` (collective) gives rank 0 the full model state dict
+  (``get_model_state_dict(..., full_state_dict=True, cpu_offload=True)``) and the full optimizer state converted
+  to the single-process layout (parameter indices, not names), so a checkpoint written at any world size is the
+  single-process one and loads anywhere; :func:`load_full_model_state` / :func:`load_full_optimizer_state` load
+  one into a sharded model (every rank reads the files).
+* **Not combined:** LoRA (``actor.peft.enable``; its trainable state is small: use ``ddp``), Ray rollout workers,
+  async and continual modes — each refused at start (:mod:`torchrl_grpo.config`). No ``MixedPrecisionPolicy``:
+  parameters are gathered in their own dtype and the forward runs under the trainer's autocast (bf16 on CUDA), the
+  same numerics as one process.
 """
 from __future__ import annotations
 
@@ -65,10 +83,11 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["STRATEGIES", "DataParallel", "SINGLE", "init_data_parallel", "NullLogger"]
+__all__ = ["STRATEGIES", "DataParallel", "SINGLE", "init_data_parallel", "NullLogger", "is_fsdp", "shard_model",
+           "full_state_dicts", "load_full_model_state", "load_full_optimizer_state"]
 
 #: ``train.strategy`` values.
-STRATEGIES = ("single", "ddp")
+STRATEGIES = ("single", "ddp", "fsdp")
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +130,26 @@ class DataParallel:
         dist.all_reduce(t)
         return float(t.item())
 
+    def max(self, value: float) -> float:
+        """``value``'s maximum over ranks (float64 all-reduce)."""
+        if not self.enabled:
+            return value
+        import torch.distributed as dist
+
+        t = torch.tensor([float(value)], dtype=torch.float64, device=self._comm_device())
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+    def lockstep(self, passes: list[Any], model: torch.nn.Module) -> list[Any]:
+        """``passes`` padded with ``None`` to the largest count over ranks when ``model`` is FSDP-sharded
+        (:func:`is_fsdp`): each of its forward/backward passes is a collective, so every rank must run as many (the
+        caller runs a dummy pass for each ``None``). Otherwise ``passes`` as they are. A collective on a sharded
+        model: every rank calls it at the same point, before running any of the passes."""
+        if not (self.enabled and is_fsdp(model)):
+            return list(passes)
+        n = int(self.max(len(passes)))
+        return list(passes) + [None] * (n - len(passes))
+
     def all(self, flag: bool) -> bool:
         """True on every rank iff ``flag`` is true on every rank."""
         return flag if not self.enabled else self.sum(0.0 if flag else 1.0) == 0.0
@@ -118,13 +157,17 @@ class DataParallel:
     @torch.no_grad()
     def all_reduce_grads(self, params: Sequence[torch.nn.Parameter]) -> None:
         """Sum the gradients of ``params`` over ranks, in place, as one flattened all-reduce per dtype (a missing
-        gradient counts as zeros and is materialised, so every rank reduces the same tensors)."""
+        gradient counts as zeros and is materialised, so every rank reduces the same tensors). FSDP-sharded
+        parameters (``DTensor``) are skipped: their gradients were reduce-scattered (summed) in the backward pass."""
         if not self.enabled:
             return
         import torch.distributed as dist
+        from torch.distributed.tensor import DTensor
 
         grads: dict[torch.dtype, list[torch.Tensor]] = {}
         for p in params:
+            if isinstance(p, DTensor):
+                continue
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             grads.setdefault(p.grad.dtype, []).append(p.grad)
@@ -199,25 +242,26 @@ SINGLE = DataParallel()
 
 
 def init_data_parallel(strategy: str, device_type: str) -> DataParallel:
-    """Join the torchrun process group for ``train.strategy=ddp`` (``single``: :data:`SINGLE`).
+    """Join the torchrun process group for ``train.strategy=ddp`` or ``fsdp`` (``single``: :data:`SINGLE`).
 
     Args:
         strategy: one of :data:`STRATEGIES`.
         device_type: ``cpu`` (gloo) or ``cuda`` (NCCL; the rank's device is ``cuda:LOCAL_RANK``).
 
     Raises:
-        ValueError: unknown strategy; ``ddp`` outside torchrun (no ``RANK``/``WORLD_SIZE`` in the environment).
+        ValueError: unknown strategy; ``ddp``/``fsdp`` outside torchrun (no ``RANK``/``WORLD_SIZE`` in the
+            environment).
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"train.strategy must be one of {STRATEGIES}, got {strategy!r}")
     if strategy == "single":
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise ValueError(f"launched with WORLD_SIZE={os.environ['WORLD_SIZE']} (torchrun) but "
-                             f"train.strategy=single: add train.strategy=ddp")
+                             f"train.strategy=single: add train.strategy=ddp (or fsdp)")
         return SINGLE
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        raise ValueError("train.strategy=ddp needs torchrun (RANK/WORLD_SIZE unset): "
-                         "torchrun --nproc_per_node=N grpo.py train.strategy=ddp")
+        raise ValueError(f"train.strategy={strategy} needs torchrun (RANK/WORLD_SIZE unset): "
+                         f"torchrun --nproc_per_node=N grpo.py train.strategy={strategy}")
     import torch.distributed as dist
 
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
@@ -225,8 +269,102 @@ def init_data_parallel(strategy: str, device_type: str) -> DataParallel:
         if device_type == "cuda":
             torch.cuda.set_device(local)
         dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
-    log.info("data parallel: rank %d of %d (%s)", rank, world, dist.get_backend())
+    log.info("data parallel (%s): rank %d of %d (%s)", strategy, rank, world, dist.get_backend())
     return DataParallel(rank, world, local)
+
+
+def is_fsdp(model: torch.nn.Module) -> bool:
+    """Whether ``model`` was sharded with ``fully_shard`` (FSDP2) at its root."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder blocks of an HF causal LM (``model.get_decoder().layers``), or [] when it has none."""
+    try:
+        dec = model.get_decoder()
+    except Exception:  # noqa: BLE001  (not an HF model)
+        return []
+    return list(getattr(dec, "layers", None) or [])
+
+
+def shard_model(model: torch.nn.Module, dp: DataParallel) -> torch.nn.Module:
+    """Shard ``model`` in place with FSDP2: ``fully_shard`` each decoder layer, then the root (embeddings, final
+    norm, LM head), on a 1-D mesh over ``dp``'s ranks; gradients are reduce-scattered as a sum (see the module
+    docstring). Every rank must hold the same weights (:meth:`DataParallel.broadcast_module` first).
+
+    Returns:
+        ``model`` (its class becomes ``FSDP<class>``; parameter names are unchanged).
+
+    Raises:
+        ValueError: a peft (LoRA) model: not supported with FSDP here (use ``train.strategy=ddp``).
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    if hasattr(model, "peft_config"):
+        raise ValueError("train.strategy=fsdp with actor.peft.enable (LoRA) is not supported: LoRA's trainable "
+                         "state is small, use train.strategy=ddp")
+    mesh = init_device_mesh("cuda" if dist.get_backend() == "nccl" else "cpu", (dp.world_size,))
+    for layer in _decoder_layers(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    for m in model.modules():
+        if isinstance(m, FSDPModule):  # sum, not FSDP's default average; sum-only ops (gloo has no PREMUL_SUM)
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+def _param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The names of ``optimizer``'s parameters in its ``state_dict`` index order (groups in order)."""
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    return [by_id[id(p)] for g in optimizer.param_groups for p in g["params"]]
+
+
+def full_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None
+                     ) -> tuple[dict | None, dict | None]:
+    """The full (unsharded, CPU) state of a sharded model and its optimizer, in the single-process layout: the
+    model's ``state_dict`` names, and ``optimizer.state_dict()``'s form (state and groups keyed by parameter index).
+    A collective: every rank calls it; rank 0 gets ``(model_state, optimizer_state)``, the others ``(None, None)``.
+    """
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    msd = get_model_state_dict(model, options=opts)
+    osd = get_optimizer_state_dict(model, optimizer, options=opts) if optimizer is not None else None
+    if dist.get_rank() != 0:
+        return None, None
+    if osd is not None:
+        index = {n: i for i, n in enumerate(_param_names(model, optimizer))}
+        osd = {"state": {index[n]: st for n, st in osd["state"].items()},
+               "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in osd["param_groups"]]}
+    return msd, osd
+
+
+def load_full_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> tuple[list[str], list[str]]:
+    """Load a full state dict (names as ``model.state_dict()``) into a sharded model, non-strict; every rank calls
+    it with the same ``state``. Returns ``(missing, unexpected)`` keys like ``load_state_dict``."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    res = set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+    return list(res.missing_keys), list(res.unexpected_keys)
+
+
+def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Load a single-process ``optimizer.state_dict()`` (parameter indices; e.g. :func:`full_state_dicts`'s) into
+    the optimizer of a sharded model; every rank calls it with the same ``state``."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    names = _param_names(model, optimizer)
+    by_name = {"state": {names[int(i)]: st for i, st in state["state"].items()},
+               "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]}
+                                for g in state["param_groups"]]}
+    set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
 
 
 class NullLogger:

@@ -57,7 +57,13 @@ _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling",
 
 def _decoder_and_head(model: torch.nn.Module):
     """``(decoder, lm_head)`` when the model's logits are exactly ``lm_head(decoder(...).last_hidden_state)`` (HF
-    causal LMs without logit soft-capping/scaling, peft-wrapped or not); else None (the model's own forward is used)."""
+    causal LMs without logit soft-capping/scaling, peft-wrapped or not); else None (the model's own forward is used).
+    None for an FSDP-sharded model (:mod:`torchrl_grpo.distributed`): its root's forward gathers the embeddings,
+    final norm and LM head, which calling the decoder alone would leave sharded."""
+    from .distributed import is_fsdp
+
+    if is_fsdp(model):
+        return None
     cfg = getattr(model, "config", None)
     if any(getattr(cfg, a, None) not in (None, 1, 1.0) for a in _LOGIT_TRANSFORMS):
         return None
@@ -193,6 +199,8 @@ def token_log_probs(
         response_mask: optional bool [B, T], the tokens whose log-probs are needed; only they get logits
             computed, every other position is returned as 0.
         share_prefix: run columns before the response window once per distinct prefix (see module docstring).
+            Off for an FSDP-sharded model, as is ``logits_chunk``: a call then runs exactly one forward (each is a
+            collective, counted per call by :meth:`torchrl_grpo.distributed.DataParallel.lockstep`).
         prefix: a :class:`~torchrl_grpo.shared_prefix.SharedPrefix` every row starts with, computed once for several
             calls (micro-batches); only the columns after it run here, against its keys/values. Its gradients
             accumulate on its leaves: call its ``backward()`` after the last backward pass that reads it.
@@ -222,6 +230,10 @@ def token_log_probs(
         cols = response_mask.bool().any(0).nonzero()
         if cols.numel():
             start = max(1, int(cols[0]))
+    from .distributed import is_fsdp
+
+    if is_fsdp(model):  # one forward per call, whatever the rows hold (see share_prefix)
+        share_prefix, logits_chunk = False, 0
     step = logits_chunk if logits_chunk > 0 else B
     score = (response_mask.bool() if response_mask is not None else torch.ones_like(am, dtype=torch.bool)) & am.bool()
     dec_head = _decoder_and_head(model)

@@ -215,12 +215,18 @@ class GRPOTrainer:
         return out
 
     def save(self) -> Path:
-        if not self.dp.is_main:  # rank 0's checkpoint holds the whole state (identical weights and optimizer)
+        from .distributed import full_state_dicts, is_fsdp
+
+        # FSDP: gathering the full states is a collective (every rank), rank 0 gets them; DDP: rank 0's own state
+        # is the whole one (identical weights and optimizer on every rank)
+        model_sd, optim_sd = full_state_dicts(self.model, self.optimizer) if is_fsdp(self.model) else (None, None)
+        if not self.dp.is_main:
             return self.run_dir / "checkpoints" / f"step_{self.step:06d}"
         return save_checkpoint(self.run_dir / "checkpoints", self.step, model=self.model, tokenizer=self.tokenizer,
                                optimizer=self.optimizer, scheduler=self.scheduler, config_yaml=self.settings.config_yaml,
                                keep_last=self.settings.checkpoint_keep_last,
-                               extra={"optimizer_steps": self.optimizer_steps})
+                               extra={"optimizer_steps": self.optimizer_steps},
+                               model_state_dict=model_sd, optimizer_state_dict=optim_sd)
 
     def fit(self) -> dict[str, Any]:
         """Train for ``train.steps`` steps (from the resumed step). Returns the last metrics (and eval).

@@ -18,7 +18,7 @@ from tensordict import TensorDict
 
 from .log_probs import _decoder_and_head, _uses_grad_checkpointing, token_log_probs
 from .loss import GRPOLoss, LossMetrics, total_loss
-from .distributed import SINGLE
+from .distributed import SINGLE, is_fsdp
 from .micro_batch import split_micro_batches
 from .shared_prefix import SharedPrefix, build_shared_prefix, shared_prefix_length
 
@@ -73,7 +73,9 @@ class GRPOUpdate:
         dp: the data-parallel group (:mod:`torchrl_grpo.distributed`; None: one process). ``batch`` is then this
             rank's shard: the minibatch normaliser is summed over ranks and the gradients all-reduced before each
             optimizer step, so the step equals the single-process step on the union of the shards
-            (``minibatch_size`` is global; a rank may hold an empty minibatch).
+            (``minibatch_size`` is global; a rank may hold an empty minibatch). With an FSDP-sharded ``model``
+            every rank runs the same number of forward/backward passes (:meth:`idle_pass` pads them; see
+            :mod:`torchrl_grpo.distributed`).
         shared_prefix: ``train.shared_prefix``: ``auto`` runs the longest token prefix common to all episodes of a
             minibatch (or of a no-grad recompute) once and every micro-batch's remainders against its keys/values
             (:mod:`torchrl_grpo.shared_prefix`; exact), when there is one and the model supports it; ``off``: every
@@ -130,7 +132,12 @@ class GRPOUpdate:
         try:
             with self.autocast():
                 prefix = self.shared_prefix_for(td, model, dev)
-            for rows, mb in self.micro_batches(td, prefix.length if prefix is not None else 0):
+            for item in self.dp.lockstep(list(self.micro_batches(td, prefix.length if prefix is not None else 0)),
+                                         model):
+                if item is None:  # FSDP: the rank with the most micro-batches is still running them
+                    self.idle_pass(model, backward=False, device=dev)
+                    continue
+                rows, mb = item
                 with self.autocast():
                     lp, _ = token_log_probs(model, mb["tokens"].to(dev), mb["attention_mask"].to(dev),
                                             temperature=self.loss_fn.temperature,
@@ -141,6 +148,16 @@ class GRPOUpdate:
         finally:
             model.train(was_training)
         td[key] = out
+
+    def idle_pass(self, model, *, backward: bool, device: torch.device | None = None) -> None:
+        """One forward (and with ``backward``, one backward) of ``model`` on a one-token input, its output times 0:
+        it changes no gradient. What a rank with fewer micro-batches runs, under FSDP, so that the collectives of
+        every rank's passes line up (:meth:`~torchrl_grpo.distributed.DataParallel.lockstep`)."""
+        tok = torch.zeros(1, 1, dtype=torch.long, device=device or self.device)
+        with self.autocast():
+            logits = model(input_ids=tok, use_cache=False).logits
+        if backward:
+            (logits.float().sum() * 0.0).backward()
 
     def shared_prefix_for(self, td: TensorDict, model, device: torch.device | None = None) -> SharedPrefix | None:
         """The :class:`~torchrl_grpo.shared_prefix.SharedPrefix` of ``td``'s episodes under ``model`` (with a graph
@@ -200,6 +217,7 @@ class GRPOUpdate:
         mb_size = mb_all if not dp.enabled else max(1, -(-n // n_mb))  # this rank's rows per minibatch
         multi_update = self.ppo_epochs > 1 or n_mb > 1
         params = [p for p in self.model.parameters() if p.requires_grad]
+        sharded = is_fsdp(self.model)
         if self.reference is not None:
             with self.reference() as ref:
                 self.fill_log_probs(batch, "ref_log_probs", ref, self.reference_device)
@@ -227,17 +245,25 @@ class GRPOUpdate:
                 with self.autocast():
                     prefix = self.shared_prefix_for(mini, self.model)  # one prefix forward for all micro-batches
                 prefix_tokens.append(prefix.length if prefix is not None else 0)
-                for _rows, micro in self.micro_batches(mini, prefix_tokens[-1]):
-                    num = float(micro["response_mask"].sum() if agg_tokens else (micro["response_tokens"] > 0).sum())
-                    if num == 0:
+                micros = [(micro, num) for _rows, micro in self.micro_batches(mini, prefix_tokens[-1])
+                          if (num := float(micro["response_mask"].sum() if agg_tokens
+                                           else (micro["response_tokens"] > 0).sum())) > 0]
+                for item in dp.lockstep(micros, self.model):  # FSDP: padded to every rank's pass count
+                    if item is None or not finite:
+                        if not sharded:  # after a non-finite loss: the minibatch is skipped
+                            break
+                        self.idle_pass(self.model, backward=True)  # FSDP: the passes still run on every rank
                         continue
+                    micro, num = item
                     micro = micro.to(self.device)
                     with self.autocast():
                         losses = self.loss_fn(micro, prefix=prefix)
                     loss = total_loss(losses)
                     if not torch.isfinite(loss):
                         finite = False
-                        break
+                        if sharded:  # its backward is a collective too; the gradient is discarded below
+                            (loss * (num / max(denom, 1.0))).backward()
+                        continue
                     (loss * (num / max(denom, 1.0))).backward()
                     acc.add(losses, tokens=float(micro["response_mask"].sum()),
                             scaled_loss=float(loss.detach()) * num / max(denom, 1.0))

@@ -3,6 +3,9 @@
 With LoRA (peft), the adapter is merged into a copy of each affected base weight on the fly
 (``W + scale * B @ A``, Hu et al., 2021, arXiv:2106.09685, Eq. 3) so the engine receives ordinary full
 weights and needs no LoRA support; the trainer's module is not modified.
+
+An FSDP-sharded policy (:mod:`torchrl_grpo.distributed`) yields full tensors: each parameter is all-gathered
+(``DTensor.full_tensor()``) as it is yielded, so every rank must iterate the whole export, in the same order.
 """
 from __future__ import annotations
 
@@ -29,8 +32,11 @@ def export_hf_weights(model: torch.nn.Module, dtype: torch.dtype | None = None) 
         Names as in the base model's own ``state_dict`` (e.g. ``model.layers.0.self_attn.q_proj.weight``).
     """
     if not _is_peft(model):
+        from torch.distributed.tensor import DTensor
+
         for name, p in model.named_parameters():
-            yield name, (p.detach().to(dtype) if dtype is not None else p.detach())
+            t = p.detach().full_tensor() if isinstance(p, DTensor) else p.detach()
+            yield name, (t.to(dtype) if dtype is not None else t)
         return
     from peft.tuners.lora import LoraLayer
 
