@@ -210,3 +210,17 @@ def test_grading_leaves_the_global_random_stream_alone():
     random.seed(123)
     score_response(*args)
     assert random.random() == expected
+
+
+def test_missing_nltk_warning_is_logged_once_per_process_not_once_per_env(monkeypatch, caplog):
+    """A vector/pooled collector builds one env per sample: the 'prompts left out' warning must not repeat for each
+    (seen: 64 identical lines at the start of a grpo_ifeval run)."""
+    import envs.ifeval.env as ifeval_env
+
+    monkeypatch.setattr(ifeval_env, "instruction_available", lambda iid: not iid.startswith("count:"))
+    monkeypatch.setattr(ifeval_env, "_warned_unavailable", set(), raising=False)
+    with caplog.at_level("WARNING", logger=ifeval_env._log.name):
+        for _ in range(8):
+            gym.make("IFEval-v0", split="test").unwrapped
+    lines = [r for r in caplog.records if "left out" in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in lines]

@@ -31,6 +31,7 @@ EMPTY_RESPONSE = "empty response: it follows no instruction"
 TOOL_CALL_IN_ANSWER = "the response holds a <tool_call> block, but IFEval-v0 has no tools; it was graded as text"
 
 _log = logging.getLogger(__name__)
+_warned_unavailable: set[tuple[str, str, int]] = set()  # (split, data path, prompts left out) already logged
 
 
 class IFEvalEnv(gym.Env):
@@ -147,7 +148,9 @@ class IFEvalEnv(gym.Env):
         self._by_id = {k: i for i, k in enumerate(self._ids)}
         self._usable = [i for i, p in enumerate(self._prompts)
                         if all(instruction_available(x) for x in p["instruction_id_list"])]
-        if len(self._usable) < len(self._prompts):
+        left_out = (split, str(data_path), len(self._prompts) - len(self._usable))
+        if left_out[2] and left_out not in _warned_unavailable:  # once per process and data, not once per env
+            _warned_unavailable.add(left_out)
             _log.warning("IFEval-v0: %d of %d prompts left out: their checkers need NLTK data that is not installed "
                          "(python -m nltk.downloader punkt punkt_tab stopwords averaged_perceptron_tagger_eng)",
                          len(self._prompts) - len(self._usable), len(self._prompts))
