@@ -23,25 +23,37 @@ def _torchrun(args, cwd, timeout=600):
                            *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
 
 
-def test_ddp_step_equals_single_process_step_on_the_doubled_batch(tmp_path):
-    single, ddp = tmp_path / "single.pt", tmp_path / "ddp.pt"
+def _single_and_two_ranks(tmp_path, mode: str) -> tuple[dict, dict]:
+    """tests/ddp_equivalence.py once in one process (micro-batches of 4) and once under torchrun with 2 ranks in
+    ``mode`` (``ddp`` | ``fsdp``, micro-batches of 2); returns the two result dicts (single, parallel)."""
+    single, par = tmp_path / "single.pt", tmp_path / f"{mode}.pt"
     script = str(REPO / "tests" / "ddp_equivalence.py")
     p = subprocess.run([sys.executable, script, str(single), "single", "4"], cwd=tmp_path, env=ENV,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
-    # another micro-batch split on the ranks (2 episodes per forward): the all-reduced gradient must not depend on it
-    p = _torchrun([script, str(ddp), "ddp", "2"], cwd=tmp_path)
+    p = _torchrun([script, str(par), mode, "2"], cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
-    a, b = torch.load(single), torch.load(ddp)
+    return torch.load(single), torch.load(par)
+
+
+def test_ddp_step_equals_single_process_step_on_the_doubled_batch(tmp_path):
+    # another micro-batch split on the ranks (2 episodes per forward): the all-reduced gradient must not depend on it
+    a, b = _single_and_two_ranks(tmp_path, "ddp")
     assert a["tokens"][0] != a["tokens"][1]  # the ranks' token counts differ (token-mean normaliser is global)
+    _assert_same_step(a, b, "DDP", f"; response tokens per rank {a['tokens']}")
+
+
+def _assert_same_step(a: dict, b: dict, name: str, note: str = "") -> None:
+    """The data-parallel run ``b`` took the single-process step ``a``: one optimizer step each, the weights moved,
+    gradients equal to float summation order and parameters to 1e-5 (the differences are printed)."""
     assert a["optimizer_steps"] == b["optimizer_steps"] == 1.0
     moved = max((a["params"][k] - a["before"][k]).abs().max().item() for k in a["params"])
     assert moved > 1e-4  # the step did change the weights
     grad_diff = max((a["grads"][k] - b["grads"][k]).abs().max().item() for k in a["grads"])
     grad_scale = max(a["grads"][k].abs().max().item() for k in a["grads"])
     param_diff = max((a["params"][k] - b["params"][k]).abs().max().item() for k in a["params"])
-    print(f"max |grad diff| {grad_diff:.3g} (max |grad| {grad_scale:.3g}); max |param diff| {param_diff:.3g} "
-          f"(max |update| {moved:.3g}); response tokens per rank {a['tokens']}")
+    print(f"{name}: max |grad diff| {grad_diff:.3g} (max |grad| {grad_scale:.3g}); max |param diff| {param_diff:.3g} "
+          f"(max |update| {moved:.3g}){note}")
     for k in a["grads"]:
         torch.testing.assert_close(b["grads"][k], a["grads"][k], rtol=1e-4, atol=1e-6 * grad_scale)
     for k in a["params"]:
@@ -51,27 +63,9 @@ def test_ddp_step_equals_single_process_step_on_the_doubled_batch(tmp_path):
 def test_fsdp_step_equals_single_process_step_on_the_doubled_batch(tmp_path):
     """FSDP2 (fully_shard, gloo): uneven shards (rank 0: 3 groups in 5 micro-batches, rank 1: 1 group in 2, padded
     with dummy passes) give the single-process gradient and step of the whole batch."""
-    single, fsdp = tmp_path / "single.pt", tmp_path / "fsdp.pt"
-    script = str(REPO / "tests" / "ddp_equivalence.py")
-    p = subprocess.run([sys.executable, script, str(single), "single", "4"], cwd=tmp_path, env=ENV,
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    p = _torchrun([script, str(fsdp), "fsdp", "2"], cwd=tmp_path)
-    assert p.returncode == 0, p.stderr[-3000:]
-    a, b = torch.load(single), torch.load(fsdp)
+    a, b = _single_and_two_ranks(tmp_path, "fsdp")
     assert b["sharded"].startswith("FSDP")  # the policy was sharded with fully_shard
-    assert a["optimizer_steps"] == b["optimizer_steps"] == 1.0
-    moved = max((a["params"][k] - a["before"][k]).abs().max().item() for k in a["params"])
-    assert moved > 1e-4
-    grad_diff = max((a["grads"][k] - b["grads"][k]).abs().max().item() for k in a["grads"])
-    grad_scale = max(a["grads"][k].abs().max().item() for k in a["grads"])
-    param_diff = max((a["params"][k] - b["params"][k]).abs().max().item() for k in a["params"])
-    print(f"FSDP: max |grad diff| {grad_diff:.3g} (max |grad| {grad_scale:.3g}); max |param diff| {param_diff:.3g} "
-          f"(max |update| {moved:.3g})")
-    for k in a["grads"]:
-        torch.testing.assert_close(b["grads"][k], a["grads"][k], rtol=1e-4, atol=1e-6 * grad_scale)
-    for k in a["params"]:
-        torch.testing.assert_close(b["params"][k], a["params"][k], rtol=0, atol=1e-5)
+    _assert_same_step(a, b, "FSDP")
 
 
 def _grpo_args(gsm8k_dir, run, steps, *extra):
