@@ -122,22 +122,21 @@ class DataParallel:
 
     def sum(self, value: float) -> float:
         """``value`` summed over ranks (float64 all-reduce)."""
-        if not self.enabled:
-            return value
-        import torch.distributed as dist
-
-        t = torch.tensor([float(value)], dtype=torch.float64, device=self._comm_device())
-        dist.all_reduce(t)
-        return float(t.item())
+        return self._all_reduce(value, "sum")
 
     def max(self, value: float) -> float:
         """``value``'s maximum over ranks (float64 all-reduce)."""
+        return self._all_reduce(value, "max")
+
+    def _all_reduce(self, value: float, op: str) -> float:
+        """``value`` reduced over ranks with ``op`` (``"sum"`` | ``"max"``) as a one-element float64 all-reduce;
+        ``value`` itself when not distributed. A collective: every rank calls it."""
         if not self.enabled:
             return value
         import torch.distributed as dist
 
         t = torch.tensor([float(value)], dtype=torch.float64, device=self._comm_device())
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
         return float(t.item())
 
     def lockstep(self, passes: list[Any], model: torch.nn.Module) -> list[Any]:
