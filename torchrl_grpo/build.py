@@ -213,11 +213,11 @@ def _data_parallel_and_plan(cfg, device: torch.device):
         ValueError: ``ddp``/``fsdp`` outside torchrun, or fewer tasks per step than ranks.
     """
     from .allocation import detect_devices, resolve_plan, train_strategy
-    from .distributed import init_data_parallel
+    from .distributed import init_data_parallel, is_data_parallel
 
     workers = cfg.rollout.num_workers if cfg.rollout.launcher == "ray" else 0
     strategy = train_strategy(cfg)  # train.strategy, or the training engine allocation_mode names
-    world = int(os.environ.get("WORLD_SIZE", "1")) if strategy in ("ddp", "fsdp") else 1
+    world = int(os.environ.get("WORLD_SIZE", "1")) if is_data_parallel(strategy) else 1
     plan = resolve_plan(cfg, detect_devices(device.type), world_size=world, rollout_workers=workers,
                         train_engine=strategy, inference_engine=cfg.rollout.backend)
     dp = init_data_parallel(strategy, device.type)

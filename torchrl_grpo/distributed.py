@@ -83,11 +83,17 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["STRATEGIES", "DataParallel", "SINGLE", "init_data_parallel", "NullLogger", "is_fsdp", "shard_model",
-           "full_state_dicts", "load_full_model_state", "load_full_optimizer_state"]
+__all__ = ["STRATEGIES", "DataParallel", "SINGLE", "init_data_parallel", "is_data_parallel", "NullLogger", "is_fsdp",
+           "shard_model", "full_state_dicts", "load_full_model_state", "load_full_optimizer_state"]
 
 #: ``train.strategy`` values.
 STRATEGIES = ("single", "ddp", "fsdp")
+
+
+def is_data_parallel(strategy: str) -> bool:
+    """Whether ``strategy`` (one of :data:`STRATEGIES`, e.g. :func:`torchrl_grpo.allocation.train_strategy`'s
+    value) runs over torchrun ranks: ``ddp`` or ``fsdp``, i.e. anything but ``single``."""
+    return strategy != "single"
 
 log = logging.getLogger(__name__)
 
