@@ -358,8 +358,9 @@ def _validate_scale_out(cfg) -> None:
         raise ValueError("rollout.launcher=ray and train.strategy=ddp/fsdp run with the sync trainer (mode=sync, no "
                          "cl.task_order) for now")
     if strategy == "fsdp" and cfg.actor.peft.enable:
-        raise ValueError("train.strategy=fsdp with actor.peft.enable (LoRA) is not supported: LoRA's trainable state "
-                         "is small, use train.strategy=ddp")
+        from .distributed import LORA_FSDP_REFUSAL
+
+        raise ValueError(LORA_FSDP_REFUSAL)
 
 
 def register_configs() -> None:

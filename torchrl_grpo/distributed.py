@@ -83,11 +83,17 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["STRATEGIES", "DataParallel", "SINGLE", "init_data_parallel", "is_data_parallel", "NullLogger", "is_fsdp",
-           "shard_model", "full_state_dicts", "load_full_model_state", "load_full_optimizer_state"]
+__all__ = ["STRATEGIES", "LORA_FSDP_REFUSAL", "DataParallel", "SINGLE", "init_data_parallel", "is_data_parallel",
+           "NullLogger", "is_fsdp", "shard_model", "full_state_dicts", "load_full_model_state",
+           "load_full_optimizer_state"]
 
 #: ``train.strategy`` values.
 STRATEGIES = ("single", "ddp", "fsdp")
+
+#: why FSDP and LoRA are not combined: raised by :func:`shard_model` and, at start-up, by
+#: :func:`torchrl_grpo.config.validate_config`.
+LORA_FSDP_REFUSAL = ("train.strategy=fsdp with actor.peft.enable (LoRA) is not supported: LoRA's trainable state is "
+                     "small, use train.strategy=ddp")
 
 
 def is_data_parallel(strategy: str) -> bool:
@@ -310,8 +316,7 @@ def shard_model(model: torch.nn.Module, dp: DataParallel) -> torch.nn.Module:
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
     if hasattr(model, "peft_config"):
-        raise ValueError("train.strategy=fsdp with actor.peft.enable (LoRA) is not supported: LoRA's trainable "
-                         "state is small, use train.strategy=ddp")
+        raise ValueError(LORA_FSDP_REFUSAL)
     mesh = init_device_mesh("cuda" if dist.get_backend() == "nccl" else "cpu", (dp.world_size,))
     for layer in _decoder_layers(model):
         fully_shard(layer, mesh=mesh)
