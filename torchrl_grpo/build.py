@@ -438,8 +438,6 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
             side.collector.update_policy_weights_(model)
     t = cfg.train
     update = GRPOUpdate(model, loss_fn, optimizer, reference=reference, device=device, autocast=autocast_for(device),
-                        reference_device=placement.ref_device if reference is not None and not cfg.actor.peft.enable
-                        else None,
                         ppo_epochs=t.ppo_epochs, minibatch_size=t.minibatch_size, micro_batch_size=t.micro_batch_size,
                         max_tokens_per_mb=t.max_tokens_per_mb, max_grad_norm=o.max_grad_norm, anchor=cfg.loss.anchor,
                         shared_prefix=t.shared_prefix,

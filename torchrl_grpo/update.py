@@ -58,9 +58,9 @@ class GRPOUpdate:
         loss_fn: the :class:`~torchrl_grpo.loss.GRPOLoss` on ``model``.
         optimizer: over ``model``'s trainable parameters.
         reference: ``None`` (no KL term), or a callable returning a context manager that yields the frozen reference
-            module to score with (a copy of the initial policy, or the LoRA model with its adapter switched off).
-        reference_device: where the reference module lives (the plan's ref device, :mod:`torchrl_grpo.placement`;
-            None: ``device``); its inputs are moved there, and ``ref_log_probs`` come back on the batch's device (CPU).
+            module to score with (a copy of the initial policy, or the LoRA model with its adapter switched off). Its
+            inputs go to the device of its first parameter (the plan's ref device, :mod:`torchrl_grpo.placement`, for
+            a placed copy; the train device for LoRA's), and ``ref_log_probs`` come back on the batch's device (CPU).
         device: where the forward passes run.
         autocast: returns the autocast context of the forward passes (bf16 on CUDA, a null context on CPU).
         ppo_epochs / minibatch_size: passes over the batch and episodes per optimizer step (0: the whole batch).
@@ -89,8 +89,8 @@ class GRPOUpdate:
                  reference: Callable[[], AbstractContextManager] | None, device: torch.device,
                  autocast: Callable[[], AbstractContextManager], ppo_epochs: int, minibatch_size: int,
                  micro_batch_size: int, max_tokens_per_mb: int, max_grad_norm: float, anchor: str,
-                 exact_log_probs: bool, seed: int, optimizer_steps: int = 0, dp=None, shared_prefix: str = "auto",
-                 reference_device: torch.device | None = None) -> None:
+                 exact_log_probs: bool, seed: int, optimizer_steps: int = 0, dp=None, shared_prefix: str = "auto"
+                 ) -> None:
         if anchor not in ANCHORS:
             raise ValueError(f"anchor must be one of {ANCHORS}, got {anchor!r}")
         if shared_prefix not in SHARED_PREFIX_MODES:
@@ -98,7 +98,6 @@ class GRPOUpdate:
         self.shared_prefix = shared_prefix
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
         self.reference, self.device, self.autocast = reference, device, autocast
-        self.reference_device = reference_device or device
         self.ppo_epochs, self.minibatch_size = ppo_epochs, minibatch_size
         self.micro_batch_size, self.max_tokens_per_mb = micro_batch_size, max_tokens_per_mb
         self.max_grad_norm, self.anchor, self.exact_log_probs, self.seed = max_grad_norm, anchor, exact_log_probs, seed
@@ -219,8 +218,8 @@ class GRPOUpdate:
         params = [p for p in self.model.parameters() if p.requires_grad]
         sharded = is_fsdp(self.model)
         if self.reference is not None:
-            with self.reference() as ref:
-                self.fill_log_probs(batch, "ref_log_probs", ref, self.reference_device)
+            with self.reference() as ref:  # scored where it lives (a placed copy, LoRA's policy, a CL anchor)
+                self.fill_log_probs(batch, "ref_log_probs", ref, next(ref.parameters()).device)
         # one optimizer step on this batch (and no dropout): π_prox is the model as it is now, which the loss's own
         # forward computes; its detached log-probs anchor the ratio instead of a separate no-grad pass (exact up to
         # float rounding; measured: the pass was 9.9 of 47 s of an async update, benchmarks/results/async_placement.md)
