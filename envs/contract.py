@@ -95,6 +95,9 @@ Training hooks (env-specific behaviour a trainer needs, kept behind the contract
     reward is the floor a trained policy must beat (tau2: a call to its ``done`` tool; some tau2
     tasks need no change, so it scores ~0.38 on airline); ``None`` when the env has no meaningful
     do-nothing baseline (GSM8K: an empty answer always scores 0).
+    ``demonstration(options) -> list[dict]`` (optional): the assistant messages of a successful episode on
+    the task ``options`` picks, for supervised fine-tuning before RL (tau2: the task's gold actions as
+    tool calls and the stop; GSM8K: the worked solution). An env without demonstrations lacks the method.
 
 Where we diverge from Gymnasium, and why
     Observations and actions are Python objects (chat messages, text), not arrays: the spaces in

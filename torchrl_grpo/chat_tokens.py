@@ -123,3 +123,27 @@ class ChatRenderer:
         full_ids = self._render(_BASE + list(new_messages), add_generation_prompt=True)
         return full_ids[len(self._base) :]
 
+    def assistant_ids(self, message: dict) -> list[int]:
+        """Token ids a policy samples to write the assistant ``message`` (OpenAI format; tool calls included):
+        the template's render of it after the generation prompt, through its end-of-turn token (the stop token
+        the collector's sampling ends on), without the :attr:`assistant_suffix` the collector appends itself.
+        The demonstrations of supervised fine-tuning (:mod:`torchrl_grpo.demonstrations`) are these tokens, so a
+        model is taught exactly the text the env parses from its samples.
+
+        Raises:
+            ValueError: ``message`` is not an assistant message, or the template renders it in a way that does not
+                continue the generation prompt or does not close it with an end-of-turn token.
+        """
+        if not isinstance(message, dict) or message.get("role", "assistant") != "assistant":
+            raise ValueError(f"assistant_ids() takes an assistant message dict, got {message!r:.200}")
+        ctx = _BASE + [{"role": "user", "content": "V"}]
+        head = self._text(ctx, add_generation_prompt=True)
+        full = self._text(ctx + [{**message, "role": "assistant"}], add_generation_prompt=False)
+        if not full.startswith(head):
+            raise ValueError("chat template renders an assistant message that does not continue its generation prompt")
+        ids = self._encode(full[len(head):])
+        eos = self.end_of_turn_ids()
+        last = max((i for i, t in enumerate(ids) if t in eos), default=None)
+        if last is None:
+            raise ValueError("chat template does not close the assistant message with an end-of-turn token")
+        return ids[: last + 1]

@@ -207,6 +207,21 @@ class ContinualConfig:
 
 
 @dataclass
+class SFTConfig:
+    """``sft.*``: supervised fine-tuning before RL (``python sft.py``; torchrl_grpo.sft, torchrl_grpo.demonstrations).
+    Uses ``optimizer.*`` (lr, scheduler over the phase's optimizer steps), ``train.micro_batch_size`` /
+    ``max_tokens_per_mb`` / ``shared_prefix`` and ``eval.*``; grpo.py ignores this section."""
+
+    source: str = "gold"  # gold (the env's demonstrations of the train split) | rft (the policy's own successes only)
+    epochs: int = 2  # passes over each phase's data (gold demonstrations, each RFT round's kept episodes)
+    minibatch_size: int = 8  # episodes per optimizer step
+    min_reward: float = 1.0  # a replayed demonstration / RFT episode is kept when its env reward reaches this
+    rft_rounds: int = 0  # rounds of rejection-sampling fine-tuning after the gold phase
+    rft_samples: int = 4  # episodes sampled per train task in each RFT round (at gconfig.temperature)
+    save_model: bool = True  # <run_dir>/sft_model: merged weights + tokenizer, for grpo.py actor.path=
+
+
+@dataclass
 class DevicePlanConfig:
     """``train_model`` / ``inference_model`` / ``ref_model``: TorchRL GRPO recipe keys (torchrl_grpo/allocation.py)."""
 
@@ -240,6 +255,7 @@ class GRPOConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     stats_logger: StatsLoggerConfig = field(default_factory=StatsLoggerConfig)
     cl: ContinualConfig = field(default_factory=ContinualConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
 
 
 MODES = ("sync", "async")  # grpo.py: trainer.GRPOTrainer | async_trainer.AsyncGRPOTrainer
@@ -260,6 +276,7 @@ def _choices() -> dict[str, tuple]:
     from .loss import AGGREGATIONS, BEHAVIOUR_WEIGHT_MODES
     from .models.loading import DTYPES
     from .stats_logger import WANDB_MODES
+    from .sft import SFT_SOURCES
     from .update import ANCHORS
 
     return {
@@ -277,6 +294,7 @@ def _choices() -> dict[str, tuple]:
         "train.device": DEVICES,
         "train.strategy": STRATEGIES,
         "rollout.launcher": LAUNCHERS,
+        "sft.source": SFT_SOURCES,
     }
 
 
@@ -320,6 +338,11 @@ def validate_config(cfg) -> None:
         from .cl_domains import validate_cl_config
 
         validate_cl_config(cfg, check_tasks=False)  # names and ranges; ContinualTrainer also checks the splits
+    for key in ("sft.epochs", "sft.minibatch_size", "sft.rft_samples"):
+        if OmegaConf.select(cfg, key) < 1:
+            raise ValueError(f"config {key} must be >= 1, got {OmegaConf.select(cfg, key)}")
+    if cfg.sft.rft_rounds < 0:
+        raise ValueError(f"config sft.rft_rounds must be >= 0, got {cfg.sft.rft_rounds}")
     if cfg.optimizer.lr <= 0:
         raise ValueError(f"config optimizer.lr must be > 0, got {cfg.optimizer.lr}")
     if cfg.gconfig.temperature < 0 or not 0 < cfg.gconfig.top_p <= 1:
@@ -348,12 +371,13 @@ def _validate_scale_out(cfg) -> None:
         raise ValueError(f"config rollout.num_workers={r.num_workers} needs rollout.launcher=ray (local: the rollout "
                          f"runs in the trainer process)")
     from .allocation import train_strategy
+    from .distributed import is_data_parallel
 
     strategy = train_strategy(cfg)  # train.strategy, or the engine allocation_mode names
-    if r.launcher == "ray" and strategy in ("ddp", "fsdp"):
+    if r.launcher == "ray" and is_data_parallel(strategy):
         raise ValueError(f"rollout.launcher=ray and train.strategy={strategy} are not combined yet: one of them per "
                          f"run")
-    scaled = r.launcher == "ray" or strategy in ("ddp", "fsdp")
+    scaled = r.launcher == "ray" or is_data_parallel(strategy)
     if scaled and (cfg.mode != "sync" or OmegaConf.select(cfg, "cl.task_order")):
         raise ValueError("rollout.launcher=ray and train.strategy=ddp/fsdp run with the sync trainer (mode=sync, no "
                          "cl.task_order) for now")

@@ -388,8 +388,9 @@ class LossMetrics:
                     self._max[k] = max(self._max.get(k, float("-inf")), float(losses[k]))
                 elif how == "sum" and k in losses.keys():
                     self._added[k] = self._added.get(k, 0.0) + float(losses[k])
-            self._log_sw.append(float(losses["ess_log_sum_w"]))
-            self._log_sw2.append(float(losses["ess_log_sum_w2"]))
+            if "ess_log_sum_w" in losses.keys():  # a loss without importance weights (SFT) has no ESS
+                self._log_sw.append(float(losses["ess_log_sum_w"]))
+                self._log_sw2.append(float(losses["ess_log_sum_w2"]))
             self._tokens += tokens
         self._total = (self._total or 0.0) + scaled_loss
 
@@ -409,5 +410,13 @@ class LossMetrics:
 
 
 def total_loss(losses: TensorDictBase) -> torch.Tensor:
-    """Sum of the ``loss_*`` entries of a :class:`GRPOLoss` output: the scalar to backpropagate."""
-    return losses["loss_objective"] + losses["loss_kl"] + losses["loss_entropy"]
+    """Sum of the ``loss_*`` entries of a loss output (:class:`GRPOLoss`: objective, KL, entropy;
+    :class:`torchrl_grpo.sft.SFTLoss`: the NLL): the scalar to backpropagate (TorchRL's convention).
+
+    Raises:
+        KeyError: no ``loss_*`` entry.
+    """
+    keys = [k for k in losses.keys() if isinstance(k, str) and k.startswith("loss_")]  # in output order
+    if not keys:
+        raise KeyError("a loss output needs at least one 'loss_*' entry")
+    return sum((losses[k] for k in keys[1:]), losses[keys[0]])

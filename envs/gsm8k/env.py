@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import operator
 import os
+import re
 from typing import Any
 
 import gymnasium as gym
@@ -202,6 +203,20 @@ class GSM8KEnv(gym.Env):
     def do_nothing_action(self) -> None:
         """``None``: no meaningful do-nothing baseline (an empty answer always scores 0)."""
         return None
+
+    def demonstration(self, options: dict | None) -> list[dict]:
+        """The gold answer for the problem ``options`` picks, as one assistant message: the dataset's worked
+        solution with its calculator annotations (``<<48/2=24>>``) removed, ending in its ``#### N`` line (scores
+        1.0). Supervised fine-tuning data for :mod:`torchrl_grpo.demonstrations`.
+
+        Raises:
+            ValueError: bad options (as for ``reset``), or options that pick no problem.
+        """
+        if not options or (options.get("index") is None and options.get("task_id") is None):
+            raise ValueError("demonstration() needs options with 'index' or 'task_id'")
+        problem = self._problems[self._pick_index(options)]
+        text = re.sub(r"<<[^<>]*>>", "", problem.get("solution") or f"#### {problem['answer']}")
+        return [{"role": "assistant", "content": text}]
 
     def _pick_index(self, options: dict | None) -> int:
         if options is None:

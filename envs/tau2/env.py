@@ -299,6 +299,26 @@ class Tau2Env(gym.Env):
         """A fresh copy of :data:`DO_NOTHING_ACTION`: a ``done`` call that ends the episode at once."""
         return deepcopy(DO_NOTHING_ACTION)
 
+    def demonstration(self, options: dict | None) -> list[dict]:
+        """The gold assistant messages for the task ``options`` picks (``index`` / ``task_id``, as for ``reset``):
+        the task's gold actions as tool calls, then its ``communicate_info`` and the stop
+        (:func:`envs.tau2.oracle.oracle_actions`; in solo mode the customer's gold actions too). Replayed through
+        ``step`` in this env's configuration they score 1.0 on every task (``tests/test_tau2_gold.py``): the
+        supervised fine-tuning data of :mod:`torchrl_grpo.demonstrations`.
+
+        Raises:
+            ValueError: bad options, or a task this env cannot play (:meth:`usable_task_indices`).
+        """
+        if not options or (options.get("index") is None and options.get("task_id") is None):
+            raise ValueError("demonstration() needs options with 'index' or 'task_id'")
+        from .oracle import oracle_actions
+
+        task = self.tasks.tasks[self._pick_task(options)]
+        why = self._unplayable(task)
+        if why is not None:
+            raise ValueError(why)
+        return oracle_actions(task, self.solo)
+
     # ------------------------------------------------------------------------------------------
     # reset
     # ------------------------------------------------------------------------------------------
