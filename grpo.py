@@ -32,45 +32,40 @@ register_configs()
 log = logging.getLogger("grpo")
 
 
-def run_continual(cfg: DictConfig) -> dict:
-    """A continual run (``cl.task_order`` set, e.g. ``--config-name grpo_cl``): torchrl_grpo.continual_trainer."""
-    from torchrl_grpo.continual_trainer import ContinualTrainer
-
+def run_trainer(trainer_cls, cfg: DictConfig, action=lambda trainer: trainer.fit()) -> dict:
+    """Build ``trainer_cls(cfg, run_dir)`` under the signal handlers (SIGINT / SIGTERM -> TrainingInterrupted, from
+    model loading to ``close()``), run ``action(trainer)``, always close it (joins an async rollout thread, shuts the
+    rollout engine down). Also the body of ``sft.py``."""
     run_dir = cfg.output_dir or HydraConfig.get().runtime.output_dir
     with handle_signals():
-        trainer = ContinualTrainer(cfg, run_dir)
+        trainer = trainer_cls(cfg, run_dir)
         try:
-            result = trainer.train()
+            result = action(trainer)
         finally:
             trainer.close()
     log.info("done: %s", json.dumps(result, default=str)[:2000])
     return result
 
 
+def _evaluate_only(trainer) -> dict:
+    if not trainer.cfg.train.resume_from:
+        log.warning("eval_only without train.resume_from: evaluating the initial weights of %s",
+                    trainer.cfg.actor.path)
+    result = trainer.evaluate()
+    trainer.logger.log(result, step=trainer.step)
+    return result
+
+
 def run(cfg: DictConfig) -> dict:
-    if cfg.cl.task_order:
-        return run_continual(cfg)
+    if cfg.cl.task_order:  # a continual run (e.g. --config-name grpo_cl): torchrl_grpo.continual_trainer
+        from torchrl_grpo.continual_trainer import ContinualTrainer
+
+        return run_trainer(ContinualTrainer, cfg, lambda trainer: trainer.train())
     if cfg.mode == "async":
         from torchrl_grpo.async_trainer import AsyncGRPOTrainer as Trainer
     else:
         from torchrl_grpo.trainer import GRPOTrainer as Trainer
-
-    run_dir = cfg.output_dir or HydraConfig.get().runtime.output_dir
-    with handle_signals():  # SIGINT / SIGTERM -> TrainingInterrupted, from model loading to close()
-        trainer = Trainer(cfg, run_dir)
-        try:
-            if cfg.eval_only:
-                if not cfg.train.resume_from:
-                    log.warning("eval_only without train.resume_from: evaluating the initial weights of %s",
-                                cfg.actor.path)
-                result = trainer.evaluate()
-                trainer.logger.log(result, step=trainer.step)
-            else:
-                result = trainer.fit()
-        finally:
-            trainer.close()  # joins the rollout thread (async) and shuts the rollout engine down
-    log.info("done: %s", json.dumps(result, default=str)[:2000])
-    return result
+    return run_trainer(Trainer, cfg, _evaluate_only if cfg.eval_only else lambda trainer: trainer.fit())
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="grpo_gsm8k")

@@ -11,36 +11,22 @@ Same config schema as grpo.py (:class:`torchrl_grpo.config.GRPOConfig`, the ``sf
 """
 from __future__ import annotations
 
-import json
-import logging
 import os
 import sys
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import hydra  # noqa: E402
-from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from torchrl_grpo.config import register_configs  # noqa: E402
-from torchrl_grpo.interrupt import exit_code, handle_signals  # noqa: E402
-
-register_configs()
-log = logging.getLogger("sft")
+from grpo import run_trainer  # noqa: E402  (registers the config schema)
+from torchrl_grpo.interrupt import exit_code  # noqa: E402
 
 
 def run(cfg: DictConfig) -> dict:
     from torchrl_grpo.sft import SFTTrainer
 
-    run_dir = cfg.output_dir or HydraConfig.get().runtime.output_dir
-    with handle_signals():
-        trainer = SFTTrainer(cfg, run_dir)
-        try:
-            result = trainer.fit()
-        finally:
-            trainer.close()
-    log.info("done: %s", json.dumps(result, default=str)[:2000])
-    return result
+    return run_trainer(SFTTrainer, cfg)
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="sft_tau2")

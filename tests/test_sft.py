@@ -12,27 +12,18 @@ from omegaconf import OmegaConf
 
 from envs.tau2.actions import parse_action
 from torchrl_grpo.chat_tokens import ChatRenderer
-from torchrl_grpo.config import GRPOConfig
+from tests.test_tau2_training import tau2_cfg
 from torchrl_grpo.demonstrations import ScriptedBackend, cat_batches, gold_demonstrations, successful_episodes
 from torchrl_grpo.log_probs import token_log_probs
 from torchrl_grpo.sft import SFTLoss, SFTTrainer, save_merged_model
 
 
 def sft_cfg(domain="mock", split="base", solo=True, **over):
-    base = {
-        "actor": {"path": "tiny-random"},
-        "econfig": {"env_id": "tau2", "domain": domain, "solo_mode": solo, "max_steps": 40, "max_turns": 40},
-        "train_dataset": {"split": split}, "valid_dataset": {"split": split},
-        "gconfig": {"n_samples": 2, "max_new_tokens": 8},
-        "rollout": {"max_context_tokens": 32768},
-        "train": {"micro_batch_size": 2},
-        "optimizer": {"lr": 3e-3},
-        "sft": {"epochs": 3, "minibatch_size": 3},
-        "eval": {"at_start": False, "at_end": False, "n_problems": 2, "pass_k": 0},
-        "checkpoint": {"every": 0, "save_final": False},
-        "stats_logger": {"wandb": {"mode": "disabled"}, "progress_bar": False, "console": False},
-    }
-    return OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.create(base), OmegaConf.create(over))
+    """tests/test_tau2_training.py's tau2 config with SFT-sized settings (``over`` merged last)."""
+    base = {"econfig": {"solo_mode": solo, "max_steps": 40, "max_turns": 40}, "gconfig": {"max_new_tokens": 8},
+            "train": {"micro_batch_size": 2}, "optimizer": {"lr": 3e-3}, "sft": {"epochs": 3, "minibatch_size": 3},
+            "eval": {"pass_k": 0}}
+    return OmegaConf.merge(tau2_cfg(domain, split, **base), OmegaConf.create(over))
 
 
 def test_assistant_ids_are_the_text_the_env_parses_back(tok):
@@ -247,3 +238,23 @@ def test_save_merged_model_keeps_the_adapter_in_memory(tmp_path, tiny_model_and_
     save_merged_model(model, tok, tmp_path / "m")
     assert hasattr(model, "get_base_model") and any("lora_" in n for n, _ in model.named_parameters())
     assert (tmp_path / "m" / "config.json").is_file() and (tmp_path / "m" / "tokenizer_config.json").is_file()
+
+
+def test_sft_py_command_line_writes_a_model_grpo_py_can_start_from(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    args = ["--config-name", "sft_tau2", "actor.path=tiny-random", "actor.peft.enable=false", "econfig.domain=mock",
+            "econfig.solo_mode=true", "train_dataset.split=base", "valid_dataset.split=base", "eval.n_problems=1",
+            "gconfig.max_new_tokens=4", "rollout.max_context_tokens=4096", "sft.epochs=1",
+            "stats_logger.wandb.mode=disabled", "stats_logger.progress_bar=false", f"output_dir={tmp_path}"]
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    p = subprocess.run([sys.executable, str(repo / "sft.py"), *args], cwd=repo, env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert (tmp_path / "sft_model" / "config.json").is_file() and (tmp_path / "learning_curve.png").is_file()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert any("sft/nll" in r for r in rows) and sum("eval/accuracy" in r for r in rows) == 2

@@ -194,6 +194,7 @@ class SFTTrainer(GRPOTrainer):
         stats, the last step's metrics and the ``model_dir`` written."""
         s, st = self.sft, self.settings
         summary: dict[str, Any] = {"load_time_s": self.load_time_s}
+        (self.run_dir / "config.yaml").write_text(st.config_yaml)  # the resolved config of this run
         if st.eval_at_start and st.eval_n_problems > 0:
             summary["eval_start"] = ev = self.evaluate()
             self.logger.log(ev, step=self.step)

@@ -211,6 +211,7 @@ class GRPOTrainer:
         if self._baseline is None:
             self._baseline = self.components.eval_baseline(self._eval_tasks)  # {} without one
         out.update(self._baseline)
+        out["eval/n_tasks"] = float(len(self._eval_tasks))  # the n of the accuracy's binomial interval
         log.info("evaluation at step %d (%d tasks):\n%s", self.step, len(self._eval_tasks), format_eval_table(out))
         return out
 
