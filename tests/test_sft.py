@@ -206,6 +206,8 @@ def test_bad_sft_settings_are_refused(tmp_path):
         SFTTrainer(sft_cfg(sft={"epochs": 0}), tempfile.mkdtemp())
     with pytest.raises(ValueError, match="rft_rounds"):
         SFTTrainer(sft_cfg(sft={"source": "rft", "rft_rounds": 0}), tempfile.mkdtemp())
+    with pytest.raises(ValueError, match="launcher=local"):
+        SFTTrainer(sft_cfg(rollout={"launcher": "ray", "num_workers": 1}), tempfile.mkdtemp())
 
 
 def test_gsm8k_demonstration_scores_one(gsm8k_dir):

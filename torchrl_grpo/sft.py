@@ -111,13 +111,18 @@ class SFTTrainer(GRPOTrainer):
     (``sft.source=gold``) -> ``sft.rft_rounds`` rounds of: sample ``sft.rft_samples`` episodes per train task with
     the policy, keep those with reward ``>= sft.min_reward``, ``sft.epochs`` epochs on them -> evaluate
     (``eval.at_end``) -> ``<run_dir>/sft_model`` (merged weights + tokenizer; ``grpo.py actor.path=`` that dir).
-    ``self.step`` counts optimizer steps (the metrics' x axis).
+    ``self.step`` counts optimizer steps (the metrics' x axis). SIGINT / SIGTERM stop the run where it is
+    (``grpo.run_trainer`` closes it); nothing is written before the end but ``metrics.jsonl``.
 
     Raises:
-        ValueError: bad ``sft`` settings; RuntimeError: no demonstration survives the replay.
+        ValueError: bad ``sft`` settings, Ray rollout workers, torchrun ranks; RuntimeError: no demonstration
+            survives the replay.
     """
 
     def __init__(self, cfg=None, run_dir: str | Path | None = None, **kw) -> None:
+        if cfg.rollout.launcher != "local":  # before build(): it would start the Ray workers
+            raise ValueError("sft.py rolls out in its own process: rollout.launcher=local (Ray rollout workers are a "
+                             "grpo.py feature)")
         super().__init__(cfg, run_dir, **kw)
         from .update import GRPOUpdate
 
@@ -175,8 +180,9 @@ class SFTTrainer(GRPOTrainer):
         return last
 
     def rft_round(self, round_: int) -> TensorDict | None:
-        """Sample ``sft.rft_samples`` episodes per train task with the current policy; the successful ones
-        (:func:`~torchrl_grpo.demonstrations.successful_episodes`), logged as ``rft/*``."""
+        """Sample ``sft.rft_samples`` episodes per train task (all usable ones; ``train_dataset.limit`` caps them)
+        with the current policy; the successful ones (:func:`~torchrl_grpo.demonstrations.successful_episodes`),
+        logged as ``rft/*``."""
         tasks = [{"index": i} for i in self.train_tasks]
         batch = self.collector.collect(tasks, self.sft.rft_samples, step=10_000 + round_)
         kept = successful_episodes(batch, self.sft.min_reward)
