@@ -260,3 +260,18 @@ def test_sft_py_command_line_writes_a_model_grpo_py_can_start_from(tmp_path):
     assert (tmp_path / "sft_model" / "config.json").is_file() and (tmp_path / "learning_curve.png").is_file()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert any("sft/nll" in r for r in rows) and sum("eval/accuracy" in r for r in rows) == 2
+
+
+def test_sft_phase_lr_follows_optimizer_lr_after_warmup(tmp_path):
+    """With optimizer.warmup_steps, the build's GRPO schedule had already scaled the lr by its warm-up factor at
+    construction; the SFT phase's schedule must still peak at optimizer.lr (it once peaked at half of it)."""
+    cfg = sft_cfg(optimizer={"lr": 1e-3, "warmup_steps": 2, "scheduler": "constant"}, sft={"epochs": 2})
+    trainer = SFTTrainer(cfg, tmp_path)
+    try:
+        batch, _ = gold_demonstrations(trainer.collector, trainer.train_tasks[:3])
+        trainer._fine_tune(batch, "gold")
+        trainer._fine_tune(batch, "rft", round_=1)  # a second phase starts from optimizer.lr again
+    finally:
+        trainer.close()
+    lrs = [r["sft/lr"] for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if "sft/lr" in r]
+    assert len(lrs) == 4 and lrs[1] == pytest.approx(1e-3) and lrs[3] == pytest.approx(1e-3), lrs

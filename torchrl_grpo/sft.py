@@ -151,8 +151,8 @@ class SFTTrainer(GRPOTrainer):
         mb = min(s.minibatch_size, n)
         per_epoch = -(-n // mb)
         total = per_epoch * s.epochs
-        for g in self.optimizer.param_groups:
-            g.pop("initial_lr", None)
+        for g in self.optimizer.param_groups:  # each phase's schedule peaks at optimizer.lr (LambdaLR's base), not at
+            g["initial_lr"] = o.lr  # the lr an earlier schedule (the build's GRPO one, a finished phase) left behind
         scheduler = make_scheduler(self.optimizer, o.scheduler, o.warmup_steps, total)
         gen = torch.Generator().manual_seed(self.settings.seed * 7919 + round_)
         last: dict[str, float] = {}
