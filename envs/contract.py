@@ -111,7 +111,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from gymnasium import Space
 
-__all__ = ["ACTION_ERROR", "END_INFO_KEYS", "INFO_KEYS", "STEP_AFTER_END", "TextAgentEnv", "check_action"]
+__all__ = ["ACTION_ERROR", "END_INFO_KEYS", "INFO_KEYS", "STEP_AFTER_END", "TextAgentEnv", "check_action",
+           "check_task_options"]
 
 #: ``info`` keys every env sets on every ``reset`` and ``step``.
 INFO_KEYS = frozenset({"messages", "tools", "task_id", "index", "split"})
@@ -173,6 +174,13 @@ class TextAgentEnv(Protocol):
     def do_nothing_action(self) -> str | dict | None:
         """An action that ends the episode at once (a reward floor), or ``None`` if there is none."""
         ...
+
+
+def check_task_options(options: Any) -> None:
+    """Raise :class:`ValueError` unless ``options`` names a task (``index`` or ``task_id``), as the training hooks
+    that take a task (``demonstration``) need; ``reset`` alone may draw one at random."""
+    if not options or (options.get("index") is None and options.get("task_id") is None):
+        raise ValueError("demonstration() needs options with 'index' or 'task_id'")
 
 
 def check_action(action: Any) -> None:

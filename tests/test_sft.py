@@ -13,7 +13,8 @@ from omegaconf import OmegaConf
 from envs.tau2.actions import parse_action
 from torchrl_grpo.chat_tokens import ChatRenderer
 from tests.test_tau2_training import tau2_cfg
-from torchrl_grpo.demonstrations import ScriptedBackend, cat_batches, gold_demonstrations, successful_episodes
+from torchrl_grpo.collector import concat_batches
+from torchrl_grpo.demonstrations import ScriptedBackend, gold_demonstrations, successful_episodes
 from torchrl_grpo.log_probs import token_log_probs
 from torchrl_grpo.sft import SFTLoss, SFTTrainer, save_merged_model
 
@@ -79,7 +80,7 @@ def test_gold_demonstrations_replay_through_the_collector_and_score_one(tmp_path
         trainer.close()
 
 
-def test_cat_batches_pads_and_renumbers_groups(tmp_path):
+def test_concat_batches_pads_real_collector_batches_as_the_collector_does(tmp_path):
     trainer = SFTTrainer(sft_cfg(), tmp_path)
     try:
         a = trainer.collector.collect([{"index": trainer.train_tasks[0]}], 2)
@@ -87,7 +88,7 @@ def test_cat_batches_pads_and_renumbers_groups(tmp_path):
     finally:
         trainer.close()
     pad = trainer.tokenizer.pad_token_id
-    out = cat_batches([a, b], pad)
+    out = concat_batches([a, b], pad)
     T = max(a["tokens"].shape[-1], b["tokens"].shape[-1])
     assert out.shape[0] == 3 and out["tokens"].shape == (3, T)
     assert out["group_id"].tolist() == [0, 0, 1]

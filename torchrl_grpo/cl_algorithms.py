@@ -42,7 +42,9 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
-from tensordict import NonTensorStack, TensorDict, is_non_tensor
+from tensordict import TensorDict
+
+from .collector import concat_batches  # replay joins past groups to a batch (public here too, as before)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .continual_trainer import ContinualTrainer
@@ -420,48 +422,3 @@ def make_algorithm(cl_cfg, seed: int = 0) -> CLAlgorithm:
     if name == "ewc":
         return EWC(cl_cfg.ewc_lambda)
     return ALGORITHMS[name]()
-
-
-def concat_batches(batches: Sequence[TensorDict], pad_token_id: int) -> TensorDict:
-    """Stack collector batches ([N_i, T_i], :mod:`torchrl_grpo.collector`) into one [Σ N_i, max T_i] batch.
-
-    Per-token entries ([N_i, T_i]) are right-padded: ``tokens`` with ``pad_token_id``, masks with False, log-probs
-    with 0 (padding is outside ``attention_mask`` and ``response_mask``, so no loss term sees it). ``group_id`` of
-    batch i is shifted past every id of batches < i, so groups stay distinct. Non-tensor entries (``task``,
-    ``info``) are concatenated as lists.
-
-    Raises:
-        ValueError: no batches, or batches with different keys.
-    """
-    if not batches:
-        raise ValueError("concat_batches needs at least one batch")
-    if len(batches) == 1:
-        return batches[0]
-    keys = set(batches[0].keys())
-    for b in batches[1:]:
-        if set(b.keys()) != keys:
-            raise ValueError(f"batches have different keys: {sorted(keys ^ set(b.keys()))}")
-    T = max(int(b["tokens"].shape[1]) for b in batches)
-    tensors: dict[str, list[torch.Tensor]] = {}
-    lists: dict[str, list] = {}
-    offset = 0
-    for b in batches:
-        Tb = int(b["tokens"].shape[1])
-        for k in b.keys():
-            v = b.get(k)
-            if is_non_tensor(v):
-                lists.setdefault(k, []).extend(v.tolist())
-                continue
-            if k == "group_id":
-                v = v + offset
-            elif v.ndim >= 2 and v.shape[1] == Tb and Tb < T:
-                fill = pad_token_id if k == "tokens" else 0
-                pad = torch.full((v.shape[0], T - Tb, *v.shape[2:]), fill, dtype=v.dtype)
-                v = torch.cat([v, pad], dim=1)
-            tensors.setdefault(k, []).append(v)
-        offset = int(tensors["group_id"][-1].max()) + 1
-    n = sum(b.shape[0] for b in batches)
-    out = TensorDict({k: torch.cat(v) for k, v in tensors.items()}, batch_size=[n])
-    for k, v in lists.items():
-        out[k] = NonTensorStack(*v)
-    return out

@@ -68,11 +68,12 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import gymnasium as gym
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict
+from tensordict import is_non_tensor as _is_non_tensor
 from torchrl.collectors import BaseCollector
 
 from envs.torchrl import TextEnv
@@ -80,7 +81,7 @@ from envs.torchrl import TextEnv
 from .backends.base import RolloutBackend, SamplingConfig
 from .chat_tokens import ChatRenderer
 
-__all__ = ["GroupCollector", "Episode", "INFRA_TERMINATIONS"]
+__all__ = ["GroupCollector", "Episode", "INFRA_TERMINATIONS", "concat_batches"]
 
 #: ``info["termination_reason"]`` values that mean the episode failed for reasons outside the policy: an env
 #: exception caught by the collector, or tau2's customer simulator failing (``user_error``).
@@ -495,3 +496,48 @@ def _items(td: TensorDict, key: str) -> list:
 def _slim_info(info: dict[str, Any]) -> dict[str, Any]:
     """Keep the parts of an env info dict worth logging (drops tool schemas)."""
     return {k: v for k, v in info.items() if k != "tools"}
+
+
+def concat_batches(batches: Sequence[TensorDict], pad_token_id: int) -> TensorDict:
+    """Stack collector batches ([N_i, T_i], :mod:`torchrl_grpo.collector`) into one [Σ N_i, max T_i] batch.
+
+    Per-token entries ([N_i, T_i]) are right-padded as the collector pads: ``tokens`` with ``pad_token_id``,
+    ``token_policy_version`` with -1, masks with False, log-probs with 0 (padding is outside ``attention_mask`` and ``response_mask``, so no loss term sees it). ``group_id`` of
+    batch i is shifted past every id of batches < i, so groups stay distinct. Non-tensor entries (``task``,
+    ``info``) are concatenated as lists.
+
+    Raises:
+        ValueError: no batches, or batches with different keys.
+    """
+    if not batches:
+        raise ValueError("concat_batches needs at least one batch")
+    if len(batches) == 1:
+        return batches[0]
+    keys = set(batches[0].keys())
+    for b in batches[1:]:
+        if set(b.keys()) != keys:
+            raise ValueError(f"batches have different keys: {sorted(keys ^ set(b.keys()))}")
+    T = max(int(b["tokens"].shape[1]) for b in batches)
+    tensors: dict[str, list[torch.Tensor]] = {}
+    lists: dict[str, list] = {}
+    offset = 0
+    for b in batches:
+        Tb = int(b["tokens"].shape[1])
+        for k in b.keys():
+            v = b.get(k)
+            if _is_non_tensor(v):
+                lists.setdefault(k, []).extend(v.tolist())
+                continue
+            if k == "group_id":
+                v = v + offset
+            elif v.ndim >= 2 and v.shape[1] == Tb and Tb < T:
+                fill = {"tokens": pad_token_id, "token_policy_version": -1}.get(k, 0)  # as _to_tensordict pads
+                pad = torch.full((v.shape[0], T - Tb, *v.shape[2:]), fill, dtype=v.dtype)
+                v = torch.cat([v, pad], dim=1)
+            tensors.setdefault(k, []).append(v)
+        offset = int(tensors["group_id"][-1].max()) + 1
+    n = sum(b.shape[0] for b in batches)
+    out = TensorDict({k: torch.cat(v) for k, v in tensors.items()}, batch_size=[n])
+    for k, v in lists.items():
+        out[k] = NonTensorStack(*v)
+    return out

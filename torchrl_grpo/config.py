@@ -343,6 +343,8 @@ def validate_config(cfg) -> None:
             raise ValueError(f"config {key} must be >= 1, got {OmegaConf.select(cfg, key)}")
     if cfg.sft.rft_rounds < 0:
         raise ValueError(f"config sft.rft_rounds must be >= 0, got {cfg.sft.rft_rounds}")
+    if cfg.sft.source == "rft" and cfg.sft.rft_rounds < 1:
+        raise ValueError("config sft.source=rft needs sft.rft_rounds >= 1 (the rounds are its only data)")
     if cfg.optimizer.lr <= 0:
         raise ValueError(f"config optimizer.lr must be > 0, got {cfg.optimizer.lr}")
     if cfg.gconfig.temperature < 0 or not 0 < cfg.gconfig.top_p <= 1:

@@ -19,13 +19,13 @@ import logging
 from typing import Iterable
 
 import torch
-import torch.nn.functional as F
-from tensordict import NonTensorStack, TensorDict
+from tensordict import TensorDict
 
 from .backends.base import Generation, RolloutBackend, SamplingConfig
-from .collector import _items
+from .chat_tokens import ChatRenderer
+from .collector import GroupCollector, concat_batches
 
-__all__ = ["ScriptedBackend", "gold_demonstrations", "successful_episodes", "cat_batches"]
+__all__ = ["ScriptedBackend", "gold_demonstrations", "successful_episodes"]
 
 log = logging.getLogger(__name__)
 
@@ -71,42 +71,6 @@ class ScriptedBackend(RolloutBackend):
         raise TypeError("a ScriptedBackend replays demonstrations; it has no weights to sync")
 
 
-def _pad_value(key: str, pad_id: int) -> float:
-    return {"tokens": pad_id, "token_policy_version": -1}.get(key, 0)
-
-
-def cat_batches(batches: list[TensorDict], pad_id: int) -> TensorDict:
-    """Concatenate collector batches of different lengths T along the episode dim, right-padding every ``[N, T]``
-    column (``tokens`` with ``pad_id``, ``token_policy_version`` with -1, masks and log-probs with 0/False);
-    ``group_id`` is renumbered so that groups stay distinct; the non-tensor ``task`` / ``info`` are kept.
-
-    Raises:
-        ValueError: no batches.
-    """
-    if not batches:
-        raise ValueError("cat_batches() needs at least one batch")
-    T = max(b["tokens"].shape[-1] for b in batches)
-    cols: dict[str, list[torch.Tensor]] = {}
-    tasks, infos, offset = [], [], 0
-    for b in batches:
-        t = b["tokens"].shape[-1]
-        for k, v in b.items():
-            if not isinstance(v, torch.Tensor) or k in ("task", "info"):
-                continue
-            if k == "group_id":
-                v = v + offset
-            elif v.ndim == 2 and v.shape[-1] == t and t < T:
-                v = F.pad(v, (0, T - t), value=_pad_value(k, pad_id))
-            cols.setdefault(k, []).append(v)
-        offset += int(b["group_id"].max()) + 1 if b.shape[0] else 0
-        tasks += _items(b, "task") if "task" in b.keys() else [{}] * b.shape[0]
-        infos += _items(b, "info") if "info" in b.keys() else [{}] * b.shape[0]
-    out = TensorDict({k: torch.cat(v) for k, v in cols.items()}, batch_size=[sum(b.shape[0] for b in batches)])
-    out["task"] = NonTensorStack(*tasks)
-    out["info"] = NonTensorStack(*infos)
-    return out
-
-
 def gold_demonstrations(collector, task_indices: Iterable[int], *, min_reward: float = 1.0,
                         progress: bool = False) -> tuple[TensorDict | None, dict[str, float]]:
     """Replay each task's gold demonstration through ``collector``'s env and keep the replays scored
@@ -128,8 +92,6 @@ def gold_demonstrations(collector, task_indices: Iterable[int], *, min_reward: f
     Raises:
         TypeError: the env has no ``demonstration`` hook.
     """
-    from .collector import GroupCollector
-
     probe = collector.probe_env.unwrapped
     if not hasattr(probe, "demonstration"):
         raise TypeError(f"{type(probe).__name__} has no demonstration(options) hook: it ships no demonstrations "
@@ -138,7 +100,7 @@ def gold_demonstrations(collector, task_indices: Iterable[int], *, min_reward: f
     scripted = ScriptedBackend(tok.eos_token_id)
     player = GroupCollector(collector.make_env, scripted, tok, collector.sampling, max_turns=collector.max_turns,
                             max_context_tokens=collector.max_context_tokens, seed=collector.seed)
-    renderer = player._renderer(None)  # assistant turns render without the tool schemas (they sit in the system turn)
+    renderer = ChatRenderer(tok)  # an assistant turn renders the same with or without tool schemas (system turn)
     indices = [int(i) for i in task_indices]
     kept, rewards, no_demo = [], [], 0
     bar = None
@@ -166,7 +128,7 @@ def gold_demonstrations(collector, task_indices: Iterable[int], *, min_reward: f
         if bar is not None:
             bar.close()
         player.close()
-    batch = cat_batches(kept, tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id) if kept else None
+    batch = concat_batches(kept, tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id) if kept else None
     stats = {
         "demo/tasks": float(len(indices)),
         "demo/kept": float(len(kept)),

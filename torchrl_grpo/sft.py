@@ -126,9 +126,7 @@ class SFTTrainer(GRPOTrainer):
         super().__init__(cfg, run_dir, **kw)
         from .update import GRPOUpdate
 
-        s = cfg.sft  # choices and ranges checked with the rest of the config (config.validate_config)
-        if s.source == "rft" and s.rft_rounds < 1:
-            raise ValueError("sft.source=rft needs sft.rft_rounds >= 1 (the rounds are its only data)")
+        s = cfg.sft  # choices and ranges checked with the rest of the config, before the model loads (validate_config)
         if self.dp.enabled:
             raise ValueError("sft.py runs in one process (no torchrun / FSDP yet)")
         self.sft = s

@@ -17,7 +17,7 @@ import gymnasium as gym
 
 from .data import load_gsm8k
 from .grading import gsm8k_reward, normalize_number, parse_gold
-from envs.contract import STEP_AFTER_END, check_action
+from envs.contract import STEP_AFTER_END, check_action, check_task_options
 from envs.spaces import AssistantAction, ChatMessages
 
 __all__ = ["GSM8KEnv", "DEFAULT_SYSTEM_PROMPT", "UNREADABLE_ANSWER"]
@@ -212,8 +212,7 @@ class GSM8KEnv(gym.Env):
         Raises:
             ValueError: bad options (as for ``reset``), or options that pick no problem.
         """
-        if not options or (options.get("index") is None and options.get("task_id") is None):
-            raise ValueError("demonstration() needs options with 'index' or 'task_id'")
+        check_task_options(options)
         problem = self._problems[self._pick_index(options)]
         text = re.sub(r"<<[^<>]*>>", "", problem.get("solution") or f"#### {problem['answer']}")
         return [{"role": "assistant", "content": text}]

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import gymnasium as gym
 
-from envs.contract import STEP_AFTER_END, check_action
+from envs.contract import STEP_AFTER_END, check_action, check_task_options
 from envs.spaces import AssistantAction, ChatMessages
 
 from .actions import TOOL_CALL_FORMAT_HINT, ParsedAction, ToolCallRequest, parse_action
@@ -309,8 +309,7 @@ class Tau2Env(gym.Env):
         Raises:
             ValueError: bad options, or a task this env cannot play (:meth:`usable_task_indices`).
         """
-        if not options or (options.get("index") is None and options.get("task_id") is None):
-            raise ValueError("demonstration() needs options with 'index' or 'task_id'")
+        check_task_options(options)
         from .oracle import oracle_actions
 
         task = self.tasks.tasks[self._pick_task(options)]
