@@ -115,6 +115,7 @@ def test_lm_head_runs_only_on_response_tokens_in_chunks(monkeypatch):
     rows = []
     h = model.lm_head.register_forward_hook(lambda m, i, o: rows.append(i[0].shape[0]))
     monkeypatch.setattr(lpm, "HEAD_CHUNK", 16)
+    monkeypatch.setattr(lpm, "HEAD_KEEP_BYTES", 0)  # logits over the keep budget: recomputed per chunk
     lp, _ = token_log_probs(model, tokens, am, response_mask=rm)
     lp.sum().backward()  # checkpointed chunks: the head runs again in backward
     h.remove()
@@ -122,6 +123,51 @@ def test_lm_head_runs_only_on_response_tokens_in_chunks(monkeypatch):
     fwd = [min(16, n - s) for s in range(0, n, 16)]
     assert rows[: len(fwd)] == fwd and sum(rows) == 2 * n
     assert model.lm_head.weight.grad is not None and model.lm_head.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_fused_target_log_softmax_equals_autograd_log_softmax_gather(temperature):
+    from torchrl_grpo.log_probs import _TargetLogSoftmax
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(23, 97, generator=g, dtype=torch.float64) * 3
+    targets = torch.randint(0, 97, (23,), generator=g)
+    upstream = torch.randn(23, generator=g, dtype=torch.float64)
+    a = logits.clone().requires_grad_()
+    ref = torch.log_softmax(a / temperature, -1).gather(-1, targets[:, None]).squeeze(-1)
+    (ref * upstream).sum().backward()
+    b = logits.clone().requires_grad_()
+    got = _TargetLogSoftmax.apply(b, targets, temperature)
+    (got * upstream).sum().backward()
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close(b.grad, a.grad, rtol=0, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda x: _TargetLogSoftmax.apply(x, targets, temperature), (logits.clone().requires_grad_(),))
+
+
+@pytest.mark.parametrize("keep", [True, False], ids=["kept", "recomputed"])
+def test_fused_head_kept_or_recomputed_matches_plain_forward(monkeypatch, keep):
+    """Under the keep budget the head runs once and its logits serve the backward pass; over it, each chunk runs
+    again in the backward pass. Both give the plain forward's log-probs and gradients (temperature 0.7)."""
+    import torchrl_grpo.log_probs as lpm
+
+    model = _models()["qwen2"].train()
+    tokens, am, rm = _grouped_batch()
+    ref, _ = token_log_probs(model, tokens, am, temperature=0.7, share_prefix=False, with_entropy=True)
+    (ref * rm).sum().backward()  # with_entropy: the autograd log_softmax path, not the fused one
+    ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    rows = []
+    h = model.lm_head.register_forward_hook(lambda m, i, o: rows.append(i[0].shape[0]))
+    monkeypatch.setattr(lpm, "HEAD_CHUNK", 16)
+    monkeypatch.setattr(lpm, "HEAD_KEEP_BYTES", 1 << 30 if keep else 0)
+    lp, _ = token_log_probs(model, tokens, am, temperature=0.7, response_mask=rm)
+    lp.sum().backward()
+    h.remove()
+    n = int(rm.sum())
+    assert sum(rows) == (n if keep else 2 * n)
+    torch.testing.assert_close(lp[rm], ref[rm], rtol=1e-5, atol=1e-5)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, ref_grads[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_models_with_logit_transforms_use_their_own_forward():

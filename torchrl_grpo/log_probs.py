@@ -8,6 +8,13 @@ Two savings over one plain forward over the whole padded batch, both exact up to
   are recomputed in the backward pass instead of stored (a multi-turn tau2 micro-batch of 8 episodes otherwise kept
   ~15 GB of Qwen logits and was OOM-killed on a 24 GB machine). Models whose logits are not plainly
   ``lm_head(last_hidden_state)`` (soft-capping, scaling) use their own forward with ``logits_to_keep``.
+* **Fused log-softmax at the sampled token.** ``log pi(o_t) = z[o_t] - logsumexp(z)`` with ``z = logits / T`` and
+  the hand-written gradient ``d/dz = g (onehot(o_t) - softmax(z))`` (:class:`_TargetLogSoftmax`), instead of autograd
+  through ``log_softmax`` + ``gather``, whose backward allocates and zero-fills a [N, V] gradient, keeps the [N, V]
+  log-softmax output and runs ``log_softmax_backward`` over it. When the whole call's fp32 logits fit
+  :data:`HEAD_KEEP_BYTES` they are kept for the backward pass instead of recomputing the LM head there
+  (checkpointing); above it, chunks are recomputed as before. Measured on the train_bench GSM8K update (SmolLM2,
+  4 x 128 response tokens per micro-batch, 2 cores): see ``benchmarks/head_fusion_bench.py``.
 * **Group-shared prefix.** The ``n_samples`` episodes of a GRPO group start with the same prompt. Columns before
   the window that are identical across rows are run once per distinct prefix (``use_cache=True``), the resulting
   KV cache is gathered to every row (differentiable: gradients of all rows flow back into the one prefix pass),
@@ -39,6 +46,11 @@ __all__ = ["token_log_probs", "HEAD_CHUNK", "MASKED_LOG_PROB"]
 #: 1024-position no-grad chunk (V = 151,936, CPU RSS) from 1.23 GB to 1.99 GB (top-p or top-k) / 2.60 GB (both);
 #: 512 positions truncated take 1.00 / 1.31 GB. (With the entropy, 3.05 GB either way at 1024.)
 HEAD_CHUNK = 1024
+
+#: fp32 logits bytes a whole :func:`token_log_probs` call may keep for its backward pass (the fused path only;
+#: otherwise the LM head runs again per chunk in the backward pass). 512 response positions x 49,152 (SmolLM2) =
+#: 96 MiB are kept; 512 x 151,936 (Qwen) = 297 MiB are recomputed, as are multi-turn tau2 micro-batches.
+HEAD_KEEP_BYTES = 256 * 2**20
 
 #: Log-prob (nats) reported for a token outside the top-k/nucleus set (true value ``-inf``). ``-inf`` itself would
 #: make the ratio 0 but the k3 KL to a reference that keeps the token infinite (``exp(ref - logp)``) and poison the
@@ -125,11 +137,67 @@ def _forward_logits(model, tokens, am, pos, keep: int) -> torch.Tensor:
         return model(input_ids=tokens, attention_mask=am, position_ids=pos).logits[:, -keep:]
 
 
+class _TargetLogSoftmax(torch.autograd.Function):
+    r"""``log_softmax(logits / T)[n, targets[n]]`` for float32 ``logits`` [N, V] and long ``targets`` [N] -> [N].
+
+    Forward: :math:`\log\pi(o_n) = z_{n,o_n} - \operatorname{logsumexp}_v z_{n,v}` with :math:`z = \ell / T`
+    (temperature scaling as in :func:`torchrl_grpo.sampling.processed_logits`). Backward, for upstream gradient
+    :math:`g_n`: :math:`\partial/\partial \ell_{n,v} = (g_n / T)(\mathbb 1[v = o_n] - \operatorname{softmax}(z_n)_v)`
+    (the softmax cross-entropy gradient, e.g. Goodfellow et al., *Deep Learning*, 2016, eq. 6.31), computed into one
+    [N, V] buffer. Saved: ``logits`` (the caller decides whether that fits, :data:`HEAD_KEEP_BYTES`), ``targets``
+    and the [N] log-normalisers. Equal to autograd through ``log_softmax`` + ``gather`` up to float rounding
+    (tests/test_log_probs.py).
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+        z = logits / temperature if temperature != 1.0 else logits
+        lse = torch.logsumexp(z, dim=-1)
+        lp = z.gather(-1, targets[:, None]).squeeze(-1) - lse
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.temperature = temperature
+        return lp
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        logits, targets, lse = ctx.saved_tensors
+        T = ctx.temperature
+        # softmax(z) in the one new [N, V] buffer, then g/T * (onehot - softmax) in place
+        grad = (logits.div(T).sub_(lse[:, None]) if T != 1.0 else logits.sub(lse[:, None])).exp_()
+        gs = (g / T if T != 1.0 else g)[:, None]
+        grad.mul_(-gs).scatter_add_(-1, targets[:, None], gs)
+        return grad, None, None
+
+
+def _fusable(with_entropy: bool, top_p: float, top_k: int) -> bool:
+    """Whether :class:`_TargetLogSoftmax` computes what :func:`_head_log_probs` is asked for (no entropy, no
+    truncation: the scored distribution is the temperature-scaled softmax)."""
+    return not with_entropy and top_p >= 1.0 and top_k <= 0
+
+
+def _vocab_size(head) -> int | None:
+    """Output width of the LM head (``out_features`` or the weight's rows; peft layers through ``base_layer``)."""
+    for m in (head, getattr(head, "base_layer", None)):
+        if m is None:
+            continue
+        if isinstance(getattr(m, "out_features", None), int):
+            return m.out_features
+        w = getattr(m, "weight", None)
+        if isinstance(w, torch.Tensor) and w.ndim == 2:
+            return int(w.shape[0])
+    return None
+
+
 def _head_log_probs(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool,
                     top_p: float = 1.0, top_k: int = 0):
     """log pi(target) (and the entropy of pi) from final hidden states [N, H]: LM head, float32 processed logits
     (:func:`torchrl_grpo.sampling.processed_logits`), log-softmax. Targets outside the kept set get
-    :data:`MASKED_LOG_PROB`; dropped tokens contribute 0 to the entropy."""
+    :data:`MASKED_LOG_PROB`; dropped tokens contribute 0 to the entropy. Without entropy or truncation the
+    fused :class:`_TargetLogSoftmax` computes the same log-probs."""
+    if _fusable(with_entropy, top_p, top_k):
+        check_processing(temperature, top_p, top_k)
+        lp = _TargetLogSoftmax.apply(head(hidden).float(), targets, float(temperature))
+        return lp, torch.zeros_like(lp)
     logits = processed_logits(head(hidden).float(), temperature=temperature, top_p=top_p, top_k=top_k)
     logp_all = F.log_softmax(logits, dim=-1)
     lp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
@@ -148,15 +216,19 @@ def _selected_log_probs(head, hidden, targets, temperature, with_entropy, chunk:
                         top_k: int = 0):
     """:func:`_head_log_probs` over chunks of ``chunk`` positions. With gradients on, each chunk's [chunk, V] logits
     are recomputed in the backward pass (activation checkpointing) instead of kept: the saved memory is then O(N x H),
-    not O(N x V) (151k-word vocabularies make the latter dominate)."""
+    not O(N x V) (151k-word vocabularies make the latter dominate) — unless the fused path applies and all N x V
+    fp32 logits fit :data:`HEAD_KEEP_BYTES`: then they are kept and the head runs once."""
     from torch.utils.checkpoint import checkpoint
 
     if top_p < 1.0 or top_k > 0:
         chunk = max(1, chunk // 2)  # see HEAD_CHUNK
+    V = _vocab_size(head)
+    recompute = torch.is_grad_enabled() and hidden.requires_grad and not (
+        _fusable(with_entropy, top_p, top_k) and V is not None and hidden.shape[0] * V * 4 <= HEAD_KEEP_BYTES)
     lps, ents = [], []
     for s in range(0, hidden.shape[0], chunk):
         h, t = hidden[s : s + chunk], targets[s : s + chunk]
-        if torch.is_grad_enabled() and h.requires_grad:
+        if recompute:
             lp, ent = checkpoint(_head_log_probs, head, h, t, temperature, with_entropy, top_p, top_k,
                                  use_reentrant=False)
         else:

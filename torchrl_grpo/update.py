@@ -9,7 +9,7 @@ plus ``train/*`` counters and ``grad_norm``.
 from __future__ import annotations
 
 import logging
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Callable
 
 import numpy as np
@@ -38,6 +38,39 @@ def _has_dropout(model: torch.nn.Module) -> bool:
                                    for v in (getattr(cfg, key, None) for key in _CONFIG_KEYS)):
             return True
     return False
+
+@contextmanager
+def sparse_tied_embedding_grads(model: torch.nn.Module):
+    """While open, a trainable input embedding that shares its weight with the LM head (tied, as in SmolLM2 and
+    Qwen2.5-0.5B) returns a sparse gradient (``nn.Embedding.sparse``: one row per looked-up token) that autograd
+    adds in place into the weight's dense gradient, which the LM head's backward has already created in the same
+    pass. The dense default allocates and zero-fills a [V, H] buffer per backward pass and adds it whole (SmolLM2:
+    113 MB, twice per micro-batch with the shared prefix). Same sums up to float addition order. A no-op for untied,
+    frozen (LoRA) or FSDP-sharded embeddings. Yields a callable that makes the gradient dense again if it ever ended
+    up sparse (call it before clipping: clipping and AdamW need dense gradients)."""
+    from .distributed import is_fsdp
+
+    try:
+        emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):  # not an HF model, or one without embeddings
+        emb = head = None
+    w = getattr(emb, "weight", None)
+    if (not isinstance(emb, torch.nn.Embedding) or w is None or w is not getattr(head, "weight", None)
+            or not w.requires_grad or emb.sparse or is_fsdp(model)):
+        yield lambda: None
+        return
+
+    def densify() -> None:
+        if w.grad is not None and w.grad.is_sparse:
+            w.grad = w.grad.to_dense()
+
+    emb.sparse = True
+    try:
+        yield densify
+    finally:
+        emb.sparse = False
+        densify()
+
 
 #: Accepted ``shared_prefix=`` values of :class:`GRPOUpdate` (config ``train.shared_prefix``; see
 #: :meth:`GRPOUpdate.shared_prefix_for`).
@@ -233,57 +266,59 @@ class GRPOUpdate:
         acc = LossMetrics()
         n_opt, n_skipped, grad_norms, prefix_tokens = 0, 0, [], []
         gen = torch.Generator().manual_seed(self.seed * 31 + step)
-        for _epoch in range(self.ppo_epochs):
-            perm = torch.randperm(n, generator=gen) if multi_update else torch.arange(n)
-            for ms in range(0, n_mb * mb_size, mb_size):
-                mini = batch[perm[ms : ms + mb_size]]  # may be empty on a rank (data parallel)
-                denom = float(mini["response_mask"].sum() if agg_tokens else (mini["response_tokens"] > 0).sum())
-                denom = dp.sum(denom)  # the whole minibatch's normaliser, over all ranks
-                self.optimizer.zero_grad(set_to_none=True)
-                finite = True
-                with self.autocast():
-                    prefix = self.shared_prefix_for(mini, self.model)  # one prefix forward for all micro-batches
-                prefix_tokens.append(prefix.length if prefix is not None else 0)
-                micros = [(micro, num) for _rows, micro in self.micro_batches(mini, prefix_tokens[-1])
-                          if (num := float(micro["response_mask"].sum() if agg_tokens
-                                           else (micro["response_tokens"] > 0).sum())) > 0]
-                for item in dp.lockstep(micros, self.model):  # FSDP: padded to every rank's pass count
-                    if item is None or not finite:
-                        if not sharded:  # after a non-finite loss: the minibatch is skipped
-                            break
-                        self.idle_pass(self.model, backward=True)  # FSDP: the passes still run on every rank
-                        continue
-                    micro, num = item
-                    micro = micro.to(self.device)
+        with sparse_tied_embedding_grads(self.model) as densify:  # exact; no [V, H] zero-fill per pass
+            for _epoch in range(self.ppo_epochs):
+                perm = torch.randperm(n, generator=gen) if multi_update else torch.arange(n)
+                for ms in range(0, n_mb * mb_size, mb_size):
+                    mini = batch[perm[ms : ms + mb_size]]  # may be empty on a rank (data parallel)
+                    denom = float(mini["response_mask"].sum() if agg_tokens else (mini["response_tokens"] > 0).sum())
+                    denom = dp.sum(denom)  # the whole minibatch's normaliser, over all ranks
+                    self.optimizer.zero_grad(set_to_none=True)
+                    finite = True
                     with self.autocast():
-                        losses = self.loss_fn(micro, prefix=prefix)
-                    loss = total_loss(losses)
-                    if not torch.isfinite(loss):
-                        finite = False
-                        if sharded:  # its backward is a collective too; the gradient is discarded below
-                            (loss * (num / max(denom, 1.0))).backward()
+                        prefix = self.shared_prefix_for(mini, self.model)  # one prefix forward for all micro-batches
+                    prefix_tokens.append(prefix.length if prefix is not None else 0)
+                    micros = [(micro, num) for _rows, micro in self.micro_batches(mini, prefix_tokens[-1])
+                              if (num := float(micro["response_mask"].sum() if agg_tokens
+                                               else (micro["response_tokens"] > 0).sum())) > 0]
+                    for item in dp.lockstep(micros, self.model):  # FSDP: padded to every rank's pass count
+                        if item is None or not finite:
+                            if not sharded:  # after a non-finite loss: the minibatch is skipped
+                                break
+                            self.idle_pass(self.model, backward=True)  # FSDP: the passes still run on every rank
+                            continue
+                        micro, num = item
+                        micro = micro.to(self.device)
+                        with self.autocast():
+                            losses = self.loss_fn(micro, prefix=prefix)
+                        loss = total_loss(losses)
+                        if not torch.isfinite(loss):
+                            finite = False
+                            if sharded:  # its backward is a collective too; the gradient is discarded below
+                                (loss * (num / max(denom, 1.0))).backward()
+                            continue
+                        (loss * (num / max(denom, 1.0))).backward()
+                        acc.add(losses, tokens=float(micro["response_mask"].sum()),
+                                scaled_loss=float(loss.detach()) * num / max(denom, 1.0))
+                    if finite and prefix is not None:
+                        prefix.backward()  # the remainders' summed gradient through the one prefix pass
+                    del prefix
+                    if not dp.all(finite):  # every rank skips, or none
+                        self.optimizer.zero_grad(set_to_none=True)
+                        n_skipped += 1
+                        log.warning("step %d: non-finite loss, minibatch skipped", step)
                         continue
-                    (loss * (num / max(denom, 1.0))).backward()
-                    acc.add(losses, tokens=float(micro["response_mask"].sum()),
-                            scaled_loss=float(loss.detach()) * num / max(denom, 1.0))
-                if finite and prefix is not None:
-                    prefix.backward()  # the remainders' summed gradient through the one prefix pass
-                del prefix
-                if not dp.all(finite):  # every rank skips, or none
-                    self.optimizer.zero_grad(set_to_none=True)
-                    n_skipped += 1
-                    log.warning("step %d: non-finite loss, minibatch skipped", step)
-                    continue
-                dp.all_reduce_grads(params)  # summed over ranks (torchrl_grpo.distributed); no-op on one process
-                gn = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
-                if not torch.isfinite(gn):
-                    self.optimizer.zero_grad(set_to_none=True)
-                    n_skipped += 1
-                    log.warning("step %d: non-finite gradient norm, minibatch skipped", step)
-                    continue
-                grad_norms.append(float(gn))
-                self.optimizer.step()
-                n_opt += 1
+                    densify()  # a no-op unless a tied embedding's gradient ended up sparse
+                    dp.all_reduce_grads(params)  # summed over ranks (torchrl_grpo.distributed); no-op on one process
+                    gn = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+                    if not torch.isfinite(gn):
+                        self.optimizer.zero_grad(set_to_none=True)
+                        n_skipped += 1
+                        log.warning("step %d: non-finite gradient norm, minibatch skipped", step)
+                        continue
+                    grad_norms.append(float(gn))
+                    self.optimizer.step()
+                    n_opt += 1
         self.optimizer_steps += n_opt
         self.model.eval()
         out = acc.finish(n_opt + n_skipped)
