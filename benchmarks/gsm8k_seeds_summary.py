@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
+import sys
 from pathlib import Path
 
-from torchrl_grpo.learning_curve import wilson_interval
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gsm8k_vs_trl import mean_ci  # noqa: E402  (the Student-t interval, one copy for both summaries)
 
-# two-sided 95% Student-t quantiles, df = 1..10
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+from torchrl_grpo.learning_curve import wilson_interval  # noqa: E402
 
 
 def wilson(k: int, n: int) -> tuple[float, float]:
@@ -113,9 +113,7 @@ def main() -> None:
     done = [r for r in res if r["after"] is not None and r["before"] is not None]
     if len(done) >= 2:
         d = [r["after"] - r["before"] for r in done]
-        m = sum(d) / len(d)
-        sd = math.sqrt(sum((x - m) ** 2 for x in d) / (len(d) - 1))
-        half = T95[len(d) - 1] * sd / math.sqrt(len(d))
+        m, half = mean_ci(d)
         mb = sum(r["before"] for r in done) / len(done)
         ma = sum(r["after"] for r in done) / len(done)
         print(f"\nfinished seeds: {len(done)}; mean accuracy {mb:.3f} -> {ma:.3f}; mean change {m:+.3f} "
