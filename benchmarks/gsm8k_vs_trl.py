@@ -136,8 +136,10 @@ def _pin(a) -> list[str]:
 
 
 def _grpo_common(a) -> list[str]:
-    """``grpo.py`` overrides every invocation shares: model, engine, context, eval set, logging."""
+    """``grpo.py`` overrides every invocation shares: engine, context, eval set and length (the greedy eval generates
+    up to ``gconfig.max_new_tokens``, the training budget's), logging."""
     out = [f"rollout.backend={a.backend}", f"rollout.max_context_tokens={a.max_context}",
+           f"gconfig.max_new_tokens={a.max_new_tokens}",
            f"eval.n_problems={a.n_eval}", "eval.greedy=true", "checkpoint.every=0", "checkpoint.save_final=false",
            "stats_logger.progress_bar=false", "stats_logger.wandb.mode=disabled"]
     if a.backend == "vllm":
@@ -212,7 +214,7 @@ def _ours(a, d: Path) -> dict:
             f"optimizer.lr={a.lr}", "optimizer.scheduler=constant", "optimizer.warmup_steps=0",
             "optimizer.weight_decay=0.0", "optimizer.max_grad_norm=1.0",
             f"train.steps={a.steps}", f"train.batch_size={a.prompts}", f"gconfig.n_samples={a.samples}",
-            f"gconfig.max_new_tokens={a.max_new_tokens}", f"gconfig.temperature={a.temperature}", "gconfig.top_p=1.0",
+            f"gconfig.temperature={a.temperature}", "gconfig.top_p=1.0",
             f"train.micro_batch_size={a.micro_batch}", "train.minibatch_size=0", "train.ppo_epochs=1",
             "loss.kl_coef=0.0", "loss.entropy_coef=0.0", "loss.aggregation=token_mean", "loss.adv_scale=group",
             "loss.clip_eps_low=0.2", "loss.clip_eps_high=0.28", "econfig.format_reward=0.0",
@@ -238,6 +240,10 @@ def _trl(a, d: Path) -> dict:
     from envs.gsm8k.grading import gsm8k_reward
     from torchrl_grpo.models import load_model_and_tokenizer
 
+    mdir, done_p = d / "model", d / "trl_train.json"
+    if a.resume and done_p.is_file() and (mdir / "config.json").is_file():
+        print(f"--resume: TRL training of {d} already done ({done_p}); evaluating {mdir}", flush=True)
+        return _trl_eval(a, d, json.loads(done_p.read_text()))
     per_step = a.prompts * a.samples
     if per_step % a.micro_batch:
         raise SystemExit(f"--micro-batch {a.micro_batch} must divide prompts x samples = {per_step}")
@@ -291,22 +297,34 @@ def _trl(a, d: Path) -> dict:
     merged = trainer.model.merge_and_unload()
     if getattr(merged.config, "quantization_config", None) is not None:  # a GGUF-dequantized model: plain weights now
         del merged.config.quantization_config
-    mdir = d / "model"
     merged.save_pretrained(mdir, safe_serialization=True)
     tok.save_pretrained(mdir)
     del trainer, merged, model
-    ev_dir = d / "eval"
-    eval_s = _run_grpo(a, [f"actor.path={mdir}", "eval_only=true", f"seed={a.seed}", *_grpo_common(a)], ev_dir,
-                       d / "run.log")
     train = [{"step": r["step"], "reward": float(r["reward"]), "response_tokens": r.get("completions/mean_length"),
               "truncated": r.get("completions/clipped_ratio")} for r in steps_log]
-    return {"train": train, "eval": _final_eval(_metrics(ev_dir)), "wall_s": train_s + eval_s, "train_s": train_s,
-            "eval_s": eval_s, "prompt_indices": order.tolist(),
+    done = {"train": train, "train_s": train_s, "budget": _budget(a), "prompt_indices": order.tolist(),
             "trl_args": {k: str(getattr(targs, k)) for k in (
                 "per_device_train_batch_size", "gradient_accumulation_steps", "generation_batch_size",
                 "num_generations", "max_completion_length", "temperature", "top_p", "top_k", "learning_rate",
                 "lr_scheduler_type", "beta", "num_iterations", "epsilon", "epsilon_high", "loss_type",
                 "scale_rewards", "bf16", "use_vllm", "optim", "seed")}}
+    done_p.write_text(json.dumps(done, indent=1))  # training kept apart: --resume evaluates without retraining
+    return _trl_eval(a, d, done)
+
+
+def _trl_eval(a, d: Path, done: dict) -> dict:
+    """Score TRL's merged model (``d/model``) with ``grpo.py eval_only=true``: the same evaluation as ours.
+
+    Raises:
+        ValueError: the saved training used another budget than this call's.
+    """
+    if done["budget"] != _budget(a):
+        diff = [k for k in BUDGET_KEYS if done["budget"].get(k) != getattr(a, k)]
+        raise ValueError(f"{d}/trl_train.json was trained with another budget ({diff}); run without --resume")
+    ev_dir = d / "eval"
+    eval_s = _run_grpo(a, [f"actor.path={d / 'model'}", "eval_only=true", f"seed={a.seed}", *_grpo_common(a)],
+                       ev_dir, d / "run.log")
+    return {**done, "eval": _final_eval(_metrics(ev_dir)), "wall_s": done["train_s"] + eval_s, "eval_s": eval_s}
 
 
 def cmd_run(a) -> dict:
@@ -476,6 +494,8 @@ def _add_budget(p: argparse.ArgumentParser) -> None:
     p.add_argument("--py", default=sys.executable, help="interpreter for grpo.py (needs vllm for --backend vllm)")
     p.add_argument("--cores", default="", help="taskset CPU list for every process (CPU runs), e.g. 1")
     p.add_argument("--threads", type=int, default=0, help="OMP/MKL threads (0: leave as is)")
+    p.add_argument("--resume", action="store_true",
+                   help="run --arm trl: reuse a finished training (trl_train.json + model/) and only evaluate")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -71,3 +71,24 @@ def test_different_budgets_are_refused(tmp_path):
     _write(tmp_path, "trl", 1, 0.3, budget={**BUDGET, "steps": 20})
     with pytest.raises(ValueError, match="steps"):
         gt.summarise(tmp_path)
+
+
+def _args(**kw):
+    ap = gt.argparse.ArgumentParser()
+    gt._add_budget(ap)
+    return ap.parse_args([f"--{k.replace('_', '-')}={v}" for k, v in kw.items()])
+
+
+def test_every_grpo_call_evaluates_with_the_budgets_max_new_tokens():
+    """The greedy eval generates up to gconfig.max_new_tokens: left at the config's default (128) it cut Qwen's
+    reasoning and scored the base model 0.008 instead of ~0.19 (found in the first real run of this script)."""
+    a = _args(max_new_tokens=256, backend="transformers")
+    assert "gconfig.max_new_tokens=256" in gt._grpo_common(a)
+    assert "rollout.vllm.max_model_len=1024" in gt._grpo_common(_args(backend="vllm"))
+
+
+def test_resume_refuses_a_training_done_with_another_budget(tmp_path):
+    a = _args(steps=10)
+    done = {"budget": {**gt._budget(a), "steps": 20}, "train": [], "train_s": 1.0}
+    with pytest.raises(ValueError, match="steps"):
+        gt._trl_eval(a, tmp_path, done)
