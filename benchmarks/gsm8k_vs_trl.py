@@ -30,8 +30,9 @@ The two arms share everything but the trainer:
 
 What differs is what each system is: ours rolls out with ``--backend`` (vLLM by default: the recipe's engine; pass
 ``--backend transformers`` for our embedded one) and TRL with its default HF ``generate`` (``use_vllm=False``).
-Train prompts: each arm draws its own uniform random sequence of train problems from its seed (ours: the trainer's
-seeded epoch permutation; TRL: a seeded permutation given as an unshuffled dataset), so seeds vary the prompts too.
+Train prompts: both arms get the same train problems in the same order at a given seed (ours: the trainer's seeded
+epoch permutation; TRL: the same permutation as an unshuffled dataset, :func:`trl_prompt_order`), so a seed is a
+paired comparison and seeds vary the prompts too.
 
 Statistics (``summary``): per run, the Wilson 95% interval of the accuracy (n test problems); per arm, the mean
 after-training accuracy and mean change with a Student-t 95% interval across seeds (n - 1 df); between arms, the
@@ -227,9 +228,20 @@ def _ours(a, d: Path) -> dict:
     return {"train": train, "eval": _final_eval(rows), "wall_s": wall, "overrides": over}
 
 
+def trl_prompt_order(seed: int, n_train: int, n: int) -> list[int]:
+    """The train problems TRL gets, in order (an unshuffled dataset): the first ``n`` of the permutation our trainer
+    draws its epoch-0 prompts from (:meth:`torchrl_grpo.trainer.GRPOTrainer.tasks_for_step`,
+    ``default_rng([seed, epoch])``), so both arms train on the same problems in the same order at a given seed
+    (a paired comparison; tests/test_gsm8k_vs_trl.py checks it against the trainer's own method)."""
+    import numpy as np
+
+    if n > n_train:
+        raise ValueError(f"the budget needs {n} train problems, the split has {n_train} (one epoch only)")
+    return [int(i) for i in np.random.default_rng([seed, 0]).permutation(n_train)[:n]]
+
+
 def _trl(a, d: Path) -> dict:
     import gymnasium as gym
-    import numpy as np
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -249,9 +261,9 @@ def _trl(a, d: Path) -> dict:
         raise SystemExit(f"--micro-batch {a.micro_batch} must divide prompts x samples = {per_step}")
     gym.register_envs(envs)
     env = gym.make("GSM8K-v0", split="train", format_reward=0.0, disable_env_checker=True).unwrapped
-    order = np.random.default_rng(a.seed).permutation(env.num_problems)[: a.steps * a.prompts]
+    order = trl_prompt_order(a.seed, env.num_problems, a.steps * a.prompts)
     rows = []
-    for i in order.tolist():
+    for i in order:
         obs, info = env.reset(seed=0, options={"index": int(i)})
         rows.append({"prompt": list(obs), "answer": info["answer"], "index": int(i)})
     ds = Dataset.from_list(rows)
@@ -302,7 +314,7 @@ def _trl(a, d: Path) -> dict:
     del trainer, merged, model
     train = [{"step": r["step"], "reward": float(r["reward"]), "response_tokens": r.get("completions/mean_length"),
               "truncated": r.get("completions/clipped_ratio")} for r in steps_log]
-    done = {"train": train, "train_s": train_s, "budget": _budget(a), "prompt_indices": order.tolist(),
+    done = {"train": train, "train_s": train_s, "budget": _budget(a), "prompt_indices": order,
             "trl_args": {k: str(getattr(targs, k)) for k in (
                 "per_device_train_batch_size", "gradient_accumulation_steps", "generation_batch_size",
                 "num_generations", "max_completion_length", "temperature", "top_p", "top_k", "learning_rate",

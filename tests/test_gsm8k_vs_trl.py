@@ -92,3 +92,16 @@ def test_resume_refuses_a_training_done_with_another_budget(tmp_path):
     done = {"budget": {**gt._budget(a), "steps": 20}, "train": [], "train_s": 1.0}
     with pytest.raises(ValueError, match="steps"):
         gt._trl_eval(a, tmp_path, done)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 17])
+def test_trl_gets_the_same_prompts_in_the_same_order_as_our_trainer(seed):
+    from types import SimpleNamespace
+
+    from torchrl_grpo.trainer import GRPOTrainer
+
+    fake = SimpleNamespace(settings=SimpleNamespace(batch_size=2, seed=seed), train_tasks=list(range(7473)))
+    ours = [t["index"] for step in range(10) for t in GRPOTrainer.tasks_for_step(fake, step)]
+    assert gt.trl_prompt_order(seed, 7473, 20) == ours
+    with pytest.raises(ValueError, match="one epoch"):
+        gt.trl_prompt_order(seed, 10, 20)
