@@ -14,7 +14,7 @@ Two savings over one plain forward over the whole padded batch, both exact up to
   log-softmax output and runs ``log_softmax_backward`` over it. When the whole call's fp32 logits fit
   :data:`HEAD_KEEP_BYTES` they are kept for the backward pass instead of recomputing the LM head there
   (checkpointing); above it, chunks are recomputed as before. Measured on the train_bench GSM8K update (SmolLM2,
-  4 x 128 response tokens per micro-batch, 2 cores): see ``benchmarks/head_fusion_bench.py``.
+  4 x 128 response tokens per micro-batch, 2 cores): ``benchmarks/update_ab_bench.py``, 1.10x on the update.
 * **Group-shared prefix.** The ``n_samples`` episodes of a GRPO group start with the same prompt. Columns before
   the window that are identical across rows are run once per distinct prefix (``use_cache=True``), the resulting
   KV cache is gathered to every row (differentiable: gradients of all rows flow back into the one prefix pass),
@@ -194,8 +194,7 @@ def _head_log_probs(head, hidden: torch.Tensor, targets: torch.Tensor, temperatu
     (:func:`torchrl_grpo.sampling.processed_logits`), log-softmax. Targets outside the kept set get
     :data:`MASKED_LOG_PROB`; dropped tokens contribute 0 to the entropy. Without entropy or truncation the
     fused :class:`_TargetLogSoftmax` computes the same log-probs."""
-    if _fusable(with_entropy, top_p, top_k):
-        check_processing(temperature, top_p, top_k)
+    if _fusable(with_entropy, top_p, top_k):  # (temperature checked by token_log_probs, the only caller)
         lp = _TargetLogSoftmax.apply(head(hidden).float(), targets, float(temperature))
         return lp, torch.zeros_like(lp)
     logits = processed_logits(head(hidden).float(), temperature=temperature, top_p=top_p, top_k=top_k)

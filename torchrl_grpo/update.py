@@ -39,15 +39,16 @@ def _has_dropout(model: torch.nn.Module) -> bool:
             return True
     return False
 
+
 @contextmanager
 def sparse_tied_embedding_grads(model: torch.nn.Module):
-    """While open, a trainable input embedding that shares its weight with the LM head (tied, as in SmolLM2 and
-    Qwen2.5-0.5B) returns a sparse gradient (``nn.Embedding.sparse``: one row per looked-up token) that autograd
-    adds in place into the weight's dense gradient, which the LM head's backward has already created in the same
-    pass. The dense default allocates and zero-fills a [V, H] buffer per backward pass and adds it whole (SmolLM2:
-    113 MB, twice per micro-batch with the shared prefix). Same sums up to float addition order. A no-op for untied,
-    frozen (LoRA) or FSDP-sharded embeddings. Yields a callable that makes the gradient dense again if it ever ended
-    up sparse (call it before clipping: clipping and AdamW need dense gradients)."""
+    """While open, a trainable input embedding that shares its weight with the LM head (tied, as in SmolLM2-135M;
+    Qwen2.5-Coder-0.5B's is untied) returns a sparse gradient (``nn.Embedding.sparse``: one row per looked-up token)
+    that autograd adds in place into the weight's dense gradient, which the LM head's backward has already created in
+    the same pass. The dense default allocates and zero-fills a [V, H] buffer per backward pass and adds it whole
+    (SmolLM2: 113 MB per pass). Same sums up to float addition order. A no-op for untied, frozen (LoRA) or
+    FSDP-sharded embeddings. Yields a callable that makes the gradient dense again if it ever ended up sparse (call
+    it before clipping: clipping and AdamW need dense gradients)."""
     from .distributed import is_fsdp
 
     try:
