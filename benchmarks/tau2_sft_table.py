@@ -1,0 +1,372 @@
+#!/usr/bin/env python
+"""tau2: base -> SFT (gold demonstrations of the train split) -> SFT + GRPO, each scored on the **test** split
+(issue 14 section 2): pass^1 (greedy), pass^k and pass@k (k samples per task), and the do-nothing baseline.
+
+    R=outputs/tau2_sft_table; C="--domain airline --out-root $R"
+    python benchmarks/tau2_sft_table.py base $C              # the untrained model (+ do-nothing) on the test split
+    python benchmarks/tau2_sft_table.py sft  $C --seed 1     # sft.py: gold demos of the train split -> sft_model
+    python benchmarks/tau2_sft_table.py grpo $C --seed 1     # grpo.py actor.path=<sft seed 1>/sft_model
+    python benchmarks/tau2_sft_table.py summary $R --write benchmarks/results/tau2_sft_table
+
+Each stage is its own process writing ``$R/<stage>/seed<N>/result.json`` (``base``: ``$R/base/result.json``), so a
+table can be built across sessions and machines; ``summary`` refuses results whose evaluation budget differs (model,
+domain, user, turns, context, new tokens, eval tasks, k) and, within a stage, whose training budget differs.
+
+Stages (each evaluates once, at its end, with the same code: :meth:`torchrl_grpo.trainer.GRPOTrainer.evaluate` on
+the first ``--n-eval`` usable tasks of the test split, 0 = all of them):
+
+* ``base``: ``grpo.py eval_only=true`` on ``--model``;
+* ``sft``: ``sft.py --config-name sft_tau2`` from ``--model``: ``--sft-epochs`` epochs over the gold demonstrations
+  of the **train** split replayed through the RL collector (:mod:`torchrl_grpo.demonstrations`), optionally
+  ``--rft-rounds`` of rejection-sampling fine-tuning, then the merged model ``sft_model/``;
+* ``grpo``: ``grpo.py --config-name grpo_tau2`` from that ``sft_model`` (``--from base``: from ``--model``, the
+  "GRPO without warm start" arm) on the train split.
+
+Both trainings fine-tune all weights when ``--lora-r 0`` (the default for the 135M model) and LoRA otherwise.
+
+Statistics (``summary``): per run the Wilson 95% interval of pass^1 on n test tasks
+(:func:`torchrl_grpo.learning_curve.wilson_interval`); per stage with >= 2 seeds the mean and Student-t 95%
+interval across seeds (``gsm8k_vs_trl.mean_ci``). pass^k is tau-bench's estimator (Yao et al., 2024,
+arXiv:2406.12045, Eq. 1), pass@k Chen et al. (2021, arXiv:2107.03374, Eq. 1), both from ``--pass-k`` samples per task
+at temperature 1 (:mod:`torchrl_grpo.evaluation`). The do-nothing baseline ends each test task at once
+(:func:`torchrl_grpo.evaluation.do_nothing_baseline`): tasks whose correct outcome is no change score 1 there, so a
+policy's pass^1 means something only above it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+for p in (str(REPO), str(HERE)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+from gsm8k_vs_trl import _env, _meta, _metrics, _pin, mean_ci  # noqa: E402  (same interpreter / pinning / stats)
+
+STAGES = ("base", "sft", "grpo")
+#: evaluation budget: equal across every result of one table
+EVAL_KEYS = ("model", "domain", "user", "max_turns", "max_steps", "max_context", "max_new_tokens", "n_eval", "pass_k")
+#: training budget of each stage: equal across the seeds of that stage
+TRAIN_KEYS = {"base": (), "sft": ("sft_epochs", "sft_minibatch", "sft_lr", "rft_rounds", "lora_r"),
+              "grpo": ("grpo_from", "grpo_steps", "grpo_prompts", "grpo_samples", "grpo_lr", "lora_r",
+                       "sft_epochs", "sft_minibatch", "sft_lr", "rft_rounds")}
+#: splits per domain: (train, test); mock has one split, so its "test" tasks are its train tasks (flagged in the table)
+SPLITS = {"airline": ("train", "test"), "retail": ("train", "test"), "telecom": ("train", "test"),
+          "mock": ("base", "base")}
+
+
+# ------------------------------------------------------------------------------------------------ commands
+def _user_overrides(a) -> list[str]:
+    """The customer: solo for telecom / mock (the agent works the ticket alone), the scripted user otherwise."""
+    if a.user == "solo":
+        return ["econfig.solo_mode=true"]
+    return ["econfig.solo_mode=false", f"econfig.user={a.user}"]
+
+
+def common_overrides(a) -> list[str]:
+    """Overrides every stage shares: model context, env, evaluation (test split, greedy pass^1 + pass^k), logging."""
+    train_split, test_split = SPLITS[a.domain]
+    out = [f"econfig.domain={a.domain}", *_user_overrides(a), f"econfig.max_turns={a.max_turns}",
+           f"econfig.max_steps={a.max_steps}", "econfig.reward=binary",
+           f"train_dataset.split={train_split}", f"valid_dataset.split={test_split}",
+           f"rollout.backend={a.backend}", f"rollout.max_context_tokens={a.max_context}",
+           f"gconfig.max_new_tokens={a.max_new_tokens}",
+           f"eval.n_problems={a.n_eval if a.n_eval > 0 else 100_000}", "eval.greedy=true", f"eval.pass_k={a.pass_k}",
+           "eval.at_start=false", "eval.at_end=true", "eval.every=0",
+           "checkpoint.every=0", "checkpoint.save_final=false",
+           "stats_logger.progress_bar=false", "stats_logger.wandb.mode=disabled"]
+    if a.backend == "vllm":
+        out.append(f"rollout.vllm.max_model_len={a.max_context}")
+    return out
+
+
+def _weights_overrides(a) -> list[str]:
+    if a.lora_r > 0:
+        return ["actor.peft.enable=true", f"actor.peft.r={a.lora_r}", f"actor.peft.lora_alpha={2 * a.lora_r}",
+                "actor.peft.lora_dropout=0.0", "actor.peft.target_modules=all-linear"]
+    return ["actor.peft.enable=false"]
+
+
+def stage_command(a, stage: str, run_dir: Path) -> list[str]:
+    """The ``sft.py`` / ``grpo.py`` command line of ``stage`` (module docstring) writing into ``run_dir``.
+
+    Raises:
+        FileNotFoundError: ``grpo`` from an SFT model that is not there yet (run the ``sft`` stage first).
+    """
+    common = [*common_overrides(a), f"seed={a.seed}", f"hydra.run.dir={run_dir}", f"output_dir={run_dir}"]
+    if stage == "base":
+        return [a.py, str(REPO / "grpo.py"), "--config-name", "grpo_tau2", f"actor.path={a.model}",
+                "actor.peft.enable=false", "eval_only=true", *common]
+    if stage == "sft":
+        return [a.py, str(REPO / "sft.py"), "--config-name", "sft_tau2", f"actor.path={a.model}", *_weights_overrides(a),
+                "sft.source=gold", f"sft.epochs={a.sft_epochs}", f"sft.minibatch_size={a.sft_minibatch}",
+                f"sft.rft_rounds={a.rft_rounds}", f"sft.rft_samples={a.pass_k or 4}", "sft.save_model=true",
+                f"optimizer.lr={a.sft_lr}", "optimizer.scheduler=cosine", "optimizer.warmup_steps=1",
+                f"train.micro_batch_size={a.micro_batch}", *common]
+    if stage == "grpo":
+        start = a.model
+        if a.grpo_from == "sft":
+            start = Path(a.out_root) / "sft" / f"seed{a.seed}" / "sft_model"
+            if not (start / "config.json").is_file():
+                raise FileNotFoundError(f"{start} not found: run the 'sft' stage with --seed {a.seed} first")
+        return [a.py, str(REPO / "grpo.py"), "--config-name", "grpo_tau2", f"actor.path={start}", *_weights_overrides(a),
+                f"train.steps={a.grpo_steps}", f"train.batch_size={a.grpo_prompts}", f"gconfig.n_samples={a.grpo_samples}",
+                "gconfig.temperature=1.0", "gconfig.top_p=1.0", f"optimizer.lr={a.grpo_lr}",
+                "optimizer.scheduler=constant", "optimizer.warmup_steps=0",
+                f"train.micro_batch_size={a.micro_batch}", "loss.kl_coef=0.0", *common]
+    raise ValueError(f"unknown stage {stage!r}; expected one of {STAGES}")
+
+
+def budget(a, stage: str) -> dict:
+    return {"eval": {k: getattr(a, k) for k in EVAL_KEYS}, "train": {k: getattr(a, k) for k in TRAIN_KEYS[stage]}}
+
+
+def stage_eval(rows: list[dict], k: int) -> dict:
+    """The last evaluation of a run's ``metrics.jsonl`` rows: pass^1 (greedy), pass^k, pass@k, the sampled pass@1,
+    do-nothing pass^1 / reward, n tasks, seconds.
+
+    Raises:
+        RuntimeError: the run logged no evaluation.
+    """
+    ev = [r for r in rows if "eval/accuracy" in r]
+    if not ev:
+        raise RuntimeError("no eval/accuracy in metrics.jsonl")
+    e = ev[-1]
+    return {"pass^1": float(e["eval/accuracy"]), "n": int(e.get("eval/n_tasks", 0)), "k": k,
+            "pass^k": e.get(f"eval/pass^{k}"), "pass@k": e.get(f"eval/pass@{k}"), "pass@1_sampled": e.get("eval/pass@1"),
+            "reward": e.get("eval/reward"), "do_nothing_pass^1": e.get("eval/do_nothing_pass^1"),
+            "do_nothing_reward": e.get("eval/do_nothing_reward"), "time_s": e.get("eval/time_s")}
+
+
+def _train_rows(rows: list[dict]) -> list[dict]:
+    keep = ("step", "sft/nll", "sft/lr", "reward/mean", "episode/response_tokens", "demo/kept", "demo/tasks",
+            "rft/kept", "rft/episodes", "time/step_s", "train/skip_reason")
+    return [{k: r[k] for k in keep if k in r} for r in rows
+            if any(k in r for k in ("sft/nll", "reward/mean", "demo/kept", "rft/kept"))]
+
+
+def cmd_stage(a) -> dict:
+    root = Path(a.out_root)
+    d = root / "base" if a.stage == "base" else root / a.stage / f"seed{a.seed}"
+    d.mkdir(parents=True, exist_ok=True)
+    cmd = _pin(a) + stage_command(a, a.stage, d)
+    log = d / "run.log"
+    t0 = time.time()
+    with open(log, "a") as f:
+        f.write(f"$ {shlex.join(cmd)}\n")
+        f.flush()
+        rc = subprocess.run(cmd, cwd=REPO, env=_env(a), stdout=f, stderr=subprocess.STDOUT, check=False).returncode
+    wall = time.time() - t0
+    if rc != 0:
+        tail = "".join(log.read_text().splitlines(True)[-20:])
+        raise RuntimeError(f"{a.stage} exited {rc}; {log}:\n{tail}")
+    rows = _metrics(d)
+    res = {"stage": a.stage, "seed": None if a.stage == "base" else a.seed, "budget": budget(a, a.stage),
+           "eval": stage_eval(rows, a.pass_k), "train": _train_rows(rows), "wall_s": wall, "stage_command": cmd,
+           **_meta(a)}
+    (d / "result.json").write_text(json.dumps(res, indent=1))
+    print(json.dumps({"stage": a.stage, "seed": res["seed"], "eval": res["eval"], "wall_s": round(wall)}))
+    return res
+
+
+# ------------------------------------------------------------------------------------------------ summary
+def load_results(root: Path) -> dict[str, list[dict]]:
+    """``{stage: [result, ...] by seed}`` under ``root``.
+
+    Raises:
+        ValueError: evaluation budgets differ between any two results, or training budgets within a stage.
+    """
+    out: dict[str, list[dict]] = {}
+    for st in STAGES:
+        paths = [root / "base" / "result.json"] if st == "base" else sorted((root / st).glob("seed*/result.json"))
+        rs = [json.loads(p.read_text()) for p in paths if p.is_file()]
+        if rs:
+            out[st] = sorted(rs, key=lambda r: r.get("seed") or 0)
+    every = [r for v in out.values() for r in v]
+    if every:
+        ref = every[0]["budget"]["eval"]
+        for r in every[1:]:
+            diff = [k for k in EVAL_KEYS if r["budget"]["eval"].get(k) != ref.get(k)]
+            if diff:
+                raise ValueError(f"{r['stage']} seed {r.get('seed')}: another evaluation budget ({diff}) than "
+                                 f"{every[0]['stage']}; one table holds one budget")
+    for st, rs in out.items():
+        for r in rs[1:]:
+            diff = [k for k in TRAIN_KEYS[st] if r["budget"]["train"].get(k) != rs[0]["budget"]["train"].get(k)]
+            if diff:
+                raise ValueError(f"{st} seeds {rs[0].get('seed')} and {r.get('seed')} trained with different {diff}")
+    return out
+
+
+def _wilson(p: float, n: int) -> str:
+    from torchrl_grpo.learning_curve import wilson_interval
+
+    lo, hi = wilson_interval(p, n)
+    return f"{p:.3f} ({round(p * n)}/{n}) [{lo:.3f}, {hi:.3f}]"
+
+
+def _f(x) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def summarise(root: Path) -> dict:
+    """Per-run rows and per-stage means (see module docstring)."""
+    res = load_results(root)
+    if not res:
+        raise SystemExit(f"no result.json under {root}: run a stage first")
+    out: dict = {"stages": {}, "runs": []}
+    for st, rs in res.items():
+        for r in rs:
+            out["runs"].append({"stage": st, "seed": r.get("seed"), **r["eval"], "wall_s": r["wall_s"],
+                                "device": r.get("device"), "train": r.get("train", [])})
+        p1 = [r["eval"]["pass^1"] for r in rs]
+        m, h = mean_ci(p1)
+        pk = [r["eval"]["pass^k"] for r in rs if r["eval"].get("pass^k") is not None]
+        out["stages"][st] = {"seeds": [r.get("seed") for r in rs], "pass^1_mean": m, "pass^1_ci": h,
+                             "pass^k_mean": sum(pk) / len(pk) if pk else None,
+                             "wall_s_mean": sum(r["wall_s"] for r in rs) / len(rs)}
+    first = next(iter(res.values()))[0]
+    out["budget"] = first["budget"]["eval"]
+    out["train_budgets"] = {st: rs[0]["budget"]["train"] for st, rs in res.items()}
+    out["do_nothing_pass^1"] = first["eval"].get("do_nothing_pass^1")
+    return out
+
+
+def to_markdown(s: dict, root: Path) -> str:
+    b = s["budget"]
+    k = b["pass_k"]
+    same = " (mock has one split: these are its train tasks)" if b["domain"] == "mock" else ""
+    lines = [f"# tau2 {b['domain']}: base -> SFT -> SFT + GRPO on the test split (issue 14 section 2)", "",
+             f"Results root: `{root}`. Model {b['model']}, user: {b['user']}, {b['max_turns']} assistant turns / "
+             f"{b['max_steps']} env steps, {b['max_context']}-token context, {b['max_new_tokens']} new tokens per turn; "
+             f"evaluation on the test split{same}: pass^1 = greedy success rate, pass^{k} / pass@{k} from {k} samples "
+             f"per task at temperature 1.", "",
+             f"Do-nothing baseline (end each task at once), pass^1: {_f(s['do_nothing_pass^1'])}", "",
+             f"| stage | seed | pass^1 [Wilson 95%] | pass^{k} | pass@{k} | do-nothing pass^1 | wall | device |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in s["runs"]:
+        lines.append(f"| {r['stage']} | {r['seed'] if r['seed'] is not None else '-'} | {_wilson(r['pass^1'], r['n'])} "
+                     f"| {_f(r.get('pass^k'))} | {_f(r.get('pass@k'))} | {_f(r.get('do_nothing_pass^1'))} "
+                     f"| {r['wall_s'] / 60:.1f} min | {r.get('device', '-')} |")
+    lines += ["", "| stage | seeds | mean pass^1 ± 95% t-interval | mean pass^k | mean wall | training budget |",
+              "|---|---|---|---|---|---|"]
+    for st, v in s["stages"].items():
+        ci = "(one run: no interval)" if v["pass^1_ci"] != v["pass^1_ci"] else f"± {v['pass^1_ci']:.3f}"
+        tb = ", ".join(f"{kk}={vv}" for kk, vv in s["train_budgets"][st].items()) or "-"
+        lines.append(f"| {st} | {len(v['seeds'])} | {v['pass^1_mean']:.3f} {ci} | {_f(v['pass^k_mean'])} "
+                     f"| {v['wall_s_mean'] / 60:.1f} min | {tb} |")
+    lines += ["", f"Produced by `python benchmarks/tau2_sft_table.py summary {root} --write <stem>`; each run's "
+              "command is in its result.json (`command`, `stage_command`)."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(s: dict, out_png: Path) -> Path:
+    """pass^1 per stage (one point per run, Wilson 95% bars), pass^k as open markers, do-nothing as a dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from torchrl_grpo.learning_curve import wilson_interval
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = {st: i for i, st in enumerate(s["stages"])}
+    for j, r in enumerate(s["runs"]):
+        x = xs[r["stage"]] + 0.08 * ((j % 5) - 2)
+        lo, hi = wilson_interval(r["pass^1"], r["n"])
+        ax.errorbar([x], [r["pass^1"]], yerr=[[r["pass^1"] - lo], [hi - r["pass^1"]]], fmt="o", color="C0", capsize=3,
+                    label="pass^1 (greedy), Wilson 95%" if j == 0 else None)
+        if r.get("pass^k") is not None:
+            ax.plot([x], [r["pass^k"]], "s", mfc="none", color="C1",
+                    label=f"pass^{s['budget']['pass_k']}" if j == 0 else None)
+    if s.get("do_nothing_pass^1") is not None:
+        ax.axhline(s["do_nothing_pass^1"], ls="--", color="gray", label="do-nothing pass^1")
+    ax.set_xticks(list(xs.values()), list(xs))
+    ax.set_ylim(-0.02, 1.0)
+    ax.set_ylabel("success rate on the test split")
+    ax.set_title(f"tau2 {s['budget']['domain']}, {s['budget']['model']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=120)
+    plt.close(fig)
+    return out_png
+
+
+def cmd_summary(a) -> None:
+    root = Path(a.root)
+    s = summarise(root)
+    md = to_markdown(s, root)
+    print(md)
+    if a.write:
+        stem = Path(a.write)
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        stem.with_suffix(".md").write_text(md)
+        stem.with_suffix(".json").write_text(json.dumps(s, indent=1))
+        plot(s, stem.with_suffix(".png"))
+
+
+def _add_budget(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--domain", default="airline", choices=sorted(SPLITS))
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--user", default=None, help="scripted | local | solo (default: solo for telecom/mock, else scripted)")
+    p.add_argument("--max-turns", type=int, default=20)
+    p.add_argument("--max-steps", type=int, default=30)
+    p.add_argument("--max-context", type=int, default=8192)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--n-eval", type=int, default=0, help="test tasks evaluated (0: the whole test split)")
+    p.add_argument("--pass-k", type=int, default=4)
+    p.add_argument("--lora-r", type=int, default=0, help="0: full fine-tuning; else LoRA r (alpha = 2r)")
+    p.add_argument("--sft-epochs", type=int, default=2)
+    p.add_argument("--sft-minibatch", type=int, default=8)
+    p.add_argument("--sft-lr", type=float, default=2e-5)
+    p.add_argument("--rft-rounds", type=int, default=0)
+    p.add_argument("--grpo-from", default="sft", choices=("sft", "base"))
+    p.add_argument("--grpo-steps", type=int, default=4)
+    p.add_argument("--grpo-prompts", type=int, default=2)
+    p.add_argument("--grpo-samples", type=int, default=4)
+    p.add_argument("--grpo-lr", type=float, default=1e-5)
+    p.add_argument("--micro-batch", type=int, default=2)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out-root", default="outputs/tau2_sft_table")
+    p.add_argument("--backend", default="transformers", choices=("transformers", "vllm"))
+    p.add_argument("--py", default=sys.executable, help="interpreter for sft.py / grpo.py (vllm needs its venv)")
+    p.add_argument("--cores", default=None, help="taskset -c CORES for every process")
+    p.add_argument("--threads", type=int, default=0, help="OMP/MKL threads (0: leave)")
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for st in STAGES:
+        _add_budget(sub.add_parser(st, help=f"run the {st!r} stage"))
+    ps = sub.add_parser("summary", help="table + PNG over root/{base,sft,grpo}")
+    ps.add_argument("root")
+    ps.add_argument("--write", default=None, help="path stem for .md / .json / .png")
+    a = ap.parse_args(argv)
+    if a.cmd in STAGES:
+        a.stage = a.cmd
+        if a.user is None:
+            a.user = "solo" if a.domain in ("telecom", "mock") else "scripted"
+        if a.user not in ("scripted", "local", "solo"):
+            ap.error(f"--user {a.user!r}: scripted | local | solo")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    if a.cmd == "summary":
+        cmd_summary(a)
+    else:
+        cmd_stage(a)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

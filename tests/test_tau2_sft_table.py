@@ -1,0 +1,123 @@
+"""benchmarks/tau2_sft_table.py (issue 14 s.2): the stage commands, the summary over fake results, and the three
+stages end to end on the mock domain with the tiny random model."""
+import importlib.util
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "tau2_sft_table.py"
+_spec = importlib.util.spec_from_file_location("tau2_sft_table", _PATH)
+tt = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tt)
+
+
+def _args(stage="base", *extra):
+    return tt.parse([stage, *extra])
+
+
+def _value(cmd, key):
+    hits = [c.split("=", 1)[1] for c in cmd if c.startswith(key + "=")]
+    assert len(hits) == 1, (key, hits)
+    return hits[0]
+
+
+def test_every_stage_trains_on_train_and_scores_the_test_split_once_at_its_end(tmp_path):
+    a = _args("sft", "--domain", "airline", "--out-root", str(tmp_path))
+    for stage in ("base", "sft"):
+        cmd = tt.stage_command(a, stage, tmp_path / stage)
+        assert _value(cmd, "train_dataset.split") == "train" and _value(cmd, "valid_dataset.split") == "test"
+        assert _value(cmd, "eval.at_start") == "false" and _value(cmd, "eval.at_end") == "true"
+        assert _value(cmd, "eval.pass_k") == "4" and _value(cmd, "econfig.solo_mode") == "false"
+        assert _value(cmd, "econfig.user") == "scripted" and _value(cmd, "gconfig.max_new_tokens") == "256"
+    base = tt.stage_command(a, "base", tmp_path / "b")
+    assert base[1].endswith("grpo.py") and "eval_only=true" in base
+    sft = tt.stage_command(a, "sft", tmp_path / "s")
+    assert sft[1].endswith("sft.py") and _value(sft, "sft.source") == "gold" and _value(sft, "actor.peft.enable") == "false"
+    telecom = tt.stage_command(_args("base", "--domain", "telecom"), "base", tmp_path)
+    assert _value(telecom, "econfig.solo_mode") == "true"
+    mock = tt.stage_command(_args("base", "--domain", "mock"), "base", tmp_path)
+    assert _value(mock, "train_dataset.split") == _value(mock, "valid_dataset.split") == "base"
+
+
+def test_grpo_starts_from_the_sft_model_of_its_seed_and_refuses_a_missing_one(tmp_path):
+    a = _args("grpo", "--seed", "2", "--out-root", str(tmp_path), "--lora-r", "16")
+    with pytest.raises(FileNotFoundError, match="seed 2"):
+        tt.stage_command(a, "grpo", tmp_path / "g")
+    m = tmp_path / "sft" / "seed2" / "sft_model"
+    m.mkdir(parents=True)
+    (m / "config.json").write_text("{}")
+    cmd = tt.stage_command(a, "grpo", tmp_path / "g")
+    assert _value(cmd, "actor.path") == str(m) and _value(cmd, "actor.peft.r") == "16"
+    assert _value(cmd, "seed") == "2" and _value(cmd, "train.steps") == "4"
+    from_base = tt.stage_command(_args("grpo", "--grpo-from", "base"), "grpo", tmp_path / "g")
+    assert _value(from_base, "actor.path") == "smollm2-135m-instruct"
+
+
+def test_bad_user_is_refused():
+    with pytest.raises(SystemExit):
+        tt.parse(["base", "--user", "nobody"])
+
+
+def _write(root: Path, stage: str, seed, p1: float, pk=0.1, eval_over=None, train_over=None):
+    a = _args(stage if stage != "base" else "base")
+    b = tt.budget(a, stage)
+    b["eval"].update(eval_over or {})
+    b["train"].update(train_over or {})
+    d = root / "base" if stage == "base" else root / stage / f"seed{seed}"
+    d.mkdir(parents=True)
+    res = {"stage": stage, "seed": seed, "budget": b, "wall_s": 120.0, "device": "cpu x2",
+           "eval": {"pass^1": p1, "n": 20, "k": 4, "pass^k": pk, "pass@k": 0.3, "do_nothing_pass^1": 0.15},
+           "train": []}
+    (d / "result.json").write_text(json.dumps(res))
+
+
+def test_summary_table_means_and_plot(tmp_path):
+    _write(tmp_path, "base", None, 0.0, pk=0.0)
+    for s, p in [(1, 0.10), (2, 0.20), (3, 0.15)]:
+        _write(tmp_path, "sft", s, p)
+    _write(tmp_path, "grpo", 1, 0.25)
+    s = tt.summarise(tmp_path)
+    assert s["stages"]["sft"]["seeds"] == [1, 2, 3] and s["stages"]["sft"]["pass^1_mean"] == pytest.approx(0.15)
+    assert s["stages"]["sft"]["pass^1_ci"] == pytest.approx(4.303 * 0.05 / math.sqrt(3))
+    assert math.isnan(s["stages"]["grpo"]["pass^1_ci"]) and s["do_nothing_pass^1"] == 0.15
+    md = tt.to_markdown(s, tmp_path)
+    assert "0.100 (2/20)" in md and md.count("| sft |") == 4 and "one run: no interval" in md
+    assert "Do-nothing baseline" in md and "pass^4" in md
+    assert tt.plot(s, tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_different_eval_or_stage_budgets_are_refused(tmp_path):
+    _write(tmp_path, "base", None, 0.0)
+    _write(tmp_path, "sft", 1, 0.1, eval_over={"n_eval": 10})
+    with pytest.raises(ValueError, match="n_eval"):
+        tt.summarise(tmp_path)
+    root = tmp_path / "two"
+    _write(root, "sft", 1, 0.1)
+    _write(root, "sft", 2, 0.1, train_over={"sft_epochs": 9})
+    with pytest.raises(ValueError, match="sft_epochs"):
+        tt.summarise(root)
+
+
+def test_three_stages_end_to_end_on_mock_with_the_tiny_model(tmp_path):
+    """base -> sft -> grpo through the real sft.py / grpo.py processes (tiny random model, mock domain, one step
+    each): every stage writes a result.json with the test-split evaluation and the do-nothing baseline, grpo starts
+    from sft's merged model, and summary builds the table."""
+    common = ["--domain", "mock", "--model", "tiny-random", "--out-root", str(tmp_path), "--n-eval", "2",
+              "--pass-k", "2", "--max-new-tokens", "4", "--max-turns", "2", "--max-context", "4096",
+              "--sft-epochs", "1", "--sft-minibatch", "4", "--grpo-steps", "1", "--grpo-prompts", "1",
+              "--grpo-samples", "2", "--threads", "1"]
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    for stage in ("base", "sft", "grpo"):
+        assert tt.main([stage, *common]) == 0
+    grpo = json.loads((tmp_path / "grpo" / "seed1" / "result.json").read_text())
+    assert f"actor.path={tmp_path / 'sft' / 'seed1' / 'sft_model'}" in grpo["stage_command"]
+    sft = json.loads((tmp_path / "sft" / "seed1" / "result.json").read_text())
+    assert any("sft/nll" in r for r in sft["train"]) and any("demo/kept" in r for r in sft["train"])
+    s = tt.summarise(tmp_path)
+    assert list(s["stages"]) == ["base", "sft", "grpo"]
+    for r in s["runs"]:
+        assert r["n"] == 2 and r["pass^k"] is not None and r["do_nothing_pass^1"] is not None
+    assert "mock has one split" in tt.to_markdown(s, tmp_path)
