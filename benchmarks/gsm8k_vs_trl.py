@@ -154,7 +154,17 @@ def _run_grpo(a, overrides: list[str], run_dir: Path, log: Path) -> float:
     Raises:
         RuntimeError: grpo.py exited non-zero (the log's tail is in the message).
     """
-    cmd = _pin(a) + [a.py, str(REPO / "grpo.py"), *overrides, f"hydra.run.dir={run_dir}"]
+    return run_logged(a, [a.py, str(REPO / "grpo.py"), *overrides, f"hydra.run.dir={run_dir}"], log)
+
+
+def run_logged(a, cmd: list[str], log: Path) -> float:
+    """Run ``cmd`` (pinned by ``--cores``, threads by ``--threads``) in the repo, appending the command line and its
+    output to ``log``; returns wall seconds.
+
+    Raises:
+        RuntimeError: the command exited non-zero (the log's tail is in the message).
+    """
+    cmd = _pin(a) + cmd
     t0 = time.time()
     with open(log, "a") as f:
         f.write(f"$ {shlex.join(cmd)}\n")
@@ -162,7 +172,7 @@ def _run_grpo(a, overrides: list[str], run_dir: Path, log: Path) -> float:
         rc = subprocess.run(cmd, cwd=REPO, env=_env(a), stdout=f, stderr=subprocess.STDOUT, check=False).returncode
     if rc != 0:
         tail = "".join(log.read_text().splitlines(True)[-20:])
-        raise RuntimeError(f"grpo.py exited {rc}; {log}:\n{tail}")
+        raise RuntimeError(f"{Path(cmd[len(_pin(a)) + 1]).name} exited {rc}; {log}:\n{tail}")
     return time.time() - t0
 
 
@@ -478,12 +488,17 @@ def cmd_summary(a) -> None:
     md = to_markdown(s, root)
     print(md)
     if a.write:
-        w = Path(a.write)
-        w.parent.mkdir(parents=True, exist_ok=True)
-        w.with_suffix(".md").write_text(md + f"\nProduced by `python benchmarks/gsm8k_vs_trl.py summary {root} "
-                                        f"--write {a.write}`; per-run commands in each result.json.\n")
-        w.with_suffix(".json").write_text(json.dumps(s, indent=1))
-        plot(root, w.with_suffix(".png"))
+        write_outputs(a.write, md + f"\nProduced by `python benchmarks/gsm8k_vs_trl.py summary {root} --write "
+                      f"{a.write}`; per-run commands in each result.json.\n", s, lambda png: plot(root, png))
+
+
+def write_outputs(stem: str | Path, md: str, summary: dict, draw) -> None:
+    """``stem``.md (``md``), .json (``summary``) and .png (``draw(path)``), creating the folder."""
+    w = Path(stem)
+    w.parent.mkdir(parents=True, exist_ok=True)
+    w.with_suffix(".md").write_text(md)
+    w.with_suffix(".json").write_text(json.dumps(summary, indent=1))
+    draw(w.with_suffix(".png"))
 
 
 def _add_budget(p: argparse.ArgumentParser) -> None:

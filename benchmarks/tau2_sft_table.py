@@ -36,10 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -48,7 +45,7 @@ for p in (str(REPO), str(HERE)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from gsm8k_vs_trl import _env, _meta, _metrics, _pin, mean_ci  # noqa: E402  (same interpreter / pinning / stats)
+from gsm8k_vs_trl import _meta, _metrics, mean_ci, run_logged, write_outputs  # noqa: E402  (same runner / stats)
 
 STAGES = ("base", "sft", "grpo")
 #: evaluation budget: equal across every result of one table
@@ -156,17 +153,8 @@ def cmd_stage(a) -> dict:
     root = Path(a.out_root)
     d = root / "base" if a.stage == "base" else root / a.stage / f"seed{a.seed}"
     d.mkdir(parents=True, exist_ok=True)
-    cmd = _pin(a) + stage_command(a, a.stage, d)
-    log = d / "run.log"
-    t0 = time.time()
-    with open(log, "a") as f:
-        f.write(f"$ {shlex.join(cmd)}\n")
-        f.flush()
-        rc = subprocess.run(cmd, cwd=REPO, env=_env(a), stdout=f, stderr=subprocess.STDOUT, check=False).returncode
-    wall = time.time() - t0
-    if rc != 0:
-        tail = "".join(log.read_text().splitlines(True)[-20:])
-        raise RuntimeError(f"{a.stage} exited {rc}; {log}:\n{tail}")
+    cmd = stage_command(a, a.stage, d)
+    wall = run_logged(a, cmd, d / "run.log")
     rows = _metrics(d)
     res = {"stage": a.stage, "seed": None if a.stage == "base" else a.seed, "budget": budget(a, a.stage),
            "eval": stage_eval(rows, a.pass_k), "train": _train_rows(rows), "wall_s": wall, "stage_command": cmd,
@@ -305,11 +293,7 @@ def cmd_summary(a) -> None:
     md = to_markdown(s, root)
     print(md)
     if a.write:
-        stem = Path(a.write)
-        stem.parent.mkdir(parents=True, exist_ok=True)
-        stem.with_suffix(".md").write_text(md)
-        stem.with_suffix(".json").write_text(json.dumps(s, indent=1))
-        plot(s, stem.with_suffix(".png"))
+        write_outputs(a.write, md, s, lambda png: plot(s, png))
 
 
 def _add_budget(p: argparse.ArgumentParser) -> None:
