@@ -164,6 +164,7 @@ def run_logged(a, cmd: list[str], log: Path) -> float:
     Raises:
         RuntimeError: the command exited non-zero (the log's tail is in the message).
     """
+    script = Path(cmd[1]).name  # cmd = [interpreter, script, ...]
     cmd = _pin(a) + cmd
     t0 = time.time()
     with open(log, "a") as f:
@@ -172,7 +173,7 @@ def run_logged(a, cmd: list[str], log: Path) -> float:
         rc = subprocess.run(cmd, cwd=REPO, env=_env(a), stdout=f, stderr=subprocess.STDOUT, check=False).returncode
     if rc != 0:
         tail = "".join(log.read_text().splitlines(True)[-20:])
-        raise RuntimeError(f"{Path(cmd[len(_pin(a)) + 1]).name} exited {rc}; {log}:\n{tail}")
+        raise RuntimeError(f"{script} exited {rc}; {log}:\n{tail}")
     return time.time() - t0
 
 

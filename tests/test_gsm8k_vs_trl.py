@@ -105,3 +105,21 @@ def test_trl_gets_the_same_prompts_in_the_same_order_as_our_trainer(seed):
     assert gt.trl_prompt_order(seed, 7473, 20) == ours
     with pytest.raises(ValueError, match="one epoch"):
         gt.trl_prompt_order(seed, 10, 20)
+
+
+@pytest.mark.parametrize("cores", [None, "0"])
+def test_run_logged_names_the_failed_script_and_keeps_the_log(tmp_path, cores):
+    """A failing stage raises with the script's name (also when pinned by taskset) and the log's tail."""
+    import shutil
+    import sys
+    from types import SimpleNamespace
+
+    if cores and shutil.which("taskset") is None:
+        pytest.skip("taskset not installed")
+    script = tmp_path / "failing_stage.py"
+    script.write_text("print('step 1 ok')\nraise SystemExit(3)\n")
+    log = tmp_path / "run.log"
+    with pytest.raises(RuntimeError, match=r"failing_stage\.py exited 3") as e:
+        gt.run_logged(SimpleNamespace(cores=cores, threads=0), [sys.executable, str(script)], log)
+    assert "step 1 ok" in str(e.value)
+    assert log.read_text().startswith("$ ") and "step 1 ok" in log.read_text()
