@@ -26,7 +26,10 @@ Both trainings fine-tune all weights when ``--lora-r 0`` (the default for the 13
 
 Statistics (``summary``): per run the Wilson 95% interval of pass^1 on n test tasks
 (:func:`torchrl_grpo.learning_curve.wilson_interval`); per stage with >= 2 seeds the mean and Student-t 95%
-interval across seeds (``gsm8k_vs_trl.mean_ci``). pass^k is tau-bench's estimator (Yao et al., 2024,
+interval across seeds (``gsm8k_vs_trl.mean_ci``); for two stages of one seed whose runs recorded per-task outcomes
+(``per_task`` in result.json, from the run's ``eval_episodes.jsonl``) the paired greedy comparison on the same
+tasks with the exact McNemar test (:func:`paired_greedy`): it uses that both runs saw the same tasks, which two
+separate Wilson intervals ignore. pass^k is tau-bench's estimator (Yao et al., 2024,
 arXiv:2406.12045, Eq. 1), pass@k Chen et al. (2021, arXiv:2107.03374, Eq. 1), both from ``--pass-k`` samples per task
 at temperature 1 (:mod:`torchrl_grpo.evaluation`). The do-nothing baseline ends each test task at once
 (:func:`torchrl_grpo.evaluation.do_nothing_baseline`): tasks whose correct outcome is no change score 1 there, so a
@@ -149,6 +152,58 @@ def _train_rows(rows: list[dict]) -> list[dict]:
             if any(k in r for k in ("sft/nll", "reward/mean", "demo/kept", "rft/kept"))]
 
 
+def per_task_outcomes(run_dir: Path) -> dict | None:
+    """``{task_id: {"greedy": reward, "sampled": [rewards]}}`` of the run's last evaluation, from its
+    ``eval_episodes.jsonl`` (:func:`torchrl_grpo.evaluation.eval_episode_rows`); None when the run wrote none."""
+    p = run_dir / "eval_episodes.jsonl"
+    if not p.is_file():
+        return None
+    rows = [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
+    if not rows:
+        return None
+    last = max(r["step"] for r in rows)
+    out: dict = {}
+    for r in rows:
+        if r["step"] != last:
+            continue
+        key = str(r.get("task_id") if r.get("task_id") is not None else r["task"])
+        t = out.setdefault(key, {"greedy": None, "sampled": []})
+        if r["mode"] == "greedy":
+            t["greedy"] = r["reward"]
+        else:
+            t["sampled"].append(r["reward"])
+    return out
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value for paired binary outcomes (McNemar, 1947; the exact binomial form): ``b``
+    tasks solved only by the first run, ``c`` only by the second; under "no difference" each discordant task goes
+    either way with probability 1/2, so p = min(1, 2 P(Binom(b + c, 1/2) <= min(b, c))); 1.0 when b + c = 0."""
+    from math import comb
+
+    n = b + c
+    if n == 0:
+        return 1.0
+    return min(1.0, 2 * sum(comb(n, i) for i in range(min(b, c) + 1)) / 2 ** n)
+
+
+def paired_greedy(a: dict, b: dict, success: float = 1.0) -> dict:
+    """Greedy success of two runs on the same test tasks (:func:`per_task_outcomes`): tasks both solve, only the
+    first, only the second, neither, and the exact McNemar p-value (:func:`mcnemar_exact`).
+
+    Raises:
+        ValueError: the runs were scored on different tasks.
+    """
+    if set(a) != set(b):
+        raise ValueError(f"paired comparison needs the same tasks: {sorted(set(a) ^ set(b))[:5]} differ")
+    sa = {t for t, v in a.items() if (v["greedy"] or 0.0) >= success}
+    sb = {t for t, v in b.items() if (v["greedy"] or 0.0) >= success}
+    only_a, only_b = sorted(sa - sb), sorted(sb - sa)
+    return {"n": len(a), "both": len(sa & sb), "only_first": len(only_a), "only_second": len(only_b),
+            "neither": len(a) - len(sa | sb), "p_mcnemar": mcnemar_exact(len(only_a), len(only_b)),
+            "only_first_tasks": only_a, "only_second_tasks": only_b}
+
+
 def cmd_stage(a) -> dict:
     root = Path(a.out_root)
     d = root / "base" if a.stage == "base" else root / a.stage / f"seed{a.seed}"
@@ -157,8 +212,8 @@ def cmd_stage(a) -> dict:
     wall = run_logged(a, cmd, d / "run.log")
     rows = _metrics(d)
     res = {"stage": a.stage, "seed": None if a.stage == "base" else a.seed, "budget": budget(a, a.stage),
-           "eval": stage_eval(rows, a.pass_k), "train": _train_rows(rows), "wall_s": wall, "stage_command": cmd,
-           **_meta(a)}
+           "eval": stage_eval(rows, a.pass_k), "per_task": per_task_outcomes(d), "train": _train_rows(rows),
+           "wall_s": wall, "stage_command": cmd, **_meta(a)}
     (d / "result.json").write_text(json.dumps(res, indent=1))
     print(json.dumps({"stage": a.stage, "seed": res["seed"], "eval": res["eval"], "wall_s": round(wall)}))
     return res
@@ -220,6 +275,15 @@ def summarise(root: Path) -> dict:
         out["stages"][st] = {"seeds": [r.get("seed") for r in rs], "pass^1_mean": m, "pass^1_ci": h,
                              "pass^k_mean": sum(pk) / len(pk) if pk else None,
                              "wall_s_mean": sum(r["wall_s"] for r in rs) / len(rs)}
+    out["paired"] = []  # stage pairs of the same seed (base: any seed) whose per-task outcomes were both recorded
+    order = list(res)
+    for i, st1 in enumerate(order):
+        for st2 in order[i + 1:]:
+            for r2 in res[st2]:
+                r1 = next((r for r in res[st1] if st1 == "base" or r.get("seed") == r2.get("seed")), None)
+                if r1 is not None and r1.get("per_task") and r2.get("per_task"):
+                    out["paired"].append({"first": st1, "second": st2, "seed": r2.get("seed"),
+                                          **paired_greedy(r1["per_task"], r2["per_task"])})
     first = next(iter(res.values()))[0]
     out["budget"] = first["budget"]["eval"]
     out["train_budgets"] = {st: rs[0]["budget"]["train"] for st, rs in res.items()}
@@ -250,6 +314,15 @@ def to_markdown(s: dict, root: Path) -> str:
         tb = ", ".join(f"{kk}={vv}" for kk, vv in s["train_budgets"][st].items()) or "-"
         lines.append(f"| {st} | {len(v['seeds'])} | {v['pass^1_mean']:.3f} {ci} | {_f(v['pass^k_mean'])} "
                      f"| {v['wall_s_mean'] / 60:.1f} min | {tb} |")
+    if s.get("paired"):
+        lines += ["", "Paired greedy outcomes on the same test tasks (exact McNemar test over the tasks only one run "
+                  "solves; p < 0.05: a difference outside noise):", "",
+                  "| first -> second | seed | both | first only | second only | neither | McNemar p | tasks second only |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for q in s["paired"]:
+            lines.append(f"| {q['first']} -> {q['second']} | {q['seed'] if q['seed'] is not None else '-'} "
+                         f"| {q['both']} | {q['only_first']} | {q['only_second']} | {q['neither']} "
+                         f"| {q['p_mcnemar']:.3f} | {', '.join(q['only_second_tasks']) or '-'} |")
     lines += ["", f"Produced by `python benchmarks/tau2_sft_table.py summary {root} --write <stem>`; each run's "
               "command is in its result.json (`command`, `stage_command`)."]
     return "\n".join(lines) + "\n"

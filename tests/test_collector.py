@@ -228,6 +228,31 @@ def test_evaluate_chunks_tasks_with_progress_and_counts_every_task(tok, monkeypa
     assert out["eval/accuracy"] == 1.0 and out["eval/pass^2"] == 1.0 and out["eval/tokens_per_s"] > 0
 
 
+def test_evaluate_records_one_row_per_episode_greedy_ones_with_their_conversation(tok):
+    """evaluate(episodes=[]) appends a row per episode: greedy rows first (conversation without the system message),
+    then the k sampled rows per task (no conversation), each with the task, sample index, reward and how it ended."""
+    from torchrl_grpo import evaluation
+
+    col = GroupCollector(ScriptedChatEnv, ScriptedBackend(tok), tok, SamplingConfig(max_new_tokens=8), max_turns=5)
+    rows: list = []
+    out = evaluation.evaluate(col, task_indices=[2, 0], greedy=True, pass_k=2, episodes=rows)
+    assert out["eval/accuracy"] == 1.0
+    assert [(r["mode"], r["task"]["index"], r["sample"]) for r in rows] == [
+        ("greedy", 2, 0), ("greedy", 0, 0), ("sampled", 2, 0), ("sampled", 2, 1), ("sampled", 0, 0), ("sampled", 0, 1)]
+    for r in rows:
+        assert r["reward"] == 1.0 and r["num_turns"] == 3 and r["termination_reason"] == "agent_stop"
+        assert r["response_tokens"] > 0 and r["action_errors"] == 0 and not r["length_truncated"]
+        assert r["infra_error"] is False and r["context_truncated"] is False
+    greedy = [r for r in rows if r["mode"] == "greedy"]
+    assert all("messages" not in r for r in rows if r["mode"] == "sampled")
+    msgs = greedy[0]["messages"]
+    assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "assistant", "user", "assistant"]
+    assert msgs[0]["content"] == "Question 2?" and [m["content"] for m in msgs if m["role"] == "assistant"] == REPLIES
+    import json
+
+    json.dumps(rows)  # JSON-ready as logged
+
+
 def test_token_policy_version_records_each_sampled_tokens_version(tok):
     """Issue 12 t.3 (partial rollouts): ``token_policy_version`` holds the version of every sampled token (-1 off the
     response mask); a generation without ``versions`` gets the backend's version; ``policy_version`` is the oldest."""

@@ -121,3 +121,56 @@ def test_three_stages_end_to_end_on_mock_with_the_tiny_model(tmp_path):
     for r in s["runs"]:
         assert r["n"] == 2 and r["pass^k"] is not None and r["do_nothing_pass^1"] is not None
     assert "mock has one split" in tt.to_markdown(s, tmp_path)
+    # every stage recorded its per-task outcomes (2 eval tasks: greedy + 2 samples each), so every stage pair is paired
+    for st in ("base", "sft", "grpo"):
+        r = json.loads(((tmp_path / "base") if st == "base" else (tmp_path / st / "seed1")).joinpath("result.json").read_text())
+        assert len(r["per_task"]) == 2 and all(len(v["sampled"]) == 2 for v in r["per_task"].values())
+        assert sum((v["greedy"] or 0) >= 1.0 for v in r["per_task"].values()) / 2 == pytest.approx(r["eval"]["pass^1"])
+    assert [(q["first"], q["second"]) for q in s["paired"]] == [("base", "sft"), ("base", "grpo"), ("sft", "grpo")]
+    assert all(q["n"] == 2 for q in s["paired"]) and "McNemar" in tt.to_markdown(s, tmp_path)
+
+
+def test_mcnemar_exact_by_hand():
+    assert tt.mcnemar_exact(0, 0) == 1.0
+    assert tt.mcnemar_exact(0, 5) == pytest.approx(2 / 32)  # 2 * P(X <= 0), X ~ Binom(5, 1/2)
+    assert tt.mcnemar_exact(1, 6) == pytest.approx(2 * (1 + 7) / 128)
+    assert tt.mcnemar_exact(3, 3) == 1.0 and tt.mcnemar_exact(6, 1) == tt.mcnemar_exact(1, 6)
+
+
+def test_per_task_outcomes_take_the_last_evaluation_and_pair_on_the_same_tasks(tmp_path):
+    rows = [{"step": 0, "mode": "greedy", "task": {"index": 0}, "task_id": "a", "reward": 0.0},
+            {"step": 4, "mode": "greedy", "task": {"index": 0}, "task_id": "a", "reward": 1.0},
+            {"step": 4, "mode": "greedy", "task": {"index": 1}, "task_id": "b", "reward": 0.0},
+            {"step": 4, "mode": "sampled", "task": {"index": 1}, "task_id": "b", "reward": 1.0},
+            {"step": 4, "mode": "sampled", "task": {"index": 1}, "task_id": "b", "reward": 0.0},
+            {"step": 4, "mode": "greedy", "task": {"index": 2}, "task_id": None, "reward": 1.0}]
+    (tmp_path / "eval_episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pt = tt.per_task_outcomes(tmp_path)
+    assert pt == {"a": {"greedy": 1.0, "sampled": []}, "b": {"greedy": 0.0, "sampled": [1.0, 0.0]},
+                  "{'index': 2}": {"greedy": 1.0, "sampled": []}}
+    assert tt.per_task_outcomes(tmp_path / "none") is None
+    other = {"a": {"greedy": 0.0, "sampled": []}, "b": {"greedy": 1.0, "sampled": []},
+             "{'index': 2}": {"greedy": 1.0, "sampled": []}}
+    q = tt.paired_greedy(pt, other)
+    assert (q["both"], q["only_first"], q["only_second"], q["neither"]) == (1, 1, 1, 0)
+    assert q["only_second_tasks"] == ["b"] and q["p_mcnemar"] == 1.0
+    with pytest.raises(ValueError, match="same tasks"):
+        tt.paired_greedy(pt, {"a": {"greedy": 1.0, "sampled": []}})
+
+
+def test_summary_pairs_stages_of_the_same_seed(tmp_path):
+    _write(tmp_path, "base", None, 0.0)
+    _write(tmp_path, "sft", 1, 0.1)
+    _write(tmp_path, "grpo", 1, 0.2)
+    _write(tmp_path, "grpo", 2, 0.2)
+    tasks = [str(i) for i in range(10)]
+    for d, solved in [(tmp_path / "base", set()), (tmp_path / "sft" / "seed1", {"0"}),
+                      (tmp_path / "grpo" / "seed1", {"0", "1", "2"}), (tmp_path / "grpo" / "seed2", {"5"})]:
+        r = json.loads((d / "result.json").read_text())
+        r["per_task"] = {t: {"greedy": float(t in solved), "sampled": []} for t in tasks}
+        (d / "result.json").write_text(json.dumps(r))
+    s = tt.summarise(tmp_path)
+    got = {(q["first"], q["second"], q["seed"]): (q["only_first"], q["only_second"]) for q in s["paired"]}
+    assert got == {("base", "sft", 1): (0, 1), ("base", "grpo", 1): (0, 3), ("base", "grpo", 2): (0, 1),
+                   ("sft", "grpo", 1): (0, 2)}  # sft has no seed 2: grpo seed 2 is paired with base only
+    assert "| sft -> grpo | 1 | 1 | 0 | 2 | 7 | 0.500 | 1, 2 |" in tt.to_markdown(s, tmp_path)

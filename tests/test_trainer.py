@@ -73,6 +73,21 @@ def test_fit_writes_metrics_and_checkpoints(tmp_path):
     assert all(s["response_tokens"] > 0 for s in samples)
 
 
+def test_evaluate_writes_every_evaluated_episode_to_eval_episodes_jsonl(tmp_path):
+    """Each evaluation appends its episodes (greedy, then k sampled per task) to eval_episodes.jsonl with the step."""
+    trainer = GRPOTrainer(make_cfg(eval={"n_problems": 2, "pass_k": 2}), tmp_path)
+    ev = trainer.evaluate()
+    trainer.train_step()
+    trainer.evaluate()
+    trainer.close()
+    rows = [json.loads(x) for x in (tmp_path / "eval_episodes.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["mode"]) for r in rows] == [(0, "greedy")] * 2 + [(0, "sampled")] * 4 + \
+        [(1, "greedy")] * 2 + [(1, "sampled")] * 4
+    greedy0 = [r["reward"] for r in rows[:2]]
+    assert sum(r >= 1.0 for r in greedy0) / 2 == pytest.approx(ev["eval/accuracy"])
+    assert all(isinstance(r["messages"], list) and r["messages"] for r in rows if r["mode"] == "greedy")
+
+
 @pytest.mark.parametrize("peft", [False, True])
 def test_resume_matches_uninterrupted(tmp_path, peft):
     over = {"train": {"steps": 3}, "checkpoint": {"every": 2, "save_final": False},

@@ -389,7 +389,7 @@ class NullLogger:
     def log_images(self, images: dict, step: int) -> None:
         pass
 
-    def log_samples(self, samples: list, step: int) -> None:
+    def log_samples(self, samples: list, step: int, name: str = "samples.jsonl") -> None:
         pass
 
     def close(self) -> None:

@@ -8,6 +8,11 @@
 
 An episode succeeds when its reward is >= ``success_threshold`` (1.0: a correct GSM8K answer; a full tau2
 reward). The GSM8K format credit (0.1) is therefore not counted as success.
+
+Given a list (``episodes=``), :func:`evaluate` also appends one row per evaluated episode
+(:func:`eval_episode_rows`): which task, greedy or sampled, reward, turns, tokens, how it ended, and for greedy
+episodes the conversation. The trainer writes them to ``<run_dir>/eval_episodes.jsonl``: the per-task outcomes a
+paired comparison of two checkpoints needs, and the samples to read before believing an accuracy.
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from math import comb
 from .backends.base import SamplingConfig
 from .collector import GroupCollector
 
-__all__ = ["pass_at_k", "pass_hat_k", "evaluate", "do_nothing_baseline", "format_eval_table"]
+__all__ = ["pass_at_k", "pass_hat_k", "evaluate", "eval_episode_rows", "do_nothing_baseline", "format_eval_table"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -40,15 +45,44 @@ def pass_hat_k(n: int, c: int, k: int) -> float:
 EVAL_CHUNK = 64
 
 
+def eval_episode_rows(td, mode: str, n_samples: int, transcript: bool) -> list[dict]:
+    """One JSON-ready row per episode of a collector batch ``td`` ([N] with N = tasks x ``n_samples``, task-major;
+    :mod:`torchrl_grpo.collector`): ``mode`` ("greedy" | "sampled"), ``task`` (the reset options), ``task_id`` (the
+    env's ``info["task_id"]`` when it reports one), ``sample`` (0 .. n_samples - 1), ``reward``, ``num_turns``,
+    ``response_tokens``, ``action_errors``, ``termination_reason``, ``length_truncated``, ``context_truncated``,
+    ``infra_error``; with ``transcript`` also ``messages``: the conversation without its system messages (the
+    domain policy, the same in every episode)."""
+    from .episode_stats import non_tensor_list
+
+    tasks, infos = non_tensor_list(td, "task"), non_tensor_list(td, "info")
+    rows = []
+    for i in range(td.shape[0]):
+        info = infos[i] if isinstance(infos[i], dict) else {}
+        row = {"mode": mode, "task": tasks[i], "task_id": info.get("task_id"), "sample": i % n_samples,
+               "reward": float(td["reward"][i]), "num_turns": int(td["num_turns"][i]),
+               "response_tokens": int(td["response_tokens"][i]), "action_errors": int(td["action_errors"][i]),
+               "termination_reason": info.get("termination_reason"),
+               "length_truncated": bool(td["length_truncated"][i]), "context_truncated": bool(td["context_truncated"][i]),
+               "infra_error": bool(td["infra_error"][i])}
+        if transcript:
+            row["messages"] = [m for m in info.get("messages") or [] if not (isinstance(m, dict) and m.get("role") == "system")]
+        rows.append(row)
+    return rows
+
+
 def _rewards(collector: GroupCollector, tasks: list[dict], n: int, step: int, sampling: SamplingConfig,
-             bar, stats: dict[str, float]):
-    """Final rewards ``[len(tasks) * n]`` (task-major) collected :data:`EVAL_CHUNK` tasks at a time."""
+             bar, stats: dict[str, float], episodes: list | None = None, mode: str = "greedy"):
+    """Final rewards ``[len(tasks) * n]`` (task-major) collected :data:`EVAL_CHUNK` tasks at a time; rows of
+    :func:`eval_episode_rows` appended to ``episodes`` when given (greedy ones with their conversation)."""
     import torch
 
     out = []
     for s in range(0, len(tasks), EVAL_CHUNK):
         part = tasks[s : s + EVAL_CHUNK]
-        out.append(collector.collect(part, n, step=step, sampling=sampling)["reward"])
+        td = collector.collect(part, n, step=step, sampling=sampling)
+        out.append(td["reward"])
+        if episodes is not None:
+            episodes.extend(eval_episode_rows(td, mode, n, transcript=mode == "greedy"))
         for k in ("rollout/generated_tokens", "rollout/generate_time_s"):
             stats[k] = stats.get(k, 0.0) + float(collector.last_stats.get(k, 0.0))
         if bar is not None:
@@ -68,9 +102,11 @@ def evaluate(
     success_threshold: float = 1.0,
     prefix: str = "eval",
     progress: bool = False,
+    episodes: list | None = None,
 ) -> dict[str, float]:
     """Evaluate on a fixed subset of the collector env's tasks (``options={"index": i}`` for i in ``task_indices``),
-    :data:`EVAL_CHUNK` tasks per collector call (``progress``: a tqdm bar over the episodes).
+    :data:`EVAL_CHUNK` tasks per collector call (``progress``: a tqdm bar over the episodes). ``episodes``: a list
+    that receives one :func:`eval_episode_rows` row per episode, greedy ones first.
 
     Returns:
         ``{prefix}/accuracy`` (greedy success rate), ``{prefix}/reward`` (greedy mean reward), and when
@@ -92,14 +128,15 @@ def evaluate(
         if greedy:
             stats: dict[str, float] = {}
             r = _rewards(collector, tasks, 1, step, SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0),
-                         bar, stats)
+                         bar, stats, episodes, "greedy")
             out[f"{prefix}/accuracy"] = (r >= success_threshold).float().mean().item()
             out[f"{prefix}/reward"] = r.mean().item()
             gen_s = stats.get("rollout/generate_time_s", 0.0)
             out[f"{prefix}/tokens_per_s"] = stats.get("rollout/generated_tokens", 0.0) / gen_s if gen_s > 0 else 0.0
         if pass_k > 0:
             r = _rewards(collector, tasks, pass_k, step,
-                         SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, seed=12345), bar, {})
+                         SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, seed=12345), bar, {},
+                         episodes, "sampled")
             ok = (r >= success_threshold).reshape(len(tasks), pass_k)
             c = ok.sum(-1).tolist()
             out[f"{prefix}/pass@{pass_k}"] = sum(pass_at_k(pass_k, ci, pass_k) for ci in c) / len(c)

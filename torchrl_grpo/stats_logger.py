@@ -93,11 +93,12 @@ class StatsLogger:
         except Exception as exc:
             log.warning("wandb image upload failed: %s", exc)
 
-    def log_samples(self, samples: list[dict[str, Any]], step: int) -> None:
-        """Append episodes (decoded text and reward) to ``<run_dir>/samples.jsonl``, one JSON object per episode."""
+    def log_samples(self, samples: list[dict[str, Any]], step: int, name: str = "samples.jsonl") -> None:
+        """Append episodes (decoded text and reward; evaluation rows: ``name="eval_episodes.jsonl"``) to
+        ``<run_dir>/<name>``, one JSON object per episode with ``step``."""
         if not samples:
             return
-        with open(self.run_dir / "samples.jsonl", "a", encoding="utf-8") as fh:
+        with open(self.run_dir / name, "a", encoding="utf-8") as fh:
             for s in samples:
                 fh.write(json.dumps({"step": step, **{k: _clean(v) for k, v in s.items()}}, default=str) + "\n")
 

@@ -198,16 +198,23 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ eval / checkpoint / loop
     def evaluate(self) -> dict[str, float]:
         """Greedy accuracy / pass@k / pass^k on the first ``eval.n_problems`` usable tasks of the valid split, plus
-        the do-nothing baseline on the same tasks for envs that define one (the env's ``do_nothing_action``)."""
+        the do-nothing baseline on the same tasks for envs that define one (the env's ``do_nothing_action``).
+        Every evaluated episode is appended to ``<run_dir>/eval_episodes.jsonl`` with this step
+        (:func:`torchrl_grpo.evaluation.eval_episode_rows`)."""
         s = self.settings
         if not self.dp.is_main:  # rank 0 evaluates and logs for the run
             return {}
         if self._eval_tasks is None:
             self._eval_tasks = self.components.eval_tasks()
+        episodes: list[dict] = []
         with self.placement.on_cores("inference"):
             out = evaluate(self.eval_collector, task_indices=self._eval_tasks, greedy=s.eval_greedy,
                            pass_k=s.eval_pass_k, temperature=s.eval_temperature, max_new_tokens=s.max_new_tokens,
-                           step=self.step, progress=s.progress_bar)
+                           step=self.step, progress=s.progress_bar, episodes=episodes)
+        try:  # per-episode outcomes and greedy conversations: a convenience, never stop a run for them
+            self.logger.log_samples(episodes, step=self.step, name="eval_episodes.jsonl")
+        except OSError as exc:
+            log.warning("could not write eval_episodes.jsonl: %s", exc)
         if self._baseline is None:
             self._baseline = self.components.eval_baseline(self._eval_tasks)  # {} without one
         out.update(self._baseline)
