@@ -211,6 +211,28 @@ def test_bad_sft_settings_are_refused(tmp_path):
         SFTTrainer(sft_cfg(rollout={"launcher": "ray", "num_workers": 1}), tempfile.mkdtemp())
 
 
+def test_the_model_is_written_before_the_final_eval_so_a_failed_eval_keeps_the_training(tmp_path):
+    """A 35-minute SFT run was lost when its 48-minute final eval was cut: the merged model must be on disk before
+    the eval starts. The eval here dies after training; ``sft_model/`` is already a loadable model directory."""
+    over = {"eval": {"at_start": False, "at_end": True, "n_problems": 1}, "sft": {"epochs": 1, "minibatch_size": 3}}
+    trainer = SFTTrainer(sft_cfg(**over), tmp_path)
+
+    def dies():
+        raise RuntimeError("eval cut")
+
+    trainer.evaluate = dies
+    try:
+        with pytest.raises(RuntimeError, match="eval cut"):
+            trainer.fit()
+    finally:
+        trainer.close()
+    assert any("sft/nll" in line for line in (tmp_path / "metrics.jsonl").read_text().splitlines())
+    from torchrl_grpo.models import load_model_and_tokenizer
+
+    loaded, _ = load_model_and_tokenizer(str(tmp_path / "sft_model"))
+    assert sum(p.numel() for p in loaded.parameters()) > 0
+
+
 def test_gsm8k_demonstration_scores_one(gsm8k_dir):
     import gymnasium as gym
 

@@ -109,8 +109,9 @@ class SFTTrainer(GRPOTrainer):
 
     ``fit()``: evaluate (``eval.at_start``) -> ``sft.epochs`` epochs over the gold demonstrations of the train split
     (``sft.source=gold``) -> ``sft.rft_rounds`` rounds of: sample ``sft.rft_samples`` episodes per train task with
-    the policy, keep those with reward ``>= sft.min_reward``, ``sft.epochs`` epochs on them -> evaluate
-    (``eval.at_end``) -> ``<run_dir>/sft_model`` (merged weights + tokenizer; ``grpo.py actor.path=`` that dir).
+    the policy, keep those with reward ``>= sft.min_reward``, ``sft.epochs`` epochs on them -> ``<run_dir>/sft_model``
+    (``sft.save_model``: merged weights + tokenizer; ``grpo.py actor.path=`` that dir; written before the final eval
+    so a failed or interrupted eval keeps the training) -> evaluate (``eval.at_end``).
     ``self.step`` counts optimizer steps (the metrics' x axis). SIGINT / SIGTERM stop the run where it is
     (``grpo.run_trainer`` closes it); nothing is written before the end but ``metrics.jsonl``.
 
@@ -218,13 +219,13 @@ class SFTTrainer(GRPOTrainer):
             summary["rft"].append(0 if kept is None else int(kept.shape[0]))
             if kept is not None:
                 last = self._fine_tune(kept, "rft", round_=r + 1)
-        if st.eval_at_end and st.eval_n_problems > 0:
-            summary["eval_end"] = ev = self.evaluate()
-            self.logger.log(ev, step=self.step)
-        if s.save_model:
+        if s.save_model:  # before the final eval: an eval that dies (or a cut session) must not lose the training
             summary["model_dir"] = str(save_merged_model(self.model, self.tokenizer, self.run_dir / "sft_model"))
             log.info("fine-tuned model written to %s: python grpo.py actor.path=%s ...", summary["model_dir"],
                      summary["model_dir"])
+        if st.eval_at_end and st.eval_n_problems > 0:
+            summary["eval_end"] = ev = self.evaluate()
+            self.logger.log(ev, step=self.step)
         summary["last"] = last
         summary["learning_curve"] = self._draw_learning_curve()
         return summary
