@@ -10,7 +10,10 @@
 
 Each stage is its own process writing ``$R/<stage>/seed<N>/result.json`` (``base``: ``$R/base/result.json``), so a
 table can be built across sessions and machines; ``summary`` refuses results whose evaluation budget differs (model,
-domain, user, turns, context, new tokens, eval tasks, k) and, within a stage, whose training budget differs.
+domain, user, turns, context, new tokens, eval tasks, k) and, within a stage, whose training budget differs. A
+``grpo`` stage run with ``--checkpoint-every N`` that was cut (a session limit, a kill) continues with the same
+command plus ``--resume`` (``train.resume_from=`` its run dir; result.json then says ``"resumed": true`` and its
+``wall_s`` is the last process's only).
 
 Stages (each evaluates once, at its end, with the same code: :meth:`torchrl_grpo.trainer.GRPOTrainer.evaluate` on
 the first ``--n-eval`` usable tasks of the test split, 0 = all of them):
@@ -80,7 +83,7 @@ def common_overrides(a) -> list[str]:
            f"gconfig.max_new_tokens={a.max_new_tokens}",
            f"eval.n_problems={a.n_eval if a.n_eval > 0 else 100_000}", "eval.greedy=true", f"eval.pass_k={a.pass_k}",
            "eval.at_start=false", "eval.at_end=true", "eval.every=0",
-           "checkpoint.every=0", "checkpoint.save_final=false",
+           f"checkpoint.every={getattr(a, 'checkpoint_every', 0)}", "checkpoint.keep_last=1", "checkpoint.save_final=false",
            "stats_logger.progress_bar=false", "stats_logger.wandb.mode=disabled"]
     if a.backend == "vllm":
         out.append(f"rollout.vllm.max_model_len={a.max_context}")
@@ -120,8 +123,22 @@ def stage_command(a, stage: str, run_dir: Path) -> list[str]:
                 f"train.steps={a.grpo_steps}", f"train.batch_size={a.grpo_prompts}", f"gconfig.n_samples={a.grpo_samples}",
                 "gconfig.temperature=1.0", "gconfig.top_p=1.0", f"optimizer.lr={a.grpo_lr}",
                 "optimizer.scheduler=constant", "optimizer.warmup_steps=0",
-                f"train.micro_batch_size={a.micro_batch}", "loss.kl_coef=0.0", *common]
+                f"train.micro_batch_size={a.micro_batch}", "loss.kl_coef=0.0", *common, *_resume_overrides(a, run_dir)]
     raise ValueError(f"unknown stage {stage!r}; expected one of {STAGES}")
+
+
+def _resume_overrides(a, run_dir: Path) -> list[str]:
+    """``--resume``: ``train.resume_from=<run_dir>`` when the run dir holds a complete checkpoint (written by an earlier
+    ``--checkpoint-every`` run of this stage that was cut), else nothing (the stage starts from step 0)."""
+    if not getattr(a, "resume", False) or not (run_dir / "checkpoints").is_dir():
+        return []
+    from torchrl_grpo.checkpoint import latest_checkpoint
+
+    try:
+        latest_checkpoint(run_dir)
+    except (FileNotFoundError, ValueError):
+        return []
+    return [f"train.resume_from={run_dir}"]
 
 
 def budget(a, stage: str) -> dict:
@@ -148,13 +165,18 @@ def stage_eval(rows: list[dict], k: int) -> dict:
 def _train_rows(rows: list[dict]) -> list[dict]:
     keep = ("step", "sft/nll", "sft/lr", "reward/mean", "episode/response_tokens", "demo/kept", "demo/tasks",
             "rft/kept", "rft/episodes", "time/step_s", "train/skip_reason")
-    return [{k: r[k] for k in keep if k in r} for r in rows
-            if any(k in r for k in ("sft/nll", "reward/mean", "demo/kept", "rft/kept"))]
+    out = [{k: r[k] for k in keep if k in r} for r in rows
+           if any(k in r for k in ("sft/nll", "reward/mean", "demo/kept", "rft/kept"))]
+    # a resumed run (--resume) redoes the step its checkpoint did not cover: keep each GRPO step's last row
+    last = {r.get("step"): i for i, r in enumerate(out) if "reward/mean" in r}
+    return [r for i, r in enumerate(out) if "reward/mean" not in r or last[r.get("step")] == i]
 
 
 def per_task_outcomes(run_dir: Path) -> dict | None:
     """``{task_id: {"greedy": reward, "sampled": [rewards]}}`` of the run's last evaluation, from its
-    ``eval_episodes.jsonl`` (:func:`torchrl_grpo.evaluation.eval_episode_rows`); None when the run wrote none."""
+    ``eval_episodes.jsonl`` (:func:`torchrl_grpo.evaluation.eval_episode_rows`); None when the run wrote none.
+    An episode written twice for the same step (a resumed run that evaluated that step again) counts once: the
+    later row of each (task, mode, sample) wins."""
     p = run_dir / "eval_episodes.jsonl"
     if not p.is_file():
         return None
@@ -167,11 +189,13 @@ def per_task_outcomes(run_dir: Path) -> dict | None:
         if r["step"] != last:
             continue
         key = str(r.get("task_id") if r.get("task_id") is not None else r["task"])
-        t = out.setdefault(key, {"greedy": None, "sampled": []})
+        t = out.setdefault(key, {"greedy": None, "sampled": {}})
         if r["mode"] == "greedy":
             t["greedy"] = r["reward"]
         else:
-            t["sampled"].append(r["reward"])
+            t["sampled"][int(r.get("sample", len(t["sampled"])))] = r["reward"]
+    for t in out.values():
+        t["sampled"] = [t["sampled"][i] for i in sorted(t["sampled"])]
     return out
 
 
@@ -209,11 +233,12 @@ def cmd_stage(a) -> dict:
     d = root / "base" if a.stage == "base" else root / a.stage / f"seed{a.seed}"
     d.mkdir(parents=True, exist_ok=True)
     cmd = stage_command(a, a.stage, d)
+    resumed = any(c.startswith("train.resume_from=") for c in cmd)
     wall = run_logged(a, cmd, d / "run.log")
     rows = _metrics(d)
     res = {"stage": a.stage, "seed": None if a.stage == "base" else a.seed, "budget": budget(a, a.stage),
            "eval": stage_eval(rows, a.pass_k), "per_task": per_task_outcomes(d), "train": _train_rows(rows),
-           "wall_s": wall, "stage_command": cmd, **_meta(a)}
+           "wall_s": wall, "resumed": resumed, "stage_command": cmd, **_meta(a)}
     (d / "result.json").write_text(json.dumps(res, indent=1))
     print(json.dumps({"stage": a.stage, "seed": res["seed"], "eval": res["eval"], "wall_s": round(wall)}))
     return res
@@ -396,6 +421,10 @@ def _add_budget(p: argparse.ArgumentParser) -> None:
     p.add_argument("--py", default=sys.executable, help="interpreter for sft.py / grpo.py (vllm needs its venv)")
     p.add_argument("--cores", default=None, help="taskset -c CORES for every process")
     p.add_argument("--threads", type=int, default=0, help="OMP/MKL threads (0: leave)")
+    p.add_argument("--checkpoint-every", type=int, default=0,
+                   help="grpo: checkpoint every N steps (keep the last one), so --resume can continue a cut run")
+    p.add_argument("--resume", action="store_true",
+                   help="grpo: continue from the run dir's latest complete checkpoint, if any (same flags otherwise)")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

@@ -110,8 +110,17 @@ def test_three_stages_end_to_end_on_mock_with_the_tiny_model(tmp_path):
               "--sft-epochs", "1", "--sft-minibatch", "4", "--grpo-steps", "1", "--grpo-prompts", "1",
               "--grpo-samples", "2", "--threads", "1"]
     os.environ.setdefault("WANDB_MODE", "disabled")
-    for stage in ("base", "sft", "grpo"):
+    for stage in ("base", "sft"):
         assert tt.main([stage, *common]) == 0
+    assert tt.main(["grpo", *common, "--checkpoint-every", "1"]) == 0
+    # a cut grpo run continues from its checkpoint (here: after its one step, so only the eval is redone) and its
+    # re-evaluated episodes replace, not double, the first ones
+    run = tmp_path / "grpo" / "seed1"
+    assert (run / "checkpoints" / "step_000001").is_dir()
+    assert tt.main(["grpo", *common, "--checkpoint-every", "1", "--resume"]) == 0
+    resumed = json.loads((run / "result.json").read_text())
+    assert resumed["resumed"] and f"train.resume_from={run}" in resumed["stage_command"]
+    assert [r["step"] for r in resumed["train"] if "reward/mean" in r] == [1]
     grpo = json.loads((tmp_path / "grpo" / "seed1" / "result.json").read_text())
     assert f"actor.path={tmp_path / 'sft' / 'seed1' / 'sft_model'}" in grpo["stage_command"]
     sft = json.loads((tmp_path / "sft" / "seed1" / "result.json").read_text())
@@ -128,6 +137,19 @@ def test_three_stages_end_to_end_on_mock_with_the_tiny_model(tmp_path):
         assert sum((v["greedy"] or 0) >= 1.0 for v in r["per_task"].values()) / 2 == pytest.approx(r["eval"]["pass^1"])
     assert [(q["first"], q["second"]) for q in s["paired"]] == [("base", "sft"), ("base", "grpo"), ("sft", "grpo")]
     assert all(q["n"] == 2 for q in s["paired"]) and "McNemar" in tt.to_markdown(s, tmp_path)
+
+
+def test_resume_only_when_asked_and_a_complete_checkpoint_is_there(tmp_path):
+    m = tmp_path / "sft" / "seed1" / "sft_model"
+    m.mkdir(parents=True)
+    (m / "config.json").write_text("{}")
+    run = tmp_path / "grpo" / "seed1"
+    (run / "checkpoints" / "step_000002").mkdir(parents=True)  # no COMPLETE.json: a save that was killed
+    with_resume = tt.stage_command(_args("grpo", "--out-root", str(tmp_path), "--resume"), "grpo", run)
+    assert not any(c.startswith("train.resume_from=") for c in with_resume)
+    plain = tt.stage_command(_args("grpo", "--out-root", str(tmp_path), "--checkpoint-every", "2"), "grpo", run)
+    assert _value(plain, "checkpoint.every") == "2" and not any(c.startswith("train.resume_from=") for c in plain)
+    assert _value(tt.stage_command(_args("base"), "base", run), "checkpoint.every") == "0"
 
 
 def test_mcnemar_exact_by_hand():
