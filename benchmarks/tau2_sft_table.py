@@ -13,7 +13,11 @@ table can be built across sessions and machines; ``summary`` refuses results who
 domain, user, turns, context, new tokens, eval tasks, k) and, within a stage, whose training budget differs. A
 ``grpo`` stage run with ``--checkpoint-every N`` that was cut (a session limit, a kill) continues with the same
 command plus ``--resume`` (``train.resume_from=`` its run dir; result.json then says ``"resumed": true`` and its
-``wall_s`` is the last process's only).
+``wall_s`` is the last process's only). A grpo stage in another session than its seed's evaluated sft stage (its
+``sft_model`` gone with the machine) first re-creates the warm start with ``sft ... --warm-start-only`` (the same
+training, no 48-min evaluation; ``warm_start.json`` instead of result.json): the sft result records the sha256 of the
+model's weights (:func:`weights_sha256`), the grpo result the sha256 of the model it started from, and the table says
+whether the two are the same model.
 
 Stages (each evaluates once, at its end, with the same code: :meth:`torchrl_grpo.trainer.GRPOTrainer.evaluate` on
 the first ``--n-eval`` usable tasks of the test split, 0 = all of them):
@@ -82,7 +86,8 @@ def common_overrides(a) -> list[str]:
            f"rollout.backend={a.backend}", f"rollout.max_context_tokens={a.max_context}",
            f"gconfig.max_new_tokens={a.max_new_tokens}",
            f"eval.n_problems={a.n_eval if a.n_eval > 0 else 100_000}", "eval.greedy=true", f"eval.pass_k={a.pass_k}",
-           "eval.at_start=false", "eval.at_end=true", "eval.every=0",
+           "eval.at_start=false", f"eval.at_end={'false' if getattr(a, 'warm_start_only', False) else 'true'}",
+           "eval.every=0",
            f"checkpoint.every={getattr(a, 'checkpoint_every', 0)}", "checkpoint.keep_last=1", "checkpoint.save_final=false",
            "stats_logger.progress_bar=false", "stats_logger.wandb.mode=disabled"]
     if a.backend == "vllm":
@@ -139,6 +144,25 @@ def _resume_overrides(a, run_dir: Path) -> list[str]:
     except (FileNotFoundError, ValueError):
         return []
     return [f"train.resume_from={run_dir}"]
+
+
+def weights_sha256(model_dir: Path) -> str | None:
+    """sha256 over a saved model's weight files (``*.safetensors``, ``*.bin``; each file's name, then its bytes, in
+    name order): the identity of an SFT model. A ``grpo`` run that started from a warm start re-trained in another
+    session (``sft --warm-start-only``) shows with it that it started from the very model the ``sft`` row evaluated.
+    None when ``model_dir`` holds no weight file."""
+    import hashlib
+
+    files = sorted(f for f in Path(model_dir).glob("*") if f.is_file() and f.suffix in (".safetensors", ".bin"))
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        with f.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
 
 
 def budget(a, stage: str) -> dict:
@@ -234,11 +258,24 @@ def cmd_stage(a) -> dict:
     d.mkdir(parents=True, exist_ok=True)
     cmd = stage_command(a, a.stage, d)
     resumed = any(c.startswith("train.resume_from=") for c in cmd)
+    start = next(c.split("=", 1)[1] for c in cmd if c.startswith("actor.path="))
+    start_sha = weights_sha256(Path(start)) if a.stage == "grpo" and a.grpo_from == "sft" else None
     wall = run_logged(a, cmd, d / "run.log")
     rows = _metrics(d)
-    res = {"stage": a.stage, "seed": None if a.stage == "base" else a.seed, "budget": budget(a, a.stage),
-           "eval": stage_eval(rows, a.pass_k), "per_task": per_task_outcomes(d), "train": _train_rows(rows),
+    ident = {"stage": a.stage, "seed": None if a.stage == "base" else a.seed, "budget": budget(a, a.stage)}
+    if a.stage == "sft" and a.warm_start_only:  # the model for a later grpo stage, no evaluation: not a table row
+        res = {**ident, "model_sha256": weights_sha256(d / "sft_model"), "train": _train_rows(rows), "wall_s": wall,
+               "stage_command": cmd, **_meta(a)}
+        (d / "warm_start.json").write_text(json.dumps(res, indent=1))
+        print(json.dumps({"stage": "sft (warm start only)", "seed": a.seed, "model_sha256": res["model_sha256"],
+                          "wall_s": round(wall)}))
+        return res
+    res = {**ident, "eval": stage_eval(rows, a.pass_k), "per_task": per_task_outcomes(d), "train": _train_rows(rows),
            "wall_s": wall, "resumed": resumed, "stage_command": cmd, **_meta(a)}
+    if a.stage == "sft":
+        res["model_sha256"] = weights_sha256(d / "sft_model")
+    if start_sha is not None:
+        res["start_model_sha256"] = start_sha
     (d / "result.json").write_text(json.dumps(res, indent=1))
     print(json.dumps({"stage": a.stage, "seed": res["seed"], "eval": res["eval"], "wall_s": round(wall)}))
     return res
@@ -309,11 +346,25 @@ def summarise(root: Path) -> dict:
                 if r1 is not None and r1.get("per_task") and r2.get("per_task"):
                     out["paired"].append({"first": st1, "second": st2, "seed": r2.get("seed"),
                                           **paired_greedy(r1["per_task"], r2["per_task"])})
+    out["warm_starts"] = [{"seed": r.get("seed"), "status": warm_start_status(
+        r, next((q for q in res.get("sft", []) if q.get("seed") == r.get("seed")), None))}
+        for r in res.get("grpo", []) if r["budget"]["train"].get("grpo_from", "sft") == "sft"]
     first = next(iter(res.values()))[0]
     out["budget"] = first["budget"]["eval"]
     out["train_budgets"] = {st: rs[0]["budget"]["train"] for st, rs in res.items()}
     out["do_nothing_pass^1"] = first["eval"].get("do_nothing_pass^1")
     return out
+
+
+def warm_start_status(grpo: dict, sft: dict | None) -> str:
+    """Did this grpo run start from the model its seed's sft row evaluated? Compares ``start_model_sha256`` with the
+    sft result's ``model_sha256`` (:func:`weights_sha256`): "same model", "different model", or why it cannot say."""
+    if sft is None:
+        return "no sft row of this seed"
+    a, b = grpo.get("start_model_sha256"), sft.get("model_sha256")
+    if a is None or b is None:
+        return "not recorded"
+    return f"same model (sha256 {a[:12]})" if a == b else f"different model ({a[:12]} vs the sft row's {b[:12]})"
 
 
 def to_markdown(s: dict, root: Path) -> str:
@@ -332,6 +383,8 @@ def to_markdown(s: dict, root: Path) -> str:
         lines.append(f"| {r['stage']} | {r['seed'] if r['seed'] is not None else '-'} | {_wilson(r['pass^1'], r['n'])} "
                      f"| {_f(r.get('pass^k'))} | {_f(r.get('pass@k'))} | {_f(r.get('do_nothing_pass^1'))} "
                      f"| {r['wall_s'] / 60:.1f} min | {r.get('device', '-')} |")
+    for w in s.get("warm_starts", []):
+        lines.append(f"\ngrpo seed {w['seed']} started from the sft row's model: {w['status']}.")
     lines += ["", "| stage | seeds | mean pass^1 ± 95% t-interval | mean pass^k | mean wall | training budget |",
               "|---|---|---|---|---|---|"]
     for st, v in s["stages"].items():
@@ -423,6 +476,9 @@ def _add_budget(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=0, help="OMP/MKL threads (0: leave)")
     p.add_argument("--checkpoint-every", type=int, default=0,
                    help="grpo: checkpoint every N steps (keep the last one), so --resume can continue a cut run")
+    p.add_argument("--warm-start-only", action="store_true",
+                   help="sft: train and write sft_model (+ warm_start.json with its sha256) without the final "
+                        "evaluation, to re-create an evaluated seed's warm start for a grpo run in another session")
     p.add_argument("--resume", action="store_true",
                    help="grpo: continue from the run dir's latest complete checkpoint, if any (same flags otherwise)")
 
@@ -442,6 +498,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
             a.user = "solo" if a.domain in ("telecom", "mock") else "scripted"
         if a.user not in ("scripted", "local", "solo"):
             ap.error(f"--user {a.user!r}: scripted | local | solo")
+        if a.warm_start_only and a.stage != "sft":
+            ap.error("--warm-start-only belongs to the sft stage")
     return a
 
 

@@ -101,6 +101,10 @@ def test_different_eval_or_stage_budgets_are_refused(tmp_path):
         tt.summarise(root)
 
 
+def s_warm(root):
+    return tt.summarise(root)["warm_starts"][0]["status"].split(" (")[0]
+
+
 def test_three_stages_end_to_end_on_mock_with_the_tiny_model(tmp_path):
     """base -> sft -> grpo through the real sft.py / grpo.py processes (tiny random model, mock domain, one step
     each): every stage writes a result.json with the test-split evaluation and the do-nothing baseline, grpo starts
@@ -110,6 +114,11 @@ def test_three_stages_end_to_end_on_mock_with_the_tiny_model(tmp_path):
               "--sft-epochs", "1", "--sft-minibatch", "4", "--grpo-steps", "1", "--grpo-prompts", "1",
               "--grpo-samples", "2", "--threads", "1"]
     os.environ.setdefault("WANDB_MODE", "disabled")
+    # a warm start re-created without its eval (another session's grpo run) is the very model an evaluated sft run saves
+    assert tt.main(["sft", *common, "--warm-start-only"]) == 0
+    warm = json.loads((tmp_path / "sft" / "seed1" / "warm_start.json").read_text())
+    assert not (tmp_path / "sft" / "seed1" / "result.json").exists() and warm["model_sha256"]
+    assert not (tmp_path / "sft" / "seed1" / "eval_episodes.jsonl").exists()
     for stage in ("base", "sft"):
         assert tt.main([stage, *common]) == 0
     assert tt.main(["grpo", *common, "--checkpoint-every", "1"]) == 0
@@ -124,6 +133,8 @@ def test_three_stages_end_to_end_on_mock_with_the_tiny_model(tmp_path):
     grpo = json.loads((tmp_path / "grpo" / "seed1" / "result.json").read_text())
     assert f"actor.path={tmp_path / 'sft' / 'seed1' / 'sft_model'}" in grpo["stage_command"]
     sft = json.loads((tmp_path / "sft" / "seed1" / "result.json").read_text())
+    assert sft["model_sha256"] == warm["model_sha256"] == grpo["start_model_sha256"]  # SFT is deterministic per seed
+    assert s_warm(tmp_path) == "same model"
     assert any("sft/nll" in r for r in sft["train"]) and any("demo/kept" in r for r in sft["train"])
     s = tt.summarise(tmp_path)
     assert list(s["stages"]) == ["base", "sft", "grpo"]
@@ -196,3 +207,39 @@ def test_summary_pairs_stages_of_the_same_seed(tmp_path):
     assert got == {("base", "sft", 1): (0, 1), ("base", "grpo", 1): (0, 3), ("base", "grpo", 2): (0, 1),
                    ("sft", "grpo", 1): (0, 2)}  # sft has no seed 2: grpo seed 2 is paired with base only
     assert "| sft -> grpo | 1 | 1 | 0 | 2 | 7 | 0.500 | 1, 2 |" in tt.to_markdown(s, tmp_path)
+
+
+def test_weights_sha256_names_a_model_by_its_weight_files_only(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"\x00\x01weights")
+    (b / "config.json").write_text('{"other": "config"}')  # config and tokenizer files do not count
+    assert tt.weights_sha256(a) == tt.weights_sha256(b) is not None
+    (b / "model.safetensors").write_bytes(b"\x00\x02weights")
+    assert tt.weights_sha256(a) != tt.weights_sha256(b)
+    assert tt.weights_sha256(tmp_path / "empty") is None
+
+
+def test_warm_start_only_skips_the_eval_and_belongs_to_sft(tmp_path):
+    cmd = tt.stage_command(_args("sft", "--warm-start-only"), "sft", tmp_path)
+    assert _value(cmd, "eval.at_end") == "false" and _value(cmd, "sft.save_model") == "true"
+    with pytest.raises(SystemExit):
+        tt.parse(["grpo", "--warm-start-only"])
+
+
+def test_the_table_says_whether_grpo_started_from_the_evaluated_sft_model(tmp_path):
+    _write(tmp_path, "sft", 1, 0.1)
+    _write(tmp_path, "sft", 2, 0.1)
+    _write(tmp_path, "grpo", 1, 0.2)
+    _write(tmp_path, "grpo", 2, 0.2)
+    _write(tmp_path, "grpo", 3, 0.2)
+    for d, key, sha in [("sft/seed1", "model_sha256", "a" * 64), ("grpo/seed1", "start_model_sha256", "a" * 64),
+                        ("sft/seed2", "model_sha256", "b" * 64), ("grpo/seed2", "start_model_sha256", "c" * 64)]:
+        r = json.loads((tmp_path / d / "result.json").read_text())
+        r[key] = sha
+        (tmp_path / d / "result.json").write_text(json.dumps(r))
+    s = tt.summarise(tmp_path)
+    st = {w["seed"]: w["status"] for w in s["warm_starts"]}
+    assert st[1].startswith("same model") and st[2].startswith("different model") and st[3] == "no sft row of this seed"
+    assert "grpo seed 2 started from the sft row's model: different model" in tt.to_markdown(s, tmp_path)
