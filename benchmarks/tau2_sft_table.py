@@ -40,7 +40,10 @@ separate Wilson intervals ignore. pass^k is tau-bench's estimator (Yao et al., 2
 arXiv:2406.12045, Eq. 1), pass@k Chen et al. (2021, arXiv:2107.03374, Eq. 1), both from ``--pass-k`` samples per task
 at temperature 1 (:mod:`torchrl_grpo.evaluation`). The do-nothing baseline ends each test task at once
 (:func:`torchrl_grpo.evaluation.do_nothing_baseline`): tasks whose correct outcome is no change score 1 there, so a
-policy's pass^1 means something only above it.
+policy's pass^1 means something only above it; each result also records the do-nothing agent's per-task rewards
+(:func:`do_nothing_per_task`), and the table pairs every run with it on the same tasks (do-nothing -> stage): the
+"second only" column counts the tasks the policy solves that ending at once does not. ``annotate`` adds that field
+(and an sft result's ``model_sha256``) to results written before them, and marks it.
 """
 from __future__ import annotations
 
@@ -165,6 +168,62 @@ def weights_sha256(model_dir: Path) -> str | None:
     return h.hexdigest()
 
 
+def do_nothing_per_task(domain: str, user: str, n_eval: int) -> dict[str, float] | None:
+    """``{task_id: reward}`` of the do-nothing agent (end the task at once: the env's ``do_nothing_action``) on the
+    tasks a stage evaluates (the first ``n_eval`` usable tasks of the test split, 0 = all), with no model: the
+    per-task form of the ``do_nothing_pass^1`` every evaluation logs, so the table can pair a policy with it task by
+    task (which tasks does the policy solve that ending at once does not?). None for ``user="local"`` (an LLM
+    customer server: not started for this)."""
+    if user == "local":
+        return None
+    import gymnasium as gym
+
+    import envs  # noqa: F401  (registers tau2/*)
+
+    env = gym.make(f"tau2/{domain}-v0", split=SPLITS[domain][1], user=user)
+    u = env.unwrapped
+    out = {}
+    for i in u.usable_task_indices(n_eval if n_eval > 0 else None):
+        env.reset(seed=i, options={"index": i})
+        _, r, *_ = env.step(u.do_nothing_action)
+        out[str(u.task_ids[i])] = float(r)
+    env.close()
+    return out
+
+
+def annotate(path: Path) -> dict:
+    """Add what a result.json written before these fields existed lacks, from the run's own artefacts, and mark it
+    (``"annotated"``: which fields, when): ``do_nothing_per_task`` (:func:`do_nothing_per_task` with the result's
+    evaluation budget) and, for an sft result whose ``sft_model/`` is still beside it, ``model_sha256``.
+
+    Raises:
+        ValueError: the recomputed do-nothing pass^1 differs from the one the run's evaluation logged (other tasks).
+    """
+    import datetime
+
+    r = json.loads(path.read_text())
+    b = r["budget"]["eval"]
+    added = []
+    if r.get("do_nothing_per_task") is None:
+        dn = do_nothing_per_task(b["domain"], b["user"], b["n_eval"])
+        logged = r["eval"].get("do_nothing_pass^1")
+        if dn is not None and logged is not None and abs(sum(v >= 1 for v in dn.values()) / len(dn) - logged) > 1e-6:
+            raise ValueError(f"{path}: do-nothing pass^1 recomputed {sum(v >= 1 for v in dn.values())}/{len(dn)}, "
+                             f"logged {logged}: not the evaluated tasks")
+        if dn is not None:
+            r["do_nothing_per_task"] = dn
+            added.append("do_nothing_per_task")
+    model = path.parent / "sft_model"
+    if r["stage"] == "sft" and r.get("model_sha256") is None and model.is_dir():
+        r["model_sha256"] = weights_sha256(model)
+        added.append("model_sha256")
+    if added:
+        r.setdefault("annotated", []).append({"fields": added, "date": datetime.datetime.now(datetime.timezone.utc)
+                                              .strftime("%Y-%m-%d %H:%M UTC")})
+        path.write_text(json.dumps(r, indent=1))
+    return r
+
+
 def budget(a, stage: str) -> dict:
     return {"eval": {k: getattr(a, k) for k in EVAL_KEYS}, "train": {k: getattr(a, k) for k in TRAIN_KEYS[stage]}}
 
@@ -274,6 +333,7 @@ def cmd_stage(a) -> dict:
            "wall_s": wall, "resumed": resumed, "stage_command": cmd, **_meta(a)}
     if a.stage == "sft":
         res["model_sha256"] = weights_sha256(d / "sft_model")
+    res["do_nothing_per_task"] = do_nothing_per_task(a.domain, a.user, a.n_eval)
     if start_sha is not None:
         res["start_model_sha256"] = start_sha
     (d / "result.json").write_text(json.dumps(res, indent=1))
@@ -338,6 +398,12 @@ def summarise(root: Path) -> dict:
                              "pass^k_mean": sum(pk) / len(pk) if pk else None,
                              "wall_s_mean": sum(r["wall_s"] for r in rs) / len(rs)}
     out["paired"] = []  # stage pairs of the same seed (base: any seed) whose per-task outcomes were both recorded
+    for st, rs in res.items():  # first, every run against the do-nothing agent on the same tasks
+        for r in rs:
+            if r.get("per_task") and r.get("do_nothing_per_task"):
+                dn = {t: {"greedy": v, "sampled": []} for t, v in r["do_nothing_per_task"].items()}
+                out["paired"].append({"first": "do-nothing", "second": st, "seed": r.get("seed"),
+                                      **paired_greedy(dn, r["per_task"])})
     order = list(res)
     for i, st1 in enumerate(order):
         for st2 in order[i + 1:]:
@@ -438,12 +504,23 @@ def plot(s: dict, out_png: Path) -> Path:
     return out_png
 
 
+def kept_notes(md_path: Path) -> str:
+    """The hand-written part of an existing table file, kept when ``summary --write`` redraws the table: everything
+    from its first ``## `` heading on (the generated part has none); "" when there is no such file or heading."""
+    if not md_path.is_file():
+        return ""
+    text = md_path.read_text()
+    at = text.find("\n## ")
+    return "" if at < 0 else text[at:]
+
+
 def cmd_summary(a) -> None:
     root = Path(a.root)
     s = summarise(root)
     md = to_markdown(s, root)
     print(md)
     if a.write:
+        md += kept_notes(Path(a.write).with_suffix(".md"))
         write_outputs(a.write, md, s, lambda png: plot(s, png))
 
 
@@ -488,6 +565,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     sub = ap.add_subparsers(dest="cmd", required=True)
     for st in STAGES:
         _add_budget(sub.add_parser(st, help=f"run the {st!r} stage"))
+    pa = sub.add_parser("annotate", help="add do_nothing_per_task / model_sha256 to result.json files that predate them")
+    pa.add_argument("results", nargs="+")
     ps = sub.add_parser("summary", help="table + PNG over root/{base,sft,grpo}")
     ps.add_argument("root")
     ps.add_argument("--write", default=None, help="path stem for .md / .json / .png")
@@ -507,6 +586,10 @@ def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     if a.cmd == "summary":
         cmd_summary(a)
+    elif a.cmd == "annotate":
+        for p in a.results:
+            r = annotate(Path(p))
+            print(p, [x["fields"] for x in r.get("annotated", [])])
     else:
         cmd_stage(a)
     return 0

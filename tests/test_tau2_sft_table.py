@@ -146,7 +146,9 @@ def test_three_stages_end_to_end_on_mock_with_the_tiny_model(tmp_path):
         r = json.loads(((tmp_path / "base") if st == "base" else (tmp_path / st / "seed1")).joinpath("result.json").read_text())
         assert len(r["per_task"]) == 2 and all(len(v["sampled"]) == 2 for v in r["per_task"].values())
         assert sum((v["greedy"] or 0) >= 1.0 for v in r["per_task"].values()) / 2 == pytest.approx(r["eval"]["pass^1"])
-    assert [(q["first"], q["second"]) for q in s["paired"]] == [("base", "sft"), ("base", "grpo"), ("sft", "grpo")]
+    assert [(q["first"], q["second"]) for q in s["paired"]] == [("do-nothing", "base"), ("do-nothing", "sft"),
+                                                                 ("do-nothing", "grpo"), ("base", "sft"),
+                                                                 ("base", "grpo"), ("sft", "grpo")]
     assert all(q["n"] == 2 for q in s["paired"]) and "McNemar" in tt.to_markdown(s, tmp_path)
 
 
@@ -243,3 +245,42 @@ def test_the_table_says_whether_grpo_started_from_the_evaluated_sft_model(tmp_pa
     st = {w["seed"]: w["status"] for w in s["warm_starts"]}
     assert st[1].startswith("same model") and st[2].startswith("different model") and st[3] == "no sft row of this seed"
     assert "grpo seed 2 started from the sft row's model: different model" in tt.to_markdown(s, tmp_path)
+
+
+def test_do_nothing_per_task_on_mock_matches_the_logged_mean_and_pairs_with_every_run(tmp_path):
+    dn = tt.do_nothing_per_task("mock", "solo", 3)
+    assert len(dn) == 3 and all(v in (0.0, 1.0) for v in dn.values())
+    _write(tmp_path, "sft", 1, 0.0)
+    path = tmp_path / "sft" / "seed1" / "result.json"
+    r = json.loads(path.read_text())
+    r["budget"]["eval"].update(domain="mock", user="solo", n_eval=3)
+    r["eval"]["do_nothing_pass^1"] = sum(v >= 1 for v in dn.values()) / 3
+    r["per_task"] = {t: {"greedy": 1.0 - v, "sampled": []} for t, v in dn.items()}  # solves what do-nothing does not
+    model = path.parent / "sft_model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"w")
+    path.write_text(json.dumps(r))
+    got = tt.annotate(path)
+    assert got["do_nothing_per_task"] == dn and got["model_sha256"] == tt.weights_sha256(model)
+    assert got["annotated"][0]["fields"] == ["do_nothing_per_task", "model_sha256"]
+    assert tt.annotate(path).get("annotated") == got["annotated"]  # nothing left to add: unchanged
+    q = tt.summarise(tmp_path)["paired"][0]
+    assert (q["first"], q["second"]) == ("do-nothing", "sft") and q["both"] == 0 and q["neither"] == 0
+    r = json.loads(path.read_text())
+    r["do_nothing_per_task"] = None
+    r["eval"]["do_nothing_pass^1"] = 2.0  # another set of tasks than the evaluated ones
+    path.write_text(json.dumps(r))
+    with pytest.raises(ValueError, match="not the evaluated tasks"):
+        tt.annotate(path)
+
+
+def test_summary_write_keeps_the_hand_written_notes(tmp_path):
+    _write(tmp_path, "base", None, 0.0)
+    stem = tmp_path / "out" / "table"
+    tt.main(["summary", str(tmp_path), "--write", str(stem)])
+    md = stem.with_suffix(".md")
+    md.write_text(md.read_text() + "\n## How it was run\n\nby hand\n")
+    _write(tmp_path, "sft", 1, 0.25)
+    tt.main(["summary", str(tmp_path), "--write", str(stem)])
+    text = md.read_text()
+    assert "0.250 (5/20)" in text and text.endswith("## How it was run\n\nby hand\n") and text.count("## How") == 1
