@@ -32,7 +32,7 @@ def test_default_is_one_colocated_device():
 
 
 def test_areal_mode_disjoint_devices():
-    plan = resolve_plan(cfg("vllm:d1+fsdp:d2"), GPUS4, world_size=2, train_engine="fsdp", inference_engine="vllm")
+    plan = resolve_plan(cfg("transformers:d1+fsdp:d2"), GPUS4, world_size=2, train_engine="fsdp")
     assert plan.placements["inference"].devices == ("cuda:2",)  # train first, then inference
     assert plan.placements["train"].devices == ("cuda:0", "cuda:1")
     assert plan.placements["ref"].colocated_with == "train"
@@ -44,7 +44,7 @@ def test_areal_mode_disjoint_devices():
 def test_areal_mode_tensor_parallel_inference_counts_devices():
     parsed = parse_allocation_mode("vllm:d1t2+ddp:d2")
     assert parsed == {"inference": ("vllm", {"d": 1, "t": 2, "p": 1}), "train": ("ddp", {"d": 2, "t": 1, "p": 1})}
-    plan = resolve_plan(cfg("vllm:d1t2+ddp:d2"), GPUS4, world_size=2, train_engine="ddp", inference_engine="vllm")
+    plan = resolve_plan(cfg("transformers:d1t2+ddp:d2"), GPUS4, world_size=2, train_engine="ddp")
     assert plan.placements["inference"].devices == ("cuda:2", "cuda:3")
 
 
@@ -157,8 +157,8 @@ def test_allocation_mode_fsdp_selects_the_fsdp_strategy():
     assert train_strategy(_compose(["allocation_mode=vllm:d1+ddp:d2"])) == "ddp"
     assert train_strategy(_compose(["train.strategy=ddp"])) == "ddp"
     assert train_strategy(_compose([])) == "single"
-    cfg = _compose(["allocation_mode=vllm:d1+fsdp:d2", "rollout.backend=vllm"])
-    plan = resolve_plan(cfg, GPUS4, world_size=2, train_engine=train_strategy(cfg), inference_engine="vllm")
+    cfg = _compose(["allocation_mode=transformers:d1+fsdp:d2"])
+    plan = resolve_plan(cfg, GPUS4, world_size=2, train_engine=train_strategy(cfg))
     assert plan.placements["train"].engine == "fsdp" and plan.placements["train"].devices == ("cuda:0", "cuda:1")
 
 
@@ -168,5 +168,96 @@ def test_config_keys_resolve_to_a_plan():
     plan = resolve_plan(cfg, GPUS4, world_size=2, train_engine="ddp")
     assert plan.placements["train"].devices == ("cuda:0", "cuda:1")
     assert plan.placements["inference"].devices == ("cuda:3",)
-    assert resolve_plan(_compose(["allocation_mode=vllm:d1+ddp:d2"]), GPUS4, world_size=2, train_engine="ddp",
-                        inference_engine="vllm").placements["inference"].devices == ("cuda:2",)
+    plan = resolve_plan(_compose(["allocation_mode=vllm:d1", "rollout.backend=vllm"]), GPUS4, inference_engine="vllm")
+    assert (plan.placements["inference"].devices, plan.placements["train"].devices) == (("cuda:0",), ("cuda:1",))
+
+
+# --- in-process vLLM builds its engine on the process's first visible GPU (issue 25 D) ---------------------------
+
+def _inference_devices(plan):
+    """Each training rank's in-process inference device under ``plan`` (what placement_for gives rank r)."""
+    inf = plan.placements["inference"]
+    return [plan.train_device(r) if inf.colocated_with else inf.devices[r % len(inf.devices)]
+            for r in range(plan.world_size)]
+
+
+def test_in_process_vllm_with_its_own_device_takes_cuda0_and_training_the_rest():
+    plan = resolve_plan(cfg("vllm:d1"), GPUS4, inference_engine="vllm")
+    assert plan.placements["inference"].devices == ("cuda:0",)
+    assert plan.placements["train"].devices == ("cuda:1",)
+    plan = resolve_plan(cfg(train=(1, []), inference=(1, []), ref=(1, [])), GPUS4, inference_engine="vllm")
+    assert [plan.placements[r].devices for r in ("inference", "train", "ref")] == [("cuda:0",), ("cuda:1",),
+                                                                                   ("cuda:2",)]
+    # transformers (own copy on any device) and Ray workers (each actor gets its GPU) keep train first
+    assert resolve_plan(cfg("transformers:d1"), GPUS4).placements["inference"].devices == ("cuda:1",)
+    assert resolve_plan(cfg("vllm:d1"), GPUS4, inference_engine="vllm",
+                        rollout_workers=1).placements["inference"].devices == ("cuda:1",)
+    # CPU slots: no first-visible-device constraint, order unchanged
+    assert resolve_plan(cfg("vllm:d1"), CPU2, inference_engine="vllm").placements["inference"].devices == ("cpu:1",)
+
+
+@pytest.mark.parametrize("conf, kwargs, match", [
+    (cfg("vllm:d1+fsdp:d2"), {"world_size": 2, "train_engine": "fsdp"},
+     r"rollout.backend=vllm runs one in-process engine per training process.*2 training processes"),
+    (cfg("vllm:d1+ddp:d2"), {"world_size": 2, "train_engine": "ddp"}, r"2 training processes"),
+    (cfg(), {"world_size": 2, "train_engine": "ddp"}, r"rank 1.*cuda:1"),  # colocated under torchrun
+    (cfg("vllm:d2"), {}, r"allocation_mode=vllm:d2 gives inference 2 devices"),
+    (cfg(inference=(0, [2])), {}, r"inference_model.devices puts inference on cuda:2"),
+    (cfg(train=(0, [1])), {}, r"inference is colocated with train on cuda:1"),
+    (cfg(train=(0, [0]), inference=(1, [])), {}, r"inference_model.num_devices puts inference on cuda:1"),
+])
+def test_in_process_vllm_off_cuda0_is_refused_at_resolve(conf, kwargs, match):
+    with pytest.raises(AllocationError, match=match):
+        resolve_plan(conf, GPUS4, inference_engine="vllm", **kwargs)
+
+
+def _readme_commands():
+    """Every command in README.md that sets a device plan: (command, config overrides, torchrun processes,
+    GPUs its comment states or None)."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    cmds = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            code, _, comment = line.partition("#")
+            if not re.search(r"allocation_mode=|_model\.(num_)?devices=", code):
+                continue
+            tokens = shlex.split(code)
+            script = next(i for i, t in enumerate(tokens) if t.endswith(".py"))
+            nproc = next((int(t.split("=")[1]) for t in tokens[:script] if t.startswith("--nproc_per_node=")), 1)
+            config = "grpo_gsm8k_async" if tokens[script].endswith("grpo-async.py") else "grpo_gsm8k"
+            args = tokens[script + 1:]
+            if "--config-name" in args:
+                at = args.index("--config-name")
+                config, args = args[at + 1], args[:at] + args[at + 2:]
+            overrides = args
+            gpus = re.search(r"(\d+) GPUs", comment)
+            cmds.append((code.strip(), config, overrides, nproc, int(gpus[1]) if gpus else None))
+    return cmds
+
+
+def test_readme_device_plans_resolve_and_keep_in_process_vllm_on_cuda0():
+    """Every `allocation_mode=` / `*_model.devices` command of README.md composes with the real configs, resolves on
+    the GPUs its comment states (else 8 fake GPUs), and no plan puts an in-process vLLM engine off cuda:0."""
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    from torchrl_grpo.allocation import train_strategy
+    from torchrl_grpo.config import register_configs
+
+    register_configs()
+    cmds = _readme_commands()
+    assert sum("allocation_mode=" in c for c, *_ in cmds) >= 2, cmds  # the README's AReaL examples are covered
+    for command, config, overrides, nproc, gpus in cmds:
+        with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"),
+                                   version_base="1.3"):
+            c = compose(config_name=config, overrides=overrides)
+        workers = c.rollout.num_workers if c.rollout.launcher == "ray" else 0
+        plan = resolve_plan(c, [f"cuda:{i}" for i in range(gpus or 8)], world_size=nproc, rollout_workers=workers,
+                            train_engine=train_strategy(c), inference_engine=c.rollout.backend)
+        if c.rollout.backend == "vllm" and not workers:
+            assert set(_inference_devices(plan)) == {"cuda:0"}, (command, plan.describe())

@@ -5,7 +5,8 @@ Two spellings users know map to one :class:`AllocationPlan`:
 * TorchRL's GRPO recipe keys (``sota-implementations/grpo``): ``train_model.num_devices``,
   ``inference_model.num_devices``, ``ref_model.num_devices`` — or an explicit ``devices=[...]`` list per role
   (device indices, e.g. ``train_model.devices=[0,1]``). Roles with a count get consecutive devices in the order
-  train, inference, ref, after the devices named explicitly; a role with neither is *colocated* on the train devices.
+  train, inference, ref (inference first for in-process vLLM on CUDA, below), after the devices named explicitly;
+  a role with neither is *colocated* on the train devices.
 * AReaL's ``allocation_mode`` string (Fu et al., 2025, arXiv:2505.24298, the released ``AllocationMode``):
   ``ENGINE:DIMS[+ENGINE:DIMS]``, e.g. ``vllm:d1+fsdp:d2`` (1 device for a vLLM engine, 2 for FSDP training, disjoint).
   ``DIMS`` is ``d<dp>[t<tp>][p<pp>]``; the role uses ``dp * tp * pp`` devices. One training term alone
@@ -20,6 +21,18 @@ Devices present: CUDA devices ``cuda:0..n-1``; without CUDA, CPU *slots* ``cpu:0
 devices asked than present, a device index out of range, the same device named twice (within a role or across
 roles), an unknown engine, a training world size that differs from the processes launched (``torchrun``), each raise
 :class:`AllocationError` naming the keys in conflict.
+
+In-process vLLM on CUDA (``rollout.backend=vllm`` without Ray workers) is built on the process's first visible GPU
+(``cuda:0``): ``vllm.LLM`` takes no device index, and the engine runs in the trainer process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one worker). So, on CUDA, an inference role given a *count* takes the first
+free device (``cuda:0``) and train / ref the devices after it (``vllm:d1`` on 2 GPUs: vLLM on ``cuda:0``, training
+on ``cuda:1``). Where we diverge from AReaL, and why: AReaL runs its inference engines as server processes of
+their own, so an engine can sit on any device; ours lives inside each training process, so a plan that would put
+it anywhere but ``cuda:0`` is refused at resolve time (:class:`AllocationError`, naming the keys): explicit
+``inference_model.devices`` other than ``[0]``, more than one inference device, inference colocated with a train
+device other than ``cuda:0``, and any torchrun launch with more than one training process (each rank would build
+its own engine on its ``cuda:0``). vLLM on other devices: Ray rollout workers (``rollout.launcher=ray``, one actor
+per GPU). CPU slots have no such constraint.
 
 The plan is pure data: :func:`resolve_plan` takes the device list, so it is tested without hardware; the trainer
 prints :meth:`AllocationPlan.describe` at start and writes :meth:`AllocationPlan.to_dict` to ``run_dir/plan.json``.
@@ -237,7 +250,8 @@ def resolve_plan(cfg: Any, available: Sequence[str], *, world_size: int = 1, rol
     Raises:
         AllocationError: both spellings set; too many devices; an index out of range; a device in two roles;
             an unknown engine; a training world size other than the processes launched; an engine in
-            ``allocation_mode`` other than the one configured (``rollout.backend`` / ``train.strategy``).
+            ``allocation_mode`` other than the one configured (``rollout.backend`` / ``train.strategy``);
+            in-process vLLM on CUDA anywhere but ``cuda:0`` (module docstring).
     """
     available = tuple(available)
     if not available:
@@ -293,7 +307,9 @@ def resolve_plan(cfg: Any, available: Sequence[str], *, world_size: int = 1, rol
                               f"are present ({', '.join(available)})")
     free = [i for i in range(len(available)) if i not in taken]
     placed: dict[str, tuple[str, ...]] = {}
-    for role in ROLES:
+    # in-process vLLM on CUDA is built on the process's first visible GPU: give it the first free device
+    vllm_in_process = inference_engine == "vllm" and not rollout_workers and dtype == "cuda"
+    for role in (("inference", "train", "ref") if vllm_in_process else ROLES):
         if role not in want:
             continue
         w = want[role]
@@ -330,5 +346,40 @@ def resolve_plan(cfg: Any, available: Sequence[str], *, world_size: int = 1, rol
         for role in ("inference", "ref"):
             if placements[role].colocated_with == "train":
                 placements[role] = RolePlacement(role, placements[role].engine, devs, "train")
+    if vllm_in_process:
+        _check_in_process_vllm(placements, world_size)
     return AllocationPlan(placements=placements, available=available, world_size=world_size,
                           rollout_workers=rollout_workers)
+
+
+_VLLM_FIRST_GPU = ("rollout.backend=vllm in-process builds its engine on the process's first visible GPU (cuda:0; "
+                   "vllm.LLM takes no device index)")
+_VLLM_ONE_PROCESS = ("python grpo.py rollout.backend=vllm allocation_mode=vllm:d1 (vLLM on cuda:0, training on "
+                     "cuda:1)")
+
+
+def _check_in_process_vllm(placements: dict[str, RolePlacement], world_size: int) -> None:
+    """Refuse a plan that would need an in-process vLLM engine anywhere but ``cuda:0`` (see :func:`resolve_plan`)."""
+    inf, train = placements["inference"], placements["train"]
+    keys = inf.source if inf.source != "default" else "inference_model"
+    if world_size > 1:
+        devs = train.devices if inf.colocated_with else inf.devices
+        where = ", ".join(f"rank {r} on {devs[r % len(devs)]}" for r in range(world_size))
+        raise AllocationError(
+            f"rollout.backend=vllm runs one in-process engine per training process, each built on its process's "
+            f"first visible GPU (cuda:0; vllm.LLM takes no device index), but {world_size} training processes "
+            f"(torchrun) were launched (inference: {where}): the engines of ranks past 0 cannot be placed there, "
+            f"or would share cuda:0 with rank 0's. Train in one process "
+            f"({_VLLM_ONE_PROCESS}), or use rollout.backend=transformers with torchrun")
+    if inf.colocated_with is None and len(inf.devices) > 1:
+        raise AllocationError(
+            f"{keys} gives inference {len(inf.devices)} devices ({','.join(inf.devices)}) but {_VLLM_FIRST_GPU} "
+            f"and runs one engine on one GPU: give inference 1 device (vllm:d1), or run vLLM on Ray workers "
+            f"(rollout.launcher=ray rollout.num_workers={len(inf.devices)})")
+    if inf.devices[0] != "cuda:0":
+        what = (f"inference is colocated with train on {inf.devices[0]} ({train.source})" if inf.colocated_with
+                else f"{keys} puts inference on {inf.devices[0]}")
+        raise AllocationError(
+            f"{what} but {_VLLM_FIRST_GPU}: leave device 0 to inference (a count, e.g. "
+            f"inference_model.num_devices=1, takes it), list that GPU first with CUDA_VISIBLE_DEVICES, or use "
+            f"rollout.launcher=ray")

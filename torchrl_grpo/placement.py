@@ -40,7 +40,9 @@ Refused at start (:class:`~torchrl_grpo.allocation.AllocationError`, naming the 
   in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one worker) is built on the process's first visible GPU
   and ``vllm.LLM`` takes no device index, so it cannot be placed on ``cuda:k`` from here. Put it first with
   ``CUDA_VISIBLE_DEVICES`` (e.g. ``CUDA_VISIBLE_DEVICES=1,0`` and ``inference_model.devices=[0]``) or run it on Ray
-  workers (``rollout.launcher=ray``).
+  workers (``rollout.launcher=ray``). :func:`~torchrl_grpo.allocation.resolve_plan` already gives in-process vLLM
+  ``cuda:0`` and refuses the plans that cannot (torchrun ranks included); this check stays for a plan resolved
+  with another ``inference_engine`` than the backend built.
 
 ``ref_model`` on its own device with ``loss.kl_coef=0`` (no reference model): a warning; the device stays idle.
 """
