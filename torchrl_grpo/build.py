@@ -112,7 +112,6 @@ class LoopSettings:
     eval_n_problems: int
     eval_greedy: bool
     eval_pass_k: int
-    eval_temperature: float  # sampling temperature of pass@k (gconfig.temperature, or 1 when greedy)
     checkpoint_every: int
     checkpoint_keep_last: int
     checkpoint_save_final: bool
@@ -458,7 +457,7 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
         adv_baseline=cfg.loss.adv_baseline, filter_zero_variance_groups=cfg.loss.filter_zero_variance_groups,
         max_new_tokens=g.max_new_tokens, samples_per_step=s.samples_per_step, eval_every=e.every,
         eval_at_start=e.at_start, eval_at_end=e.at_end, eval_n_problems=n_eval, eval_greedy=e.greedy,
-        eval_pass_k=e.pass_k, eval_temperature=g.temperature or 1.0, checkpoint_every=c.every,
+        eval_pass_k=e.pass_k, checkpoint_every=c.every,
         checkpoint_keep_last=c.keep_last, checkpoint_save_final=c.save_final, checkpoint_on_interrupt=c.on_interrupt,
         progress_bar=s.progress_bar, max_staleness=t.max_staleness, partial_rollout_chunk=t.partial_rollout_chunk,
         config_yaml=OmegaConf.to_yaml(cfg, resolve=True),

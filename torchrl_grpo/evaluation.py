@@ -6,6 +6,11 @@
 * pass^k — probability that *all* k i.i.d. samples succeed (tau-bench, Yao et al., 2024, arXiv:2406.12045,
   Sec. 4): ``C(c, k) / C(n, k)``, averaged over tasks.
 
+Sampling: the greedy and the sampled (pass@k) episodes use the run's one :class:`SamplingConfig` (built once from
+``gconfig`` by :func:`torchrl_grpo.build.build`), derived by :func:`eval_samplings`: temperature 0, or the run's
+temperature, ``top_p`` and ``top_k`` with a fixed seed. Under torchrun every rank evaluates its share of the tasks
+(:func:`evaluate`, ``dp``).
+
 An episode succeeds when its reward is >= ``success_threshold`` (1.0: a correct GSM8K answer; a full tau2
 reward). The GSM8K format credit (0.1) is therefore not counted as success.
 
@@ -16,12 +21,14 @@ paired comparison of two checkpoints needs, and the samples to read before belie
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from math import comb
 
 from .backends.base import SamplingConfig
 from .collector import GroupCollector
 
-__all__ = ["pass_at_k", "pass_hat_k", "evaluate", "eval_episode_rows", "do_nothing_baseline", "format_eval_table"]
+__all__ = ["pass_at_k", "pass_hat_k", "evaluate", "eval_samplings", "gather_objects", "eval_episode_rows",
+           "do_nothing_baseline", "format_eval_table"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -76,11 +83,11 @@ def _rewards(collector: GroupCollector, tasks: list[dict], n: int, step: int, sa
     :func:`eval_episode_rows` appended to ``episodes`` when given (greedy ones with their conversation)."""
     import torch
 
-    out = []
+    out = [torch.zeros(0)]
     for s in range(0, len(tasks), EVAL_CHUNK):
         part = tasks[s : s + EVAL_CHUNK]
         td = collector.collect(part, n, step=step, sampling=sampling)
-        out.append(td["reward"])
+        out.append(td["reward"].float())
         if episodes is not None:
             episodes.extend(eval_episode_rows(td, mode, n, transcript=mode == "greedy"))
         for k in ("rollout/generated_tokens", "rollout/generate_time_s"):
@@ -90,55 +97,122 @@ def _rewards(collector: GroupCollector, tasks: list[dict], n: int, step: int, sa
     return torch.cat(out)
 
 
+#: seed of the sampled (pass@k) evaluation episodes: the same checkpoint gets the same samples
+EVAL_SEED = 12345
+
+
+def eval_samplings(sampling: SamplingConfig) -> tuple[SamplingConfig, SamplingConfig]:
+    """The greedy and the sampled (pass@k) evaluation settings, both derived from the run's one ``sampling`` (built
+    once from ``gconfig`` by :func:`torchrl_grpo.build.build`) with ``dataclasses.replace``: greedy = temperature 0
+    (no truncation applies then); sampled = the run's ``top_p`` / ``top_k`` / ``max_new_tokens`` at its temperature,
+    or at 1 when the run itself decodes greedily (pass@k needs samples), with the fixed seed :data:`EVAL_SEED`."""
+    greedy = replace(sampling, temperature=0.0, seed=None)
+    sampled = replace(sampling, temperature=sampling.temperature or 1.0, seed=EVAL_SEED)
+    return greedy, sampled
+
+
+def gather_objects(dp, obj) -> list:
+    """Every rank's ``obj`` in rank order (``torch.distributed.all_gather_object``; ``[obj]`` on one process).
+    ``dp`` may bring its own ``gather(obj)`` (tests simulate ranks with one). A collective: every rank calls it."""
+    if dp is None or not dp.enabled:
+        return [obj]
+    if hasattr(dp, "gather"):
+        return dp.gather(obj)
+    import torch.distributed as dist
+
+    box: list = [None] * dp.world_size
+    dist.all_gather_object(box, obj)
+    return box
+
+
+def _merge_shares(parts: list, n_tasks: int, world: int) -> list:
+    """Per-task items back in task order from the ranks' round-robin shares: rank r held tasks r, r + world, ..."""
+    out: list = [None] * n_tasks
+    for r, part in enumerate(parts):
+        for j, item in enumerate(part):
+            out[r + j * world] = item
+    return out
+
+
+def _evaluate_mode(collector, tasks, n, step, sampling, bar, episodes, mode, dp, world):
+    """One mode (greedy: n = 1, sampled: n = k) on this rank's share, gathered: per-task reward lists in task order,
+    summed generated tokens and the longest rank's generation time; rank 0's ``episodes`` gets every row, in task
+    order."""
+    share = tasks[(dp.rank if world > 1 else 0)::world]
+    stats: dict[str, float] = {}
+    rows: list | None = [] if episodes is not None else None
+    r = _rewards(collector, share, n, step, sampling, bar, stats, rows, mode).reshape(len(share), n).tolist()
+    per_task_rows = [rows[i * n:(i + 1) * n] for i in range(len(share))] if rows is not None else None
+    parts = gather_objects(dp, (r, stats, per_task_rows))
+    rewards = _merge_shares([p[0] for p in parts], len(tasks), world)
+    if episodes is not None:
+        for task_rows in _merge_shares([p[2] for p in parts], len(tasks), world):
+            episodes.extend(task_rows)
+    tokens = sum(p[1].get("rollout/generated_tokens", 0.0) for p in parts)
+    gen_s = max(p[1].get("rollout/generate_time_s", 0.0) for p in parts)
+    return rewards, tokens, gen_s
+
+
 def evaluate(
     collector: GroupCollector,
     *,
     task_indices: list[int],
+    sampling: SamplingConfig | None = None,
     greedy: bool = True,
     pass_k: int = 0,
-    temperature: float = 1.0,
-    max_new_tokens: int = 256,
     step: int = 0,
     success_threshold: float = 1.0,
     prefix: str = "eval",
     progress: bool = False,
     episodes: list | None = None,
+    dp=None,
 ) -> dict[str, float]:
     """Evaluate on a fixed subset of the collector env's tasks (``options={"index": i}`` for i in ``task_indices``),
     :data:`EVAL_CHUNK` tasks per collector call (``progress``: a tqdm bar over the episodes). ``episodes``: a list
     that receives one :func:`eval_episode_rows` row per episode, greedy ones first.
 
+    Args:
+        sampling: the run's sampling config (``gconfig``; default ``SamplingConfig()``); the greedy and sampled
+            settings are derived from it by :func:`eval_samplings`.
+        dp: the data-parallel group (:class:`torchrl_grpo.distributed.DataParallel`; None: one process). Every rank
+            calls :func:`evaluate` with the same tasks and evaluates its round-robin share (task ``i`` on rank
+            ``i % world_size``); the rewards and episode rows are all-gathered (two collectives: one per mode), so
+            every rank returns the metrics of all tasks, equal to one process's for the greedy ones. The sampled
+            episodes are seeded per collector call, so a task's k samples depend on the world size. No rank waits
+            in a collective while another evaluates alone: the evaluation time divides by the ranks.
+
     Returns:
-        ``{prefix}/accuracy`` (greedy success rate), ``{prefix}/reward`` (greedy mean reward), and when
-        ``pass_k > 0``: ``{prefix}/pass@k``, ``{prefix}/pass^k`` and ``{prefix}/pass@1`` from k samples per task
-        at ``temperature``; plus ``{prefix}/time_s``.
+        ``{prefix}/accuracy`` (greedy success rate), ``{prefix}/reward`` (greedy mean reward),
+        ``{prefix}/tokens_per_s`` (greedy generated tokens of all ranks over the longest rank's generation seconds),
+        and when ``pass_k > 0``: ``{prefix}/pass@k``, ``{prefix}/pass^k`` and ``{prefix}/pass@1`` from k samples per
+        task; plus ``{prefix}/time_s``.
     """
     import time
 
     t0 = time.perf_counter()
     tasks = [{"index": int(i)} for i in task_indices]
+    world = dp.world_size if dp is not None and dp.enabled else 1
+    greedy_cfg, sampled_cfg = eval_samplings(sampling or SamplingConfig())
     out: dict[str, float] = {}
     bar = None
-    if progress:
+    if progress and (world == 1 or dp.is_main):
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(tasks) * ((1 if greedy else 0) + pass_k), desc=f"{prefix} (step {step})", unit="episode",
+        share = len(tasks[((dp.rank if world > 1 else 0))::world])
+        bar = tqdm(total=share * ((1 if greedy else 0) + pass_k), desc=f"{prefix} (step {step})", unit="episode",
                    leave=False)
     try:
         if greedy:
-            stats: dict[str, float] = {}
-            r = _rewards(collector, tasks, 1, step, SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0),
-                         bar, stats, episodes, "greedy")
-            out[f"{prefix}/accuracy"] = (r >= success_threshold).float().mean().item()
-            out[f"{prefix}/reward"] = r.mean().item()
-            gen_s = stats.get("rollout/generate_time_s", 0.0)
-            out[f"{prefix}/tokens_per_s"] = stats.get("rollout/generated_tokens", 0.0) / gen_s if gen_s > 0 else 0.0
+            r, tokens, gen_s = _evaluate_mode(collector, tasks, 1, step, greedy_cfg, bar, episodes, "greedy", dp,
+                                              world)
+            flat = [x for row in r for x in row]
+            n = len(flat) or float("nan")  # no task: NaN, as the mean of nothing
+            out[f"{prefix}/accuracy"] = sum(x >= success_threshold for x in flat) / n
+            out[f"{prefix}/reward"] = sum(flat) / n
+            out[f"{prefix}/tokens_per_s"] = tokens / gen_s if gen_s > 0 else 0.0
         if pass_k > 0:
-            r = _rewards(collector, tasks, pass_k, step,
-                         SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, seed=12345), bar, {},
-                         episodes, "sampled")
-            ok = (r >= success_threshold).reshape(len(tasks), pass_k)
-            c = ok.sum(-1).tolist()
+            r, _, _ = _evaluate_mode(collector, tasks, pass_k, step, sampled_cfg, bar, episodes, "sampled", dp, world)
+            c = [sum(x >= success_threshold for x in row) for row in r]
             out[f"{prefix}/pass@{pass_k}"] = sum(pass_at_k(pass_k, ci, pass_k) for ci in c) / len(c)
             out[f"{prefix}/pass^{pass_k}"] = sum(pass_hat_k(pass_k, ci, pass_k) for ci in c) / len(c)
             out[f"{prefix}/pass@1"] = sum(pass_at_k(pass_k, ci, 1) for ci in c) / len(c)

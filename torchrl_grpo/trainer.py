@@ -197,20 +197,22 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ eval / checkpoint / loop
     def evaluate(self) -> dict[str, float]:
-        """Greedy accuracy / pass@k / pass^k on the first ``eval.n_problems`` usable tasks of the valid split, plus
+        """Greedy accuracy / pass@k / pass^k on the first ``eval.n_problems`` usable tasks of the valid split (under
+        torchrun each rank evaluates its share: :func:`torchrl_grpo.evaluation.evaluate`; ranks other than 0 return
+        ``{}``), plus
         the do-nothing baseline on the same tasks for envs that define one (the env's ``do_nothing_action``).
         Every evaluated episode is appended to ``<run_dir>/eval_episodes.jsonl`` with this step
         (:func:`torchrl_grpo.evaluation.eval_episode_rows`)."""
         s = self.settings
-        if not self.dp.is_main:  # rank 0 evaluates and logs for the run
-            return {}
         if self._eval_tasks is None:
             self._eval_tasks = self.components.eval_tasks()
         episodes: list[dict] = []
-        with self.placement.on_cores("inference"):
-            out = evaluate(self.eval_collector, task_indices=self._eval_tasks, greedy=s.eval_greedy,
-                           pass_k=s.eval_pass_k, temperature=s.eval_temperature, max_new_tokens=s.max_new_tokens,
-                           step=self.step, progress=s.progress_bar, episodes=episodes)
+        with self.placement.on_cores("inference"):  # every rank its share of the tasks; all of them gathered
+            out = evaluate(self.eval_collector, task_indices=self._eval_tasks, sampling=self.sampling,
+                           greedy=s.eval_greedy, pass_k=s.eval_pass_k, step=self.step, progress=s.progress_bar,
+                           episodes=episodes, dp=self.dp)
+        if not self.dp.is_main:  # rank 0 logs for the run
+            return {}
         try:  # per-episode outcomes and greedy conversations: a convenience, never stop a run for them
             self.logger.log_samples(episodes, step=self.step, name="eval_episodes.jsonl")
         except OSError as exc:
