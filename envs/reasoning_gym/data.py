@@ -1,0 +1,208 @@
+"""Reasoning Gym task specs and the train / test problem lists of :class:`envs.reasoning_gym.env.ReasoningGymEnv`.
+
+A *spec* names the library's procedural generators (``reasoning_gym.create_dataset``) to draw problems from, each
+with its config (the library's config dataclass fields, e.g. chain_sum's ``min_terms``) and weight. A split is the
+first ``size`` items of the spec's dataset built with the split's generator ``seed`` (the library derives item
+``i`` from ``random.Random(seed + i)``, so a split is deterministic for a given seed).
+
+Train and test are disjoint by construction: they use different generator seeds, and the test split drops every
+item whose question text also occurs among the train split's questions (same spec, train seed and train size),
+then takes the next generator items until it holds ``test_size`` problems. Different seeds alone do not make the
+splits disjoint: the library draws item ``i`` from ``Random(seed + i)``, so with seeds 11 and 22 and 1000 train
+items, test items 0..988 *are* train items 11..999 (all dropped: the test split starts at generator index 989). Collisions happen when the task's
+problem space is small (1-digit products have 100 distinct questions); a test split that cannot be filled within
+``train_size +`` :data:`MAX_TEST_DRAWS_FACTOR` ``* test_size`` draws raises ``ValueError`` (raise the difficulty or lower
+``train_size``).
+
+Where we diverge from the library: for a weighted mix we build the library's own ``"composite"`` dataset
+(``DatasetSpec``s), and a difficulty ``level`` is applied with the library's curriculum
+(``create_curriculum(name).set_global_level(level).generate_configuration()``, its default INCLUSIVE range mode);
+the library itself raises ``TypeError`` on an unknown config key and ``Dataset 'x' not registered`` on a bad name,
+without listing the valid ones: we raise ``ValueError`` naming them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from typing import Any
+
+import reasoning_gym
+from reasoning_gym.composite import DatasetSpec
+from reasoning_gym.factory import CURRICULA, DATASETS, create_curriculum
+
+__all__ = ["TaskSpec", "resolve_spec", "split_items", "dataset_for", "valid_tasks", "DEFAULT_TRAIN_SEED",
+           "DEFAULT_TEST_SEED", "DEFAULT_TRAIN_SIZE", "DEFAULT_TEST_SIZE", "MAX_TEST_DRAWS_FACTOR", "SPLITS"]
+
+SPLITS = ("train", "test")
+#: Generator seeds of the two splits (different seeds: the first guard of disjointness).
+DEFAULT_TRAIN_SEED = 11
+DEFAULT_TEST_SEED = 22
+DEFAULT_TRAIN_SIZE = 1000
+DEFAULT_TEST_SIZE = 200
+#: The test split draws at most this many times ``test_size`` generator items before giving up on collisions.
+MAX_TEST_DRAWS_FACTOR = 20
+#: Config fields the env sets itself (from the split's seed and size); a ``task_config`` may not set them.
+_MANAGED_FIELDS = ("seed", "size")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """Resolved tasks: ``((name, weight, config_json), ...)`` in the caller's order (hashable, for the caches)."""
+
+    tasks: tuple[tuple[str, float, str], ...]
+
+    def configs(self) -> dict[str, dict]:
+        """``{task name: resolved config dict}`` (without ``seed`` / ``size``)."""
+        return {name: json.loads(cfg) for name, _, cfg in self.tasks}
+
+
+def valid_tasks() -> list[str]:
+    """The library's registered generator names (its registry, minus the ``composite`` wrapper)."""
+    return sorted(n for n in DATASETS if n != "composite")
+
+
+def _config_fields(name: str) -> list[str]:
+    return [f.name for f in dataclasses.fields(DATASETS[name][1]) if f.name not in _MANAGED_FIELDS]
+
+
+def _resolve_one(name: Any, config: Any, level: Any) -> dict:
+    """One task's config dict: the library's defaults, the curriculum's ``level`` if set, then ``config``."""
+    if not isinstance(name, str) or name not in DATASETS or name == "composite":
+        raise ValueError(f"unknown reasoning_gym task {name!r}; valid tasks (the library's registry): "
+                         f"{valid_tasks()}")
+    if config is None:
+        config = {}
+    if not isinstance(config, dict):
+        raise ValueError(f"task_config for {name!r} must be a dict, got {type(config).__name__}")
+    fields = _config_fields(name)
+    bad = sorted(str(k) for k in config if k not in fields)
+    if bad:
+        managed = [k for k in bad if k in _MANAGED_FIELDS]
+        hint = f" ({managed} are set by the env from train_seed/test_seed/train_size/test_size)" if managed else ""
+        raise ValueError(f"unknown config key(s) {bad} for task {name!r}{hint}; valid keys: {fields}")
+    resolved: dict = {}
+    if level is not None:
+        if isinstance(level, bool) or not isinstance(level, int):
+            raise ValueError(f"level must be an int or None, got {level!r}")
+        if name not in CURRICULA:
+            raise ValueError(f"task {name!r} has no curriculum in reasoning_gym, so it takes no level; tasks with one: "
+                             f"{sorted(CURRICULA)}")
+        curriculum = create_curriculum(name)
+        try:
+            curriculum.set_global_level(level)  # a level above an attribute's last is clamped by the library
+        except ValueError as e:
+            raise ValueError(f"level {level} for task {name!r}: {e}") from None
+        cfg = curriculum.generate_configuration()
+        levelled = {a.lower_field_name for a in curriculum.attributes.values() if hasattr(a, "lower_field_name")}
+        levelled |= {a.upper_field_name for a in curriculum.attributes.values() if hasattr(a, "upper_field_name")}
+        levelled |= {a.field_name for a in curriculum.attributes.values() if hasattr(a, "field_name")}
+        clash = sorted(set(config) & levelled)
+        if clash:
+            raise ValueError(f"task_config sets {clash} for task {name!r}, which level={level} also sets (the "
+                             f"curriculum's fields: {sorted(levelled)}); use one or the other")
+        resolved = {k: getattr(cfg, k) for k in levelled}
+    resolved.update(config)
+    try:  # the library's own validation (its config dataclass + validate()), on a throwaway instance
+        probe = DATASETS[name][1](**resolved, **({"seed": 0, "size": 1}))
+        if hasattr(probe, "validate"):
+            probe.validate()
+    except (AssertionError, TypeError, ValueError) as e:
+        raise ValueError(f"invalid config for task {name!r} {resolved}: {e or type(e).__name__}") from None
+    return {f: _jsonable(getattr(probe, f)) for f in _config_fields(name)}
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, tuple):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, (list, dict, str, int, float, bool)) or v is None:
+        return v
+    return str(v)
+
+
+def resolve_spec(task: str | None, tasks: dict | None, task_config: dict | None, level: int | None) -> TaskSpec:
+    """Validate the env's task arguments into a :class:`TaskSpec`.
+
+    Args:
+        task: one generator name (``"chain_sum"``); ``None`` with ``tasks``.
+        tasks: ``{name: weight}`` for a weighted mix (weights > 0); ``None`` with ``task``.
+        task_config: for ``task``, the config dict; for ``tasks``, ``{name: config dict}`` (names among ``tasks``).
+        level: the library curriculum's global level (0 = easiest) for every task, or ``None``.
+
+    Raises:
+        ValueError: both or neither of ``task`` / ``tasks``, an unknown task name or config key (naming the valid
+            ones), a bad weight or level, a config the library rejects.
+    """
+    if (task is None) == (tasks is None):
+        raise ValueError("give exactly one of task='chain_sum' or tasks={'chain_sum': 1.0, ...}")
+    if task is not None:
+        return TaskSpec(((task, 1.0, json.dumps(_resolve_one(task, task_config, level), sort_keys=True)),))
+    if not isinstance(tasks, dict) or not tasks:
+        raise ValueError(f"tasks must be a non-empty dict {{name: weight}}, got {tasks!r:.80}")
+    configs = {} if task_config is None else task_config
+    if not isinstance(configs, dict):
+        raise ValueError(f"with tasks=..., task_config must be {{task name: config dict}}, got {configs!r:.80}")
+    stray = sorted(str(k) for k in configs if k not in tasks)
+    if stray:
+        raise ValueError(f"task_config names {stray}, which are not in tasks {sorted(tasks)}")
+    out = []
+    for name, weight in tasks.items():
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+            raise ValueError(f"tasks[{name!r}] weight must be a number > 0, got {weight!r}")
+        out.append((name, float(weight), json.dumps(_resolve_one(name, configs.get(name), level), sort_keys=True)))
+    return TaskSpec(tuple(out))
+
+
+@functools.lru_cache(maxsize=64)
+def dataset_for(spec: TaskSpec, seed: int, size: int):
+    """The library dataset of ``spec`` with generator ``seed`` and ``size`` items (cached: also the scorer)."""
+    if len(spec.tasks) == 1:
+        name, _, cfg = spec.tasks[0]
+        return reasoning_gym.create_dataset(name, seed=seed, size=size, **json.loads(cfg))
+    specs = [DatasetSpec(name=n, weight=w, config=json.loads(c)) for n, w, c in spec.tasks]
+    return reasoning_gym.create_dataset("composite", seed=seed, size=size, datasets=specs)
+
+
+@functools.lru_cache(maxsize=64)
+def _generate(spec: TaskSpec, seed: int, size: int, start: int = 0) -> tuple[dict, ...]:
+    ds = dataset_for(spec, seed, max(size + start, 1))
+    return tuple(ds[i] for i in range(start, start + size))
+
+
+def split_items(spec: TaskSpec, split: str, *, train_seed: int, test_seed: int, train_size: int,
+                test_size: int) -> list[dict]:
+    """The problems of ``split``: ``[{"question", "answer", "metadata", "source_index", "seed"}]``, index order.
+
+    ``source_index`` is the item's index in the generator (test: with the collisions skipped, so not contiguous).
+
+    Raises:
+        ValueError: a bad split / seed / size, equal seeds, or a test split that cannot be filled with questions
+            absent from train within ``train_size + MAX_TEST_DRAWS_FACTOR * test_size`` draws.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    for key, v in (("train_seed", train_seed), ("test_seed", test_seed), ("train_size", train_size),
+                   ("test_size", test_size)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key.endswith("seed") else 1):
+            raise ValueError(f"{key} must be an int >= {0 if key.endswith('seed') else 1}, got {v!r}")
+    if train_seed == test_seed:
+        raise ValueError(f"train_seed and test_seed must differ (both {train_seed}): the splits would coincide")
+    train = _generate(spec, train_seed, train_size)
+    if split == "train":
+        return [dict(item, source_index=i, seed=train_seed) for i, item in enumerate(train)]
+    seen = {item["question"] for item in train}
+    out: list[dict] = []
+    # the library seeds item i with Random(seed + i): seeds closer than train_size give overlapping streams (test seed
+    # 22 item j is train seed 11 item j + 11), all dropped here, so the draw budget counts past train_size
+    limit, chunk, start = train_size + MAX_TEST_DRAWS_FACTOR * test_size, test_size, 0
+    while len(out) < test_size and start < limit:
+        n = min(chunk, limit - start)
+        for i, item in enumerate(_generate(spec, test_seed, n, start)):
+            if item["question"] not in seen and len(out) < test_size:
+                out.append(dict(item, source_index=start + i, seed=test_seed))
+        start += n
+    if len(out) < test_size:
+        raise ValueError(f"only {len(out)} of test_size={test_size} test questions (in {limit} draws with seed "
+                         f"{test_seed}) are not among the {train_size} train questions: the task's problem space is "
+                         f"too small; raise its difficulty, or lower train_size / test_size")
+    return out

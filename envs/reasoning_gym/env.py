@@ -1,0 +1,265 @@
+"""Reasoning Gym's procedural tasks as a one-step Gymnasium text environment (:class:`ReasoningGymEnv`, id
+``ReasoningGym-v0``).
+
+The episode is one turn: the policy answers a generated question, the answer is extracted
+(:func:`envs.reasoning_gym.grading.extract_answer`) and scored by the library's own ``score_answer``, and the
+episode terminates. The class docstring is the spec, in Gymnasium's sections; the contract shared by all envs is
+:mod:`envs.contract`.
+"""
+from __future__ import annotations
+
+import copy
+import operator
+from typing import Any
+
+import gymnasium as gym
+
+from .data import (DEFAULT_TEST_SEED, DEFAULT_TEST_SIZE, DEFAULT_TRAIN_SEED, DEFAULT_TRAIN_SIZE, dataset_for,
+                   resolve_spec, split_items)
+from .grading import MAX_TEXT_CHARS, sanitize_text, score
+from envs.contract import STEP_AFTER_END, check_action, check_task_options
+from envs.spaces import AssistantAction, ChatMessages
+
+__all__ = ["ReasoningGymEnv", "DEFAULT_SYSTEM_PROMPT", "TOOL_CALL_IN_ANSWER"]
+
+#: Asks for the final answer alone on the last line: the extraction's fallback (tags are read too).
+DEFAULT_SYSTEM_PROMPT = "Answer the question. End your reply with the final answer alone on the last line."
+#: ``info["action_error"]`` of a response holding a ``<tool_call>`` block: this env has no tools.
+TOOL_CALL_IN_ANSWER = "the response holds a <tool_call> block, but ReasoningGym-v0 has no tools; it was graded as text"
+
+
+class ReasoningGymEnv(gym.Env):
+    """One generated Reasoning Gym problem per episode, one step per episode (follows :mod:`envs.contract`).
+
+    ## Description
+
+    Reasoning Gym (Stojanovski et al. 2025, "REASONING GYM: Reasoning Environments for Reinforcement Learning with
+    Verifiable Rewards", arXiv:2505.24760; pip ``reasoning-gym``): ~100 procedural generators (arithmetic, algebra,
+    logic, games, ...) with a verifier each. ``task="chain_sum"`` plays one generator with ``task_config`` (its
+    config dataclass fields, e.g. ``min_terms``); ``tasks={"chain_sum": 1.0, "leg_counting": 0.5}`` a weighted mix
+    (the library's ``composite`` dataset). ``level`` sets the difficulty with the library's curriculum
+    (``create_curriculum(name).set_global_level(level)``; 0 is the easiest), so a run can start easy and be
+    rebuilt harder. The splits (:mod:`envs.reasoning_gym.data`): train = the first ``train_size`` items of the
+    generator seeded ``train_seed``; test = the first ``test_size`` items of the generator seeded ``test_seed``
+    whose question text is not in train (collisions dropped), so train and test are disjoint and each is
+    deterministic for its seed.
+
+    ## Action Space
+
+    :class:`~envs.spaces.AssistantAction`: the model's text, or ``{"role": "assistant", "content": text}``
+    (``tool_calls`` ignored). Only the last ``MAX_TEXT_CHARS`` (4096) characters are read, lone surrogates
+    replaced. The answer is the last ``<answer>...</answer>`` block, else (numeric gold answer) the last number,
+    else the last non-empty line (:func:`envs.reasoning_gym.grading.extract_answer`). An empty response, an
+    answer refused by the bounds (a number over 64 digits, brackets nested over 32 deep, an exponent over 100, a
+    power of a power: :func:`~envs.reasoning_gym.grading.answer_guard`), or a scorer that raises, scores 0 and
+    sets ``info["action_error"]``; a ``<tool_call>`` block is graded as text and flagged
+    (:data:`TOOL_CALL_IN_ANSWER`). An action outside the space (``12345``, ``None``, a list, a dict with another
+    role or non-string content) is a caller's bug: ``step`` raises ``TypeError`` and the episode goes on
+    unchanged.
+
+    ## Observation Space
+
+    :class:`~envs.spaces.ChatMessages`. On reset ``[system msg, user msg]`` (:data:`DEFAULT_SYSTEM_PROMPT`, then
+    the generated question), ``[user msg]`` with ``system_prompt=None``. The step returns ``[]``.
+
+    ## Rewards
+
+    The library's ``score_answer(extracted, entry)`` of the problem's generator, unchanged, in ``[0, 1]`` (most
+    tasks: 1 correct, 0 wrong; some give partial credit, e.g. chain_sum ``len(gold) / len(answer)`` when the gold
+    string occurs inside a wrong answer; countdown 0.01 for a malformed expression); 0 for what is refused above.
+
+    ## Starting State
+
+    ``reset(options={"index": i})`` (or ``{"task_id": "i"}``: a problem's id is ``str(i)``) picks problem ``i``
+    of the split; without options one is drawn from ``self.np_random`` (reproducible with ``seed``). Every
+    problem is usable (:meth:`usable_task_indices`); ``do_nothing_action is None`` (an empty answer scores 0).
+    :meth:`demonstration` writes the gold answer as ``<answer>gold</answer>`` (scores 1).
+
+    ## Episode End
+
+    Termination after the one step (``terminated=True``, ``truncated=False``,
+    ``info["termination_reason"] == "answered"``). ``step`` again raises ``RuntimeError("episode has ended; call
+    reset()")``; ``step`` before ``reset`` raises ``RuntimeError`` too.
+
+    Info: on reset and step ``messages``, ``tools`` (``[]``), ``index``, ``task_id``, ``split``, ``question``,
+    ``answer`` (the gold answer: for logging, not for the policy), ``task`` (the generator's name),
+    ``task_config`` (its resolved config, with the split's generator ``seed``), ``source_index`` (the item's
+    index in that generator); after the step also ``extracted`` (``str | None``), ``termination_reason`` and,
+    when flagged, ``action_error``.
+
+    ## Arguments
+
+    Args:
+        task: one generator name (default ``"chain_sum"`` when ``tasks`` is not given).
+        tasks: ``{name: weight > 0}`` for a weighted mix (instead of ``task``).
+        split: ``"train"`` or ``"test"``.
+        task_config: ``task``'s config dict, or with ``tasks`` ``{name: config dict}``; ``seed`` / ``size`` are
+            the env's (below).
+        level: the curriculum's global level for every task (``None``: the library's config defaults); a
+            ``task_config`` key that the level also sets is an error.
+        train_seed, test_seed: generator seeds of the splits (default 11 / 22; must differ).
+        train_size, test_size: problems per split (default 1000 / 200). The test split depends on the train
+            split's seed and size (it drops their questions).
+        system_prompt: system message before the question; ``None`` or ``""`` for none.
+        render_mode: ``None`` or ``"ansi"``.
+
+    Raises:
+        ValueError: an unknown task name or config key (the message lists the library's valid ones), a config the
+            library rejects, a bad weight / level / split / seed / size / ``options``, or a test split that cannot
+            be filled with questions absent from train.
+        TypeError: ``step`` with an action outside the action space.
+        RuntimeError: ``step`` before ``reset`` or after the episode ended.
+
+    ## Example
+
+    ```python
+    >>> import gymnasium as gym, envs
+    >>> gym.register_envs(envs)
+    >>> env = gym.make("ReasoningGym-v0", task="chain_sum", split="test",
+    ...                task_config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2})
+    >>> obs, info = env.reset(seed=0, options={"index": 0})
+    >>> [m["role"] for m in obs], info["task"]
+    (['system', 'user'], 'chain_sum')
+    >>> obs, reward, terminated, truncated, info = env.step(f"Adding them up.\\n{info['answer']}")
+    >>> reward, terminated, info["extracted"] == info["answer"]
+    (1.0, True, True)
+
+    ```
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}
+
+    def __init__(
+        self,
+        task: str | None = None,
+        tasks: dict[str, float] | None = None,
+        split: str = "train",
+        task_config: dict | None = None,
+        level: int | None = None,
+        train_seed: int = DEFAULT_TRAIN_SEED,
+        test_seed: int = DEFAULT_TEST_SEED,
+        train_size: int = DEFAULT_TRAIN_SIZE,
+        test_size: int = DEFAULT_TEST_SIZE,
+        system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
+        render_mode: str | None = None,
+    ):
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        if system_prompt is not None and not isinstance(system_prompt, str):
+            raise ValueError(f"system_prompt must be a string or None, got {system_prompt!r:.80}")
+        if task is None and tasks is None:
+            task = "chain_sum"
+        self.spec_tasks = resolve_spec(task, tasks, task_config, level)
+        seed = train_seed if split == "train" else test_seed
+        self._problems = split_items(self.spec_tasks, split, train_seed=train_seed, test_seed=test_seed,
+                                     train_size=train_size, test_size=test_size)
+        self._scorer = dataset_for(self.spec_tasks, seed, len(self._problems))
+        self._configs = self.spec_tasks.configs()
+        self.split = split
+        self.level = level
+        self.system_prompt = system_prompt or None
+        self.render_mode = render_mode
+        self.observation_space = ChatMessages()
+        self.action_space = AssistantAction()
+        self._index: int | None = None
+        self._messages: list[dict] = []
+        self._done = True
+        self._started = False
+
+    # ------------------------------------------------------------------ task listing (env contract)
+    @property
+    def num_tasks(self) -> int:
+        """Number of problems in the split (valid ``index`` range is ``[0, num_tasks)``)."""
+        return len(self._problems)
+
+    @property
+    def task_ids(self) -> list[str]:
+        """``[str(i) for i in range(num_tasks)]``: a problem's id is its index in the split."""
+        return [str(i) for i in range(len(self._problems))]
+
+    def usable_task_indices(self, limit: int | None = None) -> list[int]:
+        """The first ``limit`` problem indices (``None``: all): every problem can be played."""
+        n = len(self._problems)
+        return list(range(n if limit is None else max(0, min(int(limit), n))))
+
+    @property
+    def do_nothing_action(self) -> None:
+        """``None``: no meaningful do-nothing baseline (an empty answer scores 0)."""
+        return None
+
+    def demonstration(self, options: dict | None) -> list[dict]:
+        """The gold answer of the problem ``options`` picks, written the way the env extracts answers:
+        ``[{"role": "assistant", "content": "<answer>{gold}</answer>"}]`` (scores 1.0 with the library's scorer).
+
+        Raises:
+            ValueError: options that pick no problem, or bad options (as for ``reset``).
+        """
+        check_task_options(options)
+        return [{"role": "assistant", "content": f"<answer>{self._problems[self._pick_index(options)]['answer']}</answer>"}]
+
+    def _pick_index(self, options: dict | None) -> int:
+        options = {} if options is None else options
+        if not isinstance(options, dict):
+            raise ValueError(f"options must be a dict, got {type(options).__name__}")
+        index = options.get("index")
+        if index is None and options.get("task_id") is not None:
+            tid = options["task_id"]
+            if not isinstance(tid, str) or not tid.isdecimal() or int(tid) >= len(self._problems):
+                raise ValueError(f"task_id {tid!r} is not in split {self.split!r} (ids '0'..'{len(self._problems) - 1}')")
+            index = int(tid)
+        if index is None:
+            return int(self.np_random.integers(len(self._problems)))
+        try:
+            if isinstance(index, bool):
+                raise TypeError
+            index = operator.index(index)
+        except TypeError:
+            raise ValueError(f"options['index'] must be an int, got {index!r}") from None
+        if not 0 <= index < len(self._problems):
+            raise ValueError(f"options['index']={index} out of range for split {self.split!r} "
+                             f"({len(self._problems)} problems)")
+        return index
+
+    def _info(self) -> dict:
+        p = self._problems[self._index]
+        name = p["metadata"].get("source_dataset", self.spec_tasks.tasks[0][0])
+        return {"messages": copy.deepcopy(self._messages), "tools": [], "index": self._index,
+                "task_id": str(self._index), "split": self.split, "question": p["question"], "answer": p["answer"],
+                "task": name, "task_config": dict(self._configs[name], seed=p["seed"]),
+                "source_index": p["source_index"]}
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[list[dict], dict]:
+        super().reset(seed=seed)
+        self._index = self._pick_index(options)
+        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        messages.append({"role": "user", "content": self._problems[self._index]["question"]})
+        self._messages = messages
+        self._done = False
+        self._started = True
+        return copy.deepcopy(messages), self._info()
+
+    def step(self, action: Any) -> tuple[list[dict], float, bool, bool, dict]:
+        if not self._started:
+            raise RuntimeError("ReasoningGymEnv.step() called before reset()")
+        if self._done:
+            raise RuntimeError(STEP_AFTER_END)
+        check_action(action)  # TypeError before any state change
+        text = sanitize_text(action if isinstance(action, str) else (action.get("content") or ""))  # JSON-safe log
+        p = self._problems[self._index]
+        entry = {"question": p["question"], "answer": p["answer"], "metadata": copy.deepcopy(p["metadata"])}
+        reward, grade = score(self._scorer, text, entry)
+        self._done = True
+        self._messages.append({"role": "assistant", "content": text})
+        info = self._info()
+        info["extracted"] = grade["extracted"]
+        info["termination_reason"] = "answered"
+        if "error" in grade:
+            info["action_error"] = grade["error"]
+        elif "<tool_call>" in text[-MAX_TEXT_CHARS:]:
+            info["action_error"] = TOOL_CALL_IN_ANSWER
+        return [], reward, True, False, info
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi":
+            return None
+        return "\n\n".join(f"[{m['role']}]\n{m.get('content') or ''}" for m in self._messages)
