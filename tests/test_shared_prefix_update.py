@@ -238,3 +238,80 @@ def test_auto_keeps_per_micro_batch_group_sharing_when_it_runs_fewer_tokens(tiny
         # gc: 8 rows x 4 prefix tokens -> 4 (saves 28); no gc: per micro-batch, 22 prompt columns once per group (2 x 22)
         # against 4 once + 8 rows x 18 (loses 104)
         assert saved == (28 if gc else -104)
+
+
+def _prompt_only_batch():
+    """Four episodes sharing a 23-token prompt prefix; episode 3's prompt reached ``rollout.max_context_tokens``:
+    it was collected with 0 response tokens (its prompt runs 6 tokens past the others' common prefix)."""
+    tokens, am, rm = _multi_turn_rows(n=4)
+    g = torch.Generator().manual_seed(7)
+    tokens[3] = 0
+    am[3] = 0
+    rm[3] = False
+    tokens[3, :29] = torch.cat([tokens[0, :23], torch.randint(3, 200, (6,), generator=g)])
+    am[3, :29] = 1
+    return _batch(tokens, am, rm)
+
+
+@pytest.mark.parametrize("what", ["kl_reference", "anchor_recompute"])
+def test_prompt_only_episode_with_shared_prefix(tiny_model_and_tokenizer, what):
+    """Issue 25 C1: with ``shared_prefix=auto`` a micro-batch holding only a prompt-only episode (0 response tokens)
+    got the minibatch prefix in the no-grad recompute (KL reference, PPO anchor) and ``token_log_probs`` raised
+    ``ValueError: prefix of 22 tokens does not apply``. It must give the ``shared_prefix=off`` update: same
+    gradients, same metrics, and log-prob 0 for the episode that has no scored token."""
+    from contextlib import nullcontext
+
+    batch = _prompt_only_batch()
+    assert batch["response_mask"][3].sum() == 0 and batch["response_mask"][:3].sum(-1).min() > 0
+    base = _model(tiny_model_and_tokenizer, gc=False, lora=False)
+    ref_model = copy.deepcopy(base).eval()
+    with torch.no_grad():  # a reference that differs from the policy, so that the KL term is not 0
+        for p in ref_model.parameters():
+            p.add_(0.01 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    kl = what == "kl_reference"
+    runs = {}
+    for mode in ("off", "auto"):
+        model = copy.deepcopy(base)
+        loss = GRPOLoss(model, kl_coef=0.1 if kl else 0.0)
+        opt = torch.optim.SGD(list(model.parameters()), lr=0.0)
+        upd = GRPOUpdate(model, loss, opt, reference=(lambda: nullcontext(ref_model)) if kl else None,
+                         device=torch.device("cpu"), autocast=lambda: torch.autocast("cpu", enabled=False),
+                         ppo_epochs=1, minibatch_size=0, micro_batch_size=1, max_tokens_per_mb=0, max_grad_norm=1e9,
+                         anchor="behaviour" if kl else "recompute", exact_log_probs=True, seed=0, shared_prefix=mode)
+        b = batch.clone()
+        out = upd(b, step=1)
+        runs[mode] = (out, _grads(model), b)
+    (off, g_off, b_off), (auto, g_auto, b_auto) = runs["off"], runs["auto"]
+    assert auto["train/shared_prefix_tokens"] == 22 and off["train/shared_prefix_tokens"] == 0
+    key = "ref_log_probs" if kl else "old_log_probs"
+    assert bool((b_auto[key][3] == 0).all())  # nothing scored in the prompt-only episode
+    torch.testing.assert_close(b_auto[key], b_off[key], atol=1e-5, rtol=0)
+    _assert_grads_close(g_auto, g_off)
+    for k in ("loss/total", "num_tokens", "kl_ref" if kl else "ratio_mean"):
+        assert auto[k] == pytest.approx(off[k], rel=1e-5), k
+
+
+@pytest.mark.slow
+def test_grpo_run_with_a_prompt_at_the_context_limit(tmp_path, gsm8k_dir):
+    """Issue 25 C1 end to end (~20 s): ``rollout.max_context_tokens=220`` collects the longer GSM8K prompt with 0
+    response tokens; with KL on and the default ``train.shared_prefix=auto`` the run exited 1 (the reference
+    recompute raised "prefix of P tokens does not apply"); ``train.shared_prefix=off`` exited 0."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    run = tmp_path / "run"
+    p = subprocess.run([sys.executable, str(repo / "grpo.py"), "actor.path=tiny-random", "train.steps=1",
+                        "train.batch_size=2", "gconfig.n_samples=2", "train.micro_batch_size=1", "loss.kl_coef=0.05",
+                        "rollout.max_context_tokens=220", "eval.n_problems=0", "stats_logger.wandb.mode=disabled",
+                        "stats_logger.progress_bar=false", f"train_dataset.path={gsm8k_dir}", f"hydra.run.dir={run}"],
+                       cwd=tmp_path, env={**os.environ, "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "1"},
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if "reward/mean" in x]
+    assert [r["step"] for r in rows] == [1]
+    assert rows[0]["train/shared_prefix_tokens"] > 0  # the shared prefix ran, next to the prompt-only episode
+    assert rows[0]["train/optimizer_steps"] == 1.0

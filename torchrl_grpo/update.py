@@ -157,7 +157,12 @@ class GRPOUpdate:
     def fill_log_probs(self, td: TensorDict, key: str, model, device: torch.device | None = None) -> None:
         """``td[key]`` = no-grad log-probs of the sampled tokens under ``model``, in eval mode (dropout off, the
         same network the sampler ran), with the loss's processed distribution (temperature, top-k, top-p).
-        ``device``: where ``model`` lives (None: the training device); the result is on ``td``'s device (CPU)."""
+        ``device``: where ``model`` lives (None: the training device); the result is on ``td``'s device (CPU).
+
+        A micro-batch without a scored token (e.g. an episode whose prompt reached ``rollout.max_context_tokens``
+        and was collected with 0 response tokens) is not run: its log-probs are 0 by definition, and the minibatch's
+        shared prefix does not apply to it (it must end before the first scored column, and there is none). As in
+        :meth:`__call__`, which trains only micro-batches with response tokens."""
         dev = device or self.device
         out = torch.zeros_like(td["sample_log_probs"])
         was_training = model.training
@@ -165,8 +170,9 @@ class GRPOUpdate:
         try:
             with self.autocast():
                 prefix = self.shared_prefix_for(td, model, dev)
-            for item in self.dp.lockstep(list(self.micro_batches(td, prefix.length if prefix is not None else 0)),
-                                         model):
+            micros = [(rows, mb) for rows, mb in self.micro_batches(td, prefix.length if prefix is not None else 0)
+                      if bool((mb["response_mask"].bool() & mb["attention_mask"].bool()).any())]
+            for item in self.dp.lockstep(micros, model):  # FSDP: padded to every rank's pass count
                 if item is None:  # FSDP: the rank with the most micro-batches is still running them
                     self.idle_pass(model, backward=False, device=dev)
                     continue
