@@ -23,7 +23,12 @@ accepted as a synonym of ``"arguments"`` and a JSON-encoded string of an object 
 
 Nothing here raises on bad input: a call that cannot be understood becomes a
 :class:`ToolCallRequest` with ``error`` set, which the environment answers with a tool error
-message (and never executes).
+message (and never executes). Hostile input is bounded before it is decoded
+(:mod:`envs.action_text`): lone UTF-16 surrogates in the text, the names, ids and arguments
+become U+FFFD (a reply holding one cannot be encoded), and JSON nested deeper than
+:data:`~envs.action_text.MAX_JSON_DEPTH` levels (the call object included) is a malformed call,
+refused before ``json.loads`` (which raises ``RecursionError`` near 1,000 levels). tau2's own
+parsing (``json.loads`` in its agents) has neither bound.
 """
 from __future__ import annotations
 
@@ -31,6 +36,8 @@ import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
+
+from envs.action_text import JSONTooDeep, clean_text, clean_value, loads_bounded
 
 __all__ = ["ToolCallRequest", "ParsedAction", "parse_action", "TOOL_CALL_FORMAT_HINT"]
 
@@ -106,12 +113,16 @@ def _decode_arguments(args: Any) -> tuple[dict | None, str | None]:
         if not args.strip():
             return {}, None
         try:
-            args = json.loads(args)
+            args = loads_bounded(args)
+        except JSONTooDeep as e:
+            return None, f"the arguments are not usable: {e}"
         except json.JSONDecodeError as e:
             return None, f"the arguments are not valid JSON ({e.msg} at position {e.pos})"
         if isinstance(args, str):  # double-encoded
             try:
-                args = json.loads(args)
+                args = loads_bounded(args)
+            except JSONTooDeep as e:
+                return None, f"the arguments are not usable: {e}"
             except json.JSONDecodeError:
                 pass
     if not isinstance(args, dict):
@@ -120,7 +131,13 @@ def _decode_arguments(args: Any) -> tuple[dict | None, str | None]:
 
 
 def _from_object(obj: Any, call_id: str) -> ToolCallRequest:
-    """A decoded JSON object ``{"name", "arguments"}`` (or OpenAI ``{"function": {...}}``)."""
+    """A decoded JSON object ``{"name", "arguments"}`` (or OpenAI ``{"function": {...}}``).
+
+    ``obj`` may come straight from a message dict: its strings are cleaned and its depth bounded here."""
+    try:
+        obj = clean_value(obj)
+    except JSONTooDeep as e:
+        return ToolCallRequest(call_id, _name_of(obj), None, f"the tool call is not usable: {e}", "")
     if not isinstance(obj, dict):
         return ToolCallRequest(
             call_id, None, None, f"a tool call must be a JSON object, got {type(obj).__name__}", json.dumps(obj, default=str)
@@ -146,7 +163,9 @@ def _from_json_text(text: str, call_id: str) -> ToolCallRequest:
     if m:
         body = m.group(1).strip()
     try:
-        obj = json.loads(body)
+        obj = loads_bounded(body)
+    except JSONTooDeep as e:
+        return _too_deep(body, call_id, e)
     except json.JSONDecodeError as e:
         m = _NAME_RE.search(body)
         return ToolCallRequest(
@@ -162,6 +181,21 @@ def _from_json_text(text: str, call_id: str) -> ToolCallRequest:
     return req
 
 
+def _too_deep(body: str, call_id: str, e: JSONTooDeep) -> ToolCallRequest:
+    m = _NAME_RE.search(body)
+    return ToolCallRequest(call_id, m.group(1) if m else None, None, f"the tool call is not usable: {e}", body)
+
+
+def _name_of(obj: Any) -> str | None:
+    """The call's name if it can be read without walking ``obj`` (which may be nested too deep)."""
+    if isinstance(obj, dict):
+        fn = obj.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else obj.get("name")
+        if isinstance(name, str) and name.strip():
+            return clean_text(name.strip())
+    return None
+
+
 def _functional(text: str, call_id: str, tool_names: set[str] | None) -> ToolCallRequest | None:
     """tau2's ``name(arg=value)`` syntax; ``None`` when ``text`` is not such a call of a known tool."""
     m = _FUNCTIONAL_RE.match(text)
@@ -173,7 +207,11 @@ def _functional(text: str, call_id: str, tool_names: set[str] | None) -> ToolCal
         tc = parse_functional_tool_call(text)
     except Exception as e:  # tau2 raises ValueError / SyntaxError
         return ToolCallRequest(call_id, m.group(1), None, f"could not parse the call arguments ({e})", text)
-    return ToolCallRequest(call_id, tc.name, dict(tc.arguments), None, json.dumps(tc.arguments, default=str))
+    try:
+        args = clean_value(dict(tc.arguments))  # a '\\ud800' escape in a Python literal decodes to a surrogate
+    except JSONTooDeep as e:
+        return ToolCallRequest(call_id, tc.name, None, f"the call arguments are not usable: {e}", text)
+    return ToolCallRequest(call_id, tc.name, args, None, json.dumps(args, default=str))
 
 
 def _parse_text(text: str, id_prefix: str, tool_names: set[str] | None) -> ParsedAction:
@@ -193,7 +231,11 @@ def _parse_text(text: str, id_prefix: str, tool_names: set[str] | None) -> Parse
         body = m.group(1).strip()
     if body[:1] in "{[":
         try:
-            obj = json.loads(body)
+            obj = loads_bounded(body)
+        except JSONTooDeep as e:
+            if _NAME_RE.search(body) is None:  # not a tool call: a (strange) message to the user
+                return ParsedAction(stripped)
+            return ParsedAction(None, [_too_deep(body, f"{id_prefix}_0", e)])
         except json.JSONDecodeError:
             obj = None
         items = obj if isinstance(obj, list) else [obj]
@@ -223,7 +265,7 @@ def parse_action(action: Any, id_prefix: str = "call", tool_names: Iterable[str]
     """
     names = set(tool_names) if tool_names is not None else None
     if isinstance(action, str):
-        return _parse_text(action, id_prefix, names)
+        return _parse_text(clean_text(action), id_prefix, names)
     if isinstance(action, dict):
         role = action.get("role", "assistant")
         if role != "assistant":
@@ -231,9 +273,10 @@ def parse_action(action: Any, id_prefix: str = "call", tool_names: Iterable[str]
         content = action.get("content")
         if content is not None and not isinstance(content, str):
             if isinstance(content, list):  # OpenAI content parts
-                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+                content = "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
             else:
                 return ParsedAction(None, error=f"'content' must be a string, got {type(content).__name__}")
+        content = clean_text(content) if content is not None else None
         tool_calls = action.get("tool_calls")
         if tool_calls:
             if not isinstance(tool_calls, (list, tuple)):

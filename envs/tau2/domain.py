@@ -13,6 +13,16 @@ and argument models, and builds per episode
 Tool calls go through :meth:`Tau2Domain.execute`: argument validation against the tool's own
 pydantic parameter model (strict, unknown keys rejected) *before* tau2 runs anything, so a
 malformed call can never touch the database, then tau2's ``Environment.get_response``.
+
+Bounded tools (:data:`ARGUMENT_BOUNDS`, checked by :meth:`Tau2Domain.validate_arguments`): tau2's
+``calculate`` (airline, retail) runs ``eval`` on any string of digits and ``+-*/(). ``, so ``**`` is
+allowed and ``"9**9**8"`` (7 characters) computes a 43-million-digit integer, holding the GIL for
+80 s (``9**9**9``: ~40 min); without ``**`` a long product still grows with its length (250
+factors of 4,000 digits: 8.5 s, measured on a loaded 2-core machine). We refuse an expression with
+``**`` or longer than :data:`MAX_CALCULATE_CHARS` characters with an ``Error:`` tool message before
+tau2 evaluates it; within these bounds the result is at most ~1,000 digits and costs microseconds.
+This diverges from tau2 only for such expressions; no gold action calls ``calculate``, so rewards are
+unchanged (the gold-replay parity tests, ``tests/test_tau2_gold.py``).
 """
 from __future__ import annotations
 
@@ -21,7 +31,7 @@ import functools
 import threading
 from copy import deepcopy
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .cow import CowMode, DBSnapshot, db_hash
 from .logs import set_tau2_logging, tau2_logging_default
@@ -32,7 +42,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from tau2.data_model.tasks import Task
     from tau2.environment.environment import Environment
 
-__all__ = ["Tau2Domain", "get_domain", "GoldReference", "Episode", "STOP_TOOL", "STOP_TOKEN", "TRANSFER_TOOL"]
+__all__ = ["Tau2Domain", "get_domain", "GoldReference", "Episode", "STOP_TOOL", "STOP_TOKEN", "TRANSFER_TOOL",
+           "ARGUMENT_BOUNDS", "MAX_CALCULATE_CHARS"]
 
 #: Name of the tool that ends the episode (tau2's ``LLMSoloAgent`` / ``GymAgent`` convention).
 STOP_TOOL = "done"
@@ -40,6 +51,26 @@ STOP_TOOL = "done"
 STOP_TOKEN = "###STOP###"
 #: tau2's transfer tool (airline, retail, telecom, mock).
 TRANSFER_TOOL = "transfer_to_human_agents"
+
+#: Longest expression the ``calculate`` tool evaluates (characters). Realistic ones ("(299.99 + 45.5) * 0.9")
+#: have tens; at this bound the result has at most ~1,000 digits.
+MAX_CALCULATE_CHARS = 1000
+
+
+def _bound_calculate(arguments: dict) -> str | None:
+    expression = arguments.get("expression")
+    if not isinstance(expression, str):
+        return None  # the parameter model has already answered
+    if "**" in expression:
+        return "calculate does not support exponentiation ('**'): write the product out, e.g. '1.1 * 1.1'"
+    if len(expression) > MAX_CALCULATE_CHARS:
+        return f"the expression is too long for calculate ({len(expression)} characters; at most {MAX_CALCULATE_CHARS})"
+    return None
+
+
+#: Tool name -> a check of its (already schema-valid) arguments that bounds what tau2 would compute; returns the
+#: error text or ``None``. Applies to the tool of that name in every domain.
+ARGUMENT_BOUNDS: dict[str, Callable[[dict], str | None]] = {"calculate": _bound_calculate}
 
 # Domains whose registry constructor accepts solo_mode=True (tau2 raises for airline/retail).
 _SOLO_DOMAINS = ("telecom", "mock")
@@ -201,7 +232,8 @@ class Tau2Domain:
 
     # -- tool execution ----------------------------------------------------------------------
     def validate_arguments(self, name: str, arguments: dict) -> str | None:
-        """Check ``arguments`` against tool ``name``'s parameter model (pydantic, strict).
+        """Check ``arguments`` against tool ``name``'s parameter model (pydantic, strict), then against the tool's
+        cost bound in :data:`ARGUMENT_BOUNDS` (``calculate``: no ``**``, at most :data:`MAX_CALCULATE_CHARS`).
 
         Returns:
             ``None`` if valid (or the tool is unknown: tau2 answers that itself), else an error text.
@@ -220,7 +252,8 @@ class Tau2Domain:
                 parts = [f"{'.'.join(str(x) for x in err.get('loc', ())) or '<root>'}: {err.get('msg')}" for err in errors()]
                 return f"invalid arguments for tool '{name}': " + "; ".join(parts)
             return f"invalid arguments for tool '{name}': {e}"
-        return None
+        bound = ARGUMENT_BOUNDS.get(name)
+        return bound(arguments) if bound is not None else None
 
     def execute(self, episode: Episode, tool_call: "ToolCall") -> "ToolMessage":
         """Run a (validated) tool call through tau2's ``Environment.get_response``.

@@ -161,6 +161,14 @@ class Tau2Env(gym.Env):
     6. Errors are not swallowed (``AgentGymEnv`` swallows them): a caller's bug (an action outside
        the space, a step after the end) raises; the customer failing is reported as
        ``termination_reason == "user_error"`` with ``info["user_error"]`` so a trainer can drop it.
+    7. Nothing a model writes can hang or crash a step (issue 25; ``tests/test_env_hardening.py``):
+       tau2's ``calculate`` (airline, retail) evaluates ``**`` towers (``"9**9**8"`` held the GIL
+       for 80 s); here an expression with ``**`` or over
+       :data:`~envs.tau2.domain.MAX_CALCULATE_CHARS` characters is answered with an ``Error:`` tool
+       message and not evaluated (no gold action uses ``calculate``: rewards are unchanged). JSON
+       nested deeper than :data:`~envs.action_text.MAX_JSON_DEPTH` levels is a malformed call
+       (refused before ``json.loads``, which tau2 lets raise ``RecursionError``), and lone UTF-16
+       surrogates in the action become U+FFFD on entry (a reply holding one cannot be encoded).
 
     ## Example
 

@@ -1,0 +1,113 @@
+"""Make what a model emitted safe to store, parse and send back, before an env looks at it.
+
+Every env family calls these on entry to ``step`` (issue 25: nothing a model emits can hang, crash or exhaust us):
+
+- :func:`clean_text` / :func:`clean_value`: a lone UTF-16 surrogate (``"\\ud800"``; a model's tokenizer or a JSON
+  escape can produce one) cannot be encoded as UTF-8, so a conversation holding one can never be sent back (the
+  server answered HTTP 500 until reset). Lone surrogates become U+FFFD (the Unicode replacement character); a
+  surrogate *pair* written as two code points becomes the one character it encodes.
+- :func:`loads_bounded`: ``json.loads`` recurses once per nesting level, so ~1,000 levels (a 2 KB string) raise
+  ``RecursionError``; and whatever walks the decoded value afterwards (``json.dumps``, pydantic) recurses again. The
+  nesting depth is measured on the text *before* decoding (vectorised, linear time) and a value nested deeper than
+  :data:`MAX_JSON_DEPTH` is refused with :class:`JSONTooDeep` (a ``ValueError``).
+
+Cost: linear in the length of the text, with numpy doing the per-character work (a few ms per MB).
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import numpy as np
+
+__all__ = ["MAX_JSON_DEPTH", "JSONTooDeep", "clean_text", "clean_value", "json_depth", "loads_bounded"]
+
+#: Deepest nesting of lists/objects accepted in a tool call (the call object itself counts as one level). tau2's
+#: tool arguments nest at most 3 levels; ``json.loads`` fails near 1,000.
+MAX_JSON_DEPTH = 64
+
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+# A JSON string literal, also one left open at the end of the text (so that every match attempt succeeds and the
+# scan stays linear on adversarial text such as '"\\"\\"\\"...').
+_JSON_STRING_RE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
+_OPEN = np.zeros(256, dtype=np.int8)
+_OPEN[[ord("["), ord("{")]] = 1
+_OPEN[[ord("]"), ord("}")]] = -1
+
+
+class JSONTooDeep(ValueError):
+    """A JSON text or decoded value nested deeper than the allowed depth (the model's error, not the caller's)."""
+
+
+def clean_text(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD (``"\\ufffd"``); other text unchanged.
+
+    Two surrogate code points that form a valid pair (high then low) become the character they encode, as a UTF-16
+    decoder would read them. Cost: one regex search when there is no surrogate (the common case).
+
+    Args:
+        text: any ``str``.
+
+    Returns:
+        A ``str`` that ``.encode("utf-8")`` accepts.
+    """
+    if _SURROGATE_RE.search(text) is None:
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def clean_value(value: Any, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """A copy of a decoded JSON-like value (``dict``/``list``/``tuple``/``str``/scalars) with :func:`clean_text`
+    applied to every string, keys included; other objects are returned as they are.
+
+    Args:
+        value: the value (e.g. tool-call arguments given as a dict).
+        max_depth: deepest nesting of containers accepted (a scalar is depth 0, ``{"a": 1}`` depth 1).
+
+    Raises:
+        JSONTooDeep: ``value`` nests containers deeper than ``max_depth`` (found without recursing past it).
+    """
+    return _clean(value, max_depth, 0)
+
+
+def _clean(value: Any, max_depth: int, depth: int) -> Any:
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, (dict, list, tuple)):
+        if depth >= max_depth:
+            raise JSONTooDeep(f"the value is nested deeper than {max_depth} levels")
+        if isinstance(value, dict):
+            return {_clean(k, max_depth, depth + 1): _clean(v, max_depth, depth + 1) for k, v in value.items()}
+        return type(value)(_clean(v, max_depth, depth + 1) for v in value)
+    return value
+
+
+def json_depth(text: str) -> int:
+    """Upper bound on the nesting depth ``json.loads(text)`` would reach: the largest count of ``[``/``{`` not yet
+    closed, outside string literals (exact for valid JSON). Linear time; no recursion."""
+    if text.count("[") + text.count("{") == 0:
+        return 0
+    outside = _JSON_STRING_RE.sub("", text)
+    steps = _OPEN[np.frombuffer(outside.encode("utf-8", "surrogatepass"), dtype=np.uint8)]
+    return int(np.cumsum(steps, dtype=np.int64).max(initial=0))
+
+
+def loads_bounded(text: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``json.loads(text)`` with the nesting depth checked first and the strings of the result cleaned.
+
+    Args:
+        text: JSON text (a model's tool call or its arguments).
+        max_depth: deepest nesting accepted.
+
+    Returns:
+        The decoded value, every string passed through :func:`clean_text` (a ``"\\ud800"`` escape decodes to a
+        lone surrogate).
+
+    Raises:
+        JSONTooDeep: nested deeper than ``max_depth`` (checked before decoding).
+        json.JSONDecodeError: not valid JSON.
+    """
+    if text.count("[") + text.count("{") > max_depth and json_depth(text) > max_depth:
+        raise JSONTooDeep(f"the JSON is nested deeper than {max_depth} levels")
+    return clean_value(json.loads(text), max_depth)
