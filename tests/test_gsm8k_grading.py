@@ -193,7 +193,7 @@ def test_gsm8k_reward(text, gold, reward, correct):
     r, info = gsm8k_reward(text, gold)
     assert r == pytest.approx(reward)
     assert info["correct"] is correct
-    assert set(info) == {"extracted", "correct", "formatted", "answer"}
+    assert set(info) == {"extracted", "correct", "formatted", "answer", "out_of_range"}
 
 
 def test_gsm8k_reward_custom_format_reward_and_bad_gold():

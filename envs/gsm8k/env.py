@@ -16,11 +16,12 @@ from typing import Any
 import gymnasium as gym
 
 from .data import load_gsm8k
-from .grading import gsm8k_reward, normalize_number, parse_gold
+from .grading import MAX_DIGITS, MAX_EXPONENT, gsm8k_reward, normalize_number, parse_gold
+from envs.action_text import clean_text
 from envs.contract import STEP_AFTER_END, check_action, check_task_options
 from envs.spaces import AssistantAction, ChatMessages
 
-__all__ = ["GSM8KEnv", "DEFAULT_SYSTEM_PROMPT", "UNREADABLE_ANSWER"]
+__all__ = ["GSM8KEnv", "DEFAULT_SYSTEM_PROMPT", "UNREADABLE_ANSWER", "OUT_OF_RANGE_ANSWER"]
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful math tutor. Solve the grade-school math word problem step by step, "
@@ -30,6 +31,11 @@ DEFAULT_SYSTEM_PROMPT = (
 
 #: ``info["action_error"]`` of a response from which no final answer could be read.
 UNREADABLE_ANSWER = "no final answer could be read from the response (expected a final line '#### <number>')"
+#: ``info["action_error"]`` of a response whose final answer is a number out of range (see :mod:`envs.gsm8k.grading`).
+OUT_OF_RANGE_ANSWER = (
+    f"the final answer is a number out of range (more than {MAX_DIGITS} digits or an exponent beyond "
+    f"+-{MAX_EXPONENT}); it scores 0"
+)
 
 
 def _problem_from_user(p: Any, i: int) -> dict:
@@ -64,7 +70,12 @@ class GSM8KEnv(gym.Env):
     "content": text}`` (other keys such as ``tool_calls`` are ignored: the env has no tools). The
     whole text is the answer; its final number is extracted (``#### N``, ``\\boxed{N}``, "The answer
     is N", else the last number; see :func:`envs.gsm8k.grading.extract_answer`). A text from which no
-    number can be read scores 0 and sets ``info["action_error"]`` (:data:`UNREADABLE_ANSWER`). An
+    number can be read scores 0 and sets ``info["action_error"]`` (:data:`UNREADABLE_ANSWER`); so does
+    a final answer out of range (more than :data:`~envs.gsm8k.grading.MAX_DIGITS` digits or an exponent
+    beyond :data:`~envs.gsm8k.grading.MAX_EXPONENT`: :data:`OUT_OF_RANGE_ANSWER`; refused before any
+    conversion, in microseconds). Lone UTF-16 surrogates in the text become U+FFFD
+    (:func:`envs.action_text.clean_text`) before it is graded or stored, so the conversation can
+    always be encoded. An
     action outside the space (``12345``, ``None``, a list, a dict with another role or non-string
     content) is a caller's bug: ``step`` raises ``TypeError`` and the episode goes on unchanged.
 
@@ -274,7 +285,7 @@ class GSM8KEnv(gym.Env):
         if self._done:
             raise RuntimeError(STEP_AFTER_END)
         check_action(action)  # TypeError before any state change: the episode is left as it was
-        text = action if isinstance(action, str) else (action.get("content") or "")
+        text = clean_text(action if isinstance(action, str) else (action.get("content") or ""))
         self._done = True
         gold = self._problems[self._index]["answer"]
         reward, grade = gsm8k_reward(text, gold, format_reward=self.format_reward)
@@ -283,7 +294,7 @@ class GSM8KEnv(gym.Env):
         info.update(grade)
         info["termination_reason"] = "answered"
         if grade["extracted"] is None:
-            info["action_error"] = UNREADABLE_ANSWER
+            info["action_error"] = OUT_OF_RANGE_ANSWER if grade["out_of_range"] else UNREADABLE_ANSWER
         return [], float(reward), True, False, info
 
     def render(self) -> str | None:

@@ -33,6 +33,14 @@ reasoning finish (watch ``episode/truncated_fraction``).
 
 Numbers are compared as exact rationals (:class:`fractions.Fraction`) with a relative tolerance of
 ``1e-6``, never as strings, so ``"1,200"``, ``"$1200.00"`` and ``"1200"`` are the same answer.
+
+Cost bound (issue 25): a number is converted only if it has at most :data:`MAX_DIGITS` digits (mantissa
+and denominator each) and an exponent of at most :data:`MAX_EXPONENT` in absolute value, checked on the
+text before any conversion; so every answer grades in microseconds. Unbounded, ``#### 1e-30000000``
+built ``10**30000000`` through ``Decimal``/``Fraction`` for more than 6 minutes and ``#### 1e5000``
+raised ``ValueError`` (an int of over 4,300 digits cannot be printed). A final answer out of range is
+no answer: it scores 0 and ``gsm8k_reward`` reports ``out_of_range`` (no GSM8K answer has more than
+a dozen digits).
 """
 from __future__ import annotations
 
@@ -48,10 +56,23 @@ __all__ = [
     "is_correct",
     "has_final_answer_format",
     "gsm8k_reward",
+    "MAX_DIGITS",
+    "MAX_EXPONENT",
 ]
 
 #: Relative tolerance used by :func:`is_correct` (absolute below magnitude 1).
 REL_TOL = 1e-6
+#: Most digits a number (its mantissa, or its denominator) may have to be converted; more is out of range.
+MAX_DIGITS = 100
+#: Largest ``|exponent|`` of a number in scientific notation (``1e100``) that is converted; more is out of range.
+MAX_EXPONENT = 100
+
+
+_INT_BOUND = 10**MAX_DIGITS
+
+
+class _OutOfRange(ValueError):
+    """A number in the text exceeds :data:`MAX_DIGITS` / :data:`MAX_EXPONENT` (raised before converting it)."""
 
 # Characters that mean "minus" in model output: ASCII hyphen, U+2212 MINUS SIGN, U+FE63 SMALL
 # HYPHEN-MINUS, U+FF0D FULLWIDTH HYPHEN-MINUS.
@@ -88,9 +109,28 @@ def _clean(text: str) -> str:
     return text
 
 
+def _check_size(num: str, exp: str | None, den: str | None) -> None:
+    """Raise :class:`_OutOfRange` unless the number's text is within the bounds (no conversion done)."""
+    # ``num`` is digits, thousands commas and at most one ".", ``den`` digits and at most one "." (_NUMBER_RE)
+    if len(num) - num.count(",") - num.count(".") > MAX_DIGITS or (
+        den is not None and len(den) - den.count(".") > MAX_DIGITS
+    ):
+        raise _OutOfRange(f"more than {MAX_DIGITS} digits")
+    if exp is not None:
+        digits = exp[1:].lstrip("+-").lstrip("0")
+        if len(digits) > len(str(MAX_EXPONENT)) or (digits and int(digits) > MAX_EXPONENT):
+            raise _OutOfRange(f"an exponent beyond +-{MAX_EXPONENT}")
+
+
 def _to_fraction(
     sign: str | None, num: str, exp: str | None, den: str | None
 ) -> Fraction | None:
+    """The number's value; ``None`` if it is invalid (``x/0``).
+
+    Raises:
+        _OutOfRange: more than :data:`MAX_DIGITS` digits or ``|exponent| > MAX_EXPONENT`` (checked first).
+    """
+    _check_size(num, exp, den)
     try:
         value = Fraction(Decimal(num.replace(",", "") + (exp or "")))
         if den is not None:
@@ -155,17 +195,24 @@ def normalize_number(s: str | int | float | None) -> str | None:
     Returns:
         ``"72"``, ``"-3.5"``, ``"0.75"`` (terminating decimals are written out), ``"1/3"``
         (exact fraction when the decimal does not terminate); ``None`` when ``s`` holds no
-        number or is not a string/number.
+        number, its first number is out of range (more than :data:`MAX_DIGITS` digits or
+        ``|exponent| >`` :data:`MAX_EXPONENT`; an ``int`` of more than :data:`MAX_DIGITS` digits
+        too), or ``s`` is not a string/number.
     """
     if s is None or isinstance(s, bool):
         return None
     if isinstance(s, (int, float)):
         if isinstance(s, float) and not math.isfinite(s):
             return None
+        if isinstance(s, int) and abs(s) >= _INT_BOUND:
+            return None
         return _format_fraction(Fraction(Decimal(repr(s)) if isinstance(s, float) else s))
     if not isinstance(s, str):
         return None
-    return _first_number(_clean(s))
+    try:
+        return _first_number(_clean(s))
+    except _OutOfRange:
+        return None
 
 
 def _boxed_spans(text: str) -> list[tuple[int, int]]:
@@ -242,8 +289,18 @@ def extract_answer(text: str | None) -> str | None:
 
     Returns:
         The answer normalized by :func:`normalize_number` (e.g. ``"1200"``), or ``None`` when
-        the text contains no number.
+        the text contains no number or the number a rule picks is out of range (more than
+        :data:`MAX_DIGITS` digits, ``|exponent| >`` :data:`MAX_EXPONENT`): an absurd final
+        answer is no answer, not a cue to look at earlier numbers.
     """
+    try:
+        return _extract(text)
+    except _OutOfRange:
+        return None
+
+
+def _extract(text: str | None) -> str | None:
+    """:func:`extract_answer`, raising :class:`_OutOfRange` for an out-of-range answer."""
     if not isinstance(text, str) or not text:
         return None
     text = _clean(text)
@@ -272,11 +329,14 @@ def has_final_answer_format(text: str | None) -> bool:
     if not isinstance(text, str) or not text:
         return False
     text = _clean(text)
-    return (
-        _hash_answer(text) is not None
-        or _boxed_answer(text) is not None
-        or _after_marker(text, _ANSWER_IS_RE) is not None
-    )
+    try:
+        return (
+            _hash_answer(text) is not None
+            or _boxed_answer(text) is not None
+            or _after_marker(text, _ANSWER_IS_RE) is not None
+        )
+    except _OutOfRange:  # the stated answer is out of range: not a well-formed answer
+        return False
 
 
 def parse_gold(solution: str) -> str:
@@ -289,13 +349,17 @@ def parse_gold(solution: str) -> str:
         The normalized number, e.g. ``"1200"``.
 
     Raises:
-        ValueError: ``solution`` is not a string, has no ``####`` line, or no number after it.
+        ValueError: ``solution`` is not a string, has no ``####`` line, or no number (within
+            :data:`MAX_DIGITS` / :data:`MAX_EXPONENT`) after it.
     """
     if not isinstance(solution, str):
         raise ValueError(f"GSM8K solution must be a string, got {type(solution).__name__}")
     if "####" not in solution:
         raise ValueError(f"GSM8K solution has no '#### <number>' line: {solution[-80:]!r}")
-    gold = _hash_answer(_clean(solution))
+    try:
+        gold = _hash_answer(_clean(solution))
+    except _OutOfRange as e:
+        raise ValueError(f"GSM8K solution's answer is out of range ({e}): {solution[-80:]!r}") from None
     if gold is None:
         raise ValueError(f"GSM8K solution has no number after '####': {solution[-80:]!r}")
     return gold
@@ -346,7 +410,9 @@ def gsm8k_reward(
     Returns:
         ``(reward, info)``: reward is ``1.0``, ``format_reward`` or ``0.0``; info holds
         ``extracted`` (str | None), ``correct`` (bool), ``formatted`` (bool), ``answer`` (the
-        normalized gold).
+        normalized gold), ``out_of_range`` (bool: the answer a rule picked had more than
+        :data:`MAX_DIGITS` digits or ``|exponent| >`` :data:`MAX_EXPONENT`, so ``extracted`` is
+        ``None`` and the reward 0). Never raises because of ``text``.
 
     Raises:
         ValueError: ``gold`` holds no number.
@@ -357,7 +423,10 @@ def gsm8k_reward(
         gold_norm = normalize_number(gold)
         if gold_norm is None:
             raise ValueError(f"gold answer {gold!r} is not a number")
-    extracted = extract_answer(text)
+    try:
+        extracted, out_of_range = _extract(text), False
+    except _OutOfRange:
+        extracted, out_of_range = None, True
     correct = is_correct(extracted, gold_norm)
     formatted = has_final_answer_format(text)
     reward = 1.0 if correct else (float(format_reward) if formatted else 0.0)
@@ -366,4 +435,5 @@ def gsm8k_reward(
         "correct": correct,
         "formatted": formatted,
         "answer": gold_norm,
+        "out_of_range": out_of_range,
     }
