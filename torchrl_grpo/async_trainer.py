@@ -228,14 +228,23 @@ class AsyncGRPOTrainer(GRPOTrainer):
             self._apply_pending()
             return super().evaluate()
 
+    #: seconds :meth:`close` waits for the rollout thread to finish the batch in flight (a batch is seconds to
+    #: minutes; a hung env or user simulator never ends one)
+    close_timeout_s: float = 600.0
+
     def close(self) -> None:
-        """Stop the rollout thread (it finishes the batch it is collecting) and join it, then close as the sync
-        trainer (the backend last: the thread no longer uses it)."""
+        """Stop the rollout thread (it finishes the batch it is collecting) and join it for at most
+        :attr:`close_timeout_s` seconds, then close as the sync trainer (the backend last). A thread still running
+        then is logged as an error and left behind (a daemon: it ends with the process; whatever it still does with
+        the closed backend fails inside it and is logged)."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
         if self._thread is not None:
             if self._thread.is_alive():
-                log.info("waiting for the rollout thread to finish its batch")
-            self._thread.join()
+                log.info("waiting for the rollout thread to finish its batch (at most %g s)", self.close_timeout_s)
+            self._thread.join(timeout=self.close_timeout_s)
+            if self._thread.is_alive():
+                log.error("the rollout thread did not finish its batch within %g s (close_timeout_s): closing "
+                          "without it (a hung env, user simulator or engine?)", self.close_timeout_s)
         super().close()

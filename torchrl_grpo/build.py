@@ -432,7 +432,8 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
 
         side.collector.close()
         side.collector = RayRolloutCollector(cfg, cfg.rollout.num_workers, local_backend=backend,
-                                             max_restarts=cfg.rollout.max_worker_restarts)
+                                             max_restarts=cfg.rollout.max_worker_restarts,
+                                             worker_timeout_s=cfg.rollout.worker_timeout_s)
         if start_step or cfg.actor.peft.enable:  # the actors loaded actor.path: give them the policy's weights
             side.collector.update_policy_weights_(model)
     t = cfg.train

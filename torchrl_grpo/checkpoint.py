@@ -77,11 +77,19 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore a :func:`rng_state` snapshot. CUDA: the states of devices ``0 .. min(saved, visible) - 1`` (a run
+    saved on more GPUs than this machine shows, e.g. resumed under another ``CUDA_VISIBLE_DEVICES``, would make
+    ``torch.cuda.set_rng_state_all`` raise IndexError); a warning names the devices whose state is not restored."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        saved, visible = list(state["cuda"]), torch.cuda.device_count()
+        if len(saved) != visible:
+            log.warning("checkpoint has RNG states of %d CUDA devices, %d visible: restoring devices 0..%d only",
+                        len(saved), visible, min(len(saved), visible) - 1)
+        for i, s in enumerate(saved[:visible]):
+            torch.cuda.set_rng_state(s, i)
 
 
 def _is_peft(model) -> bool:

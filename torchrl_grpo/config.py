@@ -100,6 +100,7 @@ class RolloutConfig:
     num_workers: int = 0
     launcher: str = "local"  # local | ray
     max_worker_restarts: int = 3  # ray: restarts of a dead worker per run before the run fails (rollout/worker_restarts)
+    worker_timeout_s: float = 3600.0  # ray: a step fails, naming the worker, when no worker batch came back this long
     max_batch_size: int = 64
     max_context_tokens: int = 2048
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
@@ -375,6 +376,8 @@ def _validate_scale_out(cfg) -> None:
     from omegaconf import OmegaConf
 
     r = cfg.rollout
+    if not r.worker_timeout_s > 0:
+        raise ValueError(f"config rollout.worker_timeout_s must be > 0 (seconds), got {r.worker_timeout_s}")
     if r.num_workers < 0 or r.max_worker_restarts < 0:
         raise ValueError(f"config rollout.num_workers ({r.num_workers}) and rollout.max_worker_restarts "
                          f"({r.max_worker_restarts}) must be >= 0")

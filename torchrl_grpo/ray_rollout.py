@@ -140,17 +140,21 @@ class RayRolloutCollector:
         num_workers: actors to start.
         local_backend: the trainer's own backend (evaluation; its version follows every sync).
         max_restarts: replacements of dead workers allowed over the run.
+        worker_timeout_s: the longest a step waits for the next worker batch (``rollout.worker_timeout_s``), and
+            for a worker to load weights; past it the step raises naming the workers still out (a hung env, user
+            simulator or engine would otherwise stall the run forever: ``ray.wait`` has no timeout by default).
         check_sync: after every sync, compare each worker's :func:`weights_digest` with the trainer's export
             (a RuntimeError on mismatch; transformers workers only).
         ray_init: keyword arguments of ``ray.init`` when Ray is not running yet (``RAY_ADDRESS`` picks a cluster).
 
     Raises:
         ImportError: ray not installed (``pip install -e ".[ray]"``).
-        ValueError: ``num_workers < 1``, or more workers than the Ray cluster has CPUs (GPUs on CUDA).
+        ValueError: ``num_workers < 1``, ``worker_timeout_s <= 0``, or more workers than the Ray cluster has CPUs
+            (GPUs on CUDA).
     """
 
     def __init__(self, cfg: Any, num_workers: int, *, local_backend=None, max_restarts: int = 3,
-                 check_sync: bool = False, ray_init: dict | None = None) -> None:
+                 check_sync: bool = False, ray_init: dict | None = None, worker_timeout_s: float = 3600.0) -> None:
         try:
             import ray
         except ImportError as e:  # pragma: no cover - depends on the extra
@@ -159,6 +163,9 @@ class RayRolloutCollector:
 
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        if not worker_timeout_s > 0:
+            raise ValueError(f"worker_timeout_s must be > 0, got {worker_timeout_s}")
+        self.worker_timeout_s = float(worker_timeout_s)
         self._ray = ray
         if not ray.is_initialized():
             ray.init(**(ray_init or {}))
@@ -179,6 +186,10 @@ class RayRolloutCollector:
         self._digest: str | None = None
         self.last_stats: dict[str, float] = {}
 
+    def _hung_message(self, workers: list[int], what: str) -> str:
+        return (f"rollout worker(s) {workers} {what} within {self.worker_timeout_s:g} s (rollout.worker_timeout_s): "
+                f"a hung env, user simulator or engine; raise rollout.worker_timeout_s if batches are that slow")
+
     def _start(self, w: int):
         return self._actor_cls.options(name=None).remote(self.cfg, w)
 
@@ -195,7 +206,8 @@ class RayRolloutCollector:
             pass
         self.workers[w] = self._start(w)
         if self._weights_ref is not None:
-            self._ray.get(self.workers[w].load_weights.remote(self._weights_ref, self.policy_version))
+            self._ray.get(self.workers[w].load_weights.remote(self._weights_ref, self.policy_version),
+                          timeout=self.worker_timeout_s)
 
     # ------------------------------------------------------------------ collection
     def collect(self, tasks: list[dict], n_samples: int, *, step: int = 0, sampling=None) -> TensorDict:
@@ -206,7 +218,8 @@ class RayRolloutCollector:
             (``group_id`` = the task's position in ``tasks``), plus ``worker`` [B] long.
 
         Raises:
-            RuntimeError: more worker deaths than ``max_restarts``.
+            RuntimeError: more worker deaths than ``max_restarts``; no worker batch came back for
+                ``worker_timeout_s`` seconds (the message names the workers still out).
         """
         if sampling is not None:
             raise ValueError("RayRolloutCollector collects training batches only (evaluation runs locally)")
@@ -219,7 +232,9 @@ class RayRolloutCollector:
                    for w, idx in shares.items()}
         results: dict[int, tuple[TensorDict, dict]] = {}
         while pending:
-            ready, _ = self._ray.wait(list(pending.values()), num_returns=1)
+            ready, _ = self._ray.wait(list(pending.values()), num_returns=1, timeout=self.worker_timeout_s)
+            if not ready:
+                raise RuntimeError(self._hung_message(sorted(pending), "returned no batch"))
             w = next(k for k, ref in pending.items() if ref == ready[0])
             try:
                 results[w] = self._ray.get(pending.pop(w))
@@ -268,11 +283,15 @@ class RayRolloutCollector:
         self._weights_ref = self._ray.put(weights)
         self._digest = weights_digest(weights.items()) if self.check_sync else None
         refs = {w: a.load_weights.remote(self._weights_ref, self.policy_version) for w, a in enumerate(self.workers)}
+        from ray.exceptions import GetTimeoutError
+
         for w, ref in refs.items():
             try:
-                self._ray.get(ref)
+                self._ray.get(ref, timeout=self.worker_timeout_s)
             except (RayActorError, ActorDiedError) as err:
                 self._replace(w, err)  # the new actor gets these weights in _replace
+            except GetTimeoutError as err:
+                raise RuntimeError(self._hung_message([w], "did not load the weights")) from err
         if self.check_sync:
             bad = [w for w, d in enumerate(self.worker_digests()) if d != self._digest]
             if bad:
