@@ -8,7 +8,8 @@ Two spellings users know map to one :class:`AllocationPlan`:
   train, inference, ref (inference first for in-process vLLM on CUDA, below), after the devices named explicitly;
   a role with neither is *colocated* on the train devices.
 * AReaL's ``allocation_mode`` string (Fu et al., 2025, arXiv:2505.24298, the released ``AllocationMode``):
-  ``ENGINE:DIMS[+ENGINE:DIMS]``, e.g. ``vllm:d1+fsdp:d2`` (1 device for a vLLM engine, 2 for FSDP training, disjoint).
+  ``ENGINE:DIMS[+ENGINE:DIMS]``, e.g. ``vllm:d1+fsdp:d2`` (1 device for a vLLM engine, 2 for FSDP training, disjoint;
+  it parses, but with our in-process vLLM on CUDA it is refused: see below).
   ``DIMS`` is ``d<dp>[t<tp>][p<pp>]``; the role uses ``dp * tp * pp`` devices. One training term alone
   (``fsdp:d2``) colocates inference on the training devices. Inference engines: :data:`INFERENCE_ENGINES`;
   training engines: :data:`TRAIN_ENGINES` (AReaL's ``sglang``/``megatron`` are named in the error as not available).
