@@ -13,38 +13,85 @@ Client side, OpenEnv's own WebSocket client (what TRL's and TorchRL's OpenEnv in
         r = env.step({"content": "<tool_call>{...}</tool_call>"})   # or {"tool_calls": [...]}
         r.observation["messages"], r.reward, r.done, env.state()
 
-Protocol (OpenEnv 0.3, ``openenv.core.env_server.http_server``):
+Protocol (OpenEnv 0.3's session protocol, ``openenv.core.env_server``; the routes are ours):
 
-* ``/ws`` -- OpenEnv's session protocol: one WebSocket = one session = one env instance (created
-  by ``gym.make(env_id, **env_kwargs)`` when the socket opens, closed when it closes). Messages
-  ``{"type": "reset", "data": {seed?, task_id?, index?}}``, ``{"type": "step", "data": action}``,
-  ``{"type": "state"}``, ``{"type": "close"}``; answers ``{"type": "observation"|"state"|"error",
-  "data": ...}``. A bad message (invalid JSON, unknown type, wrong types, an env exception) is
-  answered by an ``error`` message and the socket keeps serving; a message over
-  ``max_body_bytes`` closes that socket only (WebSocket code 1009).
+* ``/ws`` -- one WebSocket = one session = one env instance (created by ``gym.make(env_id,
+  **env_kwargs)`` when the socket opens, closed when it closes). Messages ``{"type": "reset", "data":
+  {seed?, episode_id?, task_id?, index?}}``, ``{"type": "step", "data": action}``, ``{"type":
+  "state"}``, ``{"type": "close"}``; answers ``{"type": "observation"|"state"|"error", "data": ...}``,
+  an error's data being ``{"message", "code"}``. Anything malformed -- invalid JSON, JSON that is not an
+  object (array, string, number, ``null``), a binary frame, an unknown type, wrong types, a refused
+  step, an env exception -- is answered by an ``error`` message and the socket keeps serving the same
+  episode. A message over ``max_body_bytes`` closes that socket only (WebSocket code 1009); an idle
+  session's socket is closed (code 1001).
 * ``/sessions`` -- the same sessions over plain HTTP for clients without WebSockets:
   ``POST /sessions`` -> ``201 {"session_id"}``; ``POST /sessions/{id}/reset`` (body: the reset
   data), ``POST /sessions/{id}/step`` (body ``{"action": ...}``), ``GET /sessions/{id}/state``,
-  ``DELETE /sessions/{id}``. Errors: 400 bad reset options (unknown task id, index out of range),
-  404 unknown / expired session, 409 step before reset or after the episode ended, 413 body over
-  ``max_body_bytes``, 422 invalid JSON or wrong types, 429 session cap reached, 500 the env raised
-  (that session only; it stays usable, e.g. by ``reset``). Every error body is ``{"detail": msg}``.
-* ``/health``, ``/schema``, ``/metadata`` -- OpenEnv's. OpenEnv's stateless ``POST /reset`` and
-  ``/step`` (a fresh env per request) are not served: a text episode needs a session.
+  ``DELETE /sessions/{id}``, ``GET /sessions`` (counts). Errors: 400 bad reset options (unknown
+  option, task id or index the env rejects, ``episode_id`` not a string of at most
+  ``MAX_EPISODE_ID_CHARS``), 403 a cross-origin request or a foreign ``Host`` (below), 404 unknown /
+  expired session, 408 a body not received within ``body_timeout_s``, 409 step before reset or after
+  the episode ended, 413 body over ``max_body_bytes`` (also when sent chunked) or a step that would
+  bring the session's conversation over ``max_session_bytes``, 422 invalid JSON or wrong types, 429
+  session cap reached, 500 the env raised (that session only; it stays usable, e.g. by ``reset``).
+  Every error body is ``{"detail": msg}``; the WebSocket error codes are OpenEnv's
+  (``INVALID_JSON``, ``UNKNOWN_TYPE``, ``VALIDATION_ERROR``, ``EXECUTION_ERROR``, ``CAPACITY_REACHED``,
+  ``FACTORY_ERROR``, ``SESSION_ERROR``) plus ``SESSION_BYTES_EXCEEDED`` (the 413 above).
+* ``/health``, ``/schema``, ``/metadata`` -- as OpenEnv's, but none builds an env (OpenEnv's
+  ``/metadata`` builds one per request, outside the session cap).
+
+Not served, where we diverge from OpenEnv's ``HTTPEnvServer.register_routes`` and why: its ``/mcp``
+(HTTP and WebSocket; JSON-RPC ``openenv/session/create|close`` made and closed sessions beside the
+socket that owns them) -- our envs have no MCP tools; its stateless ``POST /reset`` and ``/step`` (a
+fresh env per request) -- a text episode needs a session; FastAPI's ``/docs``, ``/redoc`` and
+``/openapi.json`` -- pages meant for a browser, the client this server refuses (``/schema`` has the
+schemas).
 
 Action (:class:`TextAction`): ``{"content": str | None, "tool_calls": list | None}``. With
 ``tool_calls`` it is passed to the env as an assistant message dict, otherwise ``content`` as the
 model's raw text (parsed as in :mod:`envs.contract`, "Action"). Observation
-(:class:`TextObservation`): the env's ``obs`` messages, ``reward``, ``done`` (``terminated or
-truncated``), both flags and the step's ``info`` (JSON-safe copy). State (:class:`TextState`):
-the session's env id, task, whole conversation, step count, reward so far and -- for tau2 -- the
-episode database hash (``db_hash``), so two sessions can be checked for isolation.
+(:class:`TextObservation`): the env's ``obs`` messages -- the messages *new* since the last step, never
+the whole conversation -- ``reward``, ``done`` (``terminated or truncated``), both flags and the
+step's ``info`` (JSON-safe copy) without ``info["messages"]`` (the whole conversation: ask ``state``)
+and, on ``step``, without ``info["tools"]`` (sent once, on ``reset``). State (:class:`TextState`): the
+session's env id, task, whole conversation, step count, reward so far and -- for tau2 -- the episode
+database hash (``db_hash``), so two sessions can be checked for isolation.
+
+Bounds (every one a :func:`build_app` / :func:`uvicorn_config` argument and a CLI flag):
+
+=========================  ==========================  ==================================================
+bound                      default (flag)              what happens past it
+=========================  ==========================  ==================================================
+sessions                   64 (``--max-sessions``)     429 / ``CAPACITY_REACHED``
+request body / WS message  1 MiB (``--max-body-bytes``) 413 / socket closed (1009)
+conversation per session   8 MiB (``--max-session-bytes``) the step is refused (413 /
+                                                       ``SESSION_BYTES_EXCEEDED``), the episode kept;
+                                                       ``reset`` starts again from zero
+idle session               600 s (``--idle-timeout``)  session closed, id forgotten, socket closed
+request headers            10 s (``--header-timeout``) connection closed
+request body               30 s (``--body-timeout``)   408, connection closed
+=========================  ==========================  ==================================================
+
+The conversation size is counted as UTF-8 JSON bytes of the reset messages, every action and every
+observation's messages; the env keeps more than that per byte (the issue measured +197 MB RSS for 40
+steps of 1 MB on tau2), so 8 MiB x 64 sessions stays well inside a 23 GB machine. A step is refused
+when the action would bring the count over the cap, so the cap is exceeded at most by one step's env
+output.
+
+Browsers: a request carrying an ``Origin`` header not in ``allowed_origins`` (``--allow-origin``;
+none by default) is refused with 403 -- HTTP and WebSocket handshakes alike -- and so is a ``Host``
+header not in ``allowed_hosts`` (loopback names, the bind address, ``--allow-host``; ``*`` allows any),
+so that a web page in the user's browser can neither drive the server directly nor by DNS rebinding.
+Clients that are not browsers send no ``Origin`` and are served. ``--host 0.0.0.0`` prints a warning.
+
+Event loop: every piece of env work -- ``gym.make``, ``reset``, ``step``, ``state`` (tau2's
+database hash), ``close`` -- and the JSON parsing and encoding of messages runs on the session's own
+single thread; the event loop only moves bytes, so ``/health`` and other sessions stay responsive.
+Replies are encoded as UTF-8 with errors replaced (a lone surrogate an env echoes becomes ``?``), so a
+reply can always be sent.
 
 Sessions are isolated because each owns its env instance (tau2: its own copy-on-write database,
-:mod:`envs.tau2.cow`) and runs it on its own single thread; session ids are random UUIDs. The
-session cap (``max_sessions``, WebSocket and HTTP sessions together) and the idle timeout
-(``idle_timeout_s``: a session with no request for that long is closed and its id forgotten) are
-set by :func:`build_app` / the CLI flags.
+:mod:`envs.tau2.cow`) and runs it on its own single thread; session ids are random UUIDs.
 """
 from __future__ import annotations
 
@@ -53,19 +100,21 @@ import asyncio
 import functools
 import json
 import math
+import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import gymnasium as gym
 
 import envs as _envs
 from envs.contract import check_action
 
-__all__ = ["GymTextEnvironment", "TextAction", "TextObservation", "TextState", "build_app", "main"]
+__all__ = ["GymTextEnvironment", "TextAction", "TextObservation", "TextState", "build_app", "uvicorn_config", "main"]
 
 try:  # the optional extra [serve]
-    from fastapi import Body, FastAPI, HTTPException, Request
-    from fastapi.responses import JSONResponse
+    import h11
+    from fastapi import FastAPI, Request
+    from fastapi.responses import Response
     from openenv.core.env_server.exceptions import SessionCapacityError
     from openenv.core.env_server.http_server import HTTPEnvServer
     from openenv.core.env_server.interfaces import Environment
@@ -77,7 +126,9 @@ try:  # the optional extra [serve]
         Observation,
         State,
     )
-    from pydantic import Field
+    from pydantic import Field, ValidationError
+    from starlette.websockets import WebSocket, WebSocketDisconnect
+    from uvicorn.protocols.http.h11_impl import H11Protocol
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("envs.serve needs the [serve] extra: pip install -e '.[serve]' (openenv-core)") from e
 
@@ -85,18 +136,49 @@ gym.register_envs(_envs)
 
 #: Default limit on a request body / WebSocket message (bytes).
 DEFAULT_MAX_BODY_BYTES = 1 << 20
+#: Default limit on one session's conversation (UTF-8 JSON bytes of its messages and actions).
+DEFAULT_MAX_SESSION_BYTES = 8 << 20
+#: Default seconds a client has to send a request's headers / its body.
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_BODY_TIMEOUT_S = 30.0
+#: Longest ``episode_id`` accepted by ``reset``.
+MAX_EPISODE_ID_CHARS = 256
+#: ``Host`` names always served (loopback).
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+_RESET_KEYS = ("seed", "episode_id", "task_id", "index")
 
 
-class BadRequestError(ValueError):
+class ClientError(Exception):
+    """A request the server refuses: an HTTP status, an OpenEnv WebSocket error code and a message."""
+
+    status, code = 400, "VALIDATION_ERROR"
+
+    def __init__(self, message: str, status: int | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status = status or type(self).status
+        self.code = code or type(self).code
+
+
+class BadRequestError(ClientError, ValueError):
     """The caller's request cannot be served (bad reset options, action outside the action space)."""
 
 
-class StepOrderError(RuntimeError):
+class StepOrderError(ClientError, RuntimeError):
     """``step`` before ``reset`` or after the episode ended."""
 
+    status, code = 409, "EXECUTION_ERROR"
 
-class SessionClosedError(RuntimeError):
+
+class SessionClosedError(ClientError, RuntimeError):
     """The session's env was closed (idle timeout or shutdown)."""
+
+    status, code = 404, "SESSION_ERROR"
+
+
+class SessionBytesExceeded(ClientError):
+    """The step would bring the session's conversation over ``max_session_bytes`` (the episode is kept)."""
+
+    status, code = 413, "SESSION_BYTES_EXCEEDED"
 
 
 class TextAction(Action):
@@ -117,7 +199,8 @@ class TextObservation(Observation):
     messages: list[dict[str, Any]] = Field(default_factory=list, description="Chat messages new to the agent")
     terminated: bool = False
     truncated: bool = False
-    info: dict[str, Any] = Field(default_factory=dict, description="The step's info (JSON-safe)")
+    info: dict[str, Any] = Field(default_factory=dict, description="The step's info (JSON-safe), without the "
+                                 "whole conversation ('messages': see state) and, on step, without 'tools'")
 
 
 class TextState(State):
@@ -153,19 +236,36 @@ def _jsonable(x: Any) -> Any:
     return fix(json.loads(json.dumps(x, default=default)))
 
 
+def _dumps(x: Any) -> str:
+    """JSON text of ``x`` that always encodes to UTF-8: lone surrogates (invalid in UTF-8) become ``?``."""
+    text = json.dumps(x, ensure_ascii=False, default=str, allow_nan=False, separators=(",", ":"))
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _nbytes(x: Any) -> int:
+    """UTF-8 JSON size of ``x`` (the unit of ``max_session_bytes``)."""
+    return len(json.dumps(x, ensure_ascii=False, default=str).encode("utf-8", "replace"))
+
+
 class GymTextEnvironment(Environment):
     """One session's env: ``gym.make(env_id, **env_kwargs)`` behind OpenEnv's ``Environment`` API.
 
+    Args:
+        env_id, env_kwargs: what ``gym.make`` builds.
+        max_session_bytes: cap on the conversation (see the module docstring, "Bounds"); ``None``: none.
+
     Raises (from ``reset``/``step``): :class:`BadRequestError` (unknown reset option, task id or
-    index the env rejects, action outside the action space), :class:`StepOrderError`,
-    :class:`SessionClosedError`; anything else the env raises propagates (an env failure).
+    index the env rejects, a bad ``episode_id``, action outside the action space),
+    :class:`StepOrderError`, :class:`SessionClosedError`, :class:`SessionBytesExceeded` (nothing is
+    changed: the episode goes on); anything else the env raises propagates (an env failure).
     """
 
     SUPPORTS_CONCURRENT_SESSIONS = True
 
-    def __init__(self, env_id: str, env_kwargs: dict | None = None):
+    def __init__(self, env_id: str, env_kwargs: dict | None = None, max_session_bytes: int | None = None):
         super().__init__()
         self.env_id = env_id
+        self.max_session_bytes = max_session_bytes
         # No passive env checker: the contract test checks every id, and after a rejected first
         # reset (unknown task id) the checker itself raises TypeError on the next step.
         self._env = gym.make(env_id, **{"disable_env_checker": True, **(env_kwargs or {})})
@@ -176,6 +276,7 @@ class GymTextEnvironment(Environment):
         self._info: dict = {}
         self._episode_id: str | None = None
         self._steps = 0
+        self.session_bytes = 0  # UTF-8 JSON bytes of this episode's conversation (reset messages, actions, obs)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -185,13 +286,15 @@ class GymTextEnvironment(Environment):
               index: int | None = None, **kwargs: Any) -> TextObservation:
         self._check_open()
         if kwargs:
-            raise BadRequestError(f"unknown reset option(s) {sorted(kwargs)}; accepted: seed, episode_id, task_id, index")
+            raise BadRequestError(f"unknown reset option(s) {sorted(kwargs)}; accepted: {', '.join(_RESET_KEYS)}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise BadRequestError(f"seed must be a non-negative int, got {seed!r}")
+            raise BadRequestError(f"seed must be a non-negative int, got {seed!r:.80}")
         if index is not None and (isinstance(index, bool) or not isinstance(index, int)):
-            raise BadRequestError(f"index must be an int, got {index!r}")
+            raise BadRequestError(f"index must be an int, got {index!r:.80}")
         if task_id is not None and not isinstance(task_id, str):
-            raise BadRequestError(f"task_id must be a str, got {task_id!r}")
+            raise BadRequestError(f"task_id must be a str, got {task_id!r:.80}")
+        if episode_id is not None and (not isinstance(episode_id, str) or len(episode_id) > MAX_EPISODE_ID_CHARS):
+            raise BadRequestError(f"episode_id must be a str of at most {MAX_EPISODE_ID_CHARS} chars, got {episode_id!r:.80}")
         options = {k: v for k, v in (("task_id", task_id), ("index", index)) if v is not None}
         try:
             obs, info = self._env.reset(seed=seed, options=options or None)
@@ -199,7 +302,25 @@ class GymTextEnvironment(Environment):
             raise BadRequestError(f"reset rejected: {e}") from e
         self._started, self._done, self._reward, self._steps = True, False, None, 0
         self._info, self._episode_id = info, episode_id
-        return TextObservation(messages=_jsonable(obs), info=_jsonable(info), done=False, reward=None)
+        messages = _jsonable(obs)
+        self.session_bytes = _nbytes(messages)
+        return TextObservation(messages=messages, info=_jsonable(_without(info, "messages")), done=False, reward=None)
+
+    def reset_request(self, data: Any) -> TextObservation:
+        """``reset`` from a request's data (a JSON object of :data:`_RESET_KEYS`), checked before the call.
+
+        Raises:
+            BadRequestError: ``data`` is not an object, or has a key other than ``seed``, ``episode_id``,
+                ``task_id``, ``index`` (e.g. ``{"self": 1}``); and whatever :meth:`reset` raises.
+        """
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise BadRequestError(f"reset data must be a JSON object, got {type(data).__name__}", status=422)
+        unknown = sorted(k for k in data if k not in _RESET_KEYS)
+        if unknown:
+            raise BadRequestError(f"unknown reset option(s) {unknown!r:.200}; accepted: {', '.join(_RESET_KEYS)}")
+        return self.reset(**data)
 
     def step(self, action: TextAction, timeout_s: float | None = None, **kwargs: Any) -> TextObservation:
         self._check_open()
@@ -211,13 +332,20 @@ class GymTextEnvironment(Environment):
         try:
             check_action(env_action)
         except TypeError as e:
-            raise BadRequestError(f"action outside the action space: {e}") from e
+            raise BadRequestError(f"action outside the action space: {e}", status=422) from e
+        action_bytes = _nbytes(env_action)
+        if self.max_session_bytes is not None and self.session_bytes + action_bytes > self.max_session_bytes:
+            raise SessionBytesExceeded(
+                f"step refused: the conversation holds {self.session_bytes} bytes and this action {action_bytes}, over "
+                f"max_session_bytes={self.max_session_bytes}; the episode is unchanged (reset starts a new one)")
         obs, reward, terminated, truncated, info = self._env.step(env_action)
         self._steps += 1
         self._done = bool(terminated or truncated)
         self._reward, self._info = float(reward), info
-        return TextObservation(messages=_jsonable(obs), info=_jsonable(info), done=self._done, reward=float(reward),
-                               terminated=bool(terminated), truncated=bool(truncated))
+        messages = _jsonable(obs)
+        self.session_bytes += action_bytes + _nbytes(messages)
+        return TextObservation(messages=messages, info=_jsonable(_without(info, "messages", "tools")), done=self._done,
+                               reward=float(reward), terminated=bool(terminated), truncated=bool(truncated))
 
     @property
     def state(self) -> TextState:
@@ -236,8 +364,7 @@ class GymTextEnvironment(Environment):
         )
 
     def get_metadata(self) -> EnvironmentMetadata:
-        return EnvironmentMetadata(name=self.env_id, description=f"{self.env_id} (torchrl-grpo envs, served by envs.serve)",
-                                   version="0")
+        return _metadata(self.env_id)
 
     def close(self) -> None:
         if not self._closed:
@@ -245,91 +372,313 @@ class GymTextEnvironment(Environment):
             self._env.close()
 
 
-class _BodyLimit:
-    """ASGI middleware: HTTP bodies over ``limit`` bytes -> 413 (by Content-Length or while streaming)."""
+def _without(d: dict, *keys: str) -> dict:
+    return {k: v for k, v in d.items() if k not in keys}
 
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
+
+def _metadata(env_id: str) -> EnvironmentMetadata:
+    return EnvironmentMetadata(name=env_id, description=f"{env_id} (torchrl-grpo envs, served by envs.serve)", version="0")
+
+
+# ------------------------------------------------------------------ one request, on the session's thread
+
+
+def _parse(raw: bytes | str | None, empty: Any = None) -> Any:
+    if raw is None or (not raw.strip() if isinstance(raw, (str, bytes)) else False):
+        return empty
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ClientError(f"invalid JSON: {e}", status=422, code="INVALID_JSON") from e
+
+
+def _action(data: Any) -> TextAction:
+    if not isinstance(data, dict):
+        raise ClientError(f'action must be a JSON object {{"content": str|null, "tool_calls": list|null}}, got '
+                          f"{type(data).__name__}", status=422)
+    try:
+        return TextAction.model_validate(data)
+    except ValidationError as e:
+        raise ClientError(f"invalid action: {e}", status=422) from e
+
+
+def _run(env: GymTextEnvironment, op: str, payload: Any) -> tuple[str, dict]:
+    """Do one operation (``reset`` / ``step`` / ``state``) on ``env``: ``(kind, data)`` of the reply."""
+    if op == "reset":
+        return "observation", serialize_observation(env.reset_request(payload))
+    if op == "step":
+        return "observation", serialize_observation(env.step(_action(payload)))
+    return "state", env.state.model_dump()
+
+
+def _http_call(env: GymTextEnvironment, op: str, raw: bytes) -> tuple[int, str]:
+    """An HTTP route's work, on the session's thread: parse ``raw``, run ``op``, encode. ``(status, JSON text)``."""
+    try:
+        if op == "reset":
+            payload = _parse(raw, empty={})
+        elif op == "step":
+            body = _parse(raw)
+            if not isinstance(body, dict) or set(body) != {"action"}:
+                raise ClientError('step body must be {"action": {"content": str|null, "tool_calls": list|null}}', status=422)
+            payload = body["action"]
+        else:
+            payload = None
+        return 200, _dumps(_run(env, op, payload)[1])
+    except ClientError as e:
+        return e.status, _dumps({"detail": str(e)})
+    except Exception as e:  # noqa: BLE001 - an env failure: 500 for this session only
+        return 500, _dumps({"detail": f"env raised {type(e).__name__}: {e}"})
+
+
+def _ws_error(message: str, code: str) -> str:
+    return _dumps({"type": "error", "data": {"message": message, "code": code}})
+
+
+def _ws_call(env: GymTextEnvironment, text: str) -> tuple[str, bool]:
+    """A WebSocket message's work, on the session's thread: ``(reply text, close the socket)``."""
+    try:
+        msg = _parse(text)
+        if not isinstance(msg, dict):
+            raise ClientError(f'a message must be a JSON object {{"type": ..., "data": ...}}, got {type(msg).__name__}',
+                              code="INVALID_JSON")
+        kind = msg.get("type")
+        if kind == "close":
+            return "", True
+        if kind not in ("reset", "step", "state"):
+            raise ClientError(f"unknown message type {kind!r:.80}; accepted: reset, step, state, close", code="UNKNOWN_TYPE")
+        payload = msg.get("data", {} if kind == "reset" else None)
+        out_kind, data = _run(env, kind, payload)
+        return _dumps({"type": out_kind, "data": data}), False
+    except ClientError as e:
+        return _ws_error(str(e), e.code), False
+    except Exception as e:  # noqa: BLE001 - an env failure: reported, the socket keeps serving
+        return _ws_error(f"env raised {type(e).__name__}: {e}", "EXECUTION_ERROR"), False
+
+
+# ------------------------------------------------------------------ ASGI guard: origin / host, body size and time
+
+
+def _host_name(value: str) -> str:
+    value = value.strip().lower()
+    if value.startswith("["):  # [::1]:8000
+        return value[1:value.find("]")] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+class _Guard:
+    """ASGI middleware in front of every route (HTTP and WebSocket).
+
+    * ``Host`` not in ``allowed_hosts`` (unless ``"*"``), or an ``Origin`` header not in
+      ``allowed_origins`` -> 403 (a WebSocket handshake is refused with 403 too).
+    * HTTP bodies: read whole before the app sees them; over ``max_body_bytes`` -> 413 (by
+      Content-Length or while streaming, chunked included), not received within ``body_timeout_s``
+      -> 408; both close the connection.
+    """
+
+    def __init__(self, app, *, max_body_bytes: int, body_timeout_s: float, allowed_hosts: list[str],
+                 allowed_origins: list[str]):
+        self.app, self.limit, self.body_timeout_s = app, max_body_bytes, body_timeout_s
+        self.allowed_hosts = {h.lower().strip("[]") for h in allowed_hosts}
+        self.allowed_origins = {o.rstrip("/").lower() for o in allowed_origins}
+
+    def _refusal(self, scope) -> str | None:
+        headers = dict(scope.get("headers") or [])
+        host = headers.get(b"host", b"").decode("latin-1")
+        if "*" not in self.allowed_hosts and _host_name(host) not in self.allowed_hosts:
+            return (f"Host {host!r:.100} is not served here (allowed: {sorted(self.allowed_hosts)}; DNS-rebinding guard, "
+                    "--allow-host adds names)")
+        origin = headers.get(b"origin")
+        if origin is not None and origin.decode("latin-1").rstrip("/").lower() not in self.allowed_origins:
+            return (f"cross-origin request refused: Origin {origin.decode('latin-1')!r:.100} is not in the allow-list "
+                    f"{sorted(self.allowed_origins)} (--allow-origin adds one)")
+        return None
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        refusal = self._refusal(scope)
         if scope["type"] == "websocket":
-            from starlette.websockets import WebSocketDisconnect
-
-            try:  # OpenEnv closes a socket the client already closed: not an error
+            if refusal is not None:  # closing before accepting: the handshake is answered 403
+                await receive()  # websocket.connect
+                return await send({"type": "websocket.close", "code": 1008, "reason": refusal[:120]})
+            try:  # a socket the client already closed is not an error
                 return await self.app(scope, receive, send)
             except WebSocketDisconnect:
                 return None
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
+        if refusal is not None:
+            return await _reply(send, 403, refusal)
         for k, v in scope.get("headers", []):
             if k == b"content-length" and v.isdigit() and int(v) > self.limit:
-                return await self._reject(send)
-        seen = 0
+                return await _reply(send, 413, f"request body over the limit of {self.limit} bytes", close=True)
+        chunks, seen, more = [], 0, True
+        deadline = asyncio.get_running_loop().time() + self.body_timeout_s
+        while more:
+            try:
+                msg = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
+            except asyncio.TimeoutError:
+                return await _reply(send, 408, f"request body not received within {self.body_timeout_s} s", close=True)
+            if msg["type"] == "http.disconnect":
+                return None
+            body = msg.get("body", b"")
+            seen += len(body)
+            if seen > self.limit:
+                return await _reply(send, 413, f"request body over the limit of {self.limit} bytes", close=True)
+            chunks.append(body)
+            more = msg.get("more_body", False)
+        replayed = False
 
-        async def limited_receive():
-            nonlocal seen
-            msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge()
-            return msg
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
 
-        try:
-            await self.app(scope, limited_receive, send)
-        except _TooLarge:
-            await self._reject(send)
-
-    async def _reject(self, send):
-        body = json.dumps({"detail": f"request body over the limit of {self.limit} bytes"}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        return await self.app(scope, replay, send)
 
 
-class _TooLarge(Exception):
-    pass
+async def _reply(send, status: int, detail: str, close: bool = False) -> None:
+    body = _dumps({"detail": detail}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class _TimedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a header deadline: a connection that has not sent a complete request head
+    within ``header_timeout_s`` of opening (or of its last response) is closed. uvicorn has no such timer
+    (its keep-alive timer stops at the first byte), so half-open connections were held forever."""
+
+    header_timeout_s = DEFAULT_HEADER_TIMEOUT_S
+    _head_timer = None
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_expired)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_expired(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing() and self.conn.their_state in (h11.IDLE,):
+            self.transport.close()
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:  # the request head is complete
+            self._disarm()
+
+    def handle_websocket_upgrade(self, event) -> None:
+        self._disarm()
+        super().handle_websocket_upgrade(event)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm()
+
+
+def uvicorn_config(app, *, host: str = "127.0.0.1", port: int = 8000, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                   header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, log_level: str = "warning", **kwargs):
+    """The ``uvicorn.Config`` that serves ``app``: WebSocket messages capped at ``max_body_bytes``, the h11
+    protocol with a ``header_timeout_s`` head deadline (:class:`_TimedH11Protocol`)."""
+    import uvicorn
+
+    if header_timeout_s <= 0:
+        raise ValueError(f"header_timeout_s must be > 0, got {header_timeout_s}")
+    proto = type("TimedH11Protocol", (_TimedH11Protocol,), {"header_timeout_s": float(header_timeout_s)})
+    return uvicorn.Config(app, host=host, port=port, http=proto, ws_max_size=max_body_bytes, log_level=log_level, **kwargs)
 
 
 def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int = 64, idle_timeout_s: float | None = 600.0,
-              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
-    """The FastAPI app serving ``env_id`` (see the module docstring for routes and errors).
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_session_bytes: int | None = DEFAULT_MAX_SESSION_BYTES,
+              body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S, allowed_origins: list[str] | tuple = (),
+              allowed_hosts: list[str] | tuple = LOOPBACK_HOSTS, clock: Callable[[], float] = time.monotonic,
+              reap_interval_s: float | None = None):
+    """The ASGI app serving ``env_id`` (see the module docstring for routes, errors and bounds).
 
     Args:
         env_id: a registered Gymnasium id (``envs.ENV_IDS`` or any other registered id).
         env_kwargs: keyword arguments of ``gym.make`` for every session's env.
         max_sessions: most sessions open at once (WebSocket + HTTP); more -> 429 / ``CAPACITY_REACHED``.
-        idle_timeout_s: seconds without a request after which a session is closed (``None``: never).
-        max_body_bytes: largest HTTP body / WebSocket message accepted (the WebSocket limit is applied
-            by the server: :func:`main` passes it to uvicorn as ``ws_max_size``).
+        idle_timeout_s: seconds (of ``clock``) without a request after which a session is closed (``None``: never).
+        max_body_bytes: largest HTTP body accepted (the WebSocket message limit is uvicorn's ``ws_max_size``:
+            :func:`uvicorn_config`).
+        max_session_bytes: cap on one session's conversation in UTF-8 JSON bytes (``None``: none).
+        body_timeout_s: seconds a client has to send a whole request body (else 408).
+        allowed_origins: ``Origin`` values served (exact, e.g. ``"http://localhost:3000"``); a request with any
+            other ``Origin`` is refused (403). Requests without ``Origin`` (non-browser clients) are served.
+        allowed_hosts: ``Host`` names served (port ignored); ``"*"``: any.
+        clock: time source of the idle timeout (seconds; injectable for tests).
+        reap_interval_s: how often (real seconds) idle sessions are looked for; default ``idle_timeout_s / 4``
+            within [0.05, 5].
 
     Raises:
         gymnasium.error.Error: ``env_id`` is not registered (checked at once, not at the first session).
+        ValueError: a non-positive bound.
     """
     gym.spec(env_id)  # fail fast on an unknown id
     if max_sessions < 1:
         raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
     if idle_timeout_s is not None and idle_timeout_s <= 0:
         raise ValueError(f"idle_timeout_s must be > 0 or None, got {idle_timeout_s}")
-    factory = functools.partial(GymTextEnvironment, env_id, dict(env_kwargs or {}))
-    # OpenEnv's own reaper checks at most every 5 s; ours (below) scales with the timeout.
+    for name, v in (("max_body_bytes", max_body_bytes), ("body_timeout_s", body_timeout_s),
+                    ("max_session_bytes", 1 if max_session_bytes is None else max_session_bytes)):
+        if v <= 0:
+            raise ValueError(f"{name} must be > 0, got {v}")
+    factory = functools.partial(GymTextEnvironment, env_id, dict(env_kwargs or {}), max_session_bytes)
+    # OpenEnv's session registry (cap, one thread per session, env built and closed on it); its reaper is off
+    # (ours, below, runs on `clock`), and its routes are not registered (see the module docstring).
     server = HTTPEnvServer(factory, TextAction, TextObservation,
                            concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions, session_timeout=None))
-    app = FastAPI(title=f"envs.serve: {env_id}", version="0")
-    server.register_routes(app, mode="production")  # /ws, /health, /schema, /metadata
+    app = FastAPI(title=f"envs.serve: {env_id}", version="0", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.openenv_server = server
     app.state.env_id = env_id
+    last_seen: dict[str, float] = {}
+    sockets: dict[str, WebSocket] = {}
+    schema = {"action": TextAction.model_json_schema(), "observation": TextObservation.model_json_schema(),
+              "state": TextState.model_json_schema()}
+    metadata = _metadata(env_id).model_dump()
+
+    def touch(sid: str) -> None:
+        if sid in server._sessions:
+            last_seen[sid] = clock()
+
+    async def destroy(sid: str) -> None:
+        last_seen.pop(sid, None)
+        await server._destroy_session(sid)
+
+    async def open_session() -> tuple[str, GymTextEnvironment]:
+        sid, env = await server._create_session()
+        touch(sid)
+        return sid, env
 
     async def _reaper() -> None:
-        interval = min(max(idle_timeout_s / 4, 0.05), 5.0)
+        interval = reap_interval_s or min(max(idle_timeout_s / 4, 0.05), 5.0)
         while True:
             await asyncio.sleep(interval)
-            now = time.time()
-            stale = [sid for sid, info in list(server._session_info.items()) if now - info.last_activity_at > idle_timeout_s]
-            for sid in stale:
-                info = server._session_info.get(sid)
-                if info is not None and time.time() - info.last_activity_at > idle_timeout_s:
-                    await server._destroy_session(sid)
+            for sid, seen in list(last_seen.items()):
+                if clock() - seen > idle_timeout_s and last_seen.get(sid) == seen:
+                    await destroy(sid)
+                    ws = sockets.pop(sid, None)
+                    if ws is not None:
+                        try:
+                            await ws.close(code=1001, reason="idle timeout")
+                        except Exception:  # noqa: BLE001 - the client may be gone already
+                            pass
 
     async def _start() -> None:
         if idle_timeout_s is not None:
@@ -340,81 +689,115 @@ def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int 
         if task is not None:
             task.cancel()
         for sid in list(server._sessions):
-            await server._destroy_session(sid)
+            await destroy(sid)
 
-    app.router.on_startup.append(_start)  # as OpenEnv registers its own hooks
+    app.router.on_startup.append(_start)
     app.router.on_shutdown.append(_stop)
 
-    def _env_of(session_id: str) -> GymTextEnvironment:
+    def _json(status: int, text: str) -> Response:
+        return Response(content=text.encode("utf-8"), status_code=status, media_type="application/json")
+
+    async def _session_call(session_id: str, op: str, raw: bytes = b"") -> Response:
         env = server._sessions.get(session_id)
         if env is None:
-            raise HTTPException(404, f"unknown session {session_id!r} (never opened, deleted or idle-expired)")
-        return env
-
-    async def _call(session_id: str, fn, *args, step: bool = False, **kwargs):
+            return _json(404, _dumps({"detail": f"unknown session {session_id!r:.80} (never opened, deleted or idle-expired)"}))
+        touch(session_id)
         try:
-            out = await server._run_in_session_executor(session_id, fn, *args, **kwargs)
-        except BadRequestError as e:
-            raise HTTPException(400 if not step else 422, str(e)) from e
-        except StepOrderError as e:
-            raise HTTPException(409, str(e)) from e
-        except SessionClosedError as e:
-            raise HTTPException(404, str(e)) from e
-        except Exception as e:
-            raise HTTPException(500, f"env raised {type(e).__name__}: {e}") from e
+            status, text = await server._run_in_session_executor(session_id, _http_call, env, op, raw)
         finally:
-            server._update_session_activity(session_id, increment_step=step)
-        return out
+            touch(session_id)
+        return _json(status, text)
 
     @app.post("/sessions", status_code=201, tags=["Sessions"])
-    async def open_session() -> dict:
+    async def http_open_session() -> Response:
         try:
-            session_id, _ = await server._create_session()
+            session_id, _ = await open_session()
         except SessionCapacityError as e:
-            raise HTTPException(429, f"session cap reached: {e.active_sessions}/{e.max_sessions} open") from e
-        except Exception as e:
-            raise HTTPException(500, f"could not create env {env_id}: {e}") from e
-        return {"session_id": session_id}
+            return _json(429, _dumps({"detail": f"session cap reached: {e.active_sessions}/{e.max_sessions} open"}))
+        except Exception as e:  # noqa: BLE001
+            return _json(500, _dumps({"detail": f"could not create env {env_id}: {e.__cause__ or e}"}))
+        return _json(201, _dumps({"session_id": session_id}))
 
     @app.post("/sessions/{session_id}/reset", tags=["Sessions"])
-    async def reset_session(session_id: str, data: dict[str, Any] = Body(default_factory=dict)) -> dict:
-        env = _env_of(session_id)
-        obs = await _call(session_id, env.reset, **data)
-        return serialize_observation(obs)
+    async def reset_session(session_id: str, request: Request) -> Response:
+        return await _session_call(session_id, "reset", await request.body())
 
     @app.post("/sessions/{session_id}/step", tags=["Sessions"])
-    async def step_session(session_id: str, body: dict[str, Any] = Body(...)) -> dict:
-        env = _env_of(session_id)
-        if set(body) != {"action"} or not isinstance(body["action"], dict):
-            raise HTTPException(422, 'step body must be {"action": {"content": str|null, "tool_calls": list|null}}')
-        try:
-            action = TextAction.model_validate(body["action"])
-        except Exception as e:  # pydantic ValidationError
-            raise HTTPException(422, f"invalid action: {e}") from e
-        obs = await _call(session_id, env.step, action, step=True)
-        return serialize_observation(obs)
+    async def step_session(session_id: str, request: Request) -> Response:
+        return await _session_call(session_id, "step", await request.body())
 
     @app.get("/sessions/{session_id}/state", tags=["Sessions"])
-    async def session_state(session_id: str) -> dict:
-        env = _env_of(session_id)
-        state = await _call(session_id, lambda: env.state)
-        return state.model_dump()
+    async def session_state(session_id: str) -> Response:
+        return await _session_call(session_id, "state")
 
     @app.delete("/sessions/{session_id}", tags=["Sessions"])
-    async def close_session(session_id: str) -> dict:
-        _env_of(session_id)
-        await server._destroy_session(session_id)
-        return {"closed": session_id}
+    async def close_session(session_id: str) -> Response:
+        if session_id not in server._sessions:
+            return _json(404, _dumps({"detail": f"unknown session {session_id!r:.80}"}))
+        await destroy(session_id)
+        return _json(200, _dumps({"closed": session_id}))
 
     @app.get("/sessions", tags=["Sessions"])
     async def sessions() -> dict:
-        return {"active": server.active_sessions, "max": server.max_concurrent_envs, "idle_timeout_s": idle_timeout_s}
+        return {"active": server.active_sessions, "max": server.max_concurrent_envs, "idle_timeout_s": idle_timeout_s,
+                "max_session_bytes": max_session_bytes}
 
-    @app.exception_handler(HTTPException)
-    async def _http_error(request: Request, exc: HTTPException):
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "healthy"}
 
-    return _BodyLimit(app, max_body_bytes)  # type: ignore[return-value]
+    @app.get("/schema")
+    async def get_schema() -> dict:
+        return schema
+
+    @app.get("/metadata")
+    async def get_metadata() -> dict:
+        return metadata
+
+    @app.websocket("/ws")
+    async def ws_session(websocket: WebSocket) -> None:
+        await websocket.accept()
+        try:
+            sid, env = await open_session()
+        except SessionCapacityError as e:
+            await websocket.send_text(_dumps({"type": "error", "data": {
+                "message": str(e), "code": "CAPACITY_REACHED", "active_sessions": e.active_sessions,
+                "max_sessions": e.max_sessions}}))
+            return await websocket.close()
+        except Exception as e:  # noqa: BLE001
+            await websocket.send_text(_ws_error(f"could not create env {env_id}: {e.__cause__ or e}", "FACTORY_ERROR"))
+            return await websocket.close()
+        sockets[sid] = websocket
+        try:
+            while True:
+                msg = await websocket.receive()
+                if msg["type"] == "websocket.disconnect":
+                    break
+                if sid not in server._sessions:  # reaped meanwhile
+                    await websocket.send_text(_ws_error("session closed (idle timeout); open a new socket", "SESSION_ERROR"))
+                    break
+                touch(sid)
+                text = msg.get("text")
+                if text is None:
+                    reply, close = _ws_error("binary frames are not served: send JSON text", "INVALID_JSON"), False
+                else:
+                    reply, close = await server._run_in_session_executor(sid, _ws_call, env, text)
+                touch(sid)
+                if close:
+                    break
+                await websocket.send_text(reply)
+        except (WebSocketDisconnect, RuntimeError):  # client gone / socket closed by the reaper
+            pass
+        finally:
+            sockets.pop(sid, None)
+            await destroy(sid)
+            try:
+                await websocket.close()
+            except RuntimeError:
+                pass
+
+    return _Guard(app, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s, allowed_hosts=list(allowed_hosts),
+                  allowed_origins=list(allowed_origins))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -428,6 +811,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-sessions", type=int, default=64, help="most concurrent sessions (default 64)")
     p.add_argument("--idle-timeout", type=float, default=600.0, help="seconds before an idle session is closed; 0 = never")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="largest request body / WS message")
+    p.add_argument("--max-session-bytes", type=int, default=DEFAULT_MAX_SESSION_BYTES,
+                   help="cap on one session's conversation (UTF-8 JSON bytes; default 8 MiB); 0 = none")
+    p.add_argument("--header-timeout", type=float, default=DEFAULT_HEADER_TIMEOUT_S, help="seconds to send request headers")
+    p.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT_S, help="seconds to send a request body")
+    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a browser Origin to serve, e.g. http://localhost:3000 (repeatable; default: none)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="a Host name to serve besides loopback and the bind address (repeatable; '*': any)")
     p.add_argument("--env-kwargs", default="{}", help='JSON kwargs for gym.make, e.g. \'{"split": "test"}\'')
     p.add_argument("--log-level", default="warning")
     a = p.parse_args(argv)
@@ -441,9 +832,18 @@ def main(argv: list[str] | None = None) -> None:
         gym.spec(a.env_id)
     except gym.error.Error as e:
         p.error(f"unknown env id {a.env_id!r} ({e}); registered here: {', '.join(_envs.ENV_IDS + _envs.COMPAT_IDS)}")
+    hosts = list(LOOPBACK_HOSTS) + list(a.allow_host)
+    if a.host in ("0.0.0.0", "::", ""):
+        print(f"WARNING: --host {a.host or '0.0.0.0'} serves every network interface: anyone who can reach this machine can "
+              "open sessions (no authentication). Requests are served only with a Host header in "
+              f"{hosts} (add names with --allow-host).", file=sys.stderr, flush=True)
+    elif a.host not in hosts:
+        hosts.append(a.host)
     app = build_app(a.env_id, env_kwargs, max_sessions=a.max_sessions, idle_timeout_s=a.idle_timeout or None,
-                    max_body_bytes=a.max_body_bytes)
-    uvicorn.run(app, host=a.host, port=a.port, ws_max_size=a.max_body_bytes, log_level=a.log_level)
+                    max_body_bytes=a.max_body_bytes, max_session_bytes=a.max_session_bytes or None,
+                    body_timeout_s=a.body_timeout, allowed_origins=a.allow_origin, allowed_hosts=hosts)
+    uvicorn.Server(uvicorn_config(app, host=a.host, port=a.port, max_body_bytes=a.max_body_bytes,
+                                  header_timeout_s=a.header_timeout, log_level=a.log_level)).run()
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 import envs
-from envs.serve import build_app
+from envs.serve import build_app, uvicorn_config
 from envs.tau2.oracle import oracle_actions
 
 gym.register_envs(envs)
@@ -67,7 +67,7 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def _serve(app):
     port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", ws_max_size=LIMIT))
+    srv = uvicorn.Server(uvicorn_config(app, host="127.0.0.1", port=port, log_level="error", max_body_bytes=LIMIT))
     th = threading.Thread(target=srv.run, daemon=True)
     th.start()
     t0 = time.time()
@@ -206,7 +206,9 @@ def test_malformed_requests_are_4xx_and_server_keeps_serving(retail):
 
 
 def test_env_exception_cap_and_idle_timeout():
-    app = build_app("ServeTest/Boom-v0", max_sessions=2, idle_timeout_s=0.5, max_body_bytes=LIMIT)
+    now = [0.0]  # injected clock: the idle timeout fires when the test moves it, never by a race with real time
+    app = build_app("ServeTest/Boom-v0", max_sessions=2, idle_timeout_s=60, max_body_bytes=LIMIT, clock=lambda: now[0],
+                    reap_interval_s=0.02)
     with _serve(app) as url, httpx.Client(base_url=url, timeout=10) as c:
         a, b = _open(c), _open(c)
         # cap: a third session is refused over HTTP and over WebSocket, the open ones keep working
@@ -224,8 +226,11 @@ def test_env_exception_cap_and_idle_timeout():
         assert r.status_code == 200 and r.json()["reward"] == 1.0 and r.json()["done"]
         assert c.post(f"/sessions/{a}/reset", json={}).status_code == 200  # a stays usable
         # idle timeout: untouched sessions are closed and forgotten, the slots are free again
-        time.sleep(1.5)
-        assert c.get("/sessions").json()["active"] == 0
+        now[0] += 61
+        t0 = time.time()
+        while c.get("/sessions").json()["active"] != 0:
+            assert time.time() - t0 < 10, "idle sessions not reaped"
+            time.sleep(0.02)
         assert c.post(f"/sessions/{a}/step", json={"action": {"content": "x"}}).status_code == 404
         assert c.post("/sessions").status_code == 201
 
