@@ -155,7 +155,8 @@ class IFEvalEnv(gym.Env):
                          "(python -m nltk.downloader punkt punkt_tab stopwords averaged_perceptron_tagger_eng)",
                          len(self._prompts) - len(self._usable), len(self._prompts))
         if not self._usable:
-            raise ValueError("IFEval-v0: no prompt of this split can be checked here (NLTK data missing)")
+            raise ValueError("IFEval-v0: no prompt of this split can be checked here (NLTK data missing: python -m "
+                             "nltk.downloader punkt punkt_tab stopwords averaged_perceptron_tagger_eng)")
         self._usable_set = set(self._usable)
         self.split = split
         self.reward_kind = reward

@@ -21,22 +21,56 @@ instruction-level strict accuracy, restricted to this prompt), ``loose`` likewis
 A ``<think>...</think>`` block is removed before checking (if-verifiable's ``strip_thinking``); an
 empty response follows no instruction.
 
-Offline note: a few checkers need NLTK data (``punkt`` sentence splitter, stopwords, a POS tagger)
-that NLTK downloads on first use. Without it they raise ``LookupError``;
-:func:`instruction_available` tells such instructions apart so the env can leave their prompts out
-(``python -m nltk.downloader punkt punkt_tab stopwords averaged_perceptron_tagger_eng`` makes them
-available).
+Offline note: a few checkers need NLTK data (``punkt`` sentence splitter, stopwords, a POS tagger).
+Nothing here reaches the network unless asked: if-verifiable's IFBench module calls ``nltk.download`` when
+it is imported; we import it with ``nltk.download`` replaced by a stand-in that downloads nothing and logs
+how to get the data (where we diverge from if-verifiable: a library must not fetch data behind the
+caller's back; set ``IFEVAL_NLTK_DOWNLOAD=1`` to let it download). Without the data the checkers raise
+``LookupError``; :func:`instruction_available` tells such instructions apart so the env can leave their
+prompts out (``python -m nltk.downloader punkt punkt_tab stopwords averaged_perceptron_tagger_eng`` makes
+them available).
 """
 from __future__ import annotations
 
 import contextlib
 import functools
+import logging
+import os
 import random
 from typing import Any
 
 __all__ = ["get_checker_class", "check_kwargs", "instruction_available", "score_response"]
 
 _INSTALL = "pip install 'torchrl-grpo[ifeval]' (or: pip install if-verifiable)"
+#: How to get the NLTK data some checkers need (said wherever it is missing).
+NLTK_DATA_HINT = "python -m nltk.downloader punkt punkt_tab stopwords averaged_perceptron_tagger_eng"
+_log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _no_nltk_download():
+    """Within the block ``nltk.download`` downloads nothing (it logs what is missing and how to get it), unless
+    ``IFEVAL_NLTK_DOWNLOAD=1``. Not thread-safe against another thread calling ``nltk.download`` meanwhile (used
+    only around one import, under ``_registry``'s cache)."""
+    if os.environ.get("IFEVAL_NLTK_DOWNLOAD") == "1":
+        yield
+        return
+    import nltk
+
+    real, asked = nltk.download, []
+
+    def no_download(info_or_id=None, *args, **kwargs) -> bool:
+        asked.append(str(info_or_id))
+        return False
+
+    nltk.download = no_download
+    try:
+        yield
+    finally:
+        nltk.download = real
+        if asked:
+            _log.warning("NLTK data %s is missing and was not downloaded (envs never reach the network unless asked): "
+                         "%s, or set IFEVAL_NLTK_DOWNLOAD=1", asked, NLTK_DATA_HINT)
 #: A short text every checker can run on; used only to see whether the checker's NLTK data is there.
 _PROBE = "Hello world. This is a short probe text, with two sentences."
 
@@ -46,8 +80,9 @@ def _registry(name: str) -> dict:
     try:
         if name == "ifeval":
             from if_verifiable.ifeval.instructions_registry import INSTRUCTION_DICT
-        else:  # imported only when needed: IFBench's module tries to download NLTK data on import
-            from if_verifiable.ifbench.instructions_registry import INSTRUCTION_DICT
+        else:  # imported only when needed: IFBench's module tries to download NLTK data on import (stopped)
+            with _no_nltk_download():
+                from if_verifiable.ifbench.instructions_registry import INSTRUCTION_DICT
     except ImportError as err:
         raise ImportError(f"IFEval-v0 needs the 'if-verifiable' package: {_INSTALL}") from err
     return dict(INSTRUCTION_DICT)
