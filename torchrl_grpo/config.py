@@ -66,8 +66,8 @@ class EnvConfig:
     # its config (with `tasks`: {name: config}); level the library curriculum's global level; the splits' generator
     # seeds and sizes (test drops questions that are in train). Bad names / keys fail at start-up listing valid ones.
     task: Optional[str] = None
-    tasks: dict = field(default_factory=dict)
-    task_config: dict = field(default_factory=dict)
+    tasks: Any = None  # Any, not dict: a whole mapping given on the command line replaces it (a dict field is struct)
+    task_config: Any = None
     level: Optional[int] = None
     train_seed: int = 11
     test_seed: int = 22
@@ -151,8 +151,10 @@ class TrainConfig:
     ppo_epochs: int = 1
     resume_from: Optional[str] = None
     device: str = "auto"  # auto | cpu | cuda
-    max_staleness: int = 1  # async mode: most policy versions a batch may lag behind
-    partial_rollout_chunk: int = 0  # async mode: check for new weights every N generated tokens and continue
+    # mode=async only (validate_config refuses them in sync mode): the most policy versions a batch may lag behind
+    # (null: 1, AReaL's one-step-off pipeline; torchrl_grpo.build.max_staleness), and partial rollouts:
+    max_staleness: Optional[int] = None
+    partial_rollout_chunk: int = 0  # check for new weights every N generated tokens and continue
     # unfinished generations with them (partial rollouts, AReaL; per-token versions); 0: whole generations
     # single | ddp | fsdp: data-parallel over torchrun ranks (torchrl_grpo/distributed.py: gloo on CPU, NCCL on
     # CUDA; each rank collects its share of the step's prompt groups; gradients all-reduced (ddp) or reduce-scattered
@@ -197,7 +199,15 @@ class StatsLoggerConfig:
 @dataclass
 class ContinualConfig:
     """``cl.*``: continual learning over a sequence of domains (torchrl_grpo.continual_trainer; checks and
-    per-domain defaults in torchrl_grpo.cl_domains). An empty ``task_order`` means an ordinary single-env run."""
+    per-domain defaults in torchrl_grpo.cl_domains). An empty ``task_order`` means an ordinary single-env run.
+
+    A continual run scores every domain before training, every ``cl.eval_interval`` steps and at each task boundary,
+    and checkpoints per task (``cl.save_checkpoints``, ``cl.resume_from``): :func:`validate_config` refuses
+    ``eval_only``, ``eval.every``, ``checkpoint.every``, ``train.resume_from`` and ``checkpoint.save_final`` without
+    ``cl.save_checkpoints``, which it would not honour. It reads ``eval.n_problems`` / ``greedy`` / ``pass_k`` and
+    ``checkpoint.on_interrupt``; ``eval.at_start`` / ``eval.at_end`` and ``checkpoint.keep_last`` do not apply (the
+    scores before training and after the last task are the accuracy matrix's b and last row; each task's
+    checkpoint is kept)."""
 
     task_order: list = field(default_factory=list)  # domains in training order: airline | retail | telecom | mock | gsm8k | ifeval
     num_steps_per_task: int = 10  # trainer steps on each domain
@@ -341,15 +351,17 @@ def validate_config(cfg) -> None:
         raise ValueError(f"config train.max_tokens_per_mb must be >= 0 (0: no budget), got {cfg.train.max_tokens_per_mb}")
     if cfg.loss.behaviour_weight_cap is not None and cfg.loss.behaviour_weight_cap <= 0:
         raise ValueError(f"config loss.behaviour_weight_cap must be > 0 or null, got {cfg.loss.behaviour_weight_cap}")
-    if cfg.train.max_staleness < 0:
+    if cfg.train.max_staleness is not None and cfg.train.max_staleness < 0:
         raise ValueError(f"config train.max_staleness must be >= 0, got {cfg.train.max_staleness}")
     _validate_scale_out(cfg)
     if cfg.train.partial_rollout_chunk < 0:
         raise ValueError(f"config train.partial_rollout_chunk must be >= 0, got {cfg.train.partial_rollout_chunk}")
+    _validate_mode_keys(cfg)
     if OmegaConf.select(cfg, "cl.task_order"):
         from .cl_domains import validate_cl_config
 
         validate_cl_config(cfg, check_tasks=False)  # names and ranges; ContinualTrainer also checks the splits
+        _validate_continual_keys(cfg)
     for key in ("sft.epochs", "sft.minibatch_size", "sft.rft_samples"):
         if OmegaConf.select(cfg, key) < 1:
             raise ValueError(f"config {key} must be >= 1, got {OmegaConf.select(cfg, key)}")
@@ -369,6 +381,41 @@ def validate_config(cfg) -> None:
             f"config train.minibatch_size={cfg.train.minibatch_size} must divide the episodes per step "
             f"(train.batch_size * gconfig.n_samples = {episodes})"
         )
+
+
+def _validate_mode_keys(cfg) -> None:
+    """Keys only the async trainer reads, set in another mode: a ValueError naming the key (they were ignored)."""
+    t = cfg.train
+    if cfg.mode == "async":
+        return
+    for key, val, unset in (("train.max_staleness", t.max_staleness, None),
+                            ("train.partial_rollout_chunk", t.partial_rollout_chunk, 0)):
+        if val != unset:
+            raise ValueError(f"config {key}={val} is read by mode=async only (this run is mode={cfg.mode}, where it "
+                             f"would be ignored): drop it, or run mode=async (grpo-async.py)")
+
+
+def _validate_continual_keys(cfg) -> None:
+    """Keys a continual run (``cl.task_order``) does not honour, set to ask for something: a ValueError naming the
+    key and the ``cl.*`` key that does it (:class:`ContinualConfig`)."""
+    where = "a continual run (cl.task_order)"
+    if cfg.eval_only:
+        raise ValueError(f"config eval_only=true is not supported by {where}: it would train the whole sequence; "
+                         f"evaluate a checkpoint with grpo.py eval_only=true train.resume_from=<run>/"
+                         f"checkpoint_task_<k>/step_<n> and the domain's env settings, without cl.task_order")
+    if cfg.eval.every:
+        raise ValueError(f"config eval.every={cfg.eval.every} is not read by {where}: it scores every domain every "
+                         f"cl.eval_interval steps; set cl.eval_interval={cfg.eval.every} and eval.every=0")
+    if cfg.checkpoint.every:
+        raise ValueError(f"config checkpoint.every={cfg.checkpoint.every} is not read by {where}: it checkpoints "
+                         f"per task (cl.save_checkpoints); set checkpoint.every=0")
+    if cfg.train.resume_from:
+        raise ValueError(f"config train.resume_from is not read by {where}: continue one with "
+                         f"cl.resume_from=<run>/checkpoint_task_<k>")
+    if cfg.checkpoint.save_final and not cfg.cl.save_checkpoints:
+        raise ValueError(f"config checkpoint.save_final=true: {where} writes its checkpoints per task, and "
+                         f"cl.save_checkpoints=false turns them off (the last task's is the final one); set "
+                         f"cl.save_checkpoints=true or checkpoint.save_final=false")
 
 
 def _validate_scale_out(cfg) -> None:

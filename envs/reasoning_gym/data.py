@@ -48,9 +48,16 @@ _MANAGED_FIELDS = ("seed", "size")
 
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:
-    """Resolved tasks: ``((name, weight, config_json), ...)`` in the caller's order (hashable, for the caches)."""
+    """Resolved tasks: ``((name, weight, config_json), ...)`` in the caller's order (hashable, for the caches).
+
+    ``config_json`` is the task's whole config (the library's defaults filled in; non-JSON values such as enums as
+    ``str``): what ``info["task_config"]`` shows. ``kwargs`` (same order) are the values given to the library's
+    ``create_dataset``: only the keys set by ``level`` / ``task_config``, as given, so the library fills its own
+    defaults with their own types.
+    """
 
     tasks: tuple[tuple[str, float, str], ...]
+    kwargs: tuple[dict, ...] = dataclasses.field(default=(), compare=False, hash=False)
 
     def configs(self) -> dict[str, dict]:
         """``{task name: resolved config dict}`` (without ``seed`` / ``size``)."""
@@ -66,8 +73,9 @@ def _config_fields(name: str) -> list[str]:
     return [f.name for f in dataclasses.fields(DATASETS[name][1]) if f.name not in _MANAGED_FIELDS]
 
 
-def _resolve_one(name: Any, config: Any, level: Any) -> dict:
-    """One task's config dict: the library's defaults, the curriculum's ``level`` if set, then ``config``."""
+def _resolve_one(name: Any, config: Any, level: Any) -> tuple[dict, str]:
+    """One task's ``(create_dataset kwargs, whole config as JSON)``: the curriculum's ``level`` if set, then
+    ``config``, over the library's defaults."""
     if not isinstance(name, str) or name not in DATASETS or name == "composite":
         raise ValueError(f"unknown reasoning_gym task {name!r}; valid tasks (the library's registry): "
                          f"{valid_tasks()}")
@@ -109,7 +117,7 @@ def _resolve_one(name: Any, config: Any, level: Any) -> dict:
             probe.validate()
     except (AssertionError, TypeError, ValueError) as e:
         raise ValueError(f"invalid config for task {name!r} {resolved}: {e or type(e).__name__}") from None
-    return {f: _jsonable(getattr(probe, f)) for f in _config_fields(name)}
+    return resolved, json.dumps({f: _jsonable(getattr(probe, f)) for f in _config_fields(name)}, sort_keys=True)
 
 
 def _jsonable(v: Any) -> Any:
@@ -136,7 +144,8 @@ def resolve_spec(task: str | None, tasks: dict | None, task_config: dict | None,
     if (task is None) == (tasks is None):
         raise ValueError("give exactly one of task='chain_sum' or tasks={'chain_sum': 1.0, ...}")
     if task is not None:
-        return TaskSpec(((task, 1.0, json.dumps(_resolve_one(task, task_config, level), sort_keys=True)),))
+        kwargs, view = _resolve_one(task, task_config, level)
+        return TaskSpec(((task, 1.0, view),), (kwargs,))
     if not isinstance(tasks, dict) or not tasks:
         raise ValueError(f"tasks must be a non-empty dict {{name: weight}}, got {tasks!r:.80}")
     configs = {} if task_config is None else task_config
@@ -145,21 +154,22 @@ def resolve_spec(task: str | None, tasks: dict | None, task_config: dict | None,
     stray = sorted(str(k) for k in configs if k not in tasks)
     if stray:
         raise ValueError(f"task_config names {stray}, which are not in tasks {sorted(tasks)}")
-    out = []
+    out, kwargs = [], []
     for name, weight in tasks.items():
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
             raise ValueError(f"tasks[{name!r}] weight must be a number > 0, got {weight!r}")
-        out.append((name, float(weight), json.dumps(_resolve_one(name, configs.get(name), level), sort_keys=True)))
-    return TaskSpec(tuple(out))
+        kw, view = _resolve_one(name, configs.get(name), level)
+        out.append((name, float(weight), view))
+        kwargs.append(kw)
+    return TaskSpec(tuple(out), tuple(kwargs))
 
 
 @functools.lru_cache(maxsize=64)
 def dataset_for(spec: TaskSpec, seed: int, size: int):
     """The library dataset of ``spec`` with generator ``seed`` and ``size`` items (cached: also the scorer)."""
     if len(spec.tasks) == 1:
-        name, _, cfg = spec.tasks[0]
-        return reasoning_gym.create_dataset(name, seed=seed, size=size, **json.loads(cfg))
-    specs = [DatasetSpec(name=n, weight=w, config=json.loads(c)) for n, w, c in spec.tasks]
+        return reasoning_gym.create_dataset(spec.tasks[0][0], seed=seed, size=size, **spec.kwargs[0])
+    specs = [DatasetSpec(name=n, weight=w, config=dict(kw)) for (n, w, _), kw in zip(spec.tasks, spec.kwargs)]
     return reasoning_gym.create_dataset("composite", seed=seed, size=size, datasets=specs)
 
 
