@@ -47,7 +47,9 @@ def run_trainer(trainer_cls, cfg: DictConfig, action=lambda trainer: trainer.fit
     return result
 
 
-def _evaluate_only(trainer) -> dict:
+def evaluate_only(trainer) -> dict:
+    """``eval_only=true``: evaluate the loaded weights once (``train.resume_from``'s, else ``actor.path``'s) and log
+    the result; nothing is trained. grpo.py and sft.py."""
     if not trainer.cfg.train.resume_from:
         log.warning("eval_only without train.resume_from: evaluating the initial weights of %s",
                     trainer.cfg.actor.path)
@@ -65,7 +67,7 @@ def run(cfg: DictConfig) -> dict:
         from torchrl_grpo.async_trainer import AsyncGRPOTrainer as Trainer
     else:
         from torchrl_grpo.trainer import GRPOTrainer as Trainer
-    return run_trainer(Trainer, cfg, _evaluate_only if cfg.eval_only else lambda trainer: trainer.fit())
+    return run_trainer(Trainer, cfg, evaluate_only if cfg.eval_only else lambda trainer: trainer.fit())
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="grpo_gsm8k")

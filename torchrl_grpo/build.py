@@ -117,7 +117,7 @@ class LoopSettings:
     checkpoint_save_final: bool
     checkpoint_on_interrupt: bool
     progress_bar: bool
-    max_staleness: int  # async only
+    max_staleness: int  # async only (build.max_staleness)
     config_yaml: str  # the resolved config, stored with every checkpoint
     partial_rollout_chunk: int = 0  # async only: tokens between checks for new weights (0: off)
 
@@ -238,10 +238,16 @@ def _rank_run_dir(dp, run_dir) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"grpo-rank{dp.rank}-"))
 
 
+def max_staleness(cfg) -> int:
+    """``train.max_staleness`` of an async run: null means 1 (AReaL's one-step-off pipeline). Sync runs never read
+    it (:func:`torchrl_grpo.config.validate_config` refuses it there)."""
+    return 1 if cfg.train.max_staleness is None else int(cfg.train.max_staleness)
+
+
 def _check_async(cfg, backend) -> None:
     if backend is not None and getattr(backend, "share_module", False):
         raise ValueError("async mode needs a rollout backend with its own weights (share_module=False)")
-    if cfg.loss.behaviour_weight_cap is None and cfg.train.max_staleness > 0:
+    if cfg.loss.behaviour_weight_cap is None and max_staleness(cfg) > 0:
         log.warning("async mode with loss.behaviour_weight_cap=null: stale batches get the untruncated behaviour "
                     "weight pi_prox/pi_behav (high variance); AReaL's cap ~2 is the tested setting")
 
@@ -460,7 +466,7 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
         eval_at_start=e.at_start, eval_at_end=e.at_end, eval_n_problems=n_eval, eval_greedy=e.greedy,
         eval_pass_k=e.pass_k, checkpoint_every=c.every,
         checkpoint_keep_last=c.keep_last, checkpoint_save_final=c.save_final, checkpoint_on_interrupt=c.on_interrupt,
-        progress_bar=s.progress_bar, max_staleness=t.max_staleness, partial_rollout_chunk=t.partial_rollout_chunk,
+        progress_bar=s.progress_bar, max_staleness=max_staleness(cfg), partial_rollout_chunk=t.partial_rollout_chunk,
         config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
     )
     return Components(
