@@ -70,6 +70,7 @@ def test_extraction_rules():
     assert extract_answer("sorted: a, b\nc, d, e\n", "c, d, e") == "c, d, e"  # non-numeric gold: the last line
     assert extract_answer("the answer is 42\n", "cat") == "the answer is 42"
     assert extract_answer("", "4") is None
+    assert extract_answer("x \ud800", "cat") == "x \ufffd"  # lone surrogates: U+FFFD (envs.action_text.clean_text)
     # only the last MAX_TEXT_CHARS characters are read
     assert extract_answer("<answer>7</answer>" + " " * MAX_TEXT_CHARS, "7") is None
     assert extract_answer("<answer>7</answer>" + " " * (MAX_TEXT_CHARS - 18), "7") == "7"

@@ -30,6 +30,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from envs.action_text import clean_text
+
 __all__ = ["MAX_TEXT_CHARS", "MAX_DIGITS", "MAX_NESTING", "MAX_EXPONENT", "extract_answer", "answer_guard",
            "score", "sanitize_text"]
 
@@ -52,8 +54,9 @@ _POW_OF_POW = re.compile(r"(?:\*\*|\^)\s*[-+]?\s*\(?\s*[-+]?\s*[\w.]+\s*\)?\s*(?
 
 
 def sanitize_text(text: str) -> str:
-    """``text`` with lone surrogates (``"\\ud800"``, not encodable as UTF-8) replaced by ``"?"``."""
-    return text.encode("utf-8", "replace").decode("utf-8")
+    """``text`` with lone surrogates (``"\\ud800"``, not encodable as UTF-8) replaced by U+FFFD
+    (:func:`envs.action_text.clean_text`, shared by every env)."""
+    return clean_text(text)
 
 
 def is_numeric(gold: str) -> bool:
