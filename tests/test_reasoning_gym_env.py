@@ -312,3 +312,21 @@ def test_grpo_reasoning_config_composes_and_runs_one_step(tmp_path):
     assert "seed=11" in sources["train_dataset"] and "seed=22" in sources["valid_dataset"]
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert any(r.get("rollout/episodes") == 4.0 for r in rows) and any("eval/accuracy" in r for r in rows)
+
+
+@pytest.mark.slow  # ~25 s on a loaded 2-core machine (model load + generation)
+def test_probe_runs_on_the_tiny_model(tmp_path):
+    """benchmarks/reasoning_gym_probe.py end to end on tiny-random: one table row per candidate, the command kept."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import reasoning_gym_probe as probe
+
+    assert probe.parse_candidate("gcd@0") == {"task": "gcd", "level": 0}
+    assert probe.parse_candidate('products:{"max_digits": 1}') == {"task": "products", "task_config": {"max_digits": 1}}
+    out = tmp_path / "probe.md"
+    argv = ["--model", "tiny-random", "--prompts", "2", "--samples", "2", "--max-new-tokens", "4", "--train-size", "50",
+            "--out", str(out), 'chain_sum:{"min_terms": 2, "max_terms": 2}', "gcd@0"]
+    assert probe.main(argv) == 0
+    text = out.read_text()
+    assert "reasoning_gym_probe.py --model tiny-random" in text
+    rows = [ln for ln in text.splitlines() if ln.startswith("| chain_sum") or ln.startswith("| gcd@0")]
+    assert len(rows) == 2 and all(len(r.split("|")) == 9 for r in rows)
