@@ -23,15 +23,16 @@ def _torchrun(args, cwd, timeout=600):
                            *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
 
 
-def _single_and_two_ranks(tmp_path, mode: str) -> tuple[dict, dict]:
+def _single_and_two_ranks(tmp_path, mode: str, adv_scale: str = "group") -> tuple[dict, dict]:
     """tests/ddp_equivalence.py once in one process (micro-batches of 4) and once under torchrun with 2 ranks in
-    ``mode`` (``ddp`` | ``fsdp``, micro-batches of 2); returns the two result dicts (single, parallel)."""
+    ``mode`` (``ddp`` | ``fsdp``, micro-batches of 2), ``loss.adv_scale=adv_scale``; returns the two result dicts
+    (single, parallel)."""
     single, par = tmp_path / "single.pt", tmp_path / f"{mode}.pt"
     script = str(REPO / "tests" / "ddp_equivalence.py")
-    p = subprocess.run([sys.executable, script, str(single), "single", "4"], cwd=tmp_path, env=ENV,
+    p = subprocess.run([sys.executable, script, str(single), "single", "4", adv_scale], cwd=tmp_path, env=ENV,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
-    p = _torchrun([script, str(par), mode, "2"], cwd=tmp_path)
+    p = _torchrun([script, str(par), mode, "2", adv_scale], cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
     return torch.load(single), torch.load(par)
 
@@ -41,6 +42,58 @@ def test_ddp_step_equals_single_process_step_on_the_doubled_batch(tmp_path):
     a, b = _single_and_two_ranks(tmp_path, "ddp")
     assert a["tokens"][0] != a["tokens"][1]  # the ranks' token counts differ (token-mean normaliser is global)
     _assert_same_step(a, b, "DDP", f"; response tokens per rank {a['tokens']}")
+
+
+@pytest.fixture(scope="module")
+def ddp_batch_scaled(tmp_path_factory):
+    """One DDP step (2 ranks: groups 0, 2 | 1, 3) and the single-process step on the same batch, through the
+    trainer's ``_learn`` with ``loss.adv_scale=batch``; group 1 holds an infrastructure failure (dropped)."""
+    return _single_and_two_ranks(tmp_path_factory.mktemp("ddp-batch"), "ddp", "batch")
+
+
+def _advantages_by_group(res: dict) -> dict[int, list[float]]:
+    out: dict[int, list[float]] = {}
+    for rank in res["advantages"]:
+        for gid, adv in rank:
+            for g, a in zip(gid.tolist(), adv.tolist()):
+                out.setdefault(int(g), []).append(a)
+    return out
+
+
+def test_ddp_batch_advantage_scale_uses_the_std_of_the_whole_batch(ddp_batch_scaled):
+    """Issue 25 C2: ``loss.adv_scale=batch`` under DDP divides by the std of the whole step's batch (every rank's
+    groups; not the dropped group 1), so each episode's advantage is the single-process one. Before: each rank
+    divided by the std of its own shard."""
+    a, b = ddp_batch_scaled
+    single, par = _advantages_by_group(a), _advantages_by_group(b)
+    assert sorted(single) == sorted(par) == [0, 2, 3]  # group 1 dropped (infrastructure failure) everywhere
+    for g in single:
+        print(f"group {g}: single {[round(x, 4) for x in single[g]]} ddp {[round(x, 4) for x in par[g]]}")
+        assert par[g] == pytest.approx(single[g], rel=1e-5, abs=1e-6), g
+    _assert_same_step(a, b, "DDP adv_scale=batch")
+
+
+#: the update's metrics, each reduced over micro-batches (and ranks) as torchrl_grpo.loss.REDUCTIONS declares
+_LOSS_METRICS = ("loss/total", "num_tokens", "loss_objective", "loss_kl", "loss_entropy", "ess", "ratio_max",
+                 "ratio_mean", "clip_fraction", "clip_fraction_low", "clip_fraction_high", "kl_behaviour", "kl_ref",
+                 "entropy", "behaviour_weight_mean", "behaviour_weight_masked", "grad_norm", "train/optimizer_steps")
+
+
+def test_ddp_logged_loss_metrics_equal_the_single_process_ones(ddp_batch_scaled):
+    """Issue 25 C3: the loss metrics a 2-rank DDP step logs (``DataParallel.mean_metrics`` of the update's) are
+    the single-process step's on the same batch: ``num_tokens`` and ``loss/total`` summed over ranks, token means
+    weighted by tokens, ``ratio_max`` the maximum, ``ess`` over all tokens. Before: a plain mean over ranks
+    (``num_tokens`` and ``loss/total`` at 1/W of the truth, per-token means unweighted)."""
+    a, b = ddp_batch_scaled
+    ma, mb = a["metrics"], b["metrics"]
+    assert ma["num_tokens"] > 0 and ma["ratio_max"] == ma["ratio_max"]
+    for k in _LOSS_METRICS:
+        print(f"{k}: single {ma.get(k)!r} ddp {mb.get(k)!r}")
+    assert mb["dist/world_size"] == 2.0
+    for k in _LOSS_METRICS:
+        assert (k in ma) == (k in mb), k  # kl_ref / entropy: not measured (no KL term, no entropy bonus)
+        if k in ma:
+            assert mb[k] == pytest.approx(ma[k], rel=1e-4, abs=1e-7), k
 
 
 def _assert_same_step(a: dict, b: dict, name: str, note: str = "") -> None:

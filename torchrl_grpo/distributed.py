@@ -27,7 +27,8 @@ What each rank does in one trainer step:
    bucketed all-reduce but not overlapped with the backward pass — on CPU/gloo and at these model sizes the overlap
    is not what limits a step (generation is). The module is not wrapped, so its ``state_dict`` names, the colocated
    rollout backend that shares it, LoRA and the KL reference are the single-process ones.
-3. **Rank 0 alone writes** metrics (each logged value the mean over ranks, :meth:`DataParallel.mean_metrics`),
+3. **Rank 0 alone writes** metrics (the update's loss metrics reduced over ranks as
+   :data:`torchrl_grpo.loss.REDUCTIONS` declares, the others the mean over ranks: :meth:`DataParallel.mean_metrics`),
    samples, evaluations, checkpoints, ``plan.json`` and the learning curve; other ranks log nothing
    (:class:`NullLogger`). The optimizer state is identical on every rank (same gradients, same steps), so rank 0's
    checkpoint is the whole training state, with the single-process names: it loads at any world size
@@ -136,6 +137,27 @@ class DataParallel:
         """``value`` summed over ranks (float64 all-reduce)."""
         return self._all_reduce(value, "sum")
 
+    def sum_tensor(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` summed element-wise over ranks: a float64 all-reduce, returned as float64 on ``t``'s device (``t``
+        as float64 when not distributed). A collective: every rank calls it with the same shape."""
+        if not self.enabled:
+            return t.double()
+        import torch.distributed as dist
+
+        buf = t.detach().to(device=self._comm_device(), dtype=torch.float64).clone()
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+        return buf.to(t.device)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's picklable ``obj``, in rank order (``[obj]`` when not distributed). A collective."""
+        if not self.enabled:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
     def max(self, value: float) -> float:
         """``value``'s maximum over ranks (float64 all-reduce)."""
         return self._all_reduce(value, "max")
@@ -212,18 +234,20 @@ class DataParallel:
 
     def mean_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
         """Rank 0's metrics with every numeric value replaced by its mean over the ranks that report it (the
-        others are rank 0's own); a key reported by some ranks only is averaged over those."""
+        others are rank 0's own); a key reported by some ranks only is averaged over those. A value equal on every
+        rank that reports it is kept as it is: the update's loss metrics arrive already reduced over the ranks, each
+        as :data:`torchrl_grpo.loss.REDUCTIONS` declares (:meth:`torchrl_grpo.loss.LossMetrics.finish` with the
+        group: sums for counts and totals, token-weighted means, maxima, the batch ESS), so they are the batch-level
+        values of the union of the shards, not a plain mean of per-rank values. Rollout and episode statistics
+        (``rollout/*``, ``reward/*``, ``groups/*``) stay per-rank means."""
         if not self.enabled:
             return metrics
-        import torch.distributed as dist
-
-        rows: list[dict[str, Any]] = [{} for _ in range(self.world_size)]
-        dist.all_gather_object(rows, {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+        rows = self.all_gather_object({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
         out = dict(metrics)
         for key in set().union(*rows):
             vals = [float(r[key]) for r in rows if key in r and r[key] == r[key]]  # NaN: nothing measured there
             if vals:
-                out[key] = sum(vals) / len(vals)
+                out[key] = vals[0] if all(v == vals[0] for v in vals) else sum(vals) / len(vals)
         out["dist/world_size"] = float(self.world_size)
         return out
 

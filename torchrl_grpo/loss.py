@@ -394,9 +394,42 @@ class LossMetrics:
             self._tokens += tokens
         self._total = (self._total or 0.0) + scaled_loss
 
-    def finish(self, n_minibatches: int) -> dict[str, float]:
+    def _state(self) -> dict:
+        return {"sum": self._sum, "weight": self._weight, "log_sw": self._log_sw, "log_sw2": self._log_sw2,
+                "max": self._max, "added": self._added, "total": self._total, "tokens": self._tokens}
+
+    def _merge(self, states: list[dict]) -> None:
+        """Replace the accumulators by the union of ``states`` (one per rank, in rank order): sums and token
+        weights added, maxima maxed, ESS accumulators concatenated (so ``log Σw`` is over every rank's tokens)."""
+        self._sum, self._weight, self._max, self._added = {}, {}, {}, {}
+        self._log_sw, self._log_sw2, self._total, self._tokens = [], [], None, 0.0
+        for st in states:
+            for mine, theirs in ((self._sum, st["sum"]), (self._weight, st["weight"]), (self._added, st["added"])):
+                for k, v in theirs.items():
+                    mine[k] = mine.get(k, 0.0) + v
+            for k, v in st["max"].items():
+                self._max[k] = max(self._max.get(k, float("-inf")), v)
+            self._log_sw += st["log_sw"]
+            self._log_sw2 += st["log_sw2"]
+            if st["total"] is not None:
+                self._total = (self._total or 0.0) + st["total"]
+            self._tokens += st["tokens"]
+
+    def finish(self, n_minibatches: int, dp=None) -> dict[str, float]:
         """The step's metrics; ``n_minibatches``: minibatches attempted (stepped or skipped), the ``loss/total``
-        denominator. ``ess`` and ``ratio_max`` are NaN when no micro-batch had response tokens."""
+        denominator. ``ess`` and ``ratio_max`` are NaN when no micro-batch had response tokens.
+
+        ``dp``: the data-parallel group (:class:`torchrl_grpo.distributed.DataParallel`; None or one process: this
+        process's micro-batches). Under data parallelism every rank's accumulators are gathered first (a
+        collective: every rank calls it) and each metric reduced over all ranks' micro-batches as
+        :data:`REDUCTIONS` declares, so every rank returns the single-process metrics of the union of the shards:
+        token means weighted by each micro-batch's response tokens (sum over ranks and micro-batches of value x
+        tokens / sum of tokens; not the plain mean of per-rank means), ``num_tokens`` and ``loss/total`` summed
+        (each rank's micro-batch losses are already scaled by the all-ranks normaliser,
+        :class:`torchrl_grpo.update.GRPOUpdate`), ``ratio_max`` maxed, ``ess`` over every rank's tokens
+        (:func:`combine_ess`)."""
+        if dp is not None and dp.enabled:
+            self._merge(dp.all_gather_object(self._state()))
         out = {k: self._sum[k] / w for k, w in self._weight.items() if w > 0}
         if self._total is not None:
             out["loss/total"] = self._total / max(1, n_minibatches)

@@ -163,11 +163,14 @@ class GRPOTrainer:
             except OSError as exc:  # samples are a convenience; never stop training for them
                 log.warning("could not write samples.jsonl: %s", exc)
         reward = batch["reward"]
-        batch["advantage"] = group_advantages(reward, batch["group_id"], scale=s.adv_scale, baseline=s.adv_baseline)
         # a group with an episode that ended on an env exception or a customer-simulator failure is dropped whole:
         # its reward 0 says nothing about the policy, and the rest of the group's advantages were computed against it
         infra = batch["infra_error"] if "infra_error" in batch.keys() else torch.zeros_like(reward, dtype=torch.bool)
         bad_groups = batch["group_id"][infra].unique()
+        # adv_scale=batch: the std of the step's whole batch, over every rank's shard, dropped groups left out
+        batch["advantage"] = group_advantages(reward, batch["group_id"], scale=s.adv_scale, baseline=s.adv_baseline,
+                                              stats_mask=~torch.isin(batch["group_id"], bad_groups),
+                                              sum_over_ranks=self.dp.sum_tensor)
         metrics["groups/dropped_infra"] = float(bad_groups.numel())
         if bad_groups.numel():
             log.warning("step %d: %d group(s) dropped for infrastructure failures (env_error/user_error), not trained",

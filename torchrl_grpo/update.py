@@ -328,7 +328,7 @@ class GRPOUpdate:
                     n_opt += 1
         self.optimizer_steps += n_opt
         self.model.eval()
-        out = acc.finish(n_opt + n_skipped)
+        out = acc.finish(n_opt + n_skipped, dp)  # reduced over ranks as loss.REDUCTIONS declares (a collective)
         self.loss_fn.anchor_current = False
         out["train/anchor_recomputed"] = float("old_log_probs" in batch.keys() or current)
         out["train/anchor_current"] = float(current)
