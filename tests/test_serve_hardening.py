@@ -58,7 +58,10 @@ class EchoEnv(gym.Env):
 
 
 class _BlockingHash:
+    calls = 0
+
     def get_db_hash(self) -> str:
+        type(self).calls += 1
         assert RELEASE.wait(30), "test never released the hash"
         return "h"
 
@@ -189,6 +192,24 @@ def test_ws_state_db_hash_runs_off_the_event_loop():
                 RELEASE.set()
             msg = json.loads(ws.recv(timeout=20))
             assert msg["type"] == "state" and msg["data"]["db_hash"] == "h"
+
+
+def test_state_loop_hashes_the_database_once_per_step():
+    """Load test (B2's state-hash loop): every ``state`` recomputed tau2's database hash (69 ms each), so a client
+    looping on ``state`` kept the server's CPU busy; the hash only changes on reset / step."""
+    RELEASE.set()
+    app = build_app("ServeTest/Hash-v0", max_sessions=2, idle_timeout_s=600, max_body_bytes=LIMIT)
+    with _serve(app) as url, _ws(url) as ws:
+        _ask(ws, {"type": "reset", "data": {}})
+        n0 = _BlockingHash.calls
+        assert all(_ask(ws, {"type": "state"})["data"]["db_hash"] == "h" for _ in range(5))
+        assert _BlockingHash.calls == n0 + 1
+        _ask(ws, {"type": "step", "data": {"content": "a"}})
+        _ask(ws, {"type": "state"}), _ask(ws, {"type": "state"})
+        assert _BlockingHash.calls == n0 + 2
+        _ask(ws, {"type": "reset", "data": {}})
+        _ask(ws, {"type": "state"})
+        assert _BlockingHash.calls == n0 + 3
 
 
 # ---------------------------------------------------------------- 3. origin / host
