@@ -9,7 +9,9 @@ Every env family calls these on entry to ``step`` (issue 25: nothing a model emi
 - :func:`loads_bounded`: ``json.loads`` recurses once per nesting level, so ~1,000 levels (a 2 KB string) raise
   ``RecursionError``; and whatever walks the decoded value afterwards (``json.dumps``, pydantic) recurses again. The
   nesting depth is measured on the text *before* decoding (vectorised, linear time) and a value nested deeper than
-  :data:`MAX_JSON_DEPTH` is refused with :class:`JSONTooDeep` (a ``ValueError``).
+  :data:`MAX_JSON_DEPTH` is refused with :class:`UnusableJSON` (a ``ValueError``). So is an integer literal of
+  more than 4,300 digits, which ``json.loads`` refuses with a plain ``ValueError`` (Python's int-to-str limit, not a
+  ``JSONDecodeError``) and ``json.dumps`` could not write back.
 
 Cost: linear in the length of the text, with numpy doing the per-character work (a few ms per MB).
 """
@@ -21,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_JSON_DEPTH", "JSONTooDeep", "clean_text", "clean_value", "json_depth", "loads_bounded"]
+__all__ = ["MAX_INT_BITS", "MAX_JSON_DEPTH", "UnusableJSON", "clean_text", "clean_value", "json_depth", "loads_bounded"]
 
 #: Deepest nesting of lists/objects accepted in a tool call (the call object itself counts as one level). tau2's
 #: tool arguments nest at most 3 levels; ``json.loads`` fails near 1,000.
@@ -36,8 +38,13 @@ _OPEN[[ord("["), ord("{")]] = 1
 _OPEN[[ord("]"), ord("}")]] = -1
 
 
-class JSONTooDeep(ValueError):
-    """A JSON text or decoded value nested deeper than the allowed depth (the model's error, not the caller's)."""
+#: Largest integer (in bits, ~4,200 decimal digits) a value may hold: Python refuses to convert larger ones to text.
+MAX_INT_BITS = 14_000
+
+
+class UnusableJSON(ValueError):
+    """JSON text or a decoded value that cannot be used safely: nested deeper than the allowed depth, or holding an
+    integer too long to convert (the model's error, not the caller's)."""
 
 
 def clean_text(text: str) -> str:
@@ -66,7 +73,8 @@ def clean_value(value: Any, max_depth: int = MAX_JSON_DEPTH) -> Any:
         max_depth: deepest nesting of containers accepted (a scalar is depth 0, ``{"a": 1}`` depth 1).
 
     Raises:
-        JSONTooDeep: ``value`` nests containers deeper than ``max_depth`` (found without recursing past it).
+        UnusableJSON: ``value`` nests containers deeper than ``max_depth`` (found without recursing past it), or
+            holds an ``int`` of more than :data:`MAX_INT_BITS` bits.
     """
     return _clean(value, max_depth, 0)
 
@@ -74,9 +82,11 @@ def clean_value(value: Any, max_depth: int = MAX_JSON_DEPTH) -> Any:
 def _clean(value: Any, max_depth: int, depth: int) -> Any:
     if isinstance(value, str):
         return clean_text(value)
+    if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+        raise UnusableJSON(f"the value holds an integer of more than {MAX_INT_BITS} bits")
     if isinstance(value, (dict, list, tuple)):
         if depth >= max_depth:
-            raise JSONTooDeep(f"the value is nested deeper than {max_depth} levels")
+            raise UnusableJSON(f"the value is nested deeper than {max_depth} levels")
         if isinstance(value, dict):
             return {_clean(k, max_depth, depth + 1): _clean(v, max_depth, depth + 1) for k, v in value.items()}
         return type(value)(_clean(v, max_depth, depth + 1) for v in value)
@@ -105,9 +115,16 @@ def loads_bounded(text: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
         lone surrogate).
 
     Raises:
-        JSONTooDeep: nested deeper than ``max_depth`` (checked before decoding).
+        UnusableJSON: nested deeper than ``max_depth`` (checked before decoding), or an integer literal too long
+            to convert.
         json.JSONDecodeError: not valid JSON.
     """
     if text.count("[") + text.count("{") > max_depth and json_depth(text) > max_depth:
-        raise JSONTooDeep(f"the JSON is nested deeper than {max_depth} levels")
-    return clean_value(json.loads(text), max_depth)
+        raise UnusableJSON(f"the JSON is nested deeper than {max_depth} levels")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except ValueError as e:  # "Exceeds the limit (4300 digits) for integer string conversion"
+        raise UnusableJSON(f"the JSON holds a number that cannot be converted ({e})") from None
+    return clean_value(value, max_depth)

@@ -24,6 +24,9 @@ import gymnasium as gym
 import pytest
 
 import envs
+from envs.contract import check_action
+from envs.tau2.cow import db_hash
+from tests.test_env_contract import CHEAP_KWARGS, REGISTERED
 
 gym.register_envs(envs)
 
@@ -49,22 +52,56 @@ def _encodable(obj) -> None:
     json.dumps(obj, ensure_ascii=False, default=str).encode("utf-8")
 
 
-_TAU2_ENVS: dict = {}
+_ENVS: dict = {}
+
+
+def _env(env_id: str, gsm8k_dir=None):
+    """One env per id for the whole module (tau2 construction loads the databases: ~20 s for airline on a loaded
+    machine), built with the contract test's cheapest arguments."""
+    if env_id not in _ENVS:
+        kwargs = dict(CHEAP_KWARGS.get(env_id, {}))
+        if env_id.startswith("GSM8K"):
+            kwargs["data_dir"] = str(gsm8k_dir)
+        if env_id.startswith("tau2/"):
+            kwargs["max_steps"] = 1000
+        _ENVS[env_id] = gym.make(env_id, **kwargs)
+    return _ENVS[env_id]
 
 
 def _tau2(domain: str):
-    """One env per tau2 domain for the whole module (construction loads the databases)."""
-    if domain not in _TAU2_ENVS:
-        kwargs = {"split": "test", "user": "scripted"} if domain in ("airline", "retail") else {}
-        _TAU2_ENVS[domain] = gym.make(f"tau2/{domain}-v0", max_steps=1000, **kwargs)
-    env = _TAU2_ENVS[domain]
+    """The module's tau2 env of ``domain``, reset on its first usable task."""
+    env = _env(f"tau2/{domain}-v0")
     env.reset(seed=0, options={"index": env.unwrapped.usable_task_indices(1)[0]})
     return env
 
 
-def _db_hashes(env):
-    live = env.unwrapped.tau2_environment
-    return live.get_db_hash(), live.get_user_db_hash()
+class _DBState:
+    """The agent and user databases of a tau2 env, comparable by ``==`` with tau2's hash semantics.
+
+    A full ``get_db_hash`` costs ~0.5 s on airline (it serialises the whole database); the env's databases are
+    copy-on-write copies, so the touched records (:meth:`envs.tau2.cow.DBSnapshot.delta`, compared with
+    :meth:`~envs.tau2.cow.DBSnapshot.same`, the machinery of the reward's DB check) say the same in milliseconds.
+    A database that is not a copy falls back to tau2's hash.
+    """
+
+    def __init__(self, env):
+        u = env.unwrapped
+        live, dom = u.tau2_environment, u.domain
+        user_db = live.user_tools.db if live.user_tools is not None else None
+        self.parts = []
+        for snap, db in ((dom.agent_snapshot, live.tools.db), (dom.user_snapshot, user_db)):
+            if snap is not None and snap.is_copy(db):
+                self.parts.append((snap, snap.delta(db)))
+            else:
+                self.parts.append((None, db_hash(db) if db is not None else None))
+
+    def __eq__(self, other) -> bool:
+        return all((sa is None and sb is None and a == b) or (sa is sb and sa is not None and sa.same(a, b))
+                   for (sa, a), (sb, b) in zip(self.parts, other.parts))
+
+
+def _db_hashes(env) -> _DBState:
+    return _DBState(env)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -74,6 +111,8 @@ def _db_hashes(env):
 def test_calculate_refuses_exponentiation_with_an_error_the_agent_sees(domain):
     env = _tau2(domain)
     before = _db_hashes(env)
+    live = env.unwrapped.tau2_environment
+    full_before = live.get_db_hash(), live.get_user_db_hash()
     obs, reward, terminated, truncated, info = _timed_step(env, _hermes("calculate", {"expression": "2**10"}))
     assert obs[0]["role"] == "tool" and obs[0]["content"].startswith("Error") and "**" in obs[0]["content"], obs
     assert "**" in info["action_error"] and info["num_errors"] == 1
@@ -86,6 +125,7 @@ def test_calculate_refuses_exponentiation_with_an_error_the_agent_sees(domain):
     obs, *_, info = _timed_step(env, _hermes("calculate", {"expression": "(299.99 + 45.5) * 2 / 4"}))
     assert obs[0]["content"] == "172.75" and "action_error" not in info
     assert _db_hashes(env) == before
+    assert (live.get_db_hash(), live.get_user_db_hash()) == full_before  # tau2's own hash agrees
 
 
 def test_calculate_bounds_the_expression_length():
@@ -124,7 +164,7 @@ def test_gsm8k_absurd_number_scores_zero_with_a_reason_in_microseconds(text, gsm
     assert time.perf_counter() - t0 < 0.1  # microseconds in fact; generous for a loaded machine
     assert reward == 0.0 and grade["extracted"] is None and not grade["correct"]
 
-    env = gym.make("GSM8K-v0", split="test", data_dir=str(gsm8k_dir))
+    env = _env("GSM8K-v0", gsm8k_dir)
     env.reset(seed=0, options={"index": 0})
     _, reward, terminated, _, info = _timed_step(env, text)
     assert reward == 0.0 and terminated
@@ -141,6 +181,17 @@ def test_gsm8k_numbers_at_the_bound_still_grade():
     assert normalize_number(f"1e{MAX_EXPONENT + 1}") is None and normalize_number("9" * (MAX_DIGITS + 1)) is None
     assert normalize_number(10 ** 5000) is None  # an int too: no 4,300-digit ValueError
     assert not is_correct(10 ** 5000, "72")
+
+
+def test_gsm8k_grades_a_1mb_response_on_its_tail():
+    """Found by the property test: a 1 MB response ('1e9 ' x 250,000) took 3.4 s to grade (regex scans of the whole
+    text); it is graded on its last MAX_GRADED_CHARS characters."""
+    from envs.gsm8k.grading import MAX_GRADED_CHARS, gsm8k_reward
+
+    for text, want in (("1e9 " * 250_000 + "#### 8", 1.0), ("x" * 1_000_000, 0.0), ("#### 8 " + "y" * MAX_GRADED_CHARS, 0.0)):
+        t0 = time.perf_counter()
+        reward, _ = gsm8k_reward(text, "8")
+        assert time.perf_counter() - t0 < STEP_BOUND_S / 4 and reward == want
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -176,6 +227,36 @@ def test_deep_json_tool_call_is_the_models_error(kind):
     assert obs and obs[0]["role"] == "tool" and obs[0]["content"].startswith("Error"), obs
     assert "nested deeper than" in obs[0]["content"]
     _encodable(info)
+
+
+@pytest.mark.parametrize("action", [
+    _hermes("get_user_details", {"user_id": "x"}).replace('"x"', "1" * 5000),
+    '{"name": "get_user_details", "arguments": {"user_id": ' + "1" * 5000 + "}}",
+    {"tool_calls": [{"function": {"name": "get_user_details", "arguments": '{"user_id": ' + "1" * 5000 + "}"}}]},
+    {"tool_calls": [{"function": {"name": "get_user_details", "arguments": {"user_id": 10 ** 5000}}}]},
+], ids=["hermes", "bare_json", "dict_string_args", "dict_python_int"])
+def test_json_integer_beyond_pythons_digit_limit_is_the_models_error(action):
+    """Found by the property test below: ``json.loads`` raises ``ValueError`` (not ``JSONDecodeError``) on an integer
+    of more than 4,300 digits, and ``json.dumps`` raises on such an int in a dict action."""
+    env = _tau2("retail")
+    before = _db_hashes(env)
+    obs, *_, info = _timed_step(env, action)
+    assert obs[0]["role"] == "tool" and obs[0]["content"].startswith("Error") and info["action_error"]
+    assert _db_hashes(env) == before
+    _encodable(info)
+
+
+def test_scripted_customer_reads_a_1mb_message_in_bounded_time():
+    """Found by the property test: the scripted customer's phrase regexes took 1.2 s on a 1 MB message (2.1 s per
+    step on a loaded machine); it reads the last READ_CHARS characters."""
+    from envs.tau2.users import READ_CHARS
+
+    env = _tau2("mock")
+    for text, closing in (("1" * 1_000_000, False), ("z" * 1_000_000 + " Anything else?", True),
+                          ("Anything else? " + "z" * READ_CHARS, False)):
+        env.reset(seed=0, options={"index": 0})
+        obs, reward, terminated, *_ = _timed_step(env, text)
+        assert ("###STOP###" in obs[-1]["content"]) is closing and terminated is closing
 
 
 def test_parse_action_bounds_depth_before_json_loads():
@@ -215,7 +296,7 @@ def test_lone_surrogates_are_replaced_on_entry_tau2(action):
 
 
 def test_lone_surrogates_are_replaced_on_entry_gsm8k(gsm8k_dir):
-    env = gym.make("GSM8K-v0", split="test", data_dir=str(gsm8k_dir))
+    env = _env("GSM8K-v0", gsm8k_dir)
     _, info0 = env.reset(seed=0, options={"index": 0})
     _, reward, _, _, info = _timed_step(env, f"\ud800 so #### {info0['answer']} \udfff")
     assert reward == 1.0
@@ -231,3 +312,90 @@ def test_clean_text_keeps_valid_text_and_pairs():
     assert clean_text("\ud83d\ude00") == "\U0001F600"  # a surrogate *pair* written as two code points is one char
     assert clean_text("a\ud800b\udc00") == "a\ufffdb\ufffd"
     assert clean_text("\ude00\ud83d") == "\ufffd\ufffd"  # reversed: both lone
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Property: every registered id, random and adversarial actions
+# ---------------------------------------------------------------------------------------------------------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+_MB = 1_000_000
+#: Actions any model could emit (plus non-str values, which must raise the contract's TypeError).
+ADVERSARIAL = [
+    "", "   ", "\n" * 1000,
+    "9**9**8", "calculate(expression='9**9**9')", _hermes("calculate", {"expression": "9**9**9"}),
+    _hermes("calculate", {"expression": "*".join(["9" * 4000] * 250)}),
+    _hermes("calculate", {"expression": "(" * 999 + "1" + ")" * 999}),
+    _hermes("calculate", {"expression": "-" * 999 + "1"}),
+    "#### 1e-30000000", "#### 1e10000000", "\\boxed{" + "9" * 5000 + "}", "The answer is 1e" + "9" * 5000,
+    *DEEP_ACTIONS.values(),
+    {"tool_calls": [{"function": {"name": "calculate", "arguments": _nested_dict(5000)}}]},
+    *SURROGATE_ACTIONS,
+    "x" * _MB, "1" * _MB, "[" * (_MB // 2) + "]" * (_MB // 2), "{" * _MB, '"\\' * (_MB // 2),
+    "<tool_call>" * (_MB // 11), "<think>" * (_MB // 7), "1e9 " * (_MB // 4), "#### " + "9," * (_MB // 2),
+    "calculate(x=" + "[" * _MB + ")", "\\boxed{" * (_MB // 7),
+    {"content": "y" * _MB, "tool_calls": [{"function": {"name": "z" * _MB, "arguments": "w" * _MB}}]},
+    {"tool_calls": [{"function": {"name": "get_user_details", "arguments": '{"user_id": ' + "1" * 5000 + "}"}}]},
+    {"tool_calls": [{"bad": 1}, None, 7, [], "s"]},
+    # outside the action space: the contract's TypeError, nothing consumed
+    12345, None, b"bytes", ["x"], {"role": "user", "content": "hi"}, {"content": 5}, {"tool_calls": "x"},
+]
+
+#: Pieces from which random actions are assembled (tool-call syntax, numbers, escapes, surrogates).
+FRAGMENTS = ["<tool_call>", "</tool_call>", '{"name": "', '"calculate"', '"get_user_details"', '"arguments": {',
+             '"expression": "', "}", "]", "[", "{", '"', "\\", "\\ud800", "\ud800", "\udfff", "**", "9", "1e9999999",
+             "1e-9999999", "####", "\\boxed{", "calculate(", "expression=", ")", "<think>", "</think>", "```json\n",
+             "###STOP###", ",", "/", "0", "-"]
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+                     lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=8), kids, max_size=3),
+                     max_leaves=10)
+_texts = st.lists(st.one_of(st.text(st.characters(codec=None), max_size=30), st.sampled_from(FRAGMENTS)),
+                  max_size=12).map("".join)
+_calls = st.one_of(
+    st.fixed_dictionaries({"function": st.fixed_dictionaries({"name": st.sampled_from(["calculate", "nope", ""]),
+                                                             "arguments": st.one_of(_json, _texts)})}),
+    _json,
+)
+RANDOM_ACTIONS = st.one_of(
+    _texts,
+    st.fixed_dictionaries({"content": st.one_of(st.none(), _texts)}, optional={"tool_calls": st.lists(_calls, max_size=3)}),
+)
+
+def _check_step(env, action) -> None:
+    """One step of ``action`` on a fresh episode: never raises (except TypeError for a non-action), bounded time,
+    an encodable reply, and no database change unless a tool call actually ran."""
+    u = env.unwrapped
+    env.reset(seed=0, options={"index": u.usable_task_indices(1)[0]})
+    tau2 = hasattr(u, "tau2_environment")
+    before = _db_hashes(env) if tau2 else None
+    try:
+        check_action(action)
+    except TypeError:
+        with pytest.raises(TypeError):
+            _timed_step(env, action)
+        return
+    obs, reward, terminated, truncated, info = _timed_step(env, action)
+    _encodable(obs)
+    _encodable(info)
+    assert 0.0 <= reward <= 1.0
+    if tau2:
+        ran = any(m["role"] == "tool" and not str(m["content"]).startswith("Error") for m in obs)
+        if not ran:
+            assert _db_hashes(env) == before, f"a call that did not run changed the database: {action!r:.200}"
+
+
+@pytest.mark.parametrize("env_id", REGISTERED)
+def test_adversarial_actions_on_every_registered_id(env_id, gsm8k_dir):
+    env = _env(env_id, gsm8k_dir)
+    for action in ADVERSARIAL:
+        _check_step(env, action)
+
+
+@pytest.mark.parametrize("env_id", REGISTERED)
+@settings(max_examples=25, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(action=RANDOM_ACTIONS)
+def test_random_actions_on_every_registered_id(env_id, gsm8k_dir, action):
+    _check_step(_env(env_id, gsm8k_dir), action)

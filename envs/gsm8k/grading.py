@@ -36,7 +36,9 @@ Numbers are compared as exact rationals (:class:`fractions.Fraction`) with a rel
 
 Cost bound (issue 25): a number is converted only if it has at most :data:`MAX_DIGITS` digits (mantissa
 and denominator each) and an exponent of at most :data:`MAX_EXPONENT` in absolute value, checked on the
-text before any conversion; so every answer grades in microseconds. Unbounded, ``#### 1e-30000000``
+text before any conversion; so every answer grades in microseconds. Only the last
+:data:`MAX_GRADED_CHARS` characters of a response are read (every rule looks for the *last*
+answer); the regex scans cost ~1 s per MB on a loaded machine, so a 1 MB response took 2-3 s. Unbounded, ``#### 1e-30000000``
 built ``10**30000000`` through ``Decimal``/``Fraction`` for more than 6 minutes and ``#### 1e5000``
 raised ``ValueError`` (an int of over 4,300 digits cannot be printed). A final answer out of range is
 no answer: it scores 0 and ``gsm8k_reward`` reports ``out_of_range`` (no GSM8K answer has more than
@@ -58,10 +60,13 @@ __all__ = [
     "gsm8k_reward",
     "MAX_DIGITS",
     "MAX_EXPONENT",
+    "MAX_GRADED_CHARS",
 ]
 
 #: Relative tolerance used by :func:`is_correct` (absolute below magnitude 1).
 REL_TOL = 1e-6
+#: A response is graded on its last this many characters (~5,000 tokens; longer answers are degenerate).
+MAX_GRADED_CHARS = 20_000
 #: Most digits a number (its mantissa, or its denominator) may have to be converted; more is out of range.
 MAX_DIGITS = 100
 #: Largest ``|exponent|`` of a number in scientific notation (``1e100``) that is converted; more is out of range.
@@ -284,6 +289,8 @@ def extract_answer(text: str | None) -> str | None:
     4. the last "(Final) Answer: N";
     5. the last number anywhere in the text.
 
+    Only the last :data:`MAX_GRADED_CHARS` characters are read.
+
     Args:
         text: model output (any length). Non-strings give ``None``.
 
@@ -303,7 +310,7 @@ def _extract(text: str | None) -> str | None:
     """:func:`extract_answer`, raising :class:`_OutOfRange` for an out-of-range answer."""
     if not isinstance(text, str) or not text:
         return None
-    text = _clean(text)
+    text = _clean(text[-MAX_GRADED_CHARS:])
     for rule in (
         _hash_answer,
         _boxed_answer,
@@ -328,7 +335,7 @@ def has_final_answer_format(text: str | None) -> bool:
     """
     if not isinstance(text, str) or not text:
         return False
-    text = _clean(text)
+    text = _clean(text[-MAX_GRADED_CHARS:])
     try:
         return (
             _hash_answer(text) is not None

@@ -27,8 +27,9 @@ message (and never executes). Hostile input is bounded before it is decoded
 (:mod:`envs.action_text`): lone UTF-16 surrogates in the text, the names, ids and arguments
 become U+FFFD (a reply holding one cannot be encoded), and JSON nested deeper than
 :data:`~envs.action_text.MAX_JSON_DEPTH` levels (the call object included) is a malformed call,
-refused before ``json.loads`` (which raises ``RecursionError`` near 1,000 levels). tau2's own
-parsing (``json.loads`` in its agents) has neither bound.
+refused before ``json.loads`` (which raises ``RecursionError`` near 1,000 levels); so is an
+integer of more than ~4,200 digits (``json.loads`` raises ``ValueError`` on it). tau2's own
+parsing (``json.loads`` in its agents) has none of these bounds.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from envs.action_text import JSONTooDeep, clean_text, clean_value, loads_bounded
+from envs.action_text import UnusableJSON, clean_text, clean_value, loads_bounded
 
 __all__ = ["ToolCallRequest", "ParsedAction", "parse_action", "TOOL_CALL_FORMAT_HINT"]
 
@@ -114,14 +115,14 @@ def _decode_arguments(args: Any) -> tuple[dict | None, str | None]:
             return {}, None
         try:
             args = loads_bounded(args)
-        except JSONTooDeep as e:
+        except UnusableJSON as e:
             return None, f"the arguments are not usable: {e}"
         except json.JSONDecodeError as e:
             return None, f"the arguments are not valid JSON ({e.msg} at position {e.pos})"
         if isinstance(args, str):  # double-encoded
             try:
                 args = loads_bounded(args)
-            except JSONTooDeep as e:
+            except UnusableJSON as e:
                 return None, f"the arguments are not usable: {e}"
             except json.JSONDecodeError:
                 pass
@@ -136,7 +137,7 @@ def _from_object(obj: Any, call_id: str) -> ToolCallRequest:
     ``obj`` may come straight from a message dict: its strings are cleaned and its depth bounded here."""
     try:
         obj = clean_value(obj)
-    except JSONTooDeep as e:
+    except UnusableJSON as e:
         return ToolCallRequest(call_id, _name_of(obj), None, f"the tool call is not usable: {e}", "")
     if not isinstance(obj, dict):
         return ToolCallRequest(
@@ -164,7 +165,7 @@ def _from_json_text(text: str, call_id: str) -> ToolCallRequest:
         body = m.group(1).strip()
     try:
         obj = loads_bounded(body)
-    except JSONTooDeep as e:
+    except UnusableJSON as e:
         return _too_deep(body, call_id, e)
     except json.JSONDecodeError as e:
         m = _NAME_RE.search(body)
@@ -181,7 +182,7 @@ def _from_json_text(text: str, call_id: str) -> ToolCallRequest:
     return req
 
 
-def _too_deep(body: str, call_id: str, e: JSONTooDeep) -> ToolCallRequest:
+def _too_deep(body: str, call_id: str, e: UnusableJSON) -> ToolCallRequest:
     m = _NAME_RE.search(body)
     return ToolCallRequest(call_id, m.group(1) if m else None, None, f"the tool call is not usable: {e}", body)
 
@@ -209,7 +210,7 @@ def _functional(text: str, call_id: str, tool_names: set[str] | None) -> ToolCal
         return ToolCallRequest(call_id, m.group(1), None, f"could not parse the call arguments ({e})", text)
     try:
         args = clean_value(dict(tc.arguments))  # a '\\ud800' escape in a Python literal decodes to a surrogate
-    except JSONTooDeep as e:
+    except UnusableJSON as e:
         return ToolCallRequest(call_id, tc.name, None, f"the call arguments are not usable: {e}", text)
     return ToolCallRequest(call_id, tc.name, args, None, json.dumps(args, default=str))
 
@@ -232,7 +233,7 @@ def _parse_text(text: str, id_prefix: str, tool_names: set[str] | None) -> Parse
     if body[:1] in "{[":
         try:
             obj = loads_bounded(body)
-        except JSONTooDeep as e:
+        except UnusableJSON as e:
             if _NAME_RE.search(body) is None:  # not a tool call: a (strange) message to the user
                 return ParsedAction(stripped)
             return ParsedAction(None, [_too_deep(body, f"{id_prefix}_0", e)])
