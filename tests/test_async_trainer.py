@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -48,27 +48,34 @@ def test_async_reward_rises_and_staleness_is_bounded(tmp_path):
 
 def test_staleness_bound_holds_when_publishing_is_slower_than_collecting(tmp_path, monkeypatch):
     """Regression (issue 8, defect 1): the trained-step counter was raised before the new weights were published, so a
-    batch finishing in between passed the staleness check and was generated with the older weights. Collection
-    slowed by 0.1 s and the weight snapshot by 0.15 s put most batches in that window: with ``max_staleness=1``,
-    staleness 2 on 11-12 of 20 steps before the fix (3 runs); 1 on steps 1-19 after."""
-    cfg = make_cfg(mode="async", train={"steps": 20, "batch_size": 1, "max_staleness": 1},
+    batch starting in between passed the staleness check and was generated with the older weights. The window is
+    forced with events, not sleeps (issue 25, C7): publishing update s waits until the rollout thread has collected
+    batch s + 1, so the thread asks to start batch s + 2 while update s is being published. With the counter raised
+    first it was let through with version s weights (staleness 2, checked by reordering _publish_weights: fails);
+    counted and published together, it waits for them (staleness <= 1)."""
+    steps = 6
+    cfg = make_cfg(mode="async", train={"steps": steps, "batch_size": 1, "max_staleness": 1},
                    gconfig={"n_samples": 2, "max_new_tokens": 4})
     trainer = AsyncGRPOTrainer(cfg, tmp_path)
     collect, export = trainer.collector.collect, async_trainer.export_hf_weights
+    collected = {s: threading.Event() for s in range(steps)}
 
-    def slow_collect(*a, **k):
-        time.sleep(0.1)
-        return collect(*a, **k)
+    def signalling_collect(*a, step, **k):
+        out = collect(*a, step=step, **k)
+        collected[step].set()
+        return out
 
-    def slow_export(model):
-        time.sleep(0.15)
+    def late_export(model):  # the trainer publishing update s (trainer.step == s until train_step returns)
+        s = trainer.step
+        if s + 1 < steps:
+            assert collected[s + 1].wait(timeout=120), f"batch {s + 1} was never collected"
         return export(model)
 
-    monkeypatch.setattr(trainer.collector, "collect", slow_collect)
-    monkeypatch.setattr(async_trainer, "export_hf_weights", slow_export)
-    stale = [m["async/staleness"] for m in _fit_steps(trainer, 20)]
+    monkeypatch.setattr(trainer.collector, "collect", signalling_collect)
+    monkeypatch.setattr(async_trainer, "export_hf_weights", late_export)
+    stale = [m["async/staleness"] for m in _fit_steps(trainer, steps)]
     assert max(stale) <= 1, f"staleness per step: {stale}"
-    assert max(stale) == 1  # the pipeline did run ahead
+    assert stale[1:] == [1.0] * (steps - 1)  # batch s + 1 was always generated while update s was in flight
 
 
 def test_zero_staleness_is_the_sync_schedule_and_backend_gets_the_trained_weights(tmp_path):
@@ -136,29 +143,27 @@ def test_grpo_async_cli(tmp_path, gsm8k_dir):
 
 
 def test_partial_rollouts_mix_versions_within_the_staleness_bound(tmp_path, monkeypatch):
-    """Issue 12 t.3: with train.partial_rollout_chunk=2 and generation slowed so that updates land mid-batch, some
+    """Issue 12 t.3: with train.partial_rollout_chunk=2 and updates landing mid-batch (the rollout thread's first weight
+    check of a batch waits for the trainer's next publication: events, not sleeps, issue 25 C7), some
     episodes carry tokens of two versions (the newer after the older), every token's lag is within
     max_staleness=1 (the bound is on the oldest token), the lag histogram sums to 1 and training runs."""
     cfg = make_cfg(mode="async", train={"steps": 6, "batch_size": 1, "max_staleness": 1, "partial_rollout_chunk": 2},
                    gconfig={"n_samples": 4, "max_new_tokens": 12}, loss={"behaviour_weight_cap": 2.0})
     trainer = AsyncGRPOTrainer(cfg, tmp_path)
     assert trainer.backend.weight_update_hook is not None and trainer.backend.partial_rollout_chunk == 2
-    gen = trainer.backend._generate_chunk
+    hook, waited = trainer.backend.weight_update_hook, set()
 
-    def slow_generate_chunk(*a, **k):  # slow decoding: each token 0.02 s, so an update lands mid-generation
-        model_fwd = trainer.backend.model.forward
+    def hook_after_the_next_update():
+        """The first weight check of batch s, generated with version s - 1 while the trainer trains batch s - 1:
+        wait (an event, not a sleep) until the trainer publishes version s, then take it mid-generation."""
+        s = trainer._next_collect - 1
+        if s not in waited and trainer._backend_version < s:
+            waited.add(s)
+            with trainer._cond:
+                assert trainer._cond.wait_for(lambda: trainer._pending is not None, timeout=120), s
+        hook()
 
-        def slow(*aa, **kk):
-            time.sleep(0.02)
-            return model_fwd(*aa, **kk)
-
-        trainer.backend.model.forward = slow
-        try:
-            return gen(*a, **k)
-        finally:
-            del trainer.backend.model.forward
-
-    monkeypatch.setattr(trainer.backend, "_generate_chunk", slow_generate_chunk)
+    trainer.backend.weight_update_hook = hook_after_the_next_update
     batches = []
     learn = trainer._learn
 

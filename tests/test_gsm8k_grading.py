@@ -270,7 +270,7 @@ def test_degenerate_outputs_stay_linear(text, expected):
     """Degenerate generations (repetition loops) are graded in well under a second, not minutes."""
     import time
 
-    start = time.perf_counter()
+    start = time.process_time()  # this process's CPU seconds: other processes' load on the machine does not count
     assert extract_answer(text) == expected
     gsm8k_reward(text, "8")
-    assert time.perf_counter() - start < 20.0
+    assert time.process_time() - start < 20.0

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 
 from torchrl_grpo.backends.base import Generation, RolloutBackend
@@ -61,17 +60,22 @@ def test_requests_of_one_turn_go_out_as_one_batch_and_replies_reach_their_caller
     user = LocalUser(be, tok)
     lens = {k: len(user._prompt(_msgs(k), None)) for k in (1, 2, 3, 5)}
 
-    def asks(k, delay=0.0):
+    def others_asked():  # a slow env step, made slow by an ordering (not a sleep: issue 25, C7): it goes on only
+        with user._cv:  # once the three other requests wait (or went out: a premature flush shows in be.batches)
+            assert user._cv.wait_for(lambda: len(user._pending) + user.stats["calls"] >= 3, timeout=30)
+
+    def asks(k, slow=False):
         def f():
-            time.sleep(delay)  # a slow env step must still be waited for
+            if slow:
+                others_asked()  # a slow env step must still be waited for
             return user(_msgs(k))
         return f
 
     def no_user_call():
-        time.sleep(0.05)
+        others_asked()
         return "tool-only step"
 
-    res = _run_steps(user, [asks(1), asks(2, 0.1), no_user_call, asks(3), asks(5, 0.02)])
+    res = _run_steps(user, [asks(1), asks(2, slow=True), no_user_call, asks(3), asks(5)])
     assert res == [f"n{lens[1]}", f"n{lens[2]}", "tool-only step", f"n{lens[3]}", f"n{lens[5]}"]
     assert be.batches == [4]
     assert user.stats == {"calls": 4, "batches": 1}

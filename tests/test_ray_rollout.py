@@ -4,7 +4,6 @@ Skipped only when ray is not installed (it is in the [dev] extra). One Ray sessi
 """
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
@@ -81,6 +80,22 @@ def test_two_workers_train_and_stay_in_sync(ray_session, tmp_path, gsm8k_dir):
         trainer.close()
 
 
+class KillOnFirstWait:
+    """The ray module, except that the first ``wait`` kills ``victim`` first (its dispatched batch is lost)."""
+
+    def __init__(self, ray_module, victim):
+        self._ray, self._victim = ray_module, victim
+
+    def wait(self, *a, **k):
+        if self._victim is not None:
+            self._ray.kill(self._victim)
+            self._victim = None
+        return self._ray.wait(*a, **k)
+
+    def __getattr__(self, name):
+        return getattr(self._ray, name)
+
+
 def test_killed_worker_is_replaced_and_nothing_trained_twice(ray_session, tmp_path, gsm8k_dir):
     trainer, batches = _trainer(tmp_path, gsm8k_dir)
     col = trainer.collector
@@ -90,14 +105,17 @@ def test_killed_worker_is_replaced_and_nothing_trained_twice(ray_session, tmp_pa
         ray.kill(col.workers[1])
         m = trainer.train_step()
         assert m["rollout/worker_restarts"] == 1.0
-        # kill worker 0 while its batch is in flight: it is kept busy for 3 s, the step's collect call is queued
-        # behind that, and the actor is killed at 1 s: its tasks were handed over and the batch never comes back
+        # kill worker 0 while its batch is in flight: it is kept busy (a call that would block for up to 10 min),
+        # the step's collect call is queued behind it, and the actor is killed when the collector first waits for
+        # the batches, i.e. after the dispatch (an ordering, not a 1 s timer: issue 25, C7): its tasks were handed
+        # over and the batch never comes back
         victim = col.workers[0]
-        victim.__ray_call__.remote(lambda self: time.sleep(3))
-        killer = threading.Thread(target=lambda: (time.sleep(1.0), ray.kill(victim)))
-        killer.start()
-        m = trainer.train_step()
-        killer.join()
+        victim.__ray_call__.remote(lambda self: time.sleep(600))
+        col._ray = KillOnFirstWait(ray, victim)
+        try:
+            m = trainer.train_step()
+        finally:
+            col._ray = ray
         assert m["rollout/worker_restarts"] == 2.0
         for step, batch in enumerate(batches):
             _check_batch(batch, trainer, step)
