@@ -185,3 +185,26 @@ def test_bad_arguments_raise():
         group_advantages(r, g, baseline="median")
     with pytest.raises(ValueError, match="same length"):
         group_advantages(torch.tensor([1.0, 0.0, 1.0]), g)
+
+
+def test_batch_scale_over_ranks_equals_the_union_of_the_shards():
+    """``sum_over_ranks`` (an all-reduce under DDP): two shards of whole groups, each scaled with the summed
+    count / sum / sum of squares of both, get the advantages of the union scaled on one process; an empty shard
+    contributes zeros; ``stats_mask`` leaves episodes out of the std but still scales them."""
+    r, gid = _random_batch(6, n_groups=4, group_size=3)
+    r, gid = torch.tensor(r, dtype=torch.float32), torch.tensor(gid)
+    shards = [torch.isin(gid, torch.tensor([0, 2])), torch.isin(gid, torch.tensor([1, 3])), gid < 0]  # 3rd empty
+    local = []
+    for m in shards:  # each rank's own statistics
+        group_advantages(r[m], gid[m], scale="batch", sum_over_ranks=lambda t: local.append(t.clone()) or t)
+    total = sum(local)
+    assert float(local[2].abs().sum()) == 0.0
+    union = group_advantages(r, gid, scale="batch")
+    for m in shards:
+        got = group_advantages(r[m], gid[m], scale="batch", sum_over_ranks=lambda t: total)
+        torch.testing.assert_close(got, union[m], rtol=1e-6, atol=1e-7)
+    keep = gid != 1
+    masked = group_advantages(r, gid, scale="batch", stats_mask=keep)
+    torch.testing.assert_close(masked[keep], group_advantages(r[keep], gid[keep], scale="batch"), rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="stats_mask"):
+        group_advantages(r, gid, scale="batch", stats_mask=keep[:-1])

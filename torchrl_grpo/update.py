@@ -3,8 +3,9 @@ optimizer steps with gradient accumulation over token-budgeted micro-batches.
 
 Input: the collector's batch TensorDict [B] (see :mod:`torchrl_grpo.collector`) with an ``advantage`` column [B]
 (:mod:`torchrl_grpo.advantage`), after the trainer's group filters. Output: the step's batch-level metrics, each
-reduced over micro-batches as :data:`torchrl_grpo.loss.REDUCTIONS` declares (:class:`~torchrl_grpo.loss.LossMetrics`),
-plus ``train/*`` counters and ``grad_norm``.
+reduced over micro-batches (and, data-parallel, over every rank's micro-batches: the same values on every rank) as
+:data:`torchrl_grpo.loss.REDUCTIONS` declares (:class:`~torchrl_grpo.loss.LossMetrics`), plus ``train/*`` counters
+and ``grad_norm``.
 """
 from __future__ import annotations
 
