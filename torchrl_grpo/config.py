@@ -384,13 +384,14 @@ def validate_config(cfg) -> None:
 
 
 def _validate_mode_keys(cfg) -> None:
-    """Keys only the async trainer reads, set in another mode: a ValueError naming the key (they were ignored)."""
+    """Keys only the async trainer reads, set in another mode: a ValueError naming the key (they were ignored).
+    ``train.max_staleness=0`` is accepted in sync mode: the sync schedule is staleness 0 (AReaL's η = 0)."""
     t = cfg.train
     if cfg.mode == "async":
         return
-    for key, val, unset in (("train.max_staleness", t.max_staleness, None),
-                            ("train.partial_rollout_chunk", t.partial_rollout_chunk, 0)):
-        if val != unset:
+    for key, val, allowed in (("train.max_staleness", t.max_staleness, (None, 0)),
+                              ("train.partial_rollout_chunk", t.partial_rollout_chunk, (0,))):
+        if val not in allowed:
             raise ValueError(f"config {key}={val} is read by mode=async only (this run is mode={cfg.mode}, where it "
                              f"would be ignored): drop it, or run mode=async (grpo-async.py)")
 
