@@ -1,6 +1,7 @@
 """Data-parallel training (torchrl_grpo.distributed) with torchrun + gloo on CPU, tiny model.
 
-One DDP step, and one FSDP2 step, on two ranks equals one single-process step on the doubled batch; a torchrun run
+One DDP step, and one FSDP2 step, on two ranks equals one single-process step on the doubled batch (with
+``loss.adv_scale=batch`` too: same advantages, and the same logged loss metrics); a torchrun run
 of grpo.py writes its files from rank 0 only and its checkpoint resumes on one process (FSDP: and back).
 """
 from __future__ import annotations
