@@ -50,6 +50,18 @@ Action
       it was, as if ``step`` had not been called. No model produces such a value, so scoring it
       would hide a bug in the trainer.
 
+Cost (issue 25: nothing a model emits can hang, crash or exhaust us)
+    Every input a model can emit is hostile, so a step's cost is bounded whatever the action holds
+    (a 1 MB string, JSON nested 5,000 deep, ``9**9**9``, ``1e-30000000``, lone surrogates): each env
+    bounds the work *before* parsing, converting or evaluating (tau2: JSON depth
+    :data:`envs.action_text.MAX_JSON_DEPTH`, no ``**`` in ``calculate``; GSM8K: numbers of at most
+    100 digits and ``|exponent| <= 100``, the last 20,000 characters graded), and lone UTF-16
+    surrogates become U+FFFD on entry (:func:`envs.action_text.clean_text`), so ``obs`` and ``info``
+    always encode as UTF-8. Checked on every registered id by ``tests/test_env_hardening.py``:
+    no exception but the ``TypeError`` below, every ``step`` under :data:`STEP_TIME_BOUND_S` seconds
+    on a loaded 2-core machine (milliseconds in practice, plus the user simulator's own time for an
+    LLM customer, which is not the model's input), no database change from a malformed call.
+
 Reward
     ``0.0`` on every step before the episode ends; on the final step a ``float`` in ``[0, 1]``
     (GSM8K: 1 correct / ``format_reward`` / 0; IFEval: the fraction of the prompt's instructions
@@ -111,8 +123,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from gymnasium import Space
 
-__all__ = ["ACTION_ERROR", "END_INFO_KEYS", "INFO_KEYS", "STEP_AFTER_END", "TextAgentEnv", "check_action",
-           "check_task_options"]
+__all__ = ["ACTION_ERROR", "END_INFO_KEYS", "INFO_KEYS", "STEP_AFTER_END", "STEP_TIME_BOUND_S", "TextAgentEnv",
+           "check_action", "check_task_options"]
 
 #: ``info`` keys every env sets on every ``reset`` and ``step``.
 INFO_KEYS = frozenset({"messages", "tools", "task_id", "index", "split"})
@@ -122,6 +134,9 @@ END_INFO_KEYS = frozenset({"termination_reason"})
 ACTION_ERROR = "action_error"
 #: Message of the ``RuntimeError`` raised by ``step`` after the episode ended.
 STEP_AFTER_END = "episode has ended; call reset()"
+#: Upper bound (seconds) on one ``step`` whatever the model wrote (see "Cost"), with an offline user; generous for a
+#: loaded machine: bounded steps take milliseconds.
+STEP_TIME_BOUND_S = 2.0
 
 
 @runtime_checkable
