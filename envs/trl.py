@@ -94,6 +94,13 @@ def _make(env_id: str, make_kwargs: dict) -> gym.Env:
     return gym.make(env_id, disable_env_checker=True, **make_kwargs)
 
 
+def _offline(make_kwargs: dict) -> dict:
+    """``make_kwargs`` for a probe or a dataset, which must not call an LLM customer: ``user="llm"`` becomes
+    ``"scripted"`` (tau2: same system prompt, greeting and tools; the customer's opening line, the only part that
+    differs, is left to ``reset``)."""
+    return {**make_kwargs, "user": "scripted"} if make_kwargs.get("user") == "llm" else dict(make_kwargs)
+
+
 def _probe(env: gym.Env) -> tuple[list[dict], dict]:
     """Reset ``env`` on its first usable task: ``(obs, info)`` (the opening, and the tool schemas in ``info``)."""
     usable = env.unwrapped.usable_task_indices(1)
@@ -134,10 +141,11 @@ def _hint(prop: dict) -> tuple[Any, bool]:
         return (subs[0] if len(subs) == 1 else Union[tuple(subs)]), True
     if t == "array":
         items = prop.get("items")
-        if isinstance(items, dict) and items.get("type") in ("string", "integer", "number", "boolean") \
-                and len(items) <= 2 + ("description" in items):
-            return list[_PRIMITIVE[items["type"]]], True
-        return list, not items
+        if not items:
+            return list, True
+        simple = isinstance(items, dict) and items.get("type") in ("string", "integer", "number", "boolean") \
+            and set(items) <= {"type", "description", "title"}
+        return (list[_PRIMITIVE[items["type"]]], True) if simple else (list, False)
     if t == "object":
         return dict, not prop.get("properties") and prop.get("additionalProperties", True) in (True, {})
     if t in _PRIMITIVE:
@@ -345,7 +353,9 @@ def environment_factory(env_id: str, **make_kwargs: Any) -> type[TRLToolEnv]:
 
     Args:
         env_id: a registered id whose env has tools (``tau2/{airline,retail,telecom,mock}-v0``).
-        **make_kwargs: forwarded to every ``gym.make`` (``split``, ``user``, ``max_steps``, ``reward``, ...).
+        **make_kwargs: forwarded to every ``gym.make`` (``split``, ``user``, ``max_steps``, ``reward``, ...). The
+            class is built from one probe env reset on the first usable task, never with an LLM customer
+            (``user="llm"`` is probed as ``"scripted"``: same tools); its instances use ``make_kwargs`` as given.
 
     Returns:
         A no-argument class (see the module docstring): one method per tool, ``send_message_to_user`` where a
@@ -356,7 +366,7 @@ def environment_factory(env_id: str, **make_kwargs: Any) -> type[TRLToolEnv]:
         ValueError: an env without tools (use :func:`reward_function`), a tool name that cannot be a method.
         gymnasium.error.Error: unknown id.
     """
-    probe = _make(env_id, make_kwargs)
+    probe = _make(env_id, _offline(make_kwargs))
     try:
         obs, info = _probe(probe)
     finally:
@@ -424,7 +434,8 @@ def dataset(env_id: str, split: str | None = None, *, limit: int | None = None, 
         env_id: any registered id.
         split: the split (``None``: the env's default).
         limit: only the first ``limit`` usable tasks (``None``: all).
-        **make_kwargs: forwarded to ``gym.make`` (use the same as for :func:`environment_factory`).
+        **make_kwargs: forwarded to ``gym.make`` (use the same as for :func:`environment_factory`); building
+            the rows never calls an LLM customer (``user="llm"`` is built as ``"scripted"``: same prompts).
 
     Raises:
         ValueError: ``limit < 1``.
@@ -437,7 +448,7 @@ def dataset(env_id: str, split: str | None = None, *, limit: int | None = None, 
     kwargs = dict(make_kwargs)
     if split is not None:
         kwargs["split"] = split
-    env = _make(env_id, kwargs)
+    env = _make(env_id, _offline(kwargs))
     try:
         rows = []
         for i in env.unwrapped.usable_task_indices(limit):

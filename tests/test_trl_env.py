@@ -155,6 +155,23 @@ def test_reset_checks_the_row(mock_cls):
     assert inst.reset(index=row["index"]) == inst.env.unwrapped.trajectory[-1].content  # the customer's opening
 
 
+def test_llm_customer_is_not_called_to_build_the_class_or_the_rows(monkeypatch):
+    """environment_factory / dataset with user="llm" probe and build rows with the scripted customer (same prompt):
+    no LLM call; the class still offers send_message_to_user and makes its envs with the LLM customer."""
+    import litellm
+
+    def refuse(*a, **k):
+        raise AssertionError("the LLM customer was called")
+
+    monkeypatch.setattr(litellm, "completion", refuse)
+    kw = {"user": "llm", "user_llm": "openai/none", "user_llm_base_url": "http://127.0.0.1:9"}
+    cls = environment_factory("tau2/airline-v0", **kw)
+    rows = dataset("tau2/airline-v0", limit=2, **kw)
+    assert SEND_MESSAGE_TOOL in _tool_methods(cls)
+    assert rows[0]["prompt"][-1]["role"] == "user" and rows[0]["prompt"][-1]["content"] == ""
+    assert cls().env.unwrapped.user_kind == "llm"
+
+
 def test_one_turn_and_tool_envs_are_told_apart():
     with pytest.raises(ValueError, match="reward_function"):
         environment_factory("GSM8K-v0")
@@ -162,19 +179,34 @@ def test_one_turn_and_tool_envs_are_told_apart():
         reward_function("tau2/mock-v0")
 
 
-def test_reward_function_is_the_env_grader():
-    rows = dataset("GSM8K-v0", "test", limit=3)
-    fn = reward_function("GSM8K-v0", split="test")
-    env = gym.make("GSM8K-v0", split="test", disable_env_checker=True)
-    answers = []
+@pytest.mark.parametrize("env_id,make_kwargs,fmt", [
+    ("GSM8K-v0", {"split": "test"}, "Reasoning.\n#### {}"),
+    ("ReasoningGym-v0", {"split": "test", "task": "chain_sum"}, "Reasoning.\n{}")])
+def test_reward_function_is_the_env_grader(env_id, make_kwargs, fmt):
+    """reward_function scores each completion (standard or conversational) by env.reset(task) + env.step(text):
+    the gold answers score 1.0, a wrong one 0.0, on GSM8K-v0 and ReasoningGym-v0."""
+    if env_id not in gym.registry:
+        pytest.skip(f"{env_id} is not registered")
+    rows = dataset(env_id, limit=3, **make_kwargs)
+    fn = reward_function(env_id, **make_kwargs)
+    env = gym.make(env_id, disable_env_checker=True, **make_kwargs)
+    texts = []
     for row in rows:
         _, info = env.reset(options={"index": row["index"]})
-        answers.append(f"#### {info['answer']}")
-    completions = [[{"role": "assistant", "content": a}] for a in answers[:2]] + ["#### -1"]
-    assert fn(prompts=rows["prompt"], completions=completions, task_id=rows["task_id"]) == [1.0, 1.0, 0.0]
-    assert fn(prompts=None, completions=answers, index=rows["index"]) == [1.0, 1.0, 1.0]
+        texts.append(fmt.format(info["answer"]))
+    texts[2] = fmt.format("-987654321")
+    expected = []
+    for row, text in zip(rows, texts):
+        env.reset(options={"task_id": row["task_id"]})
+        expected.append(env.step(text)[1])
+    assert expected == [1.0, 1.0, 0.0]
+    completions = [[{"role": "assistant", "content": t}] for t in texts[:2]] + [texts[2]]
+    assert fn(prompts=rows["prompt"], completions=completions, task_id=rows["task_id"]) == expected
+    assert fn(prompts=None, completions=texts, index=rows["index"]) == expected
     with pytest.raises(ValueError):
-        fn(prompts=None, completions=answers)
+        fn(prompts=None, completions=texts)
+    with pytest.raises(ValueError):
+        fn(prompts=None, completions=texts, task_id=rows["task_id"][:2])
 
 
 # ------------------------------------------------------------------------------------------------ inside TRL
