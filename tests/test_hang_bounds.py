@@ -62,6 +62,33 @@ def test_a_hung_ray_worker_fails_the_step_naming_it_after_the_timeout():
     assert col._ray.timeouts and all(t is not None and t <= 7.5 for t in col._ray.timeouts)
 
 
+def test_a_worker_that_does_not_load_the_weights_fails_the_sync_naming_it():
+    pytest.importorskip("ray")
+    from ray.exceptions import GetTimeoutError
+
+    from torchrl_grpo.ray_rollout import RayRolloutCollector
+
+    class HungLoad:
+        def put(self, obj):
+            return obj
+
+        def get(self, ref, timeout=None):
+            if timeout is None:
+                raise AssertionError("ray.get without a timeout blocks forever on a hung worker")
+            if ref == 1:
+                raise GetTimeoutError("timed out")
+            return ref
+
+    def actor(w):
+        return SimpleNamespace(load_weights=SimpleNamespace(remote=lambda weights, version: w))
+
+    col = RayRolloutCollector.__new__(RayRolloutCollector)
+    col._ray, col.workers, col.local_backend, col.check_sync = HungLoad(), [actor(0), actor(1)], None, False
+    col.policy_version, col.worker_timeout_s = 0, 3.0
+    with pytest.raises(RuntimeError, match=r"rollout worker\(s\) \[1\] did not load the weights within 3 s"):
+        col.update_policy_weights_(torch.nn.Linear(2, 2))
+
+
 def test_worker_timeout_is_a_validated_config_key():
     from omegaconf import OmegaConf
 

@@ -206,8 +206,13 @@ class RayRolloutCollector:
             pass
         self.workers[w] = self._start(w)
         if self._weights_ref is not None:
-            self._ray.get(self.workers[w].load_weights.remote(self._weights_ref, self.policy_version),
-                          timeout=self.worker_timeout_s)
+            from ray.exceptions import GetTimeoutError
+
+            try:
+                self._ray.get(self.workers[w].load_weights.remote(self._weights_ref, self.policy_version),
+                              timeout=self.worker_timeout_s)
+            except GetTimeoutError as e:
+                raise RuntimeError(self._hung_message([w], "(a replacement) did not load the weights")) from e
 
     # ------------------------------------------------------------------ collection
     def collect(self, tasks: list[dict], n_samples: int, *, step: int = 0, sampling=None) -> TensorDict:
