@@ -166,7 +166,7 @@ def _from_json_text(text: str, call_id: str) -> ToolCallRequest:
     try:
         obj = loads_bounded(body)
     except UnusableJSON as e:
-        return _too_deep(body, call_id, e)
+        return _unusable(body, call_id, e)
     except json.JSONDecodeError as e:
         m = _NAME_RE.search(body)
         return ToolCallRequest(
@@ -182,7 +182,7 @@ def _from_json_text(text: str, call_id: str) -> ToolCallRequest:
     return req
 
 
-def _too_deep(body: str, call_id: str, e: UnusableJSON) -> ToolCallRequest:
+def _unusable(body: str, call_id: str, e: UnusableJSON) -> ToolCallRequest:
     m = _NAME_RE.search(body)
     return ToolCallRequest(call_id, m.group(1) if m else None, None, f"the tool call is not usable: {e}", body)
 
@@ -236,7 +236,7 @@ def _parse_text(text: str, id_prefix: str, tool_names: set[str] | None) -> Parse
         except UnusableJSON as e:
             if _NAME_RE.search(body) is None:  # not a tool call: a (strange) message to the user
                 return ParsedAction(stripped)
-            return ParsedAction(None, [_too_deep(body, f"{id_prefix}_0", e)])
+            return ParsedAction(None, [_unusable(body, f"{id_prefix}_0", e)])
         except json.JSONDecodeError:
             obj = None
         items = obj if isinstance(obj, list) else [obj]
