@@ -270,6 +270,24 @@ def test_parse_action_bounds_depth_before_json_loads():
         assert parsed.tool_calls[0].ok is fine, parsed.tool_calls[0].error
     parsed = parse_action(_hermes("t", ok))
     assert parsed.tool_calls[0].arguments == ok
+    brackets_in_a_string = {"note": "[{" * 1000 + '\\"' + "]" * 5}  # not nesting: inside a JSON string
+    parsed = parse_action(_hermes("t", brackets_in_a_string))
+    assert parsed.tool_calls[0].arguments == brackets_in_a_string
+
+
+@pytest.mark.parametrize("text,depth", [
+    ("[" * 100 + '"\\' * 500_000, 100),  # unterminated strings full of escapes (a naive string regex is quadratic)
+    ("[" * 100 + '"\\"' * 300_000, 100),
+    ('{"a": "' + "[" * 1_000_000 + '"}', 1),  # brackets inside a string do not nest
+    ("[]" * 500_000, 1),
+    ("[" * 1_000_000, 1_000_000),
+], ids=["unterminated_escapes", "escaped_quotes", "brackets_in_string", "flat", "deep"])
+def test_json_depth_is_linear_and_ignores_strings(text, depth):
+    from envs.action_text import json_depth
+
+    t0 = time.perf_counter()
+    assert json_depth(text) == depth
+    assert time.perf_counter() - t0 < STEP_BOUND_S / 4
 
 
 # ---------------------------------------------------------------------------------------------------------------
