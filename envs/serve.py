@@ -57,24 +57,22 @@ and, on ``step``, without ``info["tools"]`` (sent once, on ``reset``). State (:c
 session's env id, task, whole conversation, step count, reward so far and -- for tau2 -- the episode
 database hash (``db_hash``), so two sessions can be checked for isolation.
 
-Bounds (every one a :func:`build_app` / :func:`uvicorn_config` argument and a CLI flag):
+Bounds (every one a :func:`build_app` / :func:`uvicorn_config` argument and a CLI flag; default, and what
+happens past it):
 
-=========================  ==========================  ==================================================
-bound                      default (flag)              what happens past it
-=========================  ==========================  ==================================================
-sessions                   64 (``--max-sessions``)     429 / ``CAPACITY_REACHED``
-request body / WS message  1 MiB (``--max-body-bytes``) 413 / socket closed (1009)
-conversation per session   8 MiB (``--max-session-bytes``) the step is refused (413 /
-                                                       ``SESSION_BYTES_EXCEEDED``), the episode kept;
-                                                       ``reset`` starts again from zero
-idle session               600 s (``--idle-timeout``)  session closed, id forgotten, socket closed
-request headers            10 s (``--header-timeout``) connection closed
-request body               30 s (``--body-timeout``)   408, connection closed
-=========================  ==========================  ==================================================
+* sessions: 64 (``--max-sessions``) -> 429 / ``CAPACITY_REACHED``;
+* request body / WebSocket message: 1 MiB (``--max-body-bytes``) -> 413 / socket closed (1009);
+* conversation per session: 8 MiB (``--max-session-bytes``; 0 = none) -> the step is refused (413 /
+  ``SESSION_BYTES_EXCEEDED``) and the episode kept; ``reset`` starts again from zero;
+* idle session: 600 s (``--idle-timeout``) -> session closed, id forgotten, its socket closed;
+* request head: 10 s from the connection's opening or its last response (``--header-timeout``) -> connection
+  closed (uvicorn has no such timer: half-open connections were held forever);
+* request body: 30 s (``--body-timeout``) -> 408, connection closed.
 
 The conversation size is counted as UTF-8 JSON bytes of the reset messages, every action and every
-observation's messages; the env keeps more than that per byte (the issue measured +197 MB RSS for 40
-steps of 1 MB on tau2), so 8 MiB x 64 sessions stays well inside a 23 GB machine. A step is refused
+observation's messages. The server holds several bytes of memory per counted byte (issue 25 measured +197
+MB RSS for 40 steps of 1 MB on tau2, ~5x; ``benchmarks/openenv_serve_load.py`` saw +105 MB after 4 airline
+sessions filled to ~7 MiB each, ~4x), so 64 sessions at the 8 MiB cap need ~2-3 GB. A step is refused
 when the action would bring the count over the cap, so the cap is exceeded at most by one step's env
 output.
 
