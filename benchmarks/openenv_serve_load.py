@@ -369,8 +369,8 @@ def to_markdown(rep: dict) -> str:
         f"before/after: {rep['loadavg_before']} / {rep['loadavg_after']}  ",
         f"Adversary settings: {rep['adversaries']}",
         "",
-        "| domain | phase | sessions | steps | wall s | sessions/s | steps/s | step p50 ms | step p99 ms | reset p50 ms "
-        "| /health p50 / max ms | server RSS MB | mean reward | rewards == in-process |",
+        ("| domain | phase | sessions | steps | wall s | sessions/s | steps/s | step p50 ms | step p99 ms | reset p50 ms "
+         "| /health p50 / max ms | server RSS MB | mean reward | rewards == in-process |"),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for d in rep["domains"]:
@@ -386,12 +386,12 @@ def to_markdown(rep: dict) -> str:
             lines.append(f"- {d['domain']}: " + "; ".join(f"{k}: {json.dumps(v)}" for k, v in d["adversaries"].items()))
     lines += [
         "",
-        "All honest sessions are open at once (one WebSocket each, OpenEnv's `GenericEnvClient`); session i replays the "
-        "gold episode of the (i mod tasks)-th usable task; latencies are client-side round trips while all sessions run, so "
-        "they include queueing behind the other sessions (and the adversaries) on the shared core. The server is warmed by "
-        "one episode first (domain load not timed). Customer: the envs' default (airline/retail: deterministic "
-        "`ScriptedUser`; telecom: solo). The machine was shared with other jobs (see the load average): compare the two "
-        "phases of one domain, not absolute numbers.",
+        ("All honest sessions are open at once (one WebSocket each, OpenEnv's `GenericEnvClient`); session i replays the "
+         "gold episode of the (i mod tasks)-th usable task; latencies are client-side round trips while all sessions run, so "
+         "they include queueing behind the other sessions (and the adversaries) on the shared core. The server is warmed by "
+         "one episode first (domain load not timed). Customer: the envs' default (airline/retail: deterministic "
+         "`ScriptedUser`; telecom: solo). The machine was shared with other jobs (see the load average): compare the two "
+         "phases of one domain, not absolute numbers."),
     ]
     return "\n".join(lines) + "\n"
 

@@ -100,14 +100,15 @@ import json
 import math
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gymnasium as gym
 
 import envs as _envs
 from envs.contract import check_action
 
-__all__ = ["GymTextEnvironment", "TextAction", "TextObservation", "TextState", "build_app", "uvicorn_config", "main"]
+__all__ = ["GymTextEnvironment", "TextAction", "TextObservation", "TextState", "build_app", "main", "uvicorn_config"]
 
 try:  # the optional extra [serve]
     import h11
@@ -686,7 +687,7 @@ def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int 
                     if ws is not None:
                         try:
                             await ws.close(code=1001, reason="idle timeout")
-                        except Exception:  # noqa: BLE001 - the client may be gone already
+                        except Exception:  # noqa: BLE001, S110 - the client may be gone already
                             pass
 
     async def _start() -> None:

@@ -44,7 +44,7 @@ def test_make_does_not_download_nltk_data(no_nltk_data, monkeypatch, caplog):
     u = env.unwrapped
     assert 0 < len(u.usable_task_indices()) < u.num_tasks  # the checkers needing NLTK data are left out
     assert "python -m nltk.downloader punkt punkt_tab stopwords averaged_perceptron_tagger_eng" in caplog.text
-    obs, info = env.reset(options={"index": u.usable_task_indices(1)[0]})
+    env.reset(options={"index": u.usable_task_indices(1)[0]})
     env.step("a short answer.")  # grading an available prompt does not download either
     assert calls == []
 

@@ -23,7 +23,7 @@ import httpx
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
-import envs.serve as serve
+from envs import serve
 from envs.serve import build_app
 
 LIMIT = 64 * 1024
@@ -182,16 +182,15 @@ def test_ws_state_db_hash_runs_off_the_event_loop():
     """Defect B2: a WebSocket ``state`` computed the tau2 db hash on the event loop (stalling /health)."""
     RELEASE.clear()
     app = build_app("ServeTest/Hash-v0", max_sessions=2, idle_timeout_s=600, max_body_bytes=LIMIT)
-    with _serve(app) as url, httpx.Client(base_url=url, timeout=10) as c:
-        with _ws(url) as ws:
-            assert _ask(ws, {"type": "reset", "data": {}})["type"] == "observation"
-            ws.send(json.dumps({"type": "state"}))  # its hash blocks until RELEASE
-            try:
-                assert c.get("/health").status_code == 200  # answered while the hash is still blocked
-            finally:
-                RELEASE.set()
-            msg = json.loads(ws.recv(timeout=20))
-            assert msg["type"] == "state" and msg["data"]["db_hash"] == "h"
+    with _serve(app) as url, httpx.Client(base_url=url, timeout=10) as c, _ws(url) as ws:
+        assert _ask(ws, {"type": "reset", "data": {}})["type"] == "observation"
+        ws.send(json.dumps({"type": "state"}))  # its hash blocks until RELEASE
+        try:
+            assert c.get("/health").status_code == 200  # answered while the hash is still blocked
+        finally:
+            RELEASE.set()
+        msg = json.loads(ws.recv(timeout=20))
+        assert msg["type"] == "state" and msg["data"]["db_hash"] == "h"
 
 
 def test_state_loop_hashes_the_database_once_per_step():
@@ -224,9 +223,8 @@ def test_cross_origin_and_foreign_host_rejected_unless_allowed():
                   c.post("/sessions", headers={"Origin": "null"})):
             assert r.status_code == 403 and any(w in r.json()["detail"].lower() for w in ("origin", "host")), r.text
         assert c.get("/sessions").json()["active"] == 0  # nothing was created
-        with pytest.raises(InvalidStatus) as e:
-            with _ws(url, origin="http://evil.example"):
-                pass
+        with pytest.raises(InvalidStatus) as e, _ws(url, origin="http://evil.example"):
+            pass
         assert e.value.response.status_code == 403
         assert c.post("/sessions", headers={"Origin": "http://ok.example"}).status_code == 201  # allow-list
         assert c.post("/sessions").status_code == 201  # no Origin: not a browser
@@ -312,9 +310,8 @@ def test_only_documented_routes_and_none_builds_an_env_outside_the_cap():
             assert c.get(path).status_code == 404, path
         rpc = {"jsonrpc": "2.0", "id": 1, "method": "openenv/session/create", "params": {}}
         assert c.post("/mcp", json=rpc).status_code in (404, 405)
-        with pytest.raises(InvalidStatus):
-            with ws_connect(url.replace("http", "ws") + "/mcp"):
-                pass
+        with pytest.raises(InvalidStatus), ws_connect(url.replace("http", "ws") + "/mcp"):
+            pass
         assert c.get("/metadata").json()["name"] == "ServeTest/Echo-v0"
         assert c.get("/schema").status_code == 200 and c.get("/health").status_code == 200
         assert EchoEnv.made == made  # no env built by /metadata, /schema, /health
