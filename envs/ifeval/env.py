@@ -16,10 +16,12 @@ from typing import Any
 
 import gymnasium as gym
 
-from .data import load_prompts
-from .grading import instruction_available, score_response
+from envs.action_text import clean_text
 from envs.contract import STEP_AFTER_END, check_action
 from envs.spaces import AssistantAction, ChatMessages
+
+from .data import load_prompts
+from .grading import instruction_available, score_response
 
 __all__ = ["IFEvalEnv", "REWARD_KINDS", "EMPTY_RESPONSE", "TOOL_CALL_IN_ANSWER"]
 
@@ -236,7 +238,7 @@ class IFEvalEnv(gym.Env):
         if self._done:
             raise RuntimeError(STEP_AFTER_END)
         check_action(action)  # TypeError before any state change
-        text = action if isinstance(action, str) else (action.get("content") or "")
+        text = clean_text(action if isinstance(action, str) else (action.get("content") or ""))  # lone surrogates
         p = self._prompts[self._index]
         grade = score_response(text, p["instruction_id_list"], p["kwargs"], p["prompt"])
         self._done = True
