@@ -1,0 +1,178 @@
+"""TRL's rollout loop over our tau2 env vs over tau2's own ``AgentGymEnv``, wrapped the same way, in one process.
+
+Both sides are TRL environment classes with the same tool methods (:func:`envs.trl.environment_factory`); the
+``tau2`` side replaces the env under them by tau2's ``tau2.gym.AgentGymEnv`` (thread per episode, 10 ms polling;
+scripted customer as in ``benchmarks/env_bench.py``), each call sent as tau2's action string (JSON tool call,
+plain text for the customer). One rollout batch = ``GRPOTrainer._generate_and_score_completions`` on the tasks'
+rows: TRL's real loop (prompt rendering, tool-call parsing, tool execution, reward, old log-probs with the tiny
+model) with the model's ``generate`` replaced by a script that writes each task's gold actions, then a plain
+answer (so both sides replay identical episodes; the model's generation time is left out of both).
+
+steps/s = tool calls executed / wall time of the rollout batch. Batches alternate between sides (same load).
+
+Usage::
+
+    python benchmarks/trl_env_bench.py --domain mock --tasks 4 --repeats 3
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import gymnasium as gym  # noqa: E402
+import torch  # noqa: E402
+
+import envs  # noqa: E402
+from envs.tau2.oracle import oracle_actions  # noqa: E402
+from envs.trl import SEND_MESSAGE_TOOL, dataset, environment_factory  # noqa: E402
+
+gym.register_envs(envs)
+
+
+def tau2_side(cls, domain: str, solo: bool):
+    """``cls`` (our TRL env class) with tau2's AgentGymEnv under the same tool methods."""
+    from env_bench import make_tau2_gym_env
+
+    class OnAgentGymEnv(cls):
+        def reset(self, **row):
+            self._agym = make_tau2_gym_env(domain, str(row["task_id"]), solo)
+            obs, _ = self._agym.reset()
+            self.actions, self.info, self.reward, self.ended, self._started = [], {}, None, False, True
+            return None if solo else obs.rsplit("user: ", 1)[-1]
+
+        def get_reward(self):
+            if not self.ended:
+                self._step({"role": "assistant", "content": None,
+                            "tool_calls": [{"function": {"name": "done", "arguments": {}}}]})
+            return float(self.reward)
+
+        def _step(self, action):
+            self.actions.append(copy.deepcopy(action))
+            if action.get("tool_calls"):
+                f = action["tool_calls"][0]["function"]
+                text = json.dumps({"name": f["name"], "arguments": f["arguments"]})
+                if f["name"] == "done" and not solo:
+                    text = "###STOP###"
+            else:
+                text = action["content"]
+            obs, reward, term, trunc, info = self._agym.step(text)
+            self.info = {"termination_reason": info.get("termination_reason")} if isinstance(info, dict) else {}
+            if term or trunc:
+                self.ended, self.reward = True, float(reward)
+                if self._agym._orchestrator_thread is not None:
+                    self._agym._orchestrator_thread.join(timeout=5)
+            role = "user" if action.get("content") else "tool"
+            return [{"role": role, "content": obs}]
+
+    OnAgentGymEnv.__name__ = cls.__name__
+    return OnAgentGymEnv
+
+
+def scripted_generate(tok, plans):
+    """A ``generate`` that plays ``plans[k]`` (list of completion texts) for the rollout tagged ``[k]``."""
+
+    def generate(input_ids=None, attention_mask=None, **kwargs):
+        outs = []
+        for b in range(input_ids.shape[0]):
+            text = tok.decode(input_ids[b][attention_mask[b].bool()])
+            if "<|im_start|>assistant\n[" in text.rsplit("<|im_start|>system", 1)[-1]:
+                k = int(text.split("<|im_start|>assistant\n[", 1)[1].split("]", 1)[0])
+                turn = text.count("<tool_response>")
+                say = plans[k][turn]
+            else:  # first turn: rows in input order
+                k = generate.next_row
+                generate.next_row += 1
+                say = f"[{k}]" + plans[k][0]
+            outs.append(tok.encode(say + "<|im_end|>", add_special_tokens=False))
+        width = max(map(len, outs))
+        gen = torch.tensor([o + [tok.pad_token_id] * (width - len(o)) for o in outs])
+        return torch.cat([input_ids, gen], dim=1)
+
+    generate.next_row = 0
+    return generate
+
+
+def plan_of(task, solo: bool) -> list[str]:
+    out = []
+    for msg in oracle_actions(task, solo)[:-1]:
+        for c in msg.get("tool_calls") or []:
+            args = c["function"]["arguments"]
+            args = json.loads(args) if isinstance(args, str) else args
+            out.append('<tool_call>\n' + json.dumps({"name": c["function"]["name"], "arguments": args}) + '\n</tool_call>')
+        if msg.get("content") and not solo:
+            out.append('<tool_call>\n' + json.dumps({"name": SEND_MESSAGE_TOOL, "arguments": {"content": msg["content"]}})
+                       + '\n</tool_call>')
+    return out + ["Done."]
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--domain", default="mock")
+    p.add_argument("--tasks", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args(argv)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.chat_template_utils import qwen3_template
+
+    from torchrl_grpo.models import load_model_and_tokenizer
+
+    env_id = f"tau2/{args.domain}-v0"
+    ours = environment_factory(env_id)
+    solo = ours().env.unwrapped.solo
+    rows = dataset(env_id, limit=args.tasks)
+    tasks = {t: ours().env.unwrapped.tasks[ours().env.unwrapped.tasks.index_of(t)] for t in rows["task_id"]}
+    tmp = tempfile.mkdtemp()
+    model, tok = load_model_and_tokenizer("tiny-random")
+    # tau2 prompts with their tool schemas are ~10-25k tokens in tiny-random's byte-level vocabulary: lift the 4096
+    # limit (RoPE, random weights) so that TRL's overlong check does not cut the gold episodes
+    model.config.max_position_embeddings = 1 << 16
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    trainers = {}
+    for side, cls in (("ours", ours), ("tau2", tau2_side(ours, args.domain, solo))):
+        tk = AutoTokenizer.from_pretrained(tmp)
+        tk.response_template = qwen3_template
+        cfg = GRPOConfig(output_dir=os.path.join(tmp, side), per_device_train_batch_size=2 * len(rows), num_generations=2,
+                         max_completion_length=4096, report_to=[], use_cpu=True, use_vllm=False, max_steps=1,
+                         max_tool_calling_iterations=64, save_strategy="no")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainers[side] = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(tmp), processing_class=tk,
+                                         args=cfg, train_dataset=rows, environment_factory=cls)
+    inputs = [dict(r) for r in rows for _ in range(2)]  # a group of 2 rollouts per task (TRL's minimum)
+    plans = [plan_of(tasks[r["task_id"]], solo) for r in inputs]
+    times = {"ours": [], "tau2": []}
+    rewards, calls = {}, {}
+    for rep in range(args.repeats):
+        for side, tr in trainers.items():
+            tr.model.generate = scripted_generate(tr.processing_class, plans)
+            t0 = time.perf_counter()
+            tr._generate_and_score_completions(copy.deepcopy(inputs))
+            times[side].append(time.perf_counter() - t0)
+            rewards[side] = [e.reward for e in tr.environments]
+            calls[side] = sum(len(e.actions) for e in tr.environments)
+    load = os.getloadavg()
+    print(f"# TRL rollout loop, {env_id}, {len(rows)} tasks x 2 rollouts x {args.repeats} repeats, {calls['ours']} env steps per batch "
+          f"(tool calls + get_reward's done; tau2 side: {calls['tau2']}), load average {load[0]:.1f}")
+    for side in times:
+        med = statistics.median(times[side])
+        print(f"{side:5s}: median batch {med:.3f} s, {calls[side] / med:.1f} steps/s, rewards {rewards[side]}")
+    print(f"ratio ours/tau2 steps/s: {statistics.median(times['tau2']) / statistics.median(times['ours']):.2f}")
+
+
+if __name__ == "__main__":
+    main()
