@@ -54,7 +54,9 @@ def run_result(run_dir: Path) -> dict:
 def cmd_run(a) -> dict:
     d = Path(a.out_root) / f"seed{a.seed}"
     d.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, str(REPO / "grpo.py"), f"seed={a.seed}", *a.override, f"hydra.run.dir={d}"]
+    flags = [o for o in a.override if o.startswith("--")]  # Hydra's own flags (--config-name=...) go first
+    over = [o for o in a.override if not o.startswith("--")]
+    cmd = [sys.executable, str(REPO / "grpo.py"), *flags, f"seed={a.seed}", *over, f"hydra.run.dir={d}"]
     load0 = os.getloadavg()
     wall = run_logged(argparse.Namespace(cores=None, threads=None), cmd, d / "run.log")
     commit = os.popen(f"git -C {REPO} rev-parse HEAD").read().strip()
