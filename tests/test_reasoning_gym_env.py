@@ -20,6 +20,8 @@ from reasoning_gym.factory import create_curriculum
 
 import envs
 from envs.reasoning_gym import ReasoningGymEnv, extract_answer
+from envs.reasoning_gym import data as rg_data
+from envs.reasoning_gym.data import is_test_question
 from envs.reasoning_gym.grading import MAX_TEXT_CHARS
 
 gym.register_envs(envs)
@@ -102,27 +104,40 @@ def test_splits_are_disjoint_deterministic_and_record_their_seeds():
     sq = [p["question"] for p in test._problems]
     assert len(tq) == 1000 and len(sq) == 200 and not set(tq) & set(sq)
     assert {p["seed"] for p in train._problems} == {11} and {p["seed"] for p in test._problems} == {22}
-    # the library draws item i from Random(seed + i): test seed 22's items 0..988 are train items 11..999, all dropped
-    gen = reasoning_gym.create_dataset("chain_sum", seed=22, size=1400, **EASY)
-    assert [gen[i]["question"] for i in range(989)] == tq[11:]
+    # each split is its generator's stream restricted to its side of the hash partition, in generator order
+    assert all(not is_test_question(q) for q in tq) and all(is_test_question(q) for q in sq)
+    gen = reasoning_gym.create_dataset("chain_sum", seed=22, size=2000, **EASY)
     kept = [p["source_index"] for p in test._problems]
-    assert kept == sorted(kept) and kept[0] >= 989
-    dropped = [i for i in range(kept[0], kept[-1]) if i not in set(kept)]
-    assert dropped and all(gen[i]["question"] in set(tq) for i in dropped)  # only collisions are left out
-    assert all(gen[i]["question"] == p["question"] for i, p in zip(kept, test._problems))
+    assert kept == sorted(kept) and all(gen[i]["question"] == p["question"] for i, p in zip(kept, test._problems))
+    skipped = [i for i in range(kept[-1]) if i not in set(kept)]
+    assert skipped and not any(is_test_question(gen[i]["question"]) for i in skipped)  # only train-side items left out
     again = _env(split="test", **kw).unwrapped
     assert [p["question"] for p in again._problems] == sq  # deterministic for the seeds
     other = _env(split="test", test_seed=5000, **kw).unwrapped
     assert [p["question"] for p in other._problems] != sq and not set(tq) & {p["question"] for p in other._problems}
+    # overlapping generator streams (item i = Random(seed + i): seed 22 is seed 11 shifted) cannot leak a question
+    shifted = _env(split="test", test_seed=12, **kw).unwrapped
+    assert not set(tq) & {p["question"] for p in shifted._problems}
 
 
-def test_a_problem_space_too_small_for_the_test_split_is_a_clear_error():
-    one_digit = {"min_digits": 1, "max_digits": 1}  # 1-digit x 1-digit products: 100 distinct questions
-    with pytest.raises(ValueError, match="problem space is too small"):
-        _env(task="products", split="test", task_config=one_digit, train_size=1000)
+def test_both_splits_keep_the_generators_difficulty_mix():
+    """The first version dropped from test whatever train drew: 1-digit sums (200 questions, all drawn by 1000 train
+    items) then made 23/200 of test against ~500/1000 of train. The hash partition keeps the mix."""
+    kw = dict(task_config=EASY, train_size=1000, test_size=200)
+    share = [sum(p["metadata"]["num_digits"] == 1 for p in _env(split=s, **kw).unwrapped._problems) / n
+             for s, n in (("train", 1000), ("test", 200))]
+    assert abs(share[0] - share[1]) < 0.1, share
+
+
+def test_an_empty_side_of_the_partition_is_a_clear_error(monkeypatch):
+    one_digit = {"min_digits": 1, "max_digits": 1}  # 1-digit products: 100 questions, both sides non-empty
     env = _env(task="products", split="test", task_config=one_digit, train_size=20, test_size=10).unwrapped
     train = _env(task="products", split="train", task_config=one_digit, train_size=20, test_size=10).unwrapped
     assert not {p["question"] for p in env._problems} & {p["question"] for p in train._problems}
+    monkeypatch.setattr(rg_data, "is_test_question", lambda q: False)  # a problem space with no test-side question
+    with pytest.raises(ValueError, match="problem space"):
+        rg_data.split_items(rg_data.resolve_spec("products", None, one_digit, None), "test", train_seed=11,
+                            test_seed=22, train_size=20, test_size=5)
     with pytest.raises(ValueError, match="must differ"):
         _env(split="test", train_seed=3, test_seed=3)
 

@@ -5,14 +5,16 @@ with its config (the library's config dataclass fields, e.g. chain_sum's ``min_t
 first ``size`` items of the spec's dataset built with the split's generator ``seed`` (the library derives item
 ``i`` from ``random.Random(seed + i)``, so a split is deterministic for a given seed).
 
-Train and test are disjoint by construction: they use different generator seeds, and the test split drops every
-item whose question text also occurs among the train split's questions (same spec, train seed and train size),
-then takes the next generator items until it holds ``test_size`` problems. Different seeds alone do not make the
-splits disjoint: the library draws item ``i`` from ``Random(seed + i)``, so with seeds 11 and 22 and 1000 train
-items, test items 0..988 *are* train items 11..999 (all dropped: the test split starts at generator index 989). Collisions happen when the task's
-problem space is small (1-digit products have 100 distinct questions); a test split that cannot be filled within
-``train_size +`` :data:`MAX_TEST_DRAWS_FACTOR` ``* test_size`` draws raises ``ValueError`` (raise the difficulty or lower
-``train_size``).
+Train and test are disjoint by construction: the question space is partitioned by a hash of the question text
+(:func:`is_test_question`: one SHA-256 bucket of :data:`TEST_BUCKETS` is the test side); train keeps the train-side
+items of its generator seed, test the test-side items of another seed (each an i.i.d. sample of the generator
+restricted to its side; questions may repeat within a split, never across). Different seeds alone would not
+do: the library draws item ``i`` from ``Random(seed + i)``, so seeds 11 and 22 give the same stream shifted by 11;
+and dropping from test whatever train drew (our first version) skews the test split toward the questions train
+missed (with chain_sum 1-2 digits: 177/200 two-digit test problems against 501/1000 in train). The hash partition
+keeps both splits on the generator's own difficulty mix. A task whose problem space is so small that one side is
+empty raises ``ValueError``; with few distinct questions (1-digit products: 100, ~25 on the test side) a split
+repeats them: ``info["distinct_questions"]`` is not reported, count them with ``{p["question"] for p in env._problems}``.
 
 Where we diverge from the library: for a weighted mix we build the library's own ``"composite"`` dataset
 (``DatasetSpec``s), and a difficulty ``level`` is applied with the library's curriculum
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 from typing import Any
 
@@ -32,7 +35,8 @@ from reasoning_gym.composite import DatasetSpec
 from reasoning_gym.factory import CURRICULA, DATASETS, create_curriculum
 
 __all__ = ["TaskSpec", "resolve_spec", "split_items", "dataset_for", "valid_tasks", "DEFAULT_TRAIN_SEED",
-           "DEFAULT_TEST_SEED", "DEFAULT_TRAIN_SIZE", "DEFAULT_TEST_SIZE", "MAX_TEST_DRAWS_FACTOR", "SPLITS"]
+           "DEFAULT_TEST_SEED", "DEFAULT_TRAIN_SIZE", "DEFAULT_TEST_SIZE", "MAX_TEST_DRAWS_FACTOR", "SPLITS",
+           "TEST_BUCKETS", "is_test_question"]
 
 SPLITS = ("train", "test")
 #: Generator seeds of the two splits (different seeds: the first guard of disjointness).
@@ -40,7 +44,11 @@ DEFAULT_TRAIN_SEED = 11
 DEFAULT_TEST_SEED = 22
 DEFAULT_TRAIN_SIZE = 1000
 DEFAULT_TEST_SIZE = 200
-#: The test split draws at most this many times ``test_size`` generator items before giving up on collisions.
+#: The question space is cut by a hash into ``TEST_BUCKETS`` parts; one is the test side (:func:`is_test_question`):
+#: a 75/25 split of the question space. With 8 buckets the small 1-digit sub-space of chain_sum (200 questions) had
+#: only 11 on the test side by chance, so the test split held 30% 1-digit sums against 53% in train; with 4, 48%.
+TEST_BUCKETS = 4
+#: A split draws at most ``MAX_TEST_DRAWS_FACTOR * TEST_BUCKETS * size`` generator items before giving up.
 MAX_TEST_DRAWS_FACTOR = 20
 #: Config fields the env sets itself (from the split's seed and size); a ``task_config`` may not set them.
 _MANAGED_FIELDS = ("seed", "size")
@@ -173,21 +181,29 @@ def dataset_for(spec: TaskSpec, seed: int, size: int):
     return reasoning_gym.create_dataset("composite", seed=seed, size=size, datasets=specs)
 
 
-@functools.lru_cache(maxsize=64)
-def _generate(spec: TaskSpec, seed: int, size: int, start: int = 0) -> tuple[dict, ...]:
-    ds = dataset_for(spec, seed, max(size + start, 1))
-    return tuple(ds[i] for i in range(start, start + size))
+def is_test_question(question: str) -> bool:
+    """Whether ``question`` belongs to the test side of the question space: the first 8 bytes of its SHA-256, as a
+    big-endian integer, modulo :data:`TEST_BUCKETS` is 0 (about one question in ``TEST_BUCKETS``)."""
+    digest = hashlib.sha256(question.encode("utf-8", "replace")).digest()
+    return int.from_bytes(digest[:8], "big") % TEST_BUCKETS == 0
 
 
 def split_items(spec: TaskSpec, split: str, *, train_seed: int, test_seed: int, train_size: int,
                 test_size: int) -> list[dict]:
     """The problems of ``split``: ``[{"question", "answer", "metadata", "source_index", "seed"}]``, index order.
 
-    ``source_index`` is the item's index in the generator (test: with the collisions skipped, so not contiguous).
+    The question space is partitioned by a hash of the question text (:func:`is_test_question`): train takes the
+    generator items of ``train_seed`` whose question is on the train side, test the items of ``test_seed`` on the
+    test side, each as the generator draws them (a question may repeat within a split, as in the generator's own
+    stream). So no question is in both splits whatever the seeds, and each split is an i.i.d. sample of the
+    generator's distribution restricted to its side of the partition: the same difficulty mix (deduplicating would
+    not be: a small sub-space such as 1-digit sums, ~200 questions, would shrink to its ~50 test-side questions while
+    it is half of the generator's draws). ``source_index`` is the item's index in its generator (not contiguous).
 
     Raises:
-        ValueError: a bad split / seed / size, equal seeds, or a test split that cannot be filled with questions
-            absent from train within ``train_size + MAX_TEST_DRAWS_FACTOR * test_size`` draws.
+        ValueError: a bad split / seed / size, equal seeds, or a split that cannot be filled within
+            :data:`MAX_TEST_DRAWS_FACTOR` ``* TEST_BUCKETS * size`` generator draws (one side of the partition
+            (almost) empty: a task with very few distinct questions).
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -197,22 +213,17 @@ def split_items(spec: TaskSpec, split: str, *, train_seed: int, test_seed: int, 
             raise ValueError(f"{key} must be an int >= {0 if key.endswith('seed') else 1}, got {v!r}")
     if train_seed == test_seed:
         raise ValueError(f"train_seed and test_seed must differ (both {train_seed}): the splits would coincide")
-    train = _generate(spec, train_seed, train_size)
-    if split == "train":
-        return [dict(item, source_index=i, seed=train_seed) for i, item in enumerate(train)]
-    seen = {item["question"] for item in train}
+    seed, size = (train_seed, train_size) if split == "train" else (test_seed, test_size)
+    limit = MAX_TEST_DRAWS_FACTOR * TEST_BUCKETS * size
+    ds = dataset_for(spec, seed, limit)  # the library generates item i on access (Random(seed + i))
+    want_test = split == "test"
     out: list[dict] = []
-    # the library seeds item i with Random(seed + i): seeds closer than train_size give overlapping streams (test seed
-    # 22 item j is train seed 11 item j + 11), all dropped here, so the draw budget counts past train_size
-    limit, chunk, start = train_size + MAX_TEST_DRAWS_FACTOR * test_size, test_size, 0
-    while len(out) < test_size and start < limit:
-        n = min(chunk, limit - start)
-        for i, item in enumerate(_generate(spec, test_seed, n, start)):
-            if item["question"] not in seen and len(out) < test_size:
-                out.append(dict(item, source_index=start + i, seed=test_seed))
-        start += n
-    if len(out) < test_size:
-        raise ValueError(f"only {len(out)} of test_size={test_size} test questions (in {limit} draws with seed "
-                         f"{test_seed}) are not among the {train_size} train questions: the task's problem space is "
-                         f"too small; raise its difficulty, or lower train_size / test_size")
-    return out
+    for i in range(limit):
+        item = ds[i]
+        if is_test_question(item["question"]) == want_test:
+            out.append(dict(item, source_index=i, seed=seed))
+            if len(out) == size:
+                return out
+    raise ValueError(f"only {len(out)} of {split}_size={size} {split}-side questions in {limit} draws with seed {seed}: "
+                     f"the hash partition left that side of the task's problem space (almost) empty; choose a task "
+                     f"config with more distinct questions")

@@ -39,10 +39,10 @@ class ReasoningGymEnv(gym.Env):
     config dataclass fields, e.g. ``min_terms``); ``tasks={"chain_sum": 1.0, "leg_counting": 0.5}`` a weighted mix
     (the library's ``composite`` dataset). ``level`` sets the difficulty with the library's curriculum
     (``create_curriculum(name).set_global_level(level)``; 0 is the easiest), so a run can start easy and be
-    rebuilt harder. The splits (:mod:`envs.reasoning_gym.data`): train = the first ``train_size`` items of the
-    generator seeded ``train_seed``; test = the first ``test_size`` items of the generator seeded ``test_seed``
-    whose question text is not in train (collisions dropped), so train and test are disjoint and each is
-    deterministic for its seed.
+    rebuilt harder. The splits (:mod:`envs.reasoning_gym.data`): the question space is cut 75/25 by a hash of the
+    question text; train = the first ``train_size`` train-side items of the generator seeded ``train_seed``, test =
+    the first ``test_size`` test-side items of the generator seeded ``test_seed``: disjoint whatever the seeds, each
+    deterministic for its seed and on the generator's own difficulty mix.
 
     ## Action Space
 
