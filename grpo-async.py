@@ -8,7 +8,7 @@ The primary configs are ``configs/<name>_async.yaml``: ``configs/<name>.yaml`` w
 ``async`` (``configs/mode/async.yaml``), so the composed config, ``.hydra/config.yaml`` and Hydra's recorded choices
 are those of ``grpo.py --config-name <name> mode=async``; the command line is passed to Hydra untouched.
 
-    python grpo-async.py                                          # GSM8K, SmolLM2-135M, staleness 1, cap 2.0
+    python grpo-async.py                               # Reasoning Gym chain_sum, SmolLM2-135M, staleness 1, cap 2.0
     python grpo-async.py train.max_staleness=2 loss.behaviour_weight_cap=5.0
     python grpo-async.py --config-name grpo_tau2_async econfig.domain=mock
 
@@ -31,7 +31,7 @@ from grpo import run  # noqa: E402  (registers the config schema)
 from torchrl_grpo.interrupt import exit_code  # noqa: E402
 
 
-@hydra.main(version_base="1.3", config_path="configs", config_name="grpo_gsm8k_async")
+@hydra.main(version_base="1.3", config_path="configs", config_name="grpo_reasoning_async")
 def main(cfg: DictConfig) -> None:
     if cfg.mode != "async":
         raise SystemExit(f"grpo-async.py runs mode=async (got mode={cfg.mode}); use grpo.py for sync, or an async "

@@ -12,7 +12,7 @@ OUT="${1:-$(mktemp -d)}"
 : "${GSM8K_DATA_DIR:?set GSM8K_DATA_DIR}"
 export VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled
 for anchor in behaviour auto; do
-  "$VENV/bin/python" "$REPO/grpo.py" actor.path=smollm2-135m-instruct rollout.backend=vllm \
+  "$VENV/bin/python" "$REPO/grpo.py" --config-name grpo_gsm8k actor.path=smollm2-135m-instruct rollout.backend=vllm \
     rollout.vllm.max_model_len=1024 rollout.max_context_tokens=1024 train.steps=3 train.batch_size=2 gconfig.n_samples=8 \
     gconfig.max_new_tokens=128 optimizer.lr=1e-6 eval.n_problems=0 checkpoint.every=0 checkpoint.save_final=false \
     stats_logger.progress_bar=false loss.anchor=$anchor seed=1 hydra.run.dir="$OUT/$anchor" > "$OUT/$anchor.log" 2>&1

@@ -39,7 +39,7 @@ for seed in "${SEEDS[@]}"; do
   echo "$(date -u +%FT%TZ) seed $seed -> $dir"
   {
     echo "commit $(git -C "$REPO" rev-parse HEAD); code from: $WHERE; start $(date -u +%FT%TZ)"
-    /usr/bin/time -v taskset -c "$CORES" "$PY" grpo.py actor.path=qwen2.5-coder-0.5b-instruct \
+    /usr/bin/time -v taskset -c "$CORES" "$PY" grpo.py --config-name grpo_gsm8k actor.path=qwen2.5-coder-0.5b-instruct \
       rollout.backend=vllm rollout.vllm.max_model_len=1024 rollout.max_context_tokens=1024 \
       actor.peft.enable=true actor.peft.r=32 actor.peft.lora_alpha=64 actor.peft.lora_dropout=0.0 optimizer.lr=2e-5 \
       train.steps=10 train.batch_size=2 gconfig.n_samples=8 gconfig.max_new_tokens=256 train.micro_batch_size=4 \

@@ -154,7 +154,7 @@ def _run_grpo(a, overrides: list[str], run_dir: Path, log: Path) -> float:
     Raises:
         RuntimeError: grpo.py exited non-zero (the log's tail is in the message).
     """
-    return run_logged(a, [a.py, str(REPO / "grpo.py"), *overrides, f"hydra.run.dir={run_dir}"], log)
+    return run_logged(a, [a.py, str(REPO / "grpo.py"), "--config-name", "grpo_gsm8k", *overrides, f"hydra.run.dir={run_dir}"], log)
 
 
 def run_logged(a, cmd: list[str], log: Path) -> float:

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("candidates", nargs="+", help="task | task@LEVEL | task:JSON_CONFIG")
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--split", default="test", choices=("train", "test"))
-    ap.add_argument("--train-size", type=int, default=1000, help="train problems (the test split drops their questions)")
+    ap.add_argument("--train-size", type=int, default=1000, help="train problems (only sizes the train split; the hash partition keeps test disjoint)")
     ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--samples", type=int, default=8, help="sampled completions per problem (temperature 1)")
     ap.add_argument("--max-new-tokens", type=int, default=48)

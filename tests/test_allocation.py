@@ -228,7 +228,7 @@ def _readme_commands():
             tokens = shlex.split(code)
             script = next(i for i, t in enumerate(tokens) if t.endswith(".py"))
             nproc = next((int(t.split("=")[1]) for t in tokens[:script] if t.startswith("--nproc_per_node=")), 1)
-            config = "grpo_gsm8k_async" if tokens[script].endswith("grpo-async.py") else "grpo_gsm8k"
+            config = "grpo_reasoning_async" if tokens[script].endswith("grpo-async.py") else "grpo_reasoning"
             args = tokens[script + 1:]
             if "--config-name" in args:
                 at = args.index("--config-name")

@@ -127,7 +127,7 @@ def test_grpo_async_cli(tmp_path, gsm8k_dir):
     args = ["actor.path=tiny-random", "train.steps=3", "train.batch_size=1", "gconfig.n_samples=2",
             "gconfig.max_new_tokens=8", "eval.n_problems=2", "checkpoint.every=0", "stats_logger.wandb.mode=disabled",
             "stats_logger.progress_bar=false", f"train_dataset.path={gsm8k_dir}"]
-    p = subprocess.run([sys.executable, str(REPO / "grpo-async.py"), *args], cwd=tmp_path, env=env,
+    p = subprocess.run([sys.executable, str(REPO / "grpo-async.py"), "--config-name=grpo_gsm8k_async", *args], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     (run,) = list((tmp_path / "outputs").glob("*/*"))
@@ -137,7 +137,7 @@ def test_grpo_async_cli(tmp_path, gsm8k_dir):
     assert len(train_rows) == 3 and all(r["async/staleness"] <= 1 for r in train_rows)
     assert "behaviour_weight_cap: 2.0" in (run / ".hydra" / "config.yaml").read_text()
     assert (run / "checkpoints" / "step_000003").is_dir()
-    bad = subprocess.run([sys.executable, str(REPO / "grpo-async.py"), "mode=sync", *args], cwd=tmp_path, env=env,
+    bad = subprocess.run([sys.executable, str(REPO / "grpo-async.py"), "--config-name=grpo_gsm8k_async", "mode=sync", *args], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=600)
     assert bad.returncode != 0 and "grpo.py for sync" in bad.stderr + bad.stdout
 

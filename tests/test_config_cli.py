@@ -55,7 +55,7 @@ def test_bad_values_fail_naming_key(override, needle):
 
 def _run(args, cwd, timeout=600):
     env = {**os.environ, "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "1"}
-    return subprocess.run([sys.executable, str(REPO / "grpo.py"), *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, str(REPO / "grpo.py"), "--config-name=grpo_gsm8k", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 

@@ -123,7 +123,7 @@ def test_fsdp_step_equals_single_process_step_on_the_doubled_batch(tmp_path):
 
 
 def _grpo_args(gsm8k_dir, run, steps, *extra):
-    return [str(REPO / "grpo.py"), "actor.path=tiny-random", f"train.steps={steps}", "train.batch_size=2",
+    return [str(REPO / "grpo.py"), "--config-name=grpo_gsm8k", "actor.path=tiny-random", f"train.steps={steps}", "train.batch_size=2",
             "gconfig.n_samples=2", "gconfig.max_new_tokens=8", "eval.n_problems=0", "stats_logger.wandb.mode=disabled",
             "stats_logger.progress_bar=false", f"train_dataset.path={gsm8k_dir}", f"hydra.run.dir={run}", *extra]
 
@@ -169,7 +169,7 @@ def test_fsdp_run_writes_from_rank0_and_its_checkpoints_load_at_any_world_size(t
 def ddp_run(tmp_path_factory, gsm8k_dir):
     tmp = tmp_path_factory.mktemp("ddp-run")
     run = tmp / "run"
-    args = [str(REPO / "grpo.py"), "actor.path=tiny-random", "train.strategy=ddp", "train.steps=2",
+    args = [str(REPO / "grpo.py"), "--config-name=grpo_gsm8k", "actor.path=tiny-random", "train.strategy=ddp", "train.steps=2",
             "train.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=8", "eval.n_problems=2",
             "checkpoint.every=1", "checkpoint.keep_last=2", "stats_logger.wandb.mode=disabled",
             "stats_logger.progress_bar=false", f"train_dataset.path={gsm8k_dir}", f"hydra.run.dir={run}"]
@@ -200,7 +200,7 @@ def test_torchrun_grpo_only_rank0_writes(ddp_run):
 def test_ddp_checkpoint_resumes_on_one_process(ddp_run, gsm8k_dir):
     run, tmp, _ = ddp_run
     out = tmp / "resumed"
-    args = [str(REPO / "grpo.py"), "actor.path=tiny-random", "train.steps=3", "train.batch_size=2",
+    args = [str(REPO / "grpo.py"), "--config-name=grpo_gsm8k", "actor.path=tiny-random", "train.steps=3", "train.batch_size=2",
             "gconfig.n_samples=2", "gconfig.max_new_tokens=8", "eval.n_problems=0", "stats_logger.wandb.mode=disabled",
             "stats_logger.progress_bar=false", f"train_dataset.path={gsm8k_dir}", f"hydra.run.dir={out}",
             f"train.resume_from={run / 'checkpoints' / 'step_000002'}"]
@@ -212,7 +212,7 @@ def test_ddp_checkpoint_resumes_on_one_process(ddp_run, gsm8k_dir):
 
 def test_ddp_outside_torchrun_is_a_clear_error(tmp_path, gsm8k_dir):
     env = {k: v for k, v in ENV.items() if k not in ("RANK", "WORLD_SIZE")}
-    p = subprocess.run([sys.executable, str(REPO / "grpo.py"), "actor.path=tiny-random", "train.strategy=ddp",
+    p = subprocess.run([sys.executable, str(REPO / "grpo.py"), "--config-name=grpo_gsm8k", "actor.path=tiny-random", "train.strategy=ddp",
                         f"train_dataset.path={gsm8k_dir}", f"hydra.run.dir={tmp_path / 'r'}"], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode != 0 and "needs torchrun" in p.stderr

@@ -144,7 +144,9 @@ def _interrupt_and_resume(script: str, sig: int, tmp_path: Path, gsm8k_dir: Path
     env = {**os.environ, "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "1", "OMP_NUM_THREADS": "1"}
     run = tmp_path / "run"
     log_file = (tmp_path / "train.log").open("w")
-    p = subprocess.Popen([sys.executable, str(REPO / script), *_args(gsm8k_dir, run, 1000)], cwd=tmp_path, env=env,
+    config = "grpo_gsm8k_async" if script == "grpo-async.py" else "grpo_gsm8k"
+    p = subprocess.Popen([sys.executable, str(REPO / script), f"--config-name={config}", *_args(gsm8k_dir, run, 1000)],
+                         cwd=tmp_path, env=env,
                          stdout=log_file, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120

@@ -345,3 +345,24 @@ def test_probe_runs_on_the_tiny_model(tmp_path):
     assert "reasoning_gym_probe.py --model tiny-random" in text
     rows = [ln for ln in text.splitlines() if ln.startswith("| chain_sum") or ln.startswith("| gcd@0")]
     assert len(rows) == 2 and all(len(r.split("|")) == 9 for r in rows)
+
+
+def test_the_default_grpo_py_config_is_reasoning_gym_and_refuses_a_dataset_path():
+    """``python grpo.py`` with no config name trains on ReasoningGym-v0 (issue 26 s.2); its problems are generated,
+    so a ``train_dataset.path`` (meaningful for GSM8K / IFEval) fails at start instead of being ignored."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from torchrl_grpo.config import register_configs
+    from torchrl_grpo.env_factory import env_kwargs_from_config
+
+    p = subprocess.run([sys.executable, str(REPO / "grpo.py"), "--cfg", "job"], capture_output=True, text=True,
+                       timeout=120, cwd=REPO)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert OmegaConf.create(p.stdout).econfig.env_id == "ReasoningGym-v0"
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        cfg = compose(config_name="grpo_reasoning")
+    assert env_kwargs_from_config(cfg, "train")[1]["task"] == "chain_sum"
+    with pytest.raises(ValueError, match="train_dataset.path"):
+        env_kwargs_from_config(cfg, "train", dataset_path="/data/gsm8k")

@@ -304,7 +304,7 @@ def test_grpo_run_with_a_prompt_at_the_context_limit(tmp_path, gsm8k_dir):
 
     repo = Path(__file__).resolve().parents[1]
     run = tmp_path / "run"
-    p = subprocess.run([sys.executable, str(repo / "grpo.py"), "actor.path=tiny-random", "train.steps=1",
+    p = subprocess.run([sys.executable, str(repo / "grpo.py"), "--config-name=grpo_gsm8k", "actor.path=tiny-random", "train.steps=1",
                         "train.batch_size=2", "gconfig.n_samples=2", "train.micro_batch_size=1", "loss.kl_coef=0.05",
                         "rollout.max_context_tokens=220", "eval.n_problems=0", "stats_logger.wandb.mode=disabled",
                         "stats_logger.progress_bar=false", f"train_dataset.path={gsm8k_dir}", f"hydra.run.dir={run}"],

@@ -60,8 +60,8 @@ def env_kwargs_from_config(cfg, split: str, dataset_path: str | None = None, use
     selects tau2's LLM user ``user_llm`` against ``user_llm_base_url``.
 
     Raises:
-        ValueError: an unknown env id, contradicting user settings (:func:`tau2_user`), or a local user without
-            ``user_fn``.
+        ValueError: an unknown env id, contradicting user settings (:func:`tau2_user`), a local user without
+            ``user_fn``, or a dataset path for ReasoningGym-v0 (its problems are generated).
     """
     e = cfg.econfig
     env_id = e.env_id
@@ -80,6 +80,11 @@ def env_kwargs_from_config(cfg, split: str, dataset_path: str | None = None, use
             kw["system_prompt"] = e.system_prompt
         return env_id, kw
     if env_id == "ReasoningGym-v0":
+        if dataset_path:  # generated problems: a data path would be silently ignored
+            raise ValueError(f"train_dataset.path / valid_dataset.path ({dataset_path!r}) is not used by "
+                             f"ReasoningGym-v0 (its problems are generated: econfig.task/tasks/task_config/level/"
+                             f"train_seed/test_seed); leave it null, or pick a data-backed env (--config-name "
+                             f"grpo_gsm8k)")
         kw = {"split": split, "task_config": _plain(e.task_config), "level": e.level, "train_seed": int(e.train_seed),
               "test_seed": int(e.test_seed), "train_size": int(e.train_size), "test_size": int(e.test_size)}
         if e.tasks:
