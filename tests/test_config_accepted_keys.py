@@ -20,7 +20,7 @@ def cl_cfg(**over):
     """A continual config as configs/grpo_cl.yaml writes one (checkpoints per task, no periodic ones)."""
     base = {"cl": {"task_order": ["mock", "telecom"], "num_steps_per_task": 1,
                    "train_split": {"telecom": "small"}, "eval_split": {"telecom": "small"}},
-            "eval": {"n_problems": 2, "at_start": False, "at_end": False}, "checkpoint": {"every": 0}}
+            "eval": {"n_problems": 2}, "checkpoint": {"every": 0}}
     return OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.create(base), OmegaConf.create(over))
 
 
@@ -35,6 +35,11 @@ def test_the_continual_base_config_is_valid():
     ({"train": {"resume_from": "/somewhere/checkpoints/step_000004"}}, "train.resume_from"),  # cl.resume_from
     # no per-task checkpoints and a final one asked for: the run used to end with no checkpoint at all
     ({"cl": {"save_checkpoints": False}, "checkpoint": {"save_final": True}}, "checkpoint.save_final"),
+    # it always scores every domain before training and after the last task (the accuracy matrix's b and last row)
+    ({"eval": {"at_start": False}}, "eval.at_start"),
+    ({"eval": {"at_end": False}}, "eval.at_end"),
+    # it keeps every task's checkpoint_task_<k>/ (cl.resume_from continues from any of them)
+    ({"checkpoint": {"keep_last": 1}}, "checkpoint.keep_last"),
 ])
 def test_continual_runs_refuse_the_keys_they_do_not_read(over, key):
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):

@@ -26,7 +26,7 @@ def cl_cfg(**cl):
         "gconfig": {"n_samples": 2, "max_new_tokens": 8},
         "rollout": {"max_context_tokens": 32768},
         "train": {"batch_size": 1, "micro_batch_size": 2},
-        "eval": {"at_start": False, "at_end": False, "n_problems": 2, "pass_k": 2},
+        "eval": {"n_problems": 2, "pass_k": 2},
         "checkpoint": {"every": 0, "save_final": False},
         "stats_logger": {"wandb": {"mode": "disabled"}, "progress_bar": False, "console": False},
         "cl": {"task_order": ["mock", "telecom"], "num_steps_per_task": 1, "max_tasks_per_domain": 2,

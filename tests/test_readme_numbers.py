@@ -68,7 +68,7 @@ def test_path_expansion_and_stems():
     assert not _exists("benchmarks/results/no_such_stem")
 
 
-_NUMBER = re.compile(r"(?<![\w.=/-])(\d+\.\d+)(?![\w.]*[/=])")
+_NUMBER = re.compile(r"(?<![\w.=/-])(\d+\.\d+)(?![\w.]*[/=])(?!\.\d)")  # not an address (0.0.0.0)
 
 
 def _paragraphs(readme: str, text: str):

@@ -203,11 +203,11 @@ class ContinualConfig:
 
     A continual run scores every domain before training, every ``cl.eval_interval`` steps and at each task boundary,
     and checkpoints per task (``cl.save_checkpoints``, ``cl.resume_from``): :func:`validate_config` refuses
-    ``eval_only``, ``eval.every``, ``checkpoint.every``, ``train.resume_from`` and ``checkpoint.save_final`` without
-    ``cl.save_checkpoints``, which it would not honour. It reads ``eval.n_problems`` / ``greedy`` / ``pass_k`` and
-    ``checkpoint.on_interrupt``; ``eval.at_start`` / ``eval.at_end`` and ``checkpoint.keep_last`` do not apply (the
-    scores before training and after the last task are the accuracy matrix's b and last row; each task's
-    checkpoint is kept)."""
+    ``eval_only``, ``eval.every``, ``checkpoint.every``, ``train.resume_from``, ``checkpoint.save_final`` without
+    ``cl.save_checkpoints``, ``eval.at_start=false`` / ``eval.at_end=false`` (the scores before training and after
+    the last task are the accuracy matrix's b and last row: always computed) and a non-default
+    ``checkpoint.keep_last`` (each task's checkpoint is kept), which it would not honour. It reads
+    ``eval.n_problems`` / ``greedy`` / ``pass_k`` and ``checkpoint.on_interrupt``."""
 
     task_order: list = field(default_factory=list)  # domains in training order: airline | retail | telecom | mock | gsm8k | ifeval
     num_steps_per_task: int = 10  # trainer steps on each domain
@@ -413,6 +413,15 @@ def _validate_continual_keys(cfg) -> None:
     if cfg.train.resume_from:
         raise ValueError(f"config train.resume_from is not read by {where}: continue one with "
                          f"cl.resume_from=<run>/checkpoint_task_<k>")
+    for key in ("at_start", "at_end"):
+        if not cfg.eval[key]:
+            raise ValueError(f"config eval.{key}=false is not honoured by {where}: it always scores every domain "
+                             f"before training and after the last task (the accuracy matrix's b and last row); "
+                             f"remove the key (cl.eval_interval adds evaluations inside a task)")
+    if cfg.checkpoint.keep_last != CheckpointConfig.keep_last:  # the schema default: the key was not set
+        raise ValueError(f"config checkpoint.keep_last={cfg.checkpoint.keep_last} is not read by {where}: it keeps "
+                         f"every task's checkpoint_task_<k>/ (cl.resume_from continues from any); remove the key, or "
+                         f"cl.save_checkpoints=false for none")
     if cfg.checkpoint.save_final and not cfg.cl.save_checkpoints:
         raise ValueError(f"config checkpoint.save_final=true: {where} writes its checkpoints per task, and "
                          f"cl.save_checkpoints=false turns them off (the last task's is the final one); set "
