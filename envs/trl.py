@@ -304,13 +304,7 @@ class TRLToolEnv:
         if self.ended:
             return self._after_end_reply()
         call = {"id": f"trl_{len(self.actions)}", "type": "function", "function": {"name": name, "arguments": arguments}}
-        obs = self._step({"role": "assistant", "content": None, "tool_calls": [call]})
-        replies = [m.get("content") or "" for m in obs if m.get("role") == "tool"]
-        if replies:
-            return "\n".join(replies)
-        if self.info.get("action_error"):
-            return f"Error: {self.info['action_error']}"
-        return "The conversation has ended." if self.ended else ""
+        return self._reply(self._step({"role": "assistant", "content": None, "tool_calls": [call]}), "tool")
 
     def _send_message(self, content: str) -> str:
         if not self._started:
@@ -319,8 +313,12 @@ class TRLToolEnv:
             return self._after_end_reply()
         if not isinstance(content, str):
             return f"Error: content must be a string, got {type(content).__name__}"
-        obs = self._step({"role": "assistant", "content": content})
-        replies = [m.get("content") or "" for m in obs if m.get("role") == "user"]
+        return self._reply(self._step({"role": "assistant", "content": content}), "user")
+
+    def _reply(self, obs: list[dict], role: str) -> str:
+        """What the tool returns to the model: the ``role`` messages of ``obs`` (tool results or the customer's
+        answer), else the env's ``action_error``, else whether the conversation ended."""
+        replies = [m.get("content") or "" for m in obs if m.get("role") == role]
         if replies:
             return "\n".join(replies)
         if self.info.get("action_error"):

@@ -16,7 +16,8 @@ import gymnasium as gym
 
 from .data import (DEFAULT_TEST_SEED, DEFAULT_TEST_SIZE, DEFAULT_TRAIN_SEED, DEFAULT_TRAIN_SIZE, dataset_for,
                    resolve_spec, split_items)
-from .grading import MAX_TEXT_CHARS, sanitize_text, score
+from .grading import MAX_TEXT_CHARS, score
+from envs.action_text import clean_text
 from envs.contract import STEP_AFTER_END, check_action, check_task_options
 from envs.spaces import AssistantAction, ChatMessages
 
@@ -244,7 +245,7 @@ class ReasoningGymEnv(gym.Env):
         if self._done:
             raise RuntimeError(STEP_AFTER_END)
         check_action(action)  # TypeError before any state change
-        text = sanitize_text(action if isinstance(action, str) else (action.get("content") or ""))  # JSON-safe log
+        text = clean_text(action if isinstance(action, str) else (action.get("content") or ""))  # JSON-safe log
         p = self._problems[self._index]
         entry = {"question": p["question"], "answer": p["answer"], "metadata": copy.deepcopy(p["metadata"])}
         reward, grade = score(self._scorer, text, entry)

@@ -33,7 +33,7 @@ from typing import Any
 from envs.action_text import clean_text
 
 __all__ = ["MAX_TEXT_CHARS", "MAX_DIGITS", "MAX_NESTING", "MAX_EXPONENT", "extract_answer", "answer_guard",
-           "score", "sanitize_text"]
+           "score"]
 
 #: Only the last this many characters of a response are read (the final answer is at its end).
 MAX_TEXT_CHARS = 4096
@@ -53,12 +53,6 @@ _POW_EXP = re.compile(r"(?:\*\*|\^)\s*[-+]?\s*\(?\s*[-+]?\s*(\d+)")
 _POW_OF_POW = re.compile(r"(?:\*\*|\^)\s*[-+]?\s*\(?\s*[-+]?\s*[\w.]+\s*\)?\s*(?:\*\*|\^)|\)\s*(?:\*\*|\^)")
 
 
-def sanitize_text(text: str) -> str:
-    """``text`` with lone surrogates (``"\\ud800"``, not encodable as UTF-8) replaced by U+FFFD
-    (:func:`envs.action_text.clean_text`, shared by every env)."""
-    return clean_text(text)
-
-
 def is_numeric(gold: str) -> bool:
     """Whether the gold answer is a plain number (``-12``, ``3.5``, ``1,000``): extraction then takes the last number."""
     return _NUMERIC_GOLD.fullmatch(gold.strip()) is not None
@@ -70,7 +64,7 @@ def extract_answer(text: str, gold: str) -> str | None:
     Cost: linear in ``min(len(text), MAX_TEXT_CHARS)`` (the tag regex is quadratic in the number of ``<answer>``
     openings within that window, at most ~500).
     """
-    window = sanitize_text(text[-MAX_TEXT_CHARS:])
+    window = clean_text(text[-MAX_TEXT_CHARS:])
     tags = _ANSWER_TAG.findall(window)
     if tags:
         return tags[-1].strip()
