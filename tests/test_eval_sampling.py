@@ -86,7 +86,7 @@ class FakeEvalCollector:
 
 
 class ThreadRanks:
-    """``world`` simulated ranks in threads; ``gather(obj)`` is an all-gather (every rank gets the list of every
+    """``world`` simulated ranks in threads; ``all_gather_object(obj)`` is an all-gather (every rank gets the list of every
     rank's object, in rank order) built on a barrier, as ``torch.distributed.all_gather_object`` behaves."""
 
     def __init__(self, world: int):
@@ -100,7 +100,7 @@ class ThreadRanks:
             rank, world_size, enabled, is_main = r, ranks.world, ranks.world > 1, r == 0
 
             @staticmethod
-            def gather(obj):
+            def all_gather_object(obj):
                 ranks.box[r] = obj
                 ranks.barrier.wait()
                 out = list(ranks.box)
@@ -161,7 +161,7 @@ def test_trainer_evaluates_on_a_non_main_rank_and_returns_nothing_to_log(tmp_pat
         rank, world_size, enabled, is_main = 1, 2, True, False
 
         @staticmethod
-        def gather(obj):  # rank 0's share is the same size here (4 tasks, 2 ranks): stand its part in with a copy
+        def all_gather_object(obj):  # rank 0's share is the same size here (4 tasks, 2 ranks): stand its part in with a copy
             gathered.append(obj)
             return [obj, obj]
 

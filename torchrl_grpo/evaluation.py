@@ -27,7 +27,7 @@ from math import comb
 from .backends.base import SamplingConfig
 from .collector import GroupCollector
 
-__all__ = ["pass_at_k", "pass_hat_k", "evaluate", "eval_samplings", "gather_objects", "eval_episode_rows",
+__all__ = ["pass_at_k", "pass_hat_k", "evaluate", "eval_samplings", "eval_episode_rows",
            "do_nothing_baseline", "format_eval_table"]
 
 
@@ -111,20 +111,6 @@ def eval_samplings(sampling: SamplingConfig) -> tuple[SamplingConfig, SamplingCo
     return greedy, sampled
 
 
-def gather_objects(dp, obj) -> list:
-    """Every rank's ``obj`` in rank order (``torch.distributed.all_gather_object``; ``[obj]`` on one process).
-    ``dp`` may bring its own ``gather(obj)`` (tests simulate ranks with one). A collective: every rank calls it."""
-    if dp is None or not dp.enabled:
-        return [obj]
-    if hasattr(dp, "gather"):
-        return dp.gather(obj)
-    import torch.distributed as dist
-
-    box: list = [None] * dp.world_size
-    dist.all_gather_object(box, obj)
-    return box
-
-
 def _merge_shares(parts: list, n_tasks: int, world: int) -> list:
     """Per-task items back in task order from the ranks' round-robin shares: rank r held tasks r, r + world, ..."""
     out: list = [None] * n_tasks
@@ -143,7 +129,7 @@ def _evaluate_mode(collector, tasks, n, step, sampling, bar, episodes, mode, dp,
     rows: list | None = [] if episodes is not None else None
     r = _rewards(collector, share, n, step, sampling, bar, stats, rows, mode).reshape(len(share), n).tolist()
     per_task_rows = [rows[i * n:(i + 1) * n] for i in range(len(share))] if rows is not None else None
-    parts = gather_objects(dp, (r, stats, per_task_rows))
+    parts = dp.all_gather_object((r, stats, per_task_rows)) if dp is not None else [(r, stats, per_task_rows)]
     rewards = _merge_shares([p[0] for p in parts], len(tasks), world)
     if episodes is not None:
         for task_rows in _merge_shares([p[2] for p in parts], len(tasks), world):
