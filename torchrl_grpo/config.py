@@ -64,7 +64,7 @@ class EnvConfig:
     system_prompt: Optional[str] = None
     # ReasoningGym-v0 (envs/reasoning_gym): one generator `task` or a weighted mix `tasks` {name: weight}; task_config
     # its config (with `tasks`: {name: config}); level the library curriculum's global level; the splits' generator
-    # seeds and sizes (test drops questions that are in train). Bad names / keys fail at start-up listing valid ones.
+    # seeds and sizes (a hash of the question puts it in train or test). Bad names / keys fail at start-up listing them.
     task: Optional[str] = None
     tasks: Any = None  # Any, not dict: a whole mapping given on the command line replaces it (a dict field is struct)
     task_config: Any = None
