@@ -1,0 +1,390 @@
+#!/usr/bin/env python
+"""Time-to-accuracy: our GRPO trainer vs TRL's ``GRPOTrainer`` on the default task, several seeds (issue 26 s.3).
+
+    R=outputs/time_to_accuracy
+    python benchmarks/time_to_accuracy.py base --out-root $R                   # step 0 of every run (once)
+    python benchmarks/time_to_accuracy.py run --arm ours --seed 1 --out-root $R
+    python benchmarks/time_to_accuracy.py run --arm trl  --seed 1 --out-root $R
+    ...                                                                        # seeds 2, 3; arms interleaved
+    python benchmarks/time_to_accuracy.py summary $R --write benchmarks/results/time_to_accuracy
+
+Like a training benchmark (MLPerf Training's time-to-train): each run trains on the default task of ``python grpo.py``
+(``configs/grpo_reasoning.yaml``: ReasoningGym-v0 ``chain_sum``, 2 terms of 1-2 digits, SmolLM2-135M-Instruct full
+fine-tuning in fp32) and is scored by held-out greedy accuracy (the 200 test problems) every ``--eval-every`` steps.
+The figure of merit is the **training wall-clock time to the first evaluation at or above ``--target``** and the
+accuracy each run has reached at equal training time.
+
+The target is fixed before any run: halfway from the base model's greedy accuracy (0.195) to the mean of our
+three final accuracies of ``results/default_run.md`` (0.527), i.e. 0.195 + (0.527 - 0.195) / 2 = 0.361 -> **0.36**.
+
+The two arms share everything but the trainer:
+
+* **task, prompts and reward**: the rows are ``ReasoningGym-v0``'s own opening messages (:func:`envs.trl.dataset`),
+  the reward is the env's own grader (:func:`envs.trl.reward_function`), the same train problems in the same order at
+  a given seed (:func:`gsm8k_vs_trl.trl_prompt_order`: our trainer's seeded epoch permutation);
+* **budget**: 16 steps x 8 prompts x 8 samples (group size 8), 48 new tokens, temperature 1 (no top-p/top-k), lr 1e-5
+  constant, AdamW (TRL ``adamw_torch``; ours fused AdamW, same betas/eps), grad-norm clip 1, fp32, no KL, clip
+  0.2 / 0.28, token-mean loss (TRL ``loss_type="dapo"``), group-normalised advantages, one optimizer step per step in
+  micro-batches of 4 sequences, full fine-tuning;
+* **evaluation**: the same code scores both: ours with its in-run greedy evaluation (``eval.every``), TRL's model
+  saved every ``--eval-every`` steps (``save_only_model``) and scored afterwards by ``grpo.py eval_only=true
+  actor.path=<checkpoint>``; step 0 is the base model's evaluation (``base``), the same for both arms.
+
+What differs is what each system is: our embedded transformers backend for rollouts vs TRL's HF ``generate``
+(``use_vllm=False``), and each one's update.
+
+**Clock.** Training time only, the same definition for both: the sum of the per-step wall times (rollout + update +
+weight sync), excluding model loading, evaluation and checkpoint saving. Ours: the trainer's ``time/step_s``
+(``torchrl_grpo.trainer.GRPOTrainer.train_step``); TRL: ``on_step_begin`` -> ``on_step_end`` of a
+``TrainerCallback`` (the generation of a step happens inside it; saving runs after ``on_step_end``). The whole
+process wall time of each run is recorded beside it.
+
+``summary``: per run, time to target (minutes) and the accuracy at each evaluation; per arm, the median and range
+over seeds; the ratio TRL / ours of the median times to target; accuracy at equal training time ``T`` (each run's
+last evaluation at or before ``T`` = the smallest final training clock over all runs); Wilson 95% intervals (Wilson
+1927) for every accuracy; the PNG: accuracy vs training minutes, one line per run, both arms.
+
+Run one process at a time on an idle machine (``uptime``; two OpenMP processes on 2 cores collapse decode speed);
+interleave the arms (ours 1, trl 1, ours 2, ...) so a drift of the machine hits both.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from gsm8k_vs_trl import REPO, _metrics, run_logged, trl_prompt_order, write_outputs  # noqa: E402  (benchmarks/ on sys.path)
+
+from torchrl_grpo.learning_curve import wilson_interval
+
+#: fixed before the runs (module docstring): halfway from base 0.195 to our 3-seed final mean 0.527
+TARGET = 0.36
+#: the task of configs/grpo_reasoning.yaml, as gym.make kwargs (TRL's rows and reward function)
+TASK = {"task": "chain_sum", "task_config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2},
+        "train_seed": 11, "test_seed": 22, "train_size": 1000, "test_size": 200}
+#: the budget both arms train with (recorded in every result; ``summary`` refuses to mix budgets)
+BUDGET_KEYS = ("model", "steps", "prompts", "samples", "max_new_tokens", "lr", "micro_batch", "eval_every", "n_eval")
+
+
+def _budget(a) -> dict:
+    return {k: getattr(a, k) for k in BUDGET_KEYS}
+
+
+def _versions() -> dict:
+    import importlib.metadata as md
+
+    out = {}
+    for p in ("torch", "transformers", "trl", "reasoning-gym"):
+        try:
+            out[p] = md.version(p)
+        except md.PackageNotFoundError:
+            out[p] = None
+    return out
+
+
+def _meta() -> dict:
+    commit = os.popen(f"git -C {REPO} rev-parse HEAD").read().strip()
+    return {"commit": commit, "command": " ".join([sys.executable, *sys.argv]), "versions": _versions(),
+            "date": time.strftime("%F %T UTC", time.gmtime()), "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()}
+
+
+def _grpo(a, overrides: list[str], run_dir: Path, log: Path) -> float:
+    """``python grpo.py`` (the default config) with ``overrides`` into ``run_dir``; returns wall seconds."""
+    common = [f"actor.path={a.model}", f"gconfig.max_new_tokens={a.max_new_tokens}", f"eval.n_problems={a.n_eval}",
+              "eval.greedy=true", "checkpoint.every=0", "checkpoint.save_final=false",
+              "stats_logger.progress_bar=false", "stats_logger.wandb.mode=disabled"]
+    cmd = [sys.executable, str(REPO / "grpo.py"), *common, *overrides, f"hydra.run.dir={run_dir}"]
+    return run_logged(argparse.Namespace(cores="", threads=0), cmd, log)
+
+
+def _evals(rows: list[dict]) -> list[dict]:
+    return [{"step": int(r.get("step", 0)), "accuracy": float(r["eval/accuracy"]), "n": int(r.get("eval/n_tasks", 0))}
+            for r in rows if "eval/accuracy" in r]
+
+
+def cmd_base(a) -> dict:
+    d = Path(a.out_root) / "base"
+    d.mkdir(parents=True, exist_ok=True)
+    meta = _meta()
+    wall = _grpo(a, ["eval_only=true", "seed=1"], d, d / "run.log")
+    ev = _evals(_metrics(d))
+    if not ev:
+        raise RuntimeError(f"{d}: no evaluation in metrics.jsonl")
+    res = {"arm": "base", "budget": _budget(a), "eval": {**ev[-1], "step": 0}, "wall_s": wall, **meta}
+    (d / "result.json").write_text(json.dumps(res, indent=1))
+    print(json.dumps(res["eval"]))
+    return res
+
+
+def _ours(a, d: Path) -> dict:
+    over = [f"seed={a.seed}", f"train.steps={a.steps}", f"train.batch_size={a.prompts}", f"gconfig.n_samples={a.samples}",
+            f"optimizer.lr={a.lr}", f"train.micro_batch_size={a.micro_batch}", "gconfig.temperature=1.0",
+            "gconfig.top_p=1.0", "loss.kl_coef=0.0", "loss.aggregation=token_mean", "loss.adv_scale=group",
+            "loss.clip_eps_low=0.2", "loss.clip_eps_high=0.28", "optimizer.max_grad_norm=1.0",
+            f"eval.every={a.eval_every}", "eval.at_start=false", "eval.at_end=true"]
+    wall = _grpo(a, over, d, d / "run.log")
+    rows = _metrics(d)
+    clock, steps = 0.0, []
+    for r in rows:
+        if "time/step_s" in r:
+            clock += float(r["time/step_s"])
+            steps.append({"step": int(r["step"]), "step_s": float(r["time/step_s"]), "clock_s": clock,
+                          "reward": float(r["reward/mean"]), "response_tokens": r.get("episode/response_tokens")})
+    clock_at = {s["step"]: s["clock_s"] for s in steps}
+    evals = [{**e, "clock_s": clock_at[e["step"]]} for e in _evals(rows) if e["step"] in clock_at]
+    return {"steps": steps, "evals": evals, "wall_s": wall, "overrides": over}
+
+
+def _trl(a, d: Path) -> dict:
+    import gymnasium as gym
+    import torch
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    import envs
+    from envs.trl import dataset, reward_function
+    from torchrl_grpo.models import load_model_and_tokenizer
+
+    t_start = time.time()
+    torch.manual_seed(a.seed)
+    gym.register_envs(envs)
+    per_step = a.prompts * a.samples
+    if per_step % a.micro_batch:
+        raise SystemExit(f"--micro-batch {a.micro_batch} must divide prompts x samples = {per_step}")
+    full = dataset("ReasoningGym-v0", "train", **TASK)
+    order = trl_prompt_order(a.seed, len(full), a.steps * a.prompts)
+    ds = full.select(order)
+    reward = reward_function("ReasoningGym-v0", split="train", **TASK)
+    model, tok = load_model_and_tokenizer(a.model, dtype="float32", device="cpu")
+    out_dir = d / "trl"
+    targs = GRPOConfig(
+        output_dir=str(out_dir), seed=a.seed, data_seed=a.seed,
+        per_device_train_batch_size=a.micro_batch, gradient_accumulation_steps=per_step // a.micro_batch,
+        num_generations=a.samples, max_completion_length=a.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
+        learning_rate=a.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
+        beta=0.0, num_iterations=1, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", scale_rewards="group",
+        max_steps=a.steps, shuffle_dataset=False, use_vllm=False, bf16=False, fp16=False,
+        gradient_checkpointing=False, use_cpu=True, report_to="none", save_strategy="steps", save_steps=a.eval_every,
+        save_only_model=True, eval_strategy="no", logging_steps=1, disable_tqdm=True, log_completions=False,
+        dataloader_num_workers=0,
+    )
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=targs, train_dataset=ds, processing_class=tok)
+    steps: list[dict] = []
+    clock = {"t0": 0.0, "sum": 0.0}
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            clock["t0"] = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            dt = time.perf_counter() - clock["t0"]
+            clock["sum"] += dt
+            steps.append({"step": int(state.global_step), "step_s": dt, "clock_s": clock["sum"]})
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "reward" in logs and steps and steps[-1]["step"] == state.global_step:
+                steps[-1].update(reward=float(logs["reward"]), response_tokens=logs.get("completions/mean_length"))
+                print(f"[trl] step {state.global_step}: reward {logs['reward']:.3f} step {steps[-1]['step_s']:.1f} s",
+                      flush=True)
+
+    trainer.add_callback(Clock())
+    trainer.train()
+    if len(steps) != a.steps:
+        raise RuntimeError(f"TRL ran {len(steps)} steps, expected {a.steps}")
+    del trainer, model
+    train_wall = time.time() - t_start
+    clock_at = {s["step"]: s["clock_s"] for s in steps}
+    evals = []
+    for ck in sorted(out_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1])):
+        step = int(ck.name.split("-")[1])
+        ev_dir = d / f"eval_step{step}"
+        _grpo(a, [f"actor.path={ck}", "eval_only=true", f"seed={a.seed}"], ev_dir, d / "run.log")
+        ev = _evals(_metrics(ev_dir))
+        if not ev:
+            raise RuntimeError(f"{ev_dir}: no evaluation")
+        evals.append({**ev[-1], "step": step, "clock_s": clock_at[step]})
+        shutil.rmtree(ck)  # 0.5 GB each; the accuracy is what is kept
+    return {"steps": steps, "evals": evals, "wall_s": time.time() - t_start, "train_process_s": train_wall,
+            "trl_args": {k: str(getattr(targs, k)) for k in (
+                "per_device_train_batch_size", "gradient_accumulation_steps", "generation_batch_size",
+                "num_generations", "max_completion_length", "temperature", "top_p", "top_k", "learning_rate",
+                "lr_scheduler_type", "beta", "num_iterations", "epsilon", "epsilon_high", "loss_type",
+                "scale_rewards", "bf16", "use_vllm", "optim", "seed")}}
+
+
+def cmd_run(a) -> dict:
+    d = Path(a.out_root) / a.arm / f"seed{a.seed}"
+    d.mkdir(parents=True, exist_ok=True)
+    meta = _meta()
+    out = _ours(a, d) if a.arm == "ours" else _trl(a, d)
+    res = {"arm": a.arm, "seed": a.seed, "budget": _budget(a), **out, **meta, "loadavg_end": os.getloadavg()}
+    (d / "result.json").write_text(json.dumps(res, indent=1))
+    print(json.dumps({"arm": a.arm, "seed": a.seed, "evals": [(e["step"], e["accuracy"]) for e in res["evals"]],
+                      "train_min": round(out["steps"][-1]["clock_s"] / 60, 2), "wall_s": round(res["wall_s"])}))
+    return res
+
+
+# ------------------------------------------------------------------------------------------------ summary
+def time_to_target(evals: list[dict], target: float) -> float | None:
+    """Training seconds at the first evaluation with accuracy >= ``target`` (``None``: never reached)."""
+    for e in sorted(evals, key=lambda e: e["clock_s"]):
+        if e["accuracy"] >= target:
+            return e["clock_s"]
+    return None
+
+
+def accuracy_at(evals: list[dict], t: float) -> dict:
+    """The last evaluation at or before training time ``t`` (step 0, clock 0, is always one)."""
+    return max((e for e in evals if e["clock_s"] <= t + 1e-9), key=lambda e: e["clock_s"])
+
+
+def load(root: Path) -> tuple[dict, list[dict]]:
+    base_p = root / "base" / "result.json"
+    if not base_p.is_file():
+        raise SystemExit(f"no {base_p}: run `base` first")
+    base = json.loads(base_p.read_text())
+    runs = [json.loads(p.read_text()) for p in sorted(root.glob("*/seed*/result.json"))]
+    if not runs:
+        raise SystemExit(f"no <arm>/seed*/result.json under {root}")
+    budgets = {json.dumps(r["budget"], sort_keys=True) for r in [base, *runs]}
+    if len(budgets) != 1:
+        raise SystemExit(f"results under {root} were run with different budgets: {sorted(budgets)}")
+    b = base["eval"]
+    for r in runs:
+        r["evals"] = [{**b, "step": 0, "clock_s": 0.0}] + [e for e in r["evals"] if e["step"] > 0]
+    return base, runs
+
+
+def _median_range(xs: list[float]) -> dict:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)} if xs else {}
+
+
+def summarise(root: Path, target: float) -> dict:
+    base, runs = load(Path(root))
+    t_eq = min(r["evals"][-1]["clock_s"] for r in runs)
+    rows = []
+    for r in runs:
+        ttt = time_to_target(r["evals"], target)
+        at = accuracy_at(r["evals"], t_eq)
+        fin = r["evals"][-1]
+        rows.append({"arm": r["arm"], "seed": r["seed"], "time_to_target_min": None if ttt is None else ttt / 60,
+                     "step_s_median": statistics.median(s["step_s"] for s in r["steps"]),
+                     "train_min": r["steps"][-1]["clock_s"] / 60, "wall_min": r["wall_s"] / 60,
+                     "final": fin["accuracy"], "final_ci": wilson_interval(fin["accuracy"], fin["n"]),
+                     "at_equal_time": at["accuracy"], "at_equal_time_step": at["step"],
+                     "evals": [(e["step"], round(e["clock_s"] / 60, 3), e["accuracy"]) for e in r["evals"]],
+                     "load": [r["loadavg_start"][0], r["loadavg_end"][0]]})
+    arms = {}
+    for arm in ("ours", "trl"):
+        xs = [x for x in rows if x["arm"] == arm]
+        reached = [x["time_to_target_min"] for x in xs if x["time_to_target_min"] is not None]
+        arms[arm] = {"runs": len(xs), "reached": len(reached), "time_to_target_min": _median_range(reached),
+                     "step_s": _median_range([x["step_s_median"] for x in xs]),
+                     "final": _median_range([x["final"] for x in xs]),
+                     "at_equal_time": _median_range([x["at_equal_time"] for x in xs]),
+                     "train_min": _median_range([x["train_min"] for x in xs])}
+    ratio = None
+    if arms["ours"]["reached"] and arms["trl"]["reached"] and arms["ours"]["time_to_target_min"]["median"] > 0:
+        ratio = arms["trl"]["time_to_target_min"]["median"] / arms["ours"]["time_to_target_min"]["median"]
+    return {"target": target, "base": base["eval"], "equal_time_min": t_eq / 60, "runs": rows, "arms": arms,
+            "ratio_trl_over_ours": ratio, "budget": base["budget"]}
+
+
+def _mr(d: dict, fmt: str = "{:.2f}") -> str:
+    if not d:
+        return "-"
+    return f"{fmt.format(d['median'])} [{fmt.format(d['min'])}, {fmt.format(d['max'])}]"
+
+
+def to_markdown(s: dict) -> str:
+    b = s["base"]
+    lo, hi = wilson_interval(b["accuracy"], b["n"])
+    out = [f"Target accuracy {s['target']:.2f} (fixed before the runs); base {b['accuracy']:.3f} [{lo:.3f}, {hi:.3f}] "
+           f"on {b['n']} held-out problems; equal training time T = {s['equal_time_min']:.2f} min.\n",
+           "| arm | seed | time to target (train min) | median step (s) | train min, all steps | accuracy at T | "
+           "final [Wilson 95%] | evals (step, train min, acc.) | load start/end |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for x in s["runs"]:
+        ttt = "not reached" if x["time_to_target_min"] is None else f"{x['time_to_target_min']:.2f}"
+        ev = "; ".join(f"{st}: {m:.1f} → {acc:.3f}" for st, m, acc in x["evals"])
+        out.append(f"| {x['arm']} | {x['seed']} | {ttt} | {x['step_s_median']:.1f} | {x['train_min']:.2f} | "
+                   f"{x['at_equal_time']:.3f} (step {x['at_equal_time_step']}) | {x['final']:.3f} "
+                   f"[{x['final_ci'][0]:.3f}, {x['final_ci'][1]:.3f}] | {ev} | {x['load'][0]:.2f} / {x['load'][1]:.2f} |")
+    out += ["", "| arm | runs reaching target | time to target, median [range] (min) | step (s) | accuracy at T | "
+            "final accuracy |", "|---|---|---|---|---|---|"]
+    for arm, v in s["arms"].items():
+        out.append(f"| {arm} | {v['reached']}/{v['runs']} | {_mr(v['time_to_target_min'])} | {_mr(v['step_s'], '{:.1f}')} "
+                   f"| {_mr(v['at_equal_time'], '{:.3f}')} | {_mr(v['final'], '{:.3f}')} |")
+    r = s["ratio_trl_over_ours"]
+    out.append("\nTime to target, TRL / ours (medians): " + ("n/a (an arm never reached it)" if r is None else f"**{r:.2f}x**"))
+    return "\n".join(out) + "\n"
+
+
+def plot(s: dict, root: Path, png: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    _, runs = load(Path(root))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    colors = {"ours": "tab:blue", "trl": "tab:orange"}
+    for r in runs:
+        xs = [e["clock_s"] / 60 for e in r["evals"]]
+        ys = [e["accuracy"] for e in r["evals"]]
+        ax.plot(xs, ys, marker="o", color=colors.get(r["arm"]), alpha=0.8,
+                label=f"{r['arm']} seed {r['seed']}", linestyle=["-", "--", ":"][(r["seed"] - 1) % 3])
+    ax.axhline(s["target"], color="grey", linestyle="--", linewidth=1, label=f"target {s['target']:.2f}")
+    ax.set(xlabel="training wall-clock (minutes, 2 CPU cores; evaluation and saving excluded)",
+           ylabel="greedy accuracy, 200 held-out problems",
+           title="chain_sum, SmolLM2-135M: ours vs TRL GRPOTrainer")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
+
+
+def cmd_summary(a) -> None:
+    s = summarise(Path(a.root), a.target)
+    md = to_markdown(s)
+    print(md)
+    if a.write:
+        write_outputs(a.write, md, s, lambda png: plot(s, Path(a.root), png))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name in ("base", "run"):
+        q = sub.add_parser(name)
+        q.add_argument("--out-root", required=True)
+        q.add_argument("--model", default="smollm2-135m-instruct")
+        q.add_argument("--steps", type=int, default=16)
+        q.add_argument("--prompts", type=int, default=8)
+        q.add_argument("--samples", type=int, default=8)
+        q.add_argument("--max-new-tokens", type=int, default=48)
+        q.add_argument("--lr", type=float, default=1e-5)
+        q.add_argument("--micro-batch", type=int, default=4)
+        q.add_argument("--eval-every", type=int, default=4)
+        q.add_argument("--n-eval", type=int, default=200)
+        if name == "run":
+            q.add_argument("--arm", required=True, choices=("ours", "trl"))
+            q.add_argument("--seed", type=int, required=True)
+    q = sub.add_parser("summary")
+    q.add_argument("root")
+    q.add_argument("--target", type=float, default=TARGET)
+    q.add_argument("--write", default="", help="output stem: STEM.md, STEM.json, STEM.png")
+    a = p.parse_args(argv)
+    {"base": cmd_base, "run": cmd_run, "summary": cmd_summary}[a.cmd](a)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
