@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Asynchronous GRPO entry point: exactly ``grpo.py mode=async`` (see :mod:`torchrl_grpo.async_trainer`).
+"""Asynchronous GRPO entry point: exactly ``grpo.py mode=async`` (see :mod:`torchrl_grpo.training.async_trainer`).
 
 Rollouts for the next step are generated while the trainer updates on the current one; a batch is trained at most
 ``train.max_staleness`` policy versions after the one that generated it (AReaL's staleness bound).
@@ -28,7 +28,7 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from grpo import run  # noqa: E402  (registers the config schema)
-from torchrl_grpo.interrupt import exit_code  # noqa: E402
+from torchrl_grpo.training.interrupt import exit_code  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="grpo_reasoning_async")

@@ -11,7 +11,7 @@
 
 Outputs go to ``outputs/YYYY-MM-DD/HH-MM-SS/`` (``metrics.jsonl``, ``checkpoints/``, ``.hydra/config.yaml``).
 Ctrl-C / SIGTERM finish the current step, checkpoint it and exit with 130 / 143 (a second signal stops at once;
-see :mod:`torchrl_grpo.interrupt`); ``train.resume_from=<run>/checkpoints`` continues.
+see :mod:`torchrl_grpo.training.interrupt`); ``train.resume_from=<run>/checkpoints`` continues.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from torchrl_grpo.config import register_configs  # noqa: E402
-from torchrl_grpo.interrupt import exit_code, handle_signals  # noqa: E402
+from torchrl_grpo.training.interrupt import exit_code, handle_signals  # noqa: E402
 
 register_configs()
 log = logging.getLogger("grpo")
@@ -60,14 +60,14 @@ def evaluate_only(trainer) -> dict:
 
 
 def run(cfg: DictConfig) -> dict:
-    if cfg.cl.task_order:  # a continual run (e.g. --config-name grpo_cl): torchrl_grpo.continual_trainer
-        from torchrl_grpo.continual_trainer import ContinualTrainer
+    if cfg.cl.task_order:  # a continual run (e.g. --config-name grpo_cl): torchrl_grpo.continual.trainer
+        from torchrl_grpo.continual.trainer import ContinualTrainer
 
         return run_trainer(ContinualTrainer, cfg, lambda trainer: trainer.train())
     if cfg.mode == "async":
-        from torchrl_grpo.async_trainer import AsyncGRPOTrainer as Trainer
+        from torchrl_grpo.training.async_trainer import AsyncGRPOTrainer as Trainer
     else:
-        from torchrl_grpo.trainer import GRPOTrainer as Trainer
+        from torchrl_grpo.training.grpo_trainer import GRPOTrainer as Trainer
     return run_trainer(Trainer, cfg, evaluate_only if cfg.eval_only else lambda trainer: trainer.fit())
 
 

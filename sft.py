@@ -7,7 +7,7 @@
     python sft.py --config-name sft_tau2 eval_only=true actor.path=<run>/sft_model   # evaluate only
 
 Same config schema as grpo.py (:class:`torchrl_grpo.config.GRPOConfig`, the ``sft`` section); the recipe is
-:class:`torchrl_grpo.sft.SFTTrainer`. Outputs: ``metrics.jsonl`` (``sft/*``, ``demo/*``, ``rft/*``, ``eval/*``),
+:class:`torchrl_grpo.training.sft_trainer.SFTTrainer`. Outputs: ``metrics.jsonl`` (``sft/*``, ``demo/*``, ``rft/*``, ``eval/*``),
 ``learning_curve.png`` and ``sft_model/`` (merged weights + tokenizer) under ``outputs/YYYY-MM-DD/HH-MM-SS/``.
 """
 from __future__ import annotations
@@ -21,13 +21,13 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from grpo import evaluate_only, run_trainer  # noqa: E402  (registers the config schema)
-from torchrl_grpo.interrupt import exit_code  # noqa: E402
+from torchrl_grpo.training.interrupt import exit_code  # noqa: E402
 
 
 def run(cfg: DictConfig) -> dict:
-    """The SFT recipe (:meth:`torchrl_grpo.sft.SFTTrainer.fit`); with ``eval_only=true`` only the evaluation of
+    """The SFT recipe (:meth:`torchrl_grpo.training.sft_trainer.SFTTrainer.fit`); with ``eval_only=true`` only the evaluation of
     ``actor.path`` (e.g. a written ``sft_model``; or ``train.resume_from``'s weights), as in grpo.py."""
-    from torchrl_grpo.sft import SFTTrainer
+    from torchrl_grpo.training.sft_trainer import SFTTrainer
 
     return run_trainer(SFTTrainer, cfg, evaluate_only if cfg.eval_only else lambda trainer: trainer.fit())
 

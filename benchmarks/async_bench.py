@@ -9,7 +9,7 @@ Why: on shared cores async cannot pay (generation and the update compete for the
 0.99x). Overlap pays only where rollout and training have their own resources. Here both modes get the same ones:
 
 * the trainer (this process's main thread) is pinned to ``--train-core``; the rollout thread of
-  :class:`~torchrl_grpo.async_trainer.AsyncGRPOTrainer` pins itself to ``--gen-core`` (``sched_setaffinity`` on the
+  :class:`~torchrl_grpo.training.async_trainer.AsyncGRPOTrainer` pins itself to ``--gen-core`` (``sched_setaffinity`` on the
   calling thread, via the trainer's ``on_rollout_thread_start`` hook); torch runs one intra-op thread per calling
   thread (``torch.set_num_threads(1)``), so each side computes on its own core;
 * the generator is the transformers backend on its own merged copy of the policy (``own_backend_copy``), synced by
@@ -17,7 +17,7 @@ Why: on shared cores async cannot pay (generation and the update compete for the
 
 Modes (one trainer each, built from the same freshly loaded weights, same seed, same prompts):
 
-* ``sync_colocated``: the production sync :class:`~torchrl_grpo.trainer.GRPOTrainer` (the backend samples from the
+* ``sync_colocated``: the production sync :class:`~torchrl_grpo.training.grpo_trainer.GRPOTrainer` (the backend samples from the
   trained module itself: no weight copy, no hand-over, no anchor recompute since its log-probs are exact), its one
   thread moved to the generation core for each collect and back to the training core for the update;
 * ``sync``: the async trainer with ``max_staleness=0`` — AReaL's η = 0, the synchronous schedule (generate batch s with the weights of
@@ -81,9 +81,9 @@ def _pin(core: int) -> str:
 def run_mode(name: str, args, model0, tokenizer, tmp: Path) -> dict:
     from omegaconf import OmegaConf
 
-    from torchrl_grpo.async_trainer import AsyncGRPOTrainer
+    from torchrl_grpo.training.async_trainer import AsyncGRPOTrainer
     from torchrl_grpo.build import seed_everything
-    from torchrl_grpo.trainer import GRPOTrainer
+    from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 
     eta, chunk = MODES[name]
     chunk = args.chunk if chunk is None else chunk

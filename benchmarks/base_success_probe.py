@@ -33,7 +33,7 @@ from envs.gsm8k.env import DEFAULT_SYSTEM_PROMPT  # noqa: E402
 from envs.gsm8k.grading import gsm8k_reward  # noqa: E402
 from torchrl_grpo.backends.base import SamplingConfig  # noqa: E402
 from torchrl_grpo.backends.transformers_backend import TransformersBackend  # noqa: E402
-from torchrl_grpo.chat_tokens import ChatRenderer  # noqa: E402
+from torchrl_grpo.rollout.chat_tokens import ChatRenderer  # noqa: E402
 from torchrl_grpo.models import load_model_and_tokenizer  # noqa: E402
 
 

@@ -44,7 +44,7 @@ def main() -> None:
 
     import envs
     from torchrl_grpo.backends.base import Generation, RolloutBackend, SamplingConfig
-    from torchrl_grpo.collector import GroupCollector
+    from torchrl_grpo.rollout.collector import GroupCollector
     from torchrl_grpo.models import load_model_and_tokenizer
 
     gym.register_envs(envs)

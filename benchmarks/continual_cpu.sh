@@ -61,8 +61,8 @@ check() {
 import json, sys, time
 from hydra import compose, initialize_config_dir
 from torchrl_grpo.config import register_configs
-from torchrl_grpo.continual_trainer import ContinualTrainer
-from torchrl_grpo.learning_curve import wilson_interval
+from torchrl_grpo.continual.trainer import ContinualTrainer
+from torchrl_grpo.reporting.learning_curve import wilson_interval
 register_configs()
 out, over = sys.argv[1], [a for a in sys.argv[2:] if a != "--config-name" and a != "grpo_cl"]
 with initialize_config_dir(config_dir=f"{__import__('os').getcwd()}/configs", version_base="1.3"):

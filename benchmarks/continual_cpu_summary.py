@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from torchrl_grpo.learning_curve import wilson_interval
+from torchrl_grpo.reporting.learning_curve import wilson_interval
 
 
 def _f(v) -> str:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from gsm8k_vs_trl import REPO, _metrics, mean_ci, run_logged, write_outputs  # noqa: E402  (benchmarks/ is sys.path[0])
 
-from torchrl_grpo.learning_curve import wilson_interval
+from torchrl_grpo.reporting.learning_curve import wilson_interval
 
 
 def _evals(rows: list[dict]) -> list[dict]:

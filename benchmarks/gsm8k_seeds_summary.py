@@ -23,11 +23,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gsm8k_vs_trl import mean_ci  # noqa: E402  (the Student-t interval, one copy for both summaries)
 
-from torchrl_grpo.learning_curve import wilson_interval  # noqa: E402
+from torchrl_grpo.reporting.learning_curve import wilson_interval  # noqa: E402
 
 
 def wilson(k: int, n: int) -> tuple[float, float]:
-    """Wilson score 95% interval of k successes in n (:func:`torchrl_grpo.learning_curve.wilson_interval`); NaNs
+    """Wilson score 95% interval of k successes in n (:func:`torchrl_grpo.reporting.learning_curve.wilson_interval`); NaNs
     when n == 0."""
     if n == 0:
         return float("nan"), float("nan")

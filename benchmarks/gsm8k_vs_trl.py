@@ -241,7 +241,7 @@ def _ours(a, d: Path) -> dict:
 
 def trl_prompt_order(seed: int, n_train: int, n: int) -> list[int]:
     """The train problems TRL gets, in order (an unshuffled dataset): the first ``n`` of the permutation our trainer
-    draws its epoch-0 prompts from (:meth:`torchrl_grpo.trainer.GRPOTrainer.tasks_for_step`,
+    draws its epoch-0 prompts from (:meth:`torchrl_grpo.training.grpo_trainer.GRPOTrainer.tasks_for_step`,
     ``default_rng([seed, epoch])``), so both arms train on the same problems in the same order at a given seed
     (a paired comparison; tests/test_gsm8k_vs_trl.py checks it against the trainer's own method)."""
     import numpy as np
@@ -387,7 +387,7 @@ def load_results(root: Path) -> tuple[dict | None, dict[str, list[dict]]]:
 
 
 def _acc(e: dict) -> str:
-    from torchrl_grpo.learning_curve import wilson_interval
+    from torchrl_grpo.reporting.learning_curve import wilson_interval
 
     lo, hi = wilson_interval(e["accuracy"], e["n"])
     return f"{e['accuracy']:.3f} ({round(e['accuracy'] * e['n'])}/{e['n']}) [{lo:.3f}, {hi:.3f}]"
@@ -455,7 +455,7 @@ def plot(root: Path, out_png: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from torchrl_grpo.learning_curve import wilson_interval
+    from torchrl_grpo.reporting.learning_curve import wilson_interval
 
     base, arms = load_results(root)
     colours = {"ours": "tab:blue", "trl": "tab:orange"}

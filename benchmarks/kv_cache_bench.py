@@ -43,7 +43,7 @@ def main() -> int:
     import envs
     from torchrl_grpo.backends.base import SamplingConfig
     from torchrl_grpo.backends.transformers_backend import TransformersBackend
-    from torchrl_grpo.chat_tokens import ChatRenderer
+    from torchrl_grpo.rollout.chat_tokens import ChatRenderer
     from torchrl_grpo.models import load_model_and_tokenizer
 
     gym.register_envs(envs)

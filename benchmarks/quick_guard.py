@@ -7,10 +7,10 @@ Ratios (higher is better; each is ``baseline seconds / ours seconds``):
 * ``rollout_vs_hf_generate``: our :class:`~torchrl_grpo.backends.transformers_backend.TransformersBackend` vs HF
   ``model.generate(do_sample=True)`` on the same left-padded batch: ``--prompts`` GSM8K test prompts x
   ``--samples`` samples, exactly ``--new-tokens`` new tokens per row (no stop token, so both do the same work).
-* ``update_vs_plain``: one :class:`~torchrl_grpo.update.GRPOUpdate` step (the trainer's update: response-window
+* ``update_vs_plain``: one :class:`~torchrl_grpo.training.update.GRPOUpdate` step (the trainer's update: response-window
   LM head, group-shared prompt, micro-batches) vs a plain loop over the same rows: one full forward, log-softmax,
   gather, policy-gradient loss and backward per row, then the same optimizer step.
-* ``collector_vs_bare_env``: the GSM8K env resets/steps alone vs :class:`~torchrl_grpo.collector.GroupCollector`
+* ``collector_vs_bare_env``: the GSM8K env resets/steps alone vs :class:`~torchrl_grpo.rollout.collector.GroupCollector`
   collecting the same episodes with a zero-cost backend (what the collector adds around generation per step; see
   ``benchmarks/collector_overhead.py``).
 
@@ -106,11 +106,11 @@ def measure(model_name: str, prompts: int, samples: int, new_tokens: int, repeat
     import envs
     from torchrl_grpo.backends.base import Generation, RolloutBackend, SamplingConfig
     from torchrl_grpo.backends.transformers_backend import TransformersBackend
-    from torchrl_grpo.chat_tokens import ChatRenderer
-    from torchrl_grpo.collector import GroupCollector
-    from torchrl_grpo.loss import GRPOLoss
+    from torchrl_grpo.rollout.chat_tokens import ChatRenderer
+    from torchrl_grpo.rollout.collector import GroupCollector
+    from torchrl_grpo.objectives.loss import GRPOLoss
     from torchrl_grpo.models import load_model_and_tokenizer
-    from torchrl_grpo.update import GRPOUpdate
+    from torchrl_grpo.training.update import GRPOUpdate
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from rollout_bench import gsm8k_prompts  # the same prompts as the rollout benchmark

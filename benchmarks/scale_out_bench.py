@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Rollout samples/s with 0 (in-process), 1 and 2 Ray rollout workers (torchrl_grpo/ray_rollout.py): the same GRPO
+"""Rollout samples/s with 0 (in-process), 1 and 2 Ray rollout workers (torchrl_grpo/rollout/ray_workers.py): the same GRPO
 steps (SmolLM2-135M-Instruct fp32 CPU, GSM8K train tasks, same seed) through ``GRPOTrainer`` with
 ``rollout.launcher=local`` and ``rollout.launcher=ray rollout.num_workers=N``.
 
@@ -32,7 +32,7 @@ def run_setting(workers: int, args) -> dict:
     from hydra import compose, initialize_config_dir
 
     from torchrl_grpo.config import register_configs
-    from torchrl_grpo.trainer import GRPOTrainer
+    from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 
     over = [f"actor.path={args.model}", f"train.steps={args.steps}", f"train.batch_size={args.batch_size}",
             f"gconfig.n_samples={args.n_samples}", f"gconfig.max_new_tokens={args.max_new_tokens}",

@@ -4,7 +4,7 @@ SFT optimizer step (issue 14 section 2).
 Usage: python benchmarks/sft_step_probe.py [--domain retail] [--model smollm2-135m-instruct] [--episodes 8]
        [--context 8192] [--max-turns 20]
 
-Builds :class:`torchrl_grpo.sft.SFTTrainer` (fp32, full fine-tuning, gradient checkpointing, scripted customer for
+Builds :class:`torchrl_grpo.training.sft_trainer.SFTTrainer` (fp32, full fine-tuning, gradient checkpointing, scripted customer for
 airline/retail, solo for telecom/mock), replays the gold demonstrations of the whole train split, prints their
 statistics, then times one ``sft_update`` on the first ``--episodes`` kept episodes. Run it alone (2 shared cores).
 """
@@ -17,8 +17,8 @@ import time
 from omegaconf import OmegaConf
 
 from torchrl_grpo.config import GRPOConfig
-from torchrl_grpo.demonstrations import gold_demonstrations
-from torchrl_grpo.sft import SFTTrainer
+from torchrl_grpo.rollout.demonstrations import gold_demonstrations
+from torchrl_grpo.training.sft_trainer import SFTTrainer
 
 
 def main() -> None:

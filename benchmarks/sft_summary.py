@@ -7,7 +7,7 @@ no ``eval/n_tasks`` and wrote no config)
 Reads each ``RUN_DIR/metrics.jsonl`` (rows with ``eval/accuracy``: the greedy evaluations before and after; ``demo/*``:
 the gold replays; ``sft/nll`` per optimizer step; ``rft/*`` per round) and the ``config.yaml`` the run wrote (``eval.n_problems``;
 the tasks evaluated are the first n usable ones of the split, fewer if the split is smaller). The interval is the binomial one of one run on n problems
-(Wilson 1927, :func:`torchrl_grpo.learning_curve.wilson_interval`); one run is one seed, not a learning claim.
+(Wilson 1927, :func:`torchrl_grpo.reporting.learning_curve.wilson_interval`); one run is one seed, not a learning claim.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from torchrl_grpo.learning_curve import wilson_interval
+from torchrl_grpo.reporting.learning_curve import wilson_interval
 
 
 def _rows(run: Path) -> list[dict]:

@@ -19,12 +19,12 @@ training, no 48-min evaluation; ``warm_start.json`` instead of result.json): the
 model's weights (:func:`weights_sha256`), the grpo result the sha256 of the model it started from, and the table says
 whether the two are the same model.
 
-Stages (each evaluates once, at its end, with the same code: :meth:`torchrl_grpo.trainer.GRPOTrainer.evaluate` on
+Stages (each evaluates once, at its end, with the same code: :meth:`torchrl_grpo.training.grpo_trainer.GRPOTrainer.evaluate` on
 the first ``--n-eval`` usable tasks of the test split, 0 = all of them):
 
 * ``base``: ``grpo.py eval_only=true`` on ``--model``;
 * ``sft``: ``sft.py --config-name sft_tau2`` from ``--model``: ``--sft-epochs`` epochs over the gold demonstrations
-  of the **train** split replayed through the RL collector (:mod:`torchrl_grpo.demonstrations`), optionally
+  of the **train** split replayed through the RL collector (:mod:`torchrl_grpo.rollout.demonstrations`), optionally
   ``--rft-rounds`` of rejection-sampling fine-tuning, then the merged model ``sft_model/``;
 * ``grpo``: ``grpo.py --config-name grpo_tau2`` from that ``sft_model`` (``--from base``: from ``--model``, the
   "GRPO without warm start" arm) on the train split.
@@ -32,14 +32,14 @@ the first ``--n-eval`` usable tasks of the test split, 0 = all of them):
 Both trainings fine-tune all weights when ``--lora-r 0`` (the default for the 135M model) and LoRA otherwise.
 
 Statistics (``summary``): per run the Wilson 95% interval of pass^1 on n test tasks
-(:func:`torchrl_grpo.learning_curve.wilson_interval`); per stage with >= 2 seeds the mean and Student-t 95%
+(:func:`torchrl_grpo.reporting.learning_curve.wilson_interval`); per stage with >= 2 seeds the mean and Student-t 95%
 interval across seeds (``gsm8k_vs_trl.mean_ci``); for two stages of one seed whose runs recorded per-task outcomes
 (``per_task`` in result.json, from the run's ``eval_episodes.jsonl``) the paired greedy comparison on the same
 tasks with the exact McNemar test (:func:`paired_greedy`): it uses that both runs saw the same tasks, which two
 separate Wilson intervals ignore. pass^k is tau-bench's estimator (Yao et al., 2024,
 arXiv:2406.12045, Eq. 1), pass@k Chen et al. (2021, arXiv:2107.03374, Eq. 1), both from ``--pass-k`` samples per task
-at temperature 1 (:mod:`torchrl_grpo.evaluation`). The do-nothing baseline ends each test task at once
-(:func:`torchrl_grpo.evaluation.do_nothing_baseline`): tasks whose correct outcome is no change score 1 there, so a
+at temperature 1 (:mod:`torchrl_grpo.rollout.evaluation`). The do-nothing baseline ends each test task at once
+(:func:`torchrl_grpo.rollout.evaluation.do_nothing_baseline`): tasks whose correct outcome is no change score 1 there, so a
 policy's pass^1 means something only above it; each result also records the do-nothing agent's per-task rewards
 (:func:`do_nothing_per_task`), and the table pairs every run with it on the same tasks (do-nothing -> stage): the
 "second only" column counts the tasks the policy solves that ending at once does not. ``annotate`` adds that field
@@ -140,7 +140,7 @@ def _resume_overrides(a, run_dir: Path) -> list[str]:
     ``--checkpoint-every`` run of this stage that was cut), else nothing (the stage starts from step 0)."""
     if not getattr(a, "resume", False) or not (run_dir / "checkpoints").is_dir():
         return []
-    from torchrl_grpo.checkpoint import latest_checkpoint
+    from torchrl_grpo.training.checkpoint import latest_checkpoint
 
     try:
         latest_checkpoint(run_dir)
@@ -257,7 +257,7 @@ def _train_rows(rows: list[dict]) -> list[dict]:
 
 def per_task_outcomes(run_dir: Path) -> dict | None:
     """``{task_id: {"greedy": reward, "sampled": [rewards]}}`` of the run's last evaluation, from its
-    ``eval_episodes.jsonl`` (:func:`torchrl_grpo.evaluation.eval_episode_rows`); None when the run wrote none.
+    ``eval_episodes.jsonl`` (:func:`torchrl_grpo.rollout.evaluation.eval_episode_rows`); None when the run wrote none.
     An episode written twice for the same step (a resumed run that evaluated that step again) counts once: the
     later row of each (task, mode, sample) wins."""
     p = run_dir / "eval_episodes.jsonl"
@@ -371,7 +371,7 @@ def load_results(root: Path) -> dict[str, list[dict]]:
 
 
 def _wilson(p: float, n: int) -> str:
-    from torchrl_grpo.learning_curve import wilson_interval
+    from torchrl_grpo.reporting.learning_curve import wilson_interval
 
     lo, hi = wilson_interval(p, n)
     return f"{p:.3f} ({round(p * n)}/{n}) [{lo:.3f}, {hi:.3f}]"
@@ -479,7 +479,7 @@ def plot(s: dict, out_png: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from torchrl_grpo.learning_curve import wilson_interval
+    from torchrl_grpo.reporting.learning_curve import wilson_interval
 
     fig, ax = plt.subplots(figsize=(6, 4))
     xs = {st: i for i, st in enumerate(s["stages"])}

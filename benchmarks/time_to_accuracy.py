@@ -35,7 +35,7 @@ What differs is what each system is: our embedded transformers backend for rollo
 
 **Clock.** Training time only, the same definition for both: the sum of the per-step wall times (rollout + update +
 weight sync), excluding model loading, evaluation and checkpoint saving. Ours: the trainer's ``time/step_s``
-(``torchrl_grpo.trainer.GRPOTrainer.train_step``); TRL: ``on_step_begin`` -> ``on_step_end`` of a
+(``torchrl_grpo.training.grpo_trainer.GRPOTrainer.train_step``); TRL: ``on_step_begin`` -> ``on_step_end`` of a
 ``TrainerCallback`` (the generation of a step happens inside it; saving runs after ``on_step_end``). The whole
 process wall time of each run is recorded beside it.
 
@@ -60,7 +60,7 @@ from pathlib import Path
 
 from gsm8k_vs_trl import REPO, _metrics, run_logged, trl_prompt_order, write_outputs  # noqa: E402  (benchmarks/ on sys.path)
 
-from torchrl_grpo.learning_curve import wilson_interval
+from torchrl_grpo.reporting.learning_curve import wilson_interval
 
 #: fixed before the runs (module docstring): halfway from base 0.195 to our 3-seed final mean 0.527
 TARGET = 0.36

@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import logging as hf_logging
 
     import envs
-    from torchrl_grpo.chat_tokens import ChatRenderer
+    from torchrl_grpo.rollout.chat_tokens import ChatRenderer
     from torchrl_grpo.models import load_model_and_tokenizer, resolve_model_path
 
     hf_logging.set_verbosity_error()
@@ -415,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg, overrides = build_ours_config(args, total)
     src = resolve_model_path(args.model)
     from torchrl_grpo.build import seed_everything
-    from torchrl_grpo.trainer import GRPOTrainer
+    from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 
     with tempfile.TemporaryDirectory(prefix="train_bench_") as tmp:
         # our trainer is built first (each trainer gets its own freshly loaded copy of the same weights); it also

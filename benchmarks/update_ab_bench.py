@@ -6,16 +6,16 @@
 
 Builds our trainer with exactly train_bench.py's settings (SmolLM2-135M fp32, 2 GSM8K prompts x 8 samples, 128 new
 tokens, micro-batches of 4, token-mean loss, no KL/entropy), collects one batch with one ``train_step()``, then times
-:class:`torchrl_grpo.update.GRPOUpdate` on copies of that same batch, the arms interleaved (A, B, C, A, B, C, ...) so
+:class:`torchrl_grpo.training.update.GRPOUpdate` on copies of that same batch, the arms interleaved (A, B, C, A, B, C, ...) so
 load drift hits all arms:
 
 * ``before``: the LM head's log-probs through autograd ``log_softmax`` + ``gather``, each chunk's logits recomputed
   in the backward pass (activation checkpointing), and the tied embedding's dense gradient — the path before the
   change;
-* ``head``: fused :class:`torchrl_grpo.log_probs._TargetLogSoftmax`, logits kept for the backward pass when they fit
+* ``head``: fused :class:`torchrl_grpo.objectives.log_probs._TargetLogSoftmax`, logits kept for the backward pass when they fit
   ``HEAD_KEEP_BYTES``; dense embedding gradient;
 * ``after``: the default path: ``head`` plus the tied embedding's sparse gradient
-  (:func:`torchrl_grpo.update.sparse_tied_embedding_grads`).
+  (:func:`torchrl_grpo.training.update.sparse_tied_embedding_grads`).
 
 Each update also takes an optimizer step (the weights move a little between reps; the work per rep does not). Also
 checked on the first batch: all arms give the same loss and gradient norm (they are the same maths). Prints the
@@ -42,8 +42,8 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 import torch
 
-import torchrl_grpo.log_probs as lpm
-import torchrl_grpo.update as upm
+import torchrl_grpo.objectives.log_probs as lpm
+import torchrl_grpo.training.update as upm
 
 ARMS = ("before", "head", "after")
 
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg, _overrides = tb.build_ours_config(args, 1 + 2 * (a.reps + 1))
     from torchrl_grpo.build import seed_everything
     from torchrl_grpo.models import load_model_and_tokenizer
-    from torchrl_grpo.trainer import GRPOTrainer
+    from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 
     model, tok = load_model_and_tokenizer(a.model, dtype="float32", device="cpu")
     seed_everything(a.seed)

@@ -12,7 +12,7 @@ Shared-prefix mode (benchmarks/results/update_cost_shared_prefix.md):
     python benchmarks/update_cost_probe.py shared bfloat16 gc 8 300   # dtype, gc|nogc, group size, remainder tokens
 
 times, each in its own process (so each peak RSS is its own), (i) the plain path for 1 episode and (ii) the GRPO
-update (:class:`torchrl_grpo.update.GRPOUpdate`, ``train.shared_prefix=auto``, the tau2 config's
+update (:class:`torchrl_grpo.training.update.GRPOUpdate`, ``train.shared_prefix=auto``, the tau2 config's
 ``micro_batch_size 8`` / ``max_tokens_per_mb 12288``) of a group of 8 telecom episodes: the real prompt, then 8
 different random multi-turn remainders of ~300 tokens (response, tool output, response; the tool tokens unscored),
 and prints ``8 x plain_per_episode / shared_group``.
@@ -32,8 +32,8 @@ from peft import LoraConfig, get_peft_model
 from tensordict import TensorDict
 
 import envs
-from torchrl_grpo.chat_tokens import ChatRenderer
-from torchrl_grpo.loss import GRPOLoss, total_loss
+from torchrl_grpo.rollout.chat_tokens import ChatRenderer
+from torchrl_grpo.objectives.loss import GRPOLoss, total_loss
 from torchrl_grpo.models import load_model_and_tokenizer
 
 
@@ -97,7 +97,7 @@ def _multi_turn_batch(prompt: list[int], n: int, rlen: int, seed: int = 0, vocab
 def _one_shared(dtype: str, gc: str, n: int, rlen: int, which: str) -> dict:
     """One measurement in this process: ``which`` = ``plain`` (row 0 alone, the plain loss forward+backward) or
     ``shared`` (the n-row GRPO update with the shared prefix)."""
-    from torchrl_grpo.update import GRPOUpdate
+    from torchrl_grpo.training.update import GRPOUpdate
 
     model, prompt = _lora_model_and_telecom_prompt(dtype, gc)
     td = _multi_turn_batch(prompt, n, rlen, vocab=min(20000, model.config.vocab_size))

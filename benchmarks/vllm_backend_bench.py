@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:
 from torchrl_grpo.backends.base import SamplingConfig
 from torchrl_grpo.backends.vllm_backend import VLLMBackend, check_weight_sync
 from torchrl_grpo.models import load_model_and_tokenizer
-from torchrl_grpo.weight_sync import export_hf_weights
+from torchrl_grpo.backends.weight_sync import export_hf_weights
 
 _BENCH_QUESTIONS = (
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "

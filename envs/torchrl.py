@@ -184,7 +184,7 @@ class TextEnv(EnvBase):
             zero-argument callables and returns, in order, each one's return value or the
             exception it raised. Default: in order, in this thread. A runner may run them
             concurrently, e.g. threads inside a scope that batches the model calls of simulated
-            users (``torchrl_grpo.local_user.LocalUser``).
+            users (``torchrl_grpo.rollout.local_user.LocalUser``).
         catch_env_errors: ``False`` (default): an exception raised by an env's ``step`` propagates.
             ``True``: that env's episode ends there (``truncated``, reward 0, the observation
             unchanged) with ``info["error"]`` (type and message) and

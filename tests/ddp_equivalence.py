@@ -27,7 +27,7 @@ from torch.distributed.tensor import DTensor
 
 from torchrl_grpo.build import build
 from torchrl_grpo.config import register_configs
-from torchrl_grpo.trainer import GRPOTrainer
+from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Tests for torchrl_grpo.advantage: group-relative advantages against a plain numpy reference."""
+"""Tests for torchrl_grpo.objectives.advantage: group-relative advantages against a plain numpy reference."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from torchrl_grpo.advantage import group_advantages, group_reward_std
+from torchrl_grpo.objectives.advantage import group_advantages, group_reward_std
 
 EPS = 1e-6
 

@@ -1,11 +1,11 @@
-"""Device allocation plan (torchrl_grpo.allocation): both spellings, defaults, and every conflict named."""
+"""Device allocation plan (torchrl_grpo.distributed.device_plan): both spellings, defaults, and every conflict named."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from torchrl_grpo.allocation import AllocationError, parse_allocation_mode, resolve_plan
+from torchrl_grpo.distributed.device_plan import AllocationError, parse_allocation_mode, resolve_plan
 
 GPUS4 = [f"cuda:{i}" for i in range(4)]
 CPU2 = ["cpu:0", "cpu:1"]
@@ -150,8 +150,8 @@ def test_scale_out_config_errors(overrides, match):
 
 
 def test_allocation_mode_fsdp_selects_the_fsdp_strategy():
-    """``allocation_mode=...+fsdp:dN`` with train.strategy left at single runs FSDP2 (torchrl_grpo.distributed)."""
-    from torchrl_grpo.allocation import train_strategy
+    """``allocation_mode=...+fsdp:dN`` with train.strategy left at single runs FSDP2 (torchrl_grpo.distributed.data_parallel)."""
+    from torchrl_grpo.distributed.device_plan import train_strategy
 
     assert train_strategy(_compose(["allocation_mode=vllm:d1+fsdp:d2"])) == "fsdp"
     assert train_strategy(_compose(["allocation_mode=vllm:d1+ddp:d2"])) == "ddp"
@@ -246,7 +246,7 @@ def test_readme_device_plans_resolve_and_keep_in_process_vllm_on_cuda0():
 
     from hydra import compose, initialize_config_dir
 
-    from torchrl_grpo.allocation import train_strategy
+    from torchrl_grpo.distributed.device_plan import train_strategy
     from torchrl_grpo.config import register_configs
 
     register_configs()

@@ -1,4 +1,4 @@
-"""The device plan applied (torchrl_grpo.placement): the KL reference on its own device, the threads of a disjoint
+"""The device plan applied (torchrl_grpo.distributed.placement): the KL reference on its own device, the threads of a disjoint
 CPU plan pinned to their cores (the kernel's view read back), a colocated plan untouched, and the refused
 combinations named. Tiny random model, ToyVowels, CPU only."""
 from __future__ import annotations
@@ -12,10 +12,10 @@ import torch
 import tests.toy_envs  # noqa: F401  (registers ToyVowels-v0)
 from tests.test_allocation import GPUS4, cfg
 from tests.test_trainer import make_cfg
-from torchrl_grpo.allocation import AllocationError, resolve_plan
-from torchrl_grpo.async_trainer import AsyncGRPOTrainer
-from torchrl_grpo.placement import placement_for, thread_cpus
-from torchrl_grpo.trainer import GRPOTrainer
+from torchrl_grpo.distributed.device_plan import AllocationError, resolve_plan
+from torchrl_grpo.training.async_trainer import AsyncGRPOTrainer
+from torchrl_grpo.distributed.placement import placement_for, thread_cpus
+from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 
 needs_two_cores = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2
                                      or thread_cpus() is None,
@@ -150,13 +150,13 @@ def test_transformers_backend_copy_goes_to_the_given_device(tiny_model_and_token
 
 def test_without_sched_setaffinity_nothing_is_pinned_and_it_is_logged(monkeypatch, caplog):
     """Non-Linux (no os.sched_setaffinity): the planned cores are logged as not applied; nothing raises."""
-    from torchrl_grpo import placement as placement_mod
+    from torchrl_grpo.distributed import placement as placement_mod
 
     plan = resolve_plan(cfg(train=(0, [0]), inference=(0, [1])), ["cpu:0", "cpu:1"])
     p = placement_for(plan, device=torch.device("cpu"))
     monkeypatch.delattr(os, "sched_setaffinity", raising=False)
     monkeypatch.setattr(placement_mod, "_warned_unavailable", False)
-    with caplog.at_level("WARNING", logger="torchrl_grpo.placement"):
+    with caplog.at_level("WARNING", logger="torchrl_grpo.distributed.placement"):
         p.pin_thread("train")
         with p.on_cores("inference"):
             pass

@@ -14,8 +14,8 @@ import torch
 
 import tests.toy_envs  # noqa: F401  (registers ToyVowels-v0)
 from tests.test_trainer import make_cfg
-from torchrl_grpo import async_trainer
-from torchrl_grpo.async_trainer import AsyncGRPOTrainer
+from torchrl_grpo.training import async_trainer as async_trainer
+from torchrl_grpo.training.async_trainer import AsyncGRPOTrainer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -98,7 +98,7 @@ def test_async_with_lora_merges_into_the_rollout_copy(tmp_path):
     assert all(m["train/optimizer_steps"] == 1.0 for m in ms)
     trainer._apply_pending()
     merged = dict(trainer.backend.model.named_parameters())
-    from torchrl_grpo.weight_sync import export_hf_weights
+    from torchrl_grpo.backends.weight_sync import export_hf_weights
 
     for n, t in export_hf_weights(trainer.model):
         torch.testing.assert_close(merged[n], t)

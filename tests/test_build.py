@@ -12,10 +12,10 @@ import tests.toy_envs  # noqa: F401  (registers ToyVowels-v0)
 from tests.test_trainer import make_cfg
 from torchrl_grpo.backends.transformers_backend import TransformersBackend
 from torchrl_grpo.build import Components, LoopSettings, build
-from torchrl_grpo.loss import REDUCTIONS, LossMetrics
+from torchrl_grpo.objectives.loss import REDUCTIONS, LossMetrics
 from torchrl_grpo.models import load_model_and_tokenizer
-from torchrl_grpo.trainer import GRPOTrainer
-from torchrl_grpo.weight_sync import export_hf_weights
+from torchrl_grpo.training.grpo_trainer import GRPOTrainer
+from torchrl_grpo.backends.weight_sync import export_hf_weights
 
 
 def test_build_gives_the_loop_its_components_and_settings(tmp_path):
@@ -91,9 +91,9 @@ def test_loss_metrics_reduce_as_declared():
 
 
 def test_trainer_imports_the_components_not_their_constructors():
-    code = ("import sys, torchrl_grpo.trainer, torchrl_grpo.async_trainer; "
+    code = ("import sys, torchrl_grpo.training.grpo_trainer, torchrl_grpo.training.async_trainer; "
             "print(' '.join(m for m in sys.modules if m.split('.')[0] in ('peft', 'vllm', 'tau2') or m in "
-            "('torchrl_grpo.build', 'torchrl_grpo.models', 'torchrl_grpo.env_factory', "
+            "('torchrl_grpo.build', 'torchrl_grpo.models', 'torchrl_grpo.rollout.env_side', "
             "'torchrl_grpo.backends.transformers_backend', 'torchrl_grpo.backends.vllm_backend')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == []

@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerFast
 
 from envs.chat_template import template_messages
 from envs.tau2.actions import parse_action
-from torchrl_grpo.chat_tokens import ChatRenderer
+from torchrl_grpo.rollout.chat_tokens import ChatRenderer
 from torchrl_grpo.models import prepare_tokenizer
 
 # Qwen2.5's way of writing a tool call: `arguments | tojson` (a JSON string would be encoded a second time).
@@ -125,7 +125,7 @@ def test_text_difference_continuations_equal_token_difference_on_real_tau2_turns
     from transformers import AutoTokenizer
 
     import envs
-    from torchrl_grpo.chat_tokens import _BASE
+    from torchrl_grpo.rollout.chat_tokens import _BASE
     from torchrl_grpo.models import prepare_tokenizer, resolve_model_path
 
     gym.register_envs(envs)

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchrl_grpo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from torchrl_grpo.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 HOOKED_OS_CALLS = ("mkdir", "rename", "replace", "unlink", "remove", "rmdir", "fsync")
@@ -116,7 +116,7 @@ def _train_main(run_dir: Path, steps: int, resume_from: str, pause_at: str, paus
 
     ``pause_at`` = ``"S:OP:N"``: inside the S-th save of this run, right before its N-th ``OP`` filesystem call.
     """
-    import torchrl_grpo.trainer as trainer_mod
+    import torchrl_grpo.training.grpo_trainer as trainer_mod
     from tests.test_trainer import make_cfg
 
     torch.set_num_threads(1)
@@ -254,7 +254,7 @@ def _assert_loads(ckpts: Path, fresh, step: int) -> None:
 
 def test_training_killed_mid_save_and_mid_prune_resumes_to_the_last_step(tmp_path, fresh):
     from tests.test_trainer import make_cfg
-    from torchrl_grpo.trainer import GRPOTrainer
+    from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 
     run = tmp_path / "run"
     ckpts = run / "checkpoints"
@@ -297,7 +297,7 @@ def test_latest_skips_unfinished_and_corrupted_checkpoints_with_a_warning(tmp_pa
     weights = tmp_path / "step_000002" / "model" / "model.safetensors"
     with open(weights, "r+b") as f:  # truncated weights: step 2 is corrupted
         f.truncate(weights.stat().st_size - 1)
-    with caplog.at_level(logging.WARNING, logger="torchrl_grpo.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="torchrl_grpo.training.checkpoint"):
         assert latest_checkpoint(tmp_path).name == "step_000001"
         assert latest_checkpoint(tmp_path.parent / tmp_path.name).name == "step_000001"
     text = caplog.text
@@ -312,7 +312,7 @@ def test_checkpoint_without_marker_is_accepted_as_legacy(tmp_path, fresh, caplog
     markers = [p for p in (tmp_path / "step_000002").iterdir() if p.name.upper().startswith("COMPLETE")]
     assert len(markers) == 1
     markers[0].unlink()  # as written by the code before completeness markers
-    with caplog.at_level(logging.WARNING, logger="torchrl_grpo.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="torchrl_grpo.training.checkpoint"):
         state = load_checkpoint(tmp_path, model=fresh[0], optimizer=fresh[2], restore_rng=False)
     assert state["step"] == 2 and "without" in caplog.text
     (tmp_path / "step_000002" / "trainer_state.pt").unlink()  # legacy and incomplete: skipped

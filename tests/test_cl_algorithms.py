@@ -9,11 +9,20 @@ import torch
 from omegaconf import OmegaConf
 from tensordict import NonTensorStack, TensorDict
 
-from torchrl_grpo.advantage import group_advantages
-from torchrl_grpo.cl_algorithms import (ALGORITHMS, EWC, Joint, KLAnchor, PenalisedLoss, Replay, Sequential,
-                                        concat_batches, make_algorithm)
-from torchrl_grpo.episode_stats import non_tensor_list
-from torchrl_grpo.trajectory_buffer import TrajectoryBuffer
+from torchrl_grpo.objectives.advantage import group_advantages
+from torchrl_grpo.continual.algorithms import (
+    ALGORITHMS,
+    EWC,
+    Joint,
+    KLAnchor,
+    PenalisedLoss,
+    Replay,
+    Sequential,
+    concat_batches,
+    make_algorithm,
+)
+from torchrl_grpo.rollout.episode_stats import non_tensor_list
+from torchrl_grpo.continual.trajectory_buffer import TrajectoryBuffer
 
 
 def batch(n_groups, G, T, rewards=None, domain="mock", first_task=0):

@@ -1,5 +1,5 @@
 """The cl.* config section: configs/grpo_cl.yaml composes, per-domain configs, and bad input fails before any model
-loads (torchrl_grpo.cl_domains)."""
+loads (torchrl_grpo.continual.domains)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from torchrl_grpo.cl_domains import CL_DOMAINS, DOMAIN_DEFAULTS, domain_config, validate_cl_config
+from torchrl_grpo.continual.domains import CL_DOMAINS, DOMAIN_DEFAULTS, domain_config, validate_cl_config
 from torchrl_grpo.config import GRPOConfig, register_configs, validate_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -137,7 +137,7 @@ def test_splits_are_checked_against_the_envs():
 
 
 def test_continual_trainer_rejects_bad_input_before_loading_a_model(tmp_path):
-    from torchrl_grpo.continual_trainer import ContinualTrainer
+    from torchrl_grpo.continual.trainer import ContinualTrainer
 
     missing_model = {"actor": {"path": str(tmp_path / "no-such-model")}}
     with pytest.raises(ValueError, match="unknown domain"):

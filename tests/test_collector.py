@@ -7,9 +7,9 @@ import torch
 
 from torchrl_grpo.backends.base import Generation, RolloutBackend, SamplingConfig
 from torchrl_grpo.backends.transformers_backend import TransformersBackend
-from torchrl_grpo.chat_tokens import ChatRenderer
-from torchrl_grpo.collector import GroupCollector
-from torchrl_grpo.loss import token_log_probs
+from torchrl_grpo.rollout.chat_tokens import ChatRenderer
+from torchrl_grpo.rollout.collector import GroupCollector
+from torchrl_grpo.objectives.loss import token_log_probs
 
 REPLIES = ["Let me look that up.", "Found it: 42.", "Anything else?"]
 
@@ -216,7 +216,7 @@ def test_one_failing_env_ends_only_its_own_episode(tok):
 
 def test_evaluate_chunks_tasks_with_progress_and_counts_every_task(tok, monkeypatch):
     """evaluate() collects EVAL_CHUNK tasks per call (so a progress bar can advance) and scores every task once."""
-    from torchrl_grpo import evaluation
+    from torchrl_grpo.rollout import evaluation as evaluation
 
     monkeypatch.setattr(evaluation, "EVAL_CHUNK", 2)
     calls = []
@@ -231,7 +231,7 @@ def test_evaluate_chunks_tasks_with_progress_and_counts_every_task(tok, monkeypa
 def test_evaluate_records_one_row_per_episode_greedy_ones_with_their_conversation(tok):
     """evaluate(episodes=[]) appends a row per episode: greedy rows first (conversation without the system message),
     then the k sampled rows per task (no conversation), each with the task, sample index, reward and how it ended."""
-    from torchrl_grpo import evaluation
+    from torchrl_grpo.rollout import evaluation as evaluation
 
     col = GroupCollector(ScriptedChatEnv, ScriptedBackend(tok), tok, SamplingConfig(max_new_tokens=8), max_turns=5)
     rows: list = []

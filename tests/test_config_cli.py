@@ -119,7 +119,10 @@ def _compose_tau2(overrides):
 def test_choice_sets_come_from_the_implementing_modules():
     """Each config choice set is the tuple the implementing module checks, so the two cannot drift apart."""
     from envs.tau2.env import REWARD_KINDS
-    from torchrl_grpo import advantage, build, loss, update
+    from torchrl_grpo import build
+    from torchrl_grpo.objectives import advantage as advantage
+    from torchrl_grpo.objectives import loss as loss
+    from torchrl_grpo.training import update as update
     from torchrl_grpo.config import _choices
 
     c = _choices()
@@ -140,7 +143,7 @@ def test_choice_sets_come_from_the_implementing_modules():
     (["econfig.solo_mode=false", "econfig.user=scripted", "econfig.user_llm=gpt-4o-mini"], "scripted"),
 ])
 def test_tau2_user_has_one_spelling_per_concept(overrides, user):
-    from torchrl_grpo.env_factory import tau2_user
+    from torchrl_grpo.rollout.env_side import tau2_user
 
     cfg = _compose_tau2(overrides)
     validate_config(cfg)

@@ -1,4 +1,4 @@
-"""Continual-learning metrics (torchrl_grpo.continual): transfer metrics on hand-made matrices, tables, plots."""
+"""Continual-learning metrics (torchrl_grpo.continual.transfer): transfer metrics on hand-made matrices, tables, plots."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from torchrl_grpo import continual as cl
+from torchrl_grpo.continual import transfer as cl
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -138,7 +138,7 @@ def test_cli_redraws_from_metrics_json(tmp_path, capsys):
 def test_plots_go_to_wandb_when_it_is_on(tmp_path):
     import wandb
 
-    from torchrl_grpo.stats_logger import StatsLogger
+    from torchrl_grpo.reporting.stats_logger import StatsLogger
 
     class FakeRun:
         calls = []

@@ -10,11 +10,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from torchrl_grpo import continual
-from torchrl_grpo.cl_algorithms import EWC, LoRAPerDomain, Replay, Sequential
+from torchrl_grpo.continual import transfer as continual
+from torchrl_grpo.continual.algorithms import EWC, LoRAPerDomain, Replay, Sequential
 from torchrl_grpo.config import GRPOConfig
-from torchrl_grpo.continual_trainer import ContinualTrainer
-from torchrl_grpo.trajectory_buffer import TrajectoryBuffer
+from torchrl_grpo.continual.trainer import ContinualTrainer
+from torchrl_grpo.continual.trajectory_buffer import TrajectoryBuffer
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -89,7 +89,7 @@ def test_sequential_run_writes_and_reloads_everything(tmp_path):
         assert buf.episodes("mock")[0].messages and buf.episodes("mock")[0].task_id is not None
     assert TrajectoryBuffer.load(rd / "trajectories.jsonl").stats()["telecom"]["episodes"] == 4
     # the saved weights reload into a fresh model and equal the trained ones
-    from torchrl_grpo.checkpoint import load_checkpoint
+    from torchrl_grpo.training.checkpoint import load_checkpoint
     from torchrl_grpo.models import load_model_and_tokenizer
 
     fresh, _ = load_model_and_tokenizer("tiny-random")
@@ -144,7 +144,7 @@ class Rewarded(Sequential):
 
 
 def _weights(path):
-    from torchrl_grpo.checkpoint import load_checkpoint
+    from torchrl_grpo.training.checkpoint import load_checkpoint
     from torchrl_grpo.models import load_model_and_tokenizer
 
     m, _ = load_model_and_tokenizer("tiny-random")
@@ -328,7 +328,7 @@ class RewardedSigint(SigintAt, Rewarded):
 
 
 def _interrupted(cfg, run_dir, algo):
-    from torchrl_grpo.interrupt import TrainingInterrupted
+    from torchrl_grpo.training.interrupt import TrainingInterrupted
 
     t = ContinualTrainer(cfg, run_dir, algorithm=algo)
     try:

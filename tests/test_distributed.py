@@ -1,4 +1,4 @@
-"""Data-parallel training (torchrl_grpo.distributed) with torchrun + gloo on CPU, tiny model.
+"""Data-parallel training (torchrl_grpo.distributed.data_parallel) with torchrun + gloo on CPU, tiny model.
 
 One DDP step, and one FSDP2 step, on two ranks equals one single-process step on the doubled batch (with
 ``loss.adv_scale=batch`` too: same advantages, and the same logged loss metrics); a torchrun run
@@ -74,7 +74,7 @@ def test_ddp_batch_advantage_scale_uses_the_std_of_the_whole_batch(ddp_batch_sca
     _assert_same_step(a, b, "DDP adv_scale=batch")
 
 
-#: the update's metrics, each reduced over micro-batches (and ranks) as torchrl_grpo.loss.REDUCTIONS declares
+#: the update's metrics, each reduced over micro-batches (and ranks) as torchrl_grpo.objectives.loss.REDUCTIONS declares
 _LOSS_METRICS = ("loss/total", "num_tokens", "loss_objective", "loss_kl", "loss_entropy", "ess", "ratio_max",
                  "ratio_mean", "clip_fraction", "clip_fraction_low", "clip_fraction_high", "kl_behaviour", "kl_ref",
                  "entropy", "behaviour_weight_mean", "behaviour_weight_masked", "grad_norm", "train/optimizer_steps")

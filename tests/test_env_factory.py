@@ -1,11 +1,11 @@
-"""torchrl_grpo.env_factory / evaluation read task lists and the do-nothing baseline from the env contract."""
+"""torchrl_grpo.rollout.env_side / evaluation read task lists and the do-nothing baseline from the env contract."""
 import gymnasium as gym
 import pytest
 
 from envs.gsm8k.env import GSM8KEnv
 from envs.tau2.env import DO_NOTHING_ACTION
-from torchrl_grpo.env_factory import make_env_fn, num_tasks, usable_task_indices
-from torchrl_grpo.evaluation import do_nothing_baseline
+from torchrl_grpo.rollout.env_side import make_env_fn, num_tasks, usable_task_indices
+from torchrl_grpo.rollout.evaluation import do_nothing_baseline
 
 TOY = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(3)]
 

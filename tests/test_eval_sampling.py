@@ -15,9 +15,9 @@ from tensordict import NonTensorStack, TensorDict
 
 import tests.toy_envs  # noqa: F401  (registers ToyVowels-v0)
 from tests.test_trainer import make_cfg
-from torchrl_grpo import evaluation
+from torchrl_grpo.rollout import evaluation as evaluation
 from torchrl_grpo.backends.base import SamplingConfig
-from torchrl_grpo.trainer import GRPOTrainer
+from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 
 
 def test_sampled_evaluation_uses_gconfig_top_p_top_k_and_greedy_is_temperature_0(tmp_path):
@@ -166,7 +166,7 @@ def test_trainer_evaluates_on_a_non_main_rank_and_returns_nothing_to_log(tmp_pat
             return [obj, obj]
 
         def __getattr__(self, name):  # the rest of the DataParallel interface: as one process
-            from torchrl_grpo.distributed import SINGLE
+            from torchrl_grpo.distributed.data_parallel import SINGLE
 
             return getattr(SINGLE, name)
 

@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 
 from envs.gsm8k.env import GSM8KEnv
 from envs.gsm8k.grading import gsm8k_reward
-from torchrl_grpo.advantage import group_advantages
+from torchrl_grpo.objectives.advantage import group_advantages
 from torchrl_grpo.config import EnvConfig, register_configs
 
 REPO = Path(__file__).resolve().parents[1]

@@ -98,7 +98,7 @@ def test_resume_refuses_a_training_done_with_another_budget(tmp_path):
 def test_trl_gets_the_same_prompts_in_the_same_order_as_our_trainer(seed):
     from types import SimpleNamespace
 
-    from torchrl_grpo.trainer import GRPOTrainer
+    from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 
     fake = SimpleNamespace(settings=SimpleNamespace(batch_size=2, seed=seed), train_tasks=list(range(7473)))
     ours = [t["index"] for step in range(10) for t in GRPOTrainer.tasks_for_step(fake, step)]

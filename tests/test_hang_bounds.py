@@ -12,7 +12,7 @@ import torch
 
 import tests.toy_envs  # noqa: F401  (registers ToyVowels-v0)
 from tests.test_trainer import make_cfg
-from torchrl_grpo import checkpoint
+from torchrl_grpo.training import checkpoint as checkpoint
 
 
 # ------------------------------------------------------------------------------------------------ Ray: hung worker
@@ -49,7 +49,7 @@ class _HungRay:
 
 def test_a_hung_ray_worker_fails_the_step_naming_it_after_the_timeout():
     pytest.importorskip("ray")
-    from torchrl_grpo.ray_rollout import RayRolloutCollector
+    from torchrl_grpo.rollout.ray_workers import RayRolloutCollector
 
     col = RayRolloutCollector.__new__(RayRolloutCollector)  # no Ray cluster: its module stood in for
     col._ray = _HungRay()
@@ -66,7 +66,7 @@ def test_a_worker_that_does_not_load_the_weights_fails_the_sync_naming_it():
     pytest.importorskip("ray")
     from ray.exceptions import GetTimeoutError
 
-    from torchrl_grpo.ray_rollout import RayRolloutCollector
+    from torchrl_grpo.rollout.ray_workers import RayRolloutCollector
 
     class HungLoad:
         def put(self, obj):
@@ -103,7 +103,7 @@ def test_worker_timeout_is_a_validated_config_key():
 
 # ------------------------------------------------------------------------------ async: a rollout thread that hangs
 def test_async_close_joins_the_rollout_thread_with_a_bound_and_warns(tmp_path, caplog):
-    from torchrl_grpo.async_trainer import AsyncGRPOTrainer
+    from torchrl_grpo.training.async_trainer import AsyncGRPOTrainer
 
     cfg = make_cfg(mode="async", train={"steps": 3, "batch_size": 1}, gconfig={"n_samples": 2, "max_new_tokens": 4})
     trainer = AsyncGRPOTrainer(cfg, tmp_path)
@@ -120,7 +120,7 @@ def test_async_close_joins_the_rollout_thread_with_a_bound_and_warns(tmp_path, c
     assert entered.wait(timeout=60)
     closer = threading.Thread(target=trainer.close)
     try:
-        with caplog.at_level(logging.WARNING, logger="torchrl_grpo.async_trainer"):
+        with caplog.at_level(logging.WARNING, logger="torchrl_grpo.training.async_trainer"):
             closer.start()
             closer.join(timeout=60)  # "does not hang" bound; the join itself is bounded by close_timeout_s = 0.2 s
             assert not closer.is_alive(), "close() waited for a rollout thread that does not finish"
@@ -150,7 +150,7 @@ def test_cuda_rng_states_of_more_devices_than_visible_restore_the_visible_ones_w
     monkeypatch.setattr(torch.cuda.random, "set_rng_state", fake_set)
     state = {"python": __import__("random").getstate(), "numpy": __import__("numpy").random.get_state(),
              "torch": torch.get_rng_state(), "cuda": [torch.zeros(16, dtype=torch.uint8)] * 2}
-    with caplog.at_level(logging.WARNING, logger="torchrl_grpo.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="torchrl_grpo.training.checkpoint"):
         checkpoint.set_rng_state(state)
     assert restored == [0]
     assert any("2 CUDA devices" in r.getMessage() and "1 visible" in r.getMessage() for r in caplog.records)

@@ -18,11 +18,11 @@ from omegaconf import OmegaConf
 
 import tests.toy_envs  # noqa: F401  (registers ToyVowels-v0)
 from tests.test_trainer import make_cfg
-from torchrl_grpo.async_trainer import AsyncGRPOTrainer
-from torchrl_grpo.checkpoint import load_checkpoint
+from torchrl_grpo.training.async_trainer import AsyncGRPOTrainer
+from torchrl_grpo.training.checkpoint import load_checkpoint
 from torchrl_grpo.config import GRPOConfig
-from torchrl_grpo.interrupt import TrainingInterrupted, finish_step, handle_signals
-from torchrl_grpo.trainer import GRPOTrainer
+from torchrl_grpo.training.interrupt import TrainingInterrupted, finish_step, handle_signals
+from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,5 +1,5 @@
 """Issue 25 C2/C3 on one process: ``loss.adv_scale=batch`` leaves groups dropped for an infrastructure failure out
-of the batch std, and :class:`~torchrl_grpo.loss.LossMetrics` merged over (simulated) ranks gives the metrics of one
+of the batch std, and :class:`~torchrl_grpo.objectives.loss.LossMetrics` merged over (simulated) ranks gives the metrics of one
 process on all their micro-batches. The 2-rank gloo versions: tests/test_distributed.py."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from tensordict import TensorDict
 
 import tests.toy_envs  # noqa: F401  (registers ToyFlaky-v0)
 from tests.test_trainer import make_cfg
-from torchrl_grpo.advantage import group_advantages
-from torchrl_grpo.loss import LossMetrics
-from torchrl_grpo.trainer import GRPOTrainer
+from torchrl_grpo.objectives.advantage import group_advantages
+from torchrl_grpo.objectives.loss import LossMetrics
+from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 
 
 def test_batch_scale_leaves_dropped_infra_groups_out_of_the_std(tmp_path):

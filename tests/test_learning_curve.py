@@ -1,4 +1,4 @@
-"""The run's learning curve PNG (torchrl_grpo.learning_curve) and its Wilson intervals."""
+"""The run's learning curve PNG (torchrl_grpo.reporting.learning_curve) and its Wilson intervals."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from torchrl_grpo.learning_curve import plot_learning_curve, wilson_interval
+from torchrl_grpo.reporting.learning_curve import plot_learning_curve, wilson_interval
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -36,7 +36,7 @@ def test_plot_from_metrics_jsonl(tmp_path):
     with pytest.raises(ValueError, match="bad.jsonl:2"):
         plot_learning_curve(bad, tmp_path / "x.png")
     # the CLI redraws it into the run dir
-    p = subprocess.run([sys.executable, "-m", "torchrl_grpo.learning_curve", str(tmp_path)], capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "torchrl_grpo.reporting.learning_curve", str(tmp_path)], capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert (tmp_path / "learning_curve.png").read_bytes()[:8] == PNG

@@ -5,7 +5,7 @@ import threading
 
 
 from torchrl_grpo.backends.base import Generation, RolloutBackend
-from torchrl_grpo.local_user import LocalUser
+from torchrl_grpo.rollout.local_user import LocalUser
 
 
 class EchoBackend(RolloutBackend):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchrl_grpo.log_probs import _decoder_and_head, _window_outputs, token_log_probs
+from torchrl_grpo.objectives.log_probs import _decoder_and_head, _window_outputs, token_log_probs
 
 
 def _window_logits(model, tokens, am, pos, start, share):
@@ -108,7 +108,7 @@ def test_response_mask_shape_checked():
 
 
 def test_lm_head_runs_only_on_response_tokens_in_chunks(monkeypatch):
-    import torchrl_grpo.log_probs as lpm
+    import torchrl_grpo.objectives.log_probs as lpm
 
     model = _models()["qwen2"].train()
     tokens, am, rm = _grouped_batch()
@@ -127,7 +127,7 @@ def test_lm_head_runs_only_on_response_tokens_in_chunks(monkeypatch):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_fused_target_log_softmax_equals_autograd_log_softmax_gather(temperature):
-    from torchrl_grpo.log_probs import _TargetLogSoftmax
+    from torchrl_grpo.objectives.log_probs import _TargetLogSoftmax
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(23, 97, generator=g, dtype=torch.float64) * 3
@@ -148,7 +148,7 @@ def test_fused_target_log_softmax_equals_autograd_log_softmax_gather(temperature
 def test_fused_head_kept_or_recomputed_matches_plain_forward(monkeypatch, keep):
     """Under the keep budget the head runs once and its logits serve the backward pass; over it, each chunk runs
     again in the backward pass. Both give the plain forward's log-probs and gradients (temperature 0.7)."""
-    import torchrl_grpo.log_probs as lpm
+    import torchrl_grpo.objectives.log_probs as lpm
 
     model = _models()["qwen2"].train()
     tokens, am, rm = _grouped_batch()

@@ -1,4 +1,4 @@
-"""Tests for torchrl_grpo.loss: hand-computed values, parity with TorchRL's GRPOLoss, padding, gradients.
+"""Tests for torchrl_grpo.objectives.loss: hand-computed values, parity with TorchRL's GRPOLoss, padding, gradients.
 
 Layout of the batches used here: ``tokens [B, T]``; position ``t`` of a log-prob tensor holds
 ``log p(tokens[t] | tokens[<t])`` (position 0 has no context and is 0), as :func:`token_log_probs` returns.
@@ -14,7 +14,7 @@ import torch
 from tensordict import TensorDict
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from torchrl_grpo.loss import AGGREGATIONS, GRPOLoss, masked_aggregate, token_log_probs, total_loss
+from torchrl_grpo.objectives.loss import AGGREGATIONS, GRPOLoss, masked_aggregate, token_log_probs, total_loss
 
 torch.set_num_threads(2)
 
@@ -645,7 +645,7 @@ def test_on_policy_rollout_with_truncated_sampling(model, tok, temperature, top_
 def test_token_outside_the_nucleus_gives_finite_loss_and_gradients(model, tok, sign):
     """Off-policy, a sampled token can fall outside the current nucleus: its log-prob is the finite floor
     MASKED_LOG_PROB (not -inf), its ratio ~0, and loss, KL, entropy and every gradient stay finite."""
-    from torchrl_grpo.log_probs import MASKED_LOG_PROB
+    from torchrl_grpo.objectives.log_probs import MASKED_LOG_PROB
 
     T, p = 0.8, 0.7
     m = copy.deepcopy(model)

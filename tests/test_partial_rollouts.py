@@ -12,7 +12,7 @@ from tensordict import TensorDict
 
 from torchrl_grpo.backends.base import SamplingConfig
 from torchrl_grpo.backends.transformers_backend import TransformersBackend
-from torchrl_grpo.loss import GRPOLoss, token_log_probs
+from torchrl_grpo.objectives.loss import GRPOLoss, token_log_probs
 
 
 @pytest.fixture(scope="module")

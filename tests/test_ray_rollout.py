@@ -1,4 +1,4 @@
-"""Ray rollout workers (torchrl_grpo.ray_rollout): local Ray, tiny model, 2 workers, 3-step runs.
+"""Ray rollout workers (torchrl_grpo.rollout.ray_workers): local Ray, tiny model, 2 workers, 3-step runs.
 
 Skipped only when ray is not installed (it is in the [dev] extra). One Ray session for the module (start-up ~5 s).
 """
@@ -15,9 +15,9 @@ ray = pytest.importorskip("ray")
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from torchrl_grpo.config import register_configs  # noqa: E402
-from torchrl_grpo.ray_rollout import weights_digest  # noqa: E402
-from torchrl_grpo.trainer import GRPOTrainer  # noqa: E402
-from torchrl_grpo.weight_sync import export_hf_weights  # noqa: E402
+from torchrl_grpo.rollout.ray_workers import weights_digest  # noqa: E402
+from torchrl_grpo.training.grpo_trainer import GRPOTrainer  # noqa: E402
+from torchrl_grpo.backends.weight_sync import export_hf_weights  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 B, G = 4, 2  # tasks per step, episodes per task
@@ -139,7 +139,7 @@ def test_worker_restarts_are_bounded(ray_session, tmp_path, gsm8k_dir):
 
 
 def test_more_workers_than_ray_cpus_is_a_clear_error(ray_session):
-    from torchrl_grpo.ray_rollout import RayRolloutCollector
+    from torchrl_grpo.rollout.ray_workers import RayRolloutCollector
 
     with pytest.raises(ValueError, match=r"rollout.num_workers=3 actors need 3 CPUs but the Ray cluster has 2"):
         RayRolloutCollector({"train": {"device": "cpu"}}, 3)

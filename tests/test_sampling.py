@@ -7,7 +7,7 @@ import torch
 
 from torchrl_grpo.backends.base import SamplingConfig
 from torchrl_grpo.backends.transformers_backend import sample_next_token
-from torchrl_grpo.sampling import processed_logits
+from torchrl_grpo.objectives.sampling import processed_logits
 
 
 def _kept(x: torch.Tensor) -> list[int]:

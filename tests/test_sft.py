@@ -11,12 +11,12 @@ import torch
 from omegaconf import OmegaConf
 
 from envs.tau2.actions import parse_action
-from torchrl_grpo.chat_tokens import ChatRenderer
+from torchrl_grpo.rollout.chat_tokens import ChatRenderer
 from tests.test_tau2_training import tau2_cfg
-from torchrl_grpo.collector import concat_batches
-from torchrl_grpo.demonstrations import ScriptedBackend, gold_demonstrations, successful_episodes
-from torchrl_grpo.log_probs import token_log_probs
-from torchrl_grpo.sft import SFTLoss, SFTTrainer, save_merged_model
+from torchrl_grpo.rollout.collector import concat_batches
+from torchrl_grpo.rollout.demonstrations import ScriptedBackend, gold_demonstrations, successful_episodes
+from torchrl_grpo.objectives.log_probs import token_log_probs
+from torchrl_grpo.training.sft_trainer import SFTLoss, SFTTrainer, save_merged_model
 
 
 def sft_cfg(domain="mock", split="base", solo=True, **over):
@@ -115,8 +115,8 @@ def test_successful_episodes_keep_only_clean_successes(tmp_path):
 
 @pytest.mark.parametrize("shared_prefix", [True, False])
 def test_sft_loss_is_the_token_mean_nll_of_the_assistant_tokens(tiny_llama, shared_prefix):
-    from torchrl_grpo.shared_prefix import build_shared_prefix
-    from torchrl_grpo.log_probs import _decoder_and_head
+    from torchrl_grpo.objectives.shared_prefix import build_shared_prefix
+    from torchrl_grpo.objectives.log_probs import _decoder_and_head
 
     model = tiny_llama()
     g = torch.Generator().manual_seed(0)

@@ -1,4 +1,4 @@
-"""Shared-prefix update (torchrl_grpo.shared_prefix): one prefix forward/backward for all episodes of a minibatch
+"""Shared-prefix update (torchrl_grpo.objectives.shared_prefix): one prefix forward/backward for all episodes of a minibatch
 gives the plain per-episode forward's log-probs and parameter gradients, with and without gradient checkpointing,
 with LoRA, across micro-batch splits; rows with no shared prefix take the plain path."""
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from torchrl_grpo.log_probs import _decoder_and_head, token_log_probs
-from torchrl_grpo.loss import GRPOLoss
-from torchrl_grpo.shared_prefix import build_shared_prefix, shared_prefix_length
-from torchrl_grpo.update import GRPOUpdate
+from torchrl_grpo.objectives.log_probs import _decoder_and_head, token_log_probs
+from torchrl_grpo.objectives.loss import GRPOLoss
+from torchrl_grpo.objectives.shared_prefix import build_shared_prefix, shared_prefix_length
+from torchrl_grpo.training.update import GRPOUpdate
 
 
 def _multi_turn_rows(prefix_len=23, n=5, seed=0, vocab=200):
@@ -192,7 +192,7 @@ def test_grpo_update_shared_prefix_gradients_equal_plain(tiny_model_and_tokenize
 def test_grpo_update_without_shared_prefix_uses_plain_path(tiny_model_and_tokenizer, monkeypatch):
     tokens, am, rm = _multi_turn_rows(n=4)
     tokens[2, 0] = (tokens[2, 0] + 1) % 200 + 3  # row 2 differs at column 0: nothing shared
-    import torchrl_grpo.update as update_mod
+    import torchrl_grpo.training.update as update_mod
 
     called = []
     monkeypatch.setattr(update_mod, "build_shared_prefix", lambda *a, **k: called.append(1))

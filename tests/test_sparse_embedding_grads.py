@@ -1,4 +1,4 @@
-"""GRPOUpdate's sparse gradient for a tied input embedding (torchrl_grpo.update.sparse_tied_embedding_grads): the
+"""GRPOUpdate's sparse gradient for a tied input embedding (torchrl_grpo.training.update.sparse_tied_embedding_grads): the
 same gradients as the dense default, a dense gradient when the step ends, the module left as it was, and no effect
 on untied or frozen (LoRA) embeddings."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import contextlib
 
 import torch
 
-import torchrl_grpo.update as upm
+import torchrl_grpo.training.update as upm
 from tests.test_shared_prefix_update import (
     _assert_grads_close,
     _batch,

@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from torchrl_grpo.config import GRPOConfig
-from torchrl_grpo.trainer import GRPOTrainer
+from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 
 
 def tau2_cfg(domain, split, **over):

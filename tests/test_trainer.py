@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 import tests.toy_envs  # noqa: F401  (registers ToyVowels-v0)
 from torchrl_grpo.config import GRPOConfig
-from torchrl_grpo.trainer import GRPOTrainer
+from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 
 
 def make_cfg(**over):
@@ -150,7 +150,7 @@ def test_non_finite_loss_skips_the_update_with_a_reason(tmp_path, monkeypatch, c
 
 
 def test_run_eta_counts_remaining_steps_and_one_final_evaluation():
-    from torchrl_grpo.trainer import run_eta_s
+    from torchrl_grpo.training.grpo_trainer import run_eta_s
 
     assert run_eta_s(10.0, 3, eval_s=25.0, eval_at_end=True) == 55.0
     assert run_eta_s(10.0, 3, eval_s=25.0, eval_at_end=False) == 30.0
@@ -160,7 +160,7 @@ def test_run_eta_counts_remaining_steps_and_one_final_evaluation():
 def test_fit_logs_the_run_eta_after_the_first_step(tmp_path, caplog):
     cfg = make_cfg(train={"steps": 2}, eval={"at_start": True, "at_end": True, "n_problems": 2})
     trainer = GRPOTrainer(cfg, tmp_path)
-    with caplog.at_level("INFO", logger="torchrl_grpo.trainer"):
+    with caplog.at_level("INFO", logger="torchrl_grpo.training.grpo_trainer"):
         trainer.fit()
     trainer.close()
     eta = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ETA:")]

@@ -14,9 +14,9 @@ import tests.toy_envs  # noqa: F401  (registers ToyVowels-v0, ToyFlaky-v0)
 from tests.test_trainer import make_cfg
 from torchrl_grpo.backends.base import RolloutBackend
 from torchrl_grpo.backends.transformers_backend import TransformersBackend
-from torchrl_grpo.log_probs import token_log_probs
+from torchrl_grpo.objectives.log_probs import token_log_probs
 from torchrl_grpo.models import load_model_and_tokenizer
-from torchrl_grpo.trainer import GRPOTrainer
+from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 
 
 class SkewedBackend(RolloutBackend):
@@ -52,7 +52,7 @@ def _record_loss_calls(trainer):
     calls = []
     fwd = trainer.loss_fn.forward
 
-    def recorder(td, **kw):  # kw: the update's shared prefix (torchrl_grpo.shared_prefix)
+    def recorder(td, **kw):  # kw: the update's shared prefix (torchrl_grpo.objectives.shared_prefix)
         out = fwd(td, **kw)
         prefix = kw.get("prefix")
         calls.append({"rows": td.shape[0], "T": td["tokens"].shape[-1], "P": prefix.length if prefix is not None else 0,
@@ -206,7 +206,7 @@ def test_infrastructure_failures_drop_their_groups(tmp_path):
 
 # ------------------------------------------------------------------------------------- token budget per micro-batch
 def test_split_micro_batches():
-    from torchrl_grpo.micro_batch import split_micro_batches
+    from torchrl_grpo.training.micro_batch import split_micro_batches
 
     assert split_micro_batches([5, 5, 5, 5], 4) == [[0, 1, 2, 3]]
     assert split_micro_batches([5, 5, 5, 5], 3) == [[0, 1, 2], [3]]

@@ -8,11 +8,11 @@ import pytest
 import torch
 from tensordict import NonTensorStack, TensorDict
 
-from torchrl_grpo.trajectory_buffer import Trajectory, TrajectoryBuffer
+from torchrl_grpo.continual.trajectory_buffer import Trajectory, TrajectoryBuffer
 
 
 def fake_batch(rewards, infra=None, first_index=0):
-    """A batch with the collector's keys (torchrl_grpo.collector docstring), one episode per task."""
+    """A batch with the collector's keys (torchrl_grpo.rollout.collector docstring), one episode per task."""
     n = len(rewards)
     td = TensorDict({
         "reward": torch.tensor(rewards, dtype=torch.float32),

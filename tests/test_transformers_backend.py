@@ -7,7 +7,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from torchrl_grpo.backends.base import SamplingConfig
 from torchrl_grpo.backends.transformers_backend import TransformersBackend, sample_next_token
-from torchrl_grpo.loss import token_log_probs
+from torchrl_grpo.objectives.loss import token_log_probs
 
 
 @pytest.fixture(scope="module")

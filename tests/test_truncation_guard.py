@@ -9,8 +9,8 @@ import tests.toy_envs  # noqa: F401  (registers ToyVowels-v0)
 from tests.test_collector import ScriptedChatEnv
 from tests.test_trainer import make_cfg
 from torchrl_grpo.backends.base import Generation, RolloutBackend, SamplingConfig
-from torchrl_grpo.collector import GroupCollector
-from torchrl_grpo.trainer import GRPOTrainer
+from torchrl_grpo.rollout.collector import GroupCollector
+from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 
 
 class LengthScriptBackend(RolloutBackend):
@@ -57,7 +57,7 @@ def test_trainer_logs_truncated_fraction_and_warns_on_collapse(tmp_path, tiny_mo
     be = LengthScriptBackend(tok, [[16, 16, 16, 4], [3]])
     cfg = make_cfg(gconfig={"n_samples": 4, "max_new_tokens": 16}, train={"steps": 2, "batch_size": 2})
     trainer = GRPOTrainer(cfg, tmp_path, model=model, tokenizer=tok, backend=be)
-    with caplog.at_level("WARNING", logger="torchrl_grpo.trainer"):
+    with caplog.at_level("WARNING", logger="torchrl_grpo.training.grpo_trainer"):
         m1 = trainer.train_step()
         first_warnings = caplog.text
         caplog.clear()

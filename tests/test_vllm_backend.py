@@ -109,10 +109,10 @@ def test_generate_returns_sampled_tokens_and_logprobs(backend):
                                                      (0.0, 1.0, 0)])
 def test_behaviour_logprobs_are_of_the_sampled_distribution(backend, tiny, temperature, top_p, top_k):
     """Reported log-probs == log_softmax(processed_logits(logits; T, top_k, top_p)) of the HF model at the sampled
-    token: vLLM's processed_logprobs are the distribution the trainer scores (torchrl_grpo.sampling)."""
+    token: vLLM's processed_logprobs are the distribution the trainer scores (torchrl_grpo.objectives.sampling)."""
     from torchrl_grpo.backends.transformers_backend import sample_next_token
-    from torchrl_grpo.log_probs import token_log_probs
-    from torchrl_grpo.sampling import processed_logits
+    from torchrl_grpo.objectives.log_probs import token_log_probs
+    from torchrl_grpo.objectives.sampling import processed_logits
 
     model = tiny[1]
     cfg = SamplingConfig(max_new_tokens=12, temperature=temperature, top_p=top_p, top_k=top_k, seed=3)
@@ -269,7 +269,7 @@ def test_weight_sync_of_merged_lora_policy(backend, tiny, base_weights):
 
     from peft import LoraConfig, get_peft_model
 
-    from torchrl_grpo.weight_sync import export_hf_weights
+    from torchrl_grpo.backends.weight_sync import export_hf_weights
 
     policy = get_peft_model(
         copy.deepcopy(tiny[1]),

@@ -1,7 +1,7 @@
 """From a run config to the objects a training loop runs: ``build(cfg, run_dir) -> Components``.
 
 Config flows one way, down this module: config -> :func:`build` -> components. The loop
-(:mod:`torchrl_grpo.trainer`, :mod:`torchrl_grpo.async_trainer`) receives what is built here and never reads a config
+(:mod:`torchrl_grpo.training.grpo_trainer`, :mod:`torchrl_grpo.training.async_trainer`) receives what is built here and never reads a config
 section; everything that knows about peft, vLLM, the concrete backends, env ids or the logger's settings lives here.
 
 What :func:`build` makes, in order:
@@ -12,11 +12,11 @@ What :func:`build` makes, in order:
 3. the KL reference (``loss.kl_coef > 0``): a frozen copy of the initial policy (on the plan's ref device), or with
    LoRA the same model with its adapter switched off — either way a context yielding the module to score with;
 4. the rollout backend (``rollout.backend``: transformers colocated, or a copy with ``own_backend_copy`` or when the
-   plan puts inference on another device; vLLM) — the plan's placement: :mod:`torchrl_grpo.placement`;
+   plan puts inference on another device; vLLM) — the plan's placement: :mod:`torchrl_grpo.distributed.placement`;
 5. the env side (:func:`build_env_side`, once per env config): the optional local LLM user, the train and eval
    collectors, the train task list and the eval task/baseline
    functions (the env decides which tasks are usable and what "doing nothing" is);
-6. the loss, the optimizer (fused AdamW), the LR schedule over trainer steps, the update (:mod:`torchrl_grpo.update`);
+6. the loss, the optimizer (fused AdamW), the LR schedule over trainer steps, the update (:mod:`torchrl_grpo.training.update`);
 7. resume (``train.resume_from``: weights, optimizer, schedule, step; the backend synced to them) and the logger.
 """
 from __future__ import annotations
@@ -37,9 +37,9 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from .backends.base import RolloutBackend, SamplingConfig
-from .backends.factory import BACKENDS, make_backend
-from .update import GRPOUpdate
+from torchrl_grpo.backends.base import RolloutBackend, SamplingConfig
+from torchrl_grpo.backends.factory import BACKENDS, make_backend
+from torchrl_grpo.training.update import GRPOUpdate
 
 __all__ = ["build", "build_env_side", "EnvSide", "Components", "LoopSettings", "seed_everything", "make_scheduler", "resolve_device", "DEVICES",
            "SCHEDULERS", "BACKENDS"]
@@ -101,7 +101,7 @@ class LoopSettings:
     batch_size: int  # tasks per step
     n_samples: int  # episodes per task (group size)
     seed: int
-    adv_scale: str  # loss.adv_scale (torchrl_grpo.advantage)
+    adv_scale: str  # loss.adv_scale (torchrl_grpo.objectives.advantage)
     adv_baseline: str  # loss.adv_baseline
     filter_zero_variance_groups: bool
     max_new_tokens: int  # gconfig.max_new_tokens (truncation warning)
@@ -151,9 +151,9 @@ class Components:
     run_dir: Path
     start_step: int = 0
     load_time_s: float = 0.0
-    dp: Any = None  # torchrl_grpo.distributed.DataParallel (None: one process)
-    plan: Any = None  # torchrl_grpo.allocation.AllocationPlan
-    placement: Any = None  # torchrl_grpo.placement.Placement (this process's part of the plan, applied)
+    dp: Any = None  # torchrl_grpo.distributed.data_parallel.DataParallel (None: one process)
+    plan: Any = None  # torchrl_grpo.distributed.device_plan.AllocationPlan
+    placement: Any = None  # torchrl_grpo.distributed.placement.Placement (this process's part of the plan, applied)
 
 
 def autocast_for(device: torch.device) -> Callable[[], Any]:
@@ -165,8 +165,8 @@ def autocast_for(device: torch.device) -> Callable[[], Any]:
 
 def _reference(model: torch.nn.Module, peft: bool, placement=None) -> Callable[[], Any]:
     """The frozen KL reference as a context factory yielding the module to score with. With a
-    :class:`~torchrl_grpo.placement.Placement` (full fine-tuning): the copy lives on ``placement.ref_device``, and on
-    a disjoint CPU plan the scoring thread moves to the ref cores inside the context (:mod:`torchrl_grpo.placement`)."""
+    :class:`~torchrl_grpo.distributed.placement.Placement` (full fine-tuning): the copy lives on ``placement.ref_device``, and on
+    a disjoint CPU plan the scoring thread moves to the ref cores inside the context (:mod:`torchrl_grpo.distributed.placement`)."""
     if peft:  # LoRA: the reference is the base model, i.e. the adapter switched off
 
         @contextmanager
@@ -194,7 +194,7 @@ def _build_backend(cfg, model, tokenizer, own_copy: bool, device: torch.device |
         raise ValueError(f"config rollout.backend={r.backend!r} is not one of {BACKENDS}")
     path = None
     if r.backend == "vllm":
-        from .models import resolve_model_path
+        from torchrl_grpo.models import resolve_model_path
 
         path = resolve_model_path(cfg.actor.path).path
     return make_backend(r.backend, model, tokenizer, own_copy=own_copy, device=device, max_batch_size=r.max_batch_size,
@@ -204,15 +204,15 @@ def _build_backend(cfg, model, tokenizer, own_copy: bool, device: torch.device |
 
 
 def _data_parallel_and_plan(cfg, device: torch.device):
-    """Join the torchrun group (``train.strategy``, :mod:`torchrl_grpo.distributed`) and resolve the device plan
-    (:mod:`torchrl_grpo.allocation`) on the devices present; rank 0 logs it.
+    """Join the torchrun group (``train.strategy``, :mod:`torchrl_grpo.distributed.data_parallel`) and resolve the device plan
+    (:mod:`torchrl_grpo.distributed.device_plan`) on the devices present; rank 0 logs it.
 
     Raises:
         AllocationError (a ValueError): a plan that does not fit the devices or the launch.
         ValueError: ``ddp``/``fsdp`` outside torchrun, or fewer tasks per step than ranks.
     """
-    from .allocation import detect_devices, resolve_plan, train_strategy
-    from .distributed import init_data_parallel, is_data_parallel
+    from torchrl_grpo.distributed.device_plan import detect_devices, resolve_plan, train_strategy
+    from torchrl_grpo.distributed.data_parallel import init_data_parallel, is_data_parallel
 
     workers = cfg.rollout.num_workers if cfg.rollout.launcher == "ray" else 0
     strategy = train_strategy(cfg)  # train.strategy, or the training engine allocation_mode names
@@ -258,7 +258,7 @@ class EnvSide:
     a shared backend, the usable train task indices, the first ``eval.n_problems`` usable eval tasks
     (``eval_tasks()``, computed once) and the do-nothing baseline on a task list (``eval_baseline(tasks)``, once per
     list; ``{}`` for envs without one). A continual run holds one per domain
-    (:mod:`torchrl_grpo.continual_trainer`)."""
+    (:mod:`torchrl_grpo.continual.trainer`)."""
 
     user_fn: Any  # local LLM user (None unless econfig.user / user_llm is "local")
     collector: Any
@@ -289,16 +289,16 @@ def build_env_side(cfg, backend: RolloutBackend, tokenizer, sampling: SamplingCo
     ``eval.n_problems``) on an existing backend; a local tau2 user (``econfig.user=local``) is built on it too.
 
     Raises:
-        ValueError: an empty train split, bad env settings (:func:`torchrl_grpo.env_factory.env_kwargs_from_config`).
+        ValueError: an empty train split, bad env settings (:func:`torchrl_grpo.rollout.env_side.env_kwargs_from_config`).
     """
-    from .collector import GroupCollector
-    from .env_factory import env_kwargs_from_config, make_env_fn, tau2_user, usable_task_indices
-    from .evaluation import do_nothing_baseline
+    from torchrl_grpo.rollout.collector import GroupCollector
+    from torchrl_grpo.rollout.env_side import env_kwargs_from_config, make_env_fn, tau2_user, usable_task_indices
+    from torchrl_grpo.rollout.evaluation import do_nothing_baseline
 
     g = cfg.gconfig
     user_fn = None
     if tau2_user(cfg.econfig) == "local":
-        from .local_user import LocalUser
+        from torchrl_grpo.rollout.local_user import LocalUser
 
         user_fn = LocalUser(backend, tokenizer, SamplingConfig(max_new_tokens=g.max_new_tokens, temperature=0.7,
                                                                seed=cfg.seed))
@@ -336,12 +336,12 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
             GSM8K row (``file:line``; the data is checked before the model loads, see ``env_factory.check_data``).
         FileNotFoundError: missing data or checkpoint.
     """
-    from .checkpoint import load_checkpoint
-    from .config import validate_config
-    from .dropout import disable_dropout
-    from .loss import GRPOLoss
-    from .models import load_model_and_tokenizer
-    from .stats_logger import StatsLogger
+    from torchrl_grpo.training.checkpoint import load_checkpoint
+    from torchrl_grpo.config import validate_config
+    from torchrl_grpo.training.dropout import disable_dropout
+    from torchrl_grpo.objectives.loss import GRPOLoss
+    from torchrl_grpo.models import load_model_and_tokenizer
+    from torchrl_grpo.reporting.stats_logger import StatsLogger
 
     validate_config(cfg)
     if own_backend_copy:
@@ -350,7 +350,7 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
     dp, plan = _data_parallel_and_plan(cfg, device)
     if device.type == "cuda":  # this rank's device in the plan (cuda:0 by default; cuda:LOCAL_RANK under torchrun)
         device = torch.device(plan.train_device(dp.local_rank))
-    from .placement import placement_for  # where this process puts the ref copy, the rollout engine, its threads
+    from torchrl_grpo.distributed.placement import placement_for  # where this process puts the ref copy, the rollout engine, its threads
 
     placement = placement_for(plan, device=device, rank=dp.local_rank, peft=cfg.actor.peft.enable,
                               kl_coef=cfg.loss.kl_coef, backend=cfg.rollout.backend, launcher=cfg.rollout.launcher)
@@ -360,7 +360,7 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
         (run_dir / "plan.json").write_text(json.dumps({**plan.to_dict(), "applied": placement.to_dict()},
                                                       indent=1) + "\n")
     seed_everything(cfg.seed)
-    from .env_factory import check_data  # the data is checked before the model loads: a bad path fails in a second
+    from torchrl_grpo.rollout.env_side import check_data  # the data is checked before the model loads: a bad path fails in a second
 
     sources = check_data(cfg)
     if sources:  # .hydra/config.yaml keeps the unresolved path (null = $GSM8K_DATA_DIR, else the packaged copy)
@@ -368,7 +368,7 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
     t0 = time.perf_counter()
     if model is None:
         model, tokenizer = load_model_and_tokenizer(cfg.actor.path, dtype=cfg.actor.dtype, device=device)
-        from .models import resolve_model_path  # cached by now: records what actor.path resolved to
+        from torchrl_grpo.models import resolve_model_path  # cached by now: records what actor.path resolved to
 
         src = resolve_model_path(cfg.actor.path)
         (run_dir / "model_source.json").write_text(json.dumps(
@@ -395,16 +395,16 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
     reference = None
     if cfg.loss.kl_coef > 0:  # the copy is taken before dropout is disabled, as the policy was at start
         reference = _reference(model, peft=cfg.actor.peft.enable, placement=placement)
-    if cfg.train.disable_dropout:  # see torchrl_grpo/dropout.py: dropout alone moved on-policy ratios to 1.14
+    if cfg.train.disable_dropout:  # see torchrl_grpo/training/dropout.py: dropout alone moved on-policy ratios to 1.14
         disable_dropout(model)
     dp.broadcast_module(model)  # every rank starts from rank 0's weights (LoRA's random init included)
-    sharded = plan.placements["train"].engine == "fsdp"  # FSDP2 (torchrl_grpo/distributed.py)
+    sharded = plan.placements["train"].engine == "fsdp"  # FSDP2 (torchrl_grpo/distributed/data_parallel.py)
     # async, inference on another GPU, or FSDP: the rollout engine needs full weights, the trainer holds shards
     own_copy = own_backend_copy or placement.own_inference_copy or sharded
     backend = backend or _build_backend(cfg, model, tokenizer, own_copy=own_copy,
                                         device=placement.inference_device if placement.own_inference_copy else None)
     if sharded:  # after the full copies (KL reference, rollout engine) are taken; before the optimizer
-        from .distributed import shard_model
+        from torchrl_grpo.distributed.data_parallel import shard_model
 
         model = shard_model(model, dp)
     g = cfg.gconfig
@@ -434,7 +434,7 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
         backend.sync_from(model)
         log.info("resumed from %s at step %d", state["path"], start_step)
     if cfg.rollout.launcher == "ray":  # rollout on Ray actors, each with its own backend and envs (ray_rollout.py)
-        from .ray_rollout import RayRolloutCollector
+        from torchrl_grpo.rollout.ray_workers import RayRolloutCollector
 
         side.collector.close()
         side.collector = RayRolloutCollector(cfg, cfg.rollout.num_workers, local_backend=backend,
@@ -455,7 +455,7 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
                              project=s.wandb.project, entity=s.wandb.entity, name=s.wandb.name, console=s.console,
                              resume=bool(cfg.train.resume_from))
     else:
-        from .distributed import NullLogger
+        from torchrl_grpo.distributed.data_parallel import NullLogger
 
         logger = NullLogger()
     e, c = cfg.eval, cfg.checkpoint

@@ -218,7 +218,7 @@ class GSM8KEnv(gym.Env):
     def demonstration(self, options: dict | None) -> list[dict]:
         """The gold answer for the problem ``options`` picks, as one assistant message: the dataset's worked
         solution with its calculator annotations (``<<48/2=24>>``) removed, ending in its ``#### N`` line (scores
-        1.0). Supervised fine-tuning data for :mod:`torchrl_grpo.demonstrations`.
+        1.0). Supervised fine-tuning data for :mod:`torchrl_grpo.rollout.demonstrations`.
 
         Raises:
             ValueError: bad options (as for ``reset``), or options that pick no problem.

@@ -312,7 +312,7 @@ class Tau2Env(gym.Env):
         the task's gold actions as tool calls, then its ``communicate_info`` and the stop
         (:func:`envs.tau2.oracle.oracle_actions`; in solo mode the customer's gold actions too). Replayed through
         ``step`` in this env's configuration they score 1.0 on every task (``tests/test_tau2_gold.py``): the
-        supervised fine-tuning data of :mod:`torchrl_grpo.demonstrations`.
+        supervised fine-tuning data of :mod:`torchrl_grpo.rollout.demonstrations`.
 
         Raises:
             ValueError: bad options, or a task this env cannot play (:meth:`usable_task_indices`).

@@ -25,7 +25,7 @@ class SamplingConfig:
         temperature: softmax temperature; ``0`` means greedy decoding.
         top_p: nucleus sampling mass in (0, 1].
         top_k: sample among the ``top_k`` most likely tokens only (ties at the k-th logit kept); 0 disables it.
-            Temperature, top-k and top-p are applied in that order, as defined in :mod:`torchrl_grpo.sampling`;
+            Temperature, top-k and top-p are applied in that order, as defined in :mod:`torchrl_grpo.objectives.sampling`;
             with ``temperature == 0`` (greedy) neither truncation applies.
         stop_token_ids: generation ends after any of these tokens (it is included in the output).
         seed: optional seed for reproducible sampling.
@@ -57,7 +57,7 @@ class Generation:
         token_ids: sampled token ids, length L (L <= max_new_tokens), including a final stop token if hit.
         logprobs: behaviour log-probs (nats) of each sampled token under the sampling policy, length L.
             These are log-softmax of the processed logits (temperature, top-k, top-p:
-            :func:`torchrl_grpo.sampling.processed_logits`) — the distribution actually sampled.
+            :func:`torchrl_grpo.objectives.sampling.processed_logits`) — the distribution actually sampled.
         finish_reason: ``"stop"`` (a stop token was produced) or ``"length"`` (hit max_new_tokens).
         versions: ``policy_version`` of the weights that sampled each token, length L; ``None`` when the backend
             does not record it (then every token is of the version the backend held when ``generate`` returned).
@@ -113,7 +113,7 @@ class RolloutBackend(abc.ABC):
         """Bring the engine to the trainer's current policy and bump ``policy_version``.
 
         The default exports the full weights under HF names, LoRA merged
-        (:func:`torchrl_grpo.weight_sync.export_hf_weights`), and hands them to :meth:`load_weights`; an engine
+        (:func:`torchrl_grpo.backends.weight_sync.export_hf_weights`), and hands them to :meth:`load_weights`; an engine
         that samples from the trainer's own module overrides this with a version bump only.
 
         Args:
@@ -124,7 +124,7 @@ class RolloutBackend(abc.ABC):
         Afterwards :attr:`last_sync_stats` holds the sync's diagnostics as a flat ``{metric: float}`` dict
         (empty when nothing was measured), for the trainer to log.
         """
-        from ..weight_sync import export_hf_weights
+        from torchrl_grpo.backends.weight_sync import export_hf_weights
 
         self.load_weights(export_hf_weights(model))
         self.last_sync_stats = {}
@@ -135,7 +135,7 @@ class RolloutBackend(abc.ABC):
     def exact_log_probs(self) -> bool:
         """Whether the behaviour log-probs this backend returns are the trainer's own numerics (same module, same
         precision, no autocast of its own), so that they can serve as the PPO ratio anchor as they are. False (the
-        default) makes the trainer recompute the anchor with a no-grad pass (see :mod:`torchrl_grpo.loss`)."""
+        default) makes the trainer recompute the anchor with a no-grad pass (see :mod:`torchrl_grpo.objectives.loss`)."""
         return False
 
     def close(self) -> None:  # pragma: no cover - optional

@@ -9,7 +9,7 @@ import copy
 
 import torch
 
-from .base import RolloutBackend
+from torchrl_grpo.backends.base import RolloutBackend
 
 __all__ = ["BACKENDS", "make_backend"]
 
@@ -31,9 +31,9 @@ def make_backend(kind: str, model: torch.nn.Module, tokenizer, *, own_copy: bool
         own_copy: ``transformers``: ``False`` shares ``model`` (sync is a no-op); ``True`` generates from a merged,
             frozen copy (the async trainer's engine, synced by export). vLLM always has its own weights.
         device: ``transformers`` with ``own_copy``: the device of the copy (the plan's inference device,
-            :mod:`torchrl_grpo.placement`; None: ``model``'s). Weight sync copies across devices
+            :mod:`torchrl_grpo.distributed.placement`; None: ``model``'s). Weight sync copies across devices
             (``load_weights``: ``Tensor.copy_``). vLLM: not used (the in-process engine takes the first visible GPU;
-            :func:`torchrl_grpo.placement.placement_for` refuses a plan that puts it elsewhere).
+            :func:`torchrl_grpo.distributed.placement.placement_for` refuses a plan that puts it elsewhere).
         max_batch_size: ``transformers``: most sequences per generate call.
         model_path: vLLM: the resolved model folder the engine loads.
         seed, vllm_dtype, max_model_len, check_sync_every, gpu_memory_utilization: vLLM engine settings
@@ -48,7 +48,7 @@ def make_backend(kind: str, model: torch.nn.Module, tokenizer, *, own_copy: bool
     if kind not in BACKENDS:
         raise ValueError(f"rollout backend must be one of {BACKENDS}, got {kind!r}")
     if kind == "transformers":
-        from .transformers_backend import TransformersBackend
+        from torchrl_grpo.backends.transformers_backend import TransformersBackend
 
         if not own_copy:
             return TransformersBackend(model, pad_token_id=tokenizer.pad_token_id, share_module=True,
@@ -63,7 +63,7 @@ def make_backend(kind: str, model: torch.nn.Module, tokenizer, *, own_copy: bool
                                    max_batch_size=max_batch_size)
     if model_path is None:
         raise ValueError("the vllm backend needs model_path (the model folder the engine loads)")
-    from .vllm_backend import VLLMBackend
+    from torchrl_grpo.backends.vllm_backend import VLLMBackend
 
     extra = {"gpu_memory_utilization": gpu_memory_utilization} \
         if gpu_memory_utilization is not None and torch.cuda.is_available() else {}

@@ -13,7 +13,7 @@ It runs its own batched decode loop over a KV cache instead of ``model.generate`
 * write each step's keys/values into a preallocated cache instead of re-concatenating the whole cache per step
   (:mod:`torchrl_grpo.backends.kv_cache`; ``aten::cat`` was 20% of SmolLM2 decode time),
 * return the behaviour log-prob of each sampled token under the distribution actually sampled from
-  (``log_softmax(top_p(top_k(logits / T)))``, :mod:`torchrl_grpo.sampling`), with no second forward pass.
+  (``log_softmax(top_p(top_k(logits / T)))``, :mod:`torchrl_grpo.objectives.sampling`), with no second forward pass.
 * partial rollouts (AReaL's interruptible generation; :attr:`RolloutBackend.weight_update_hook`): every
   ``partial_rollout_chunk`` decode steps the hook may load new weights; the unfinished rows are then re-prefilled
   (prompt + tokens so far) under the new weights — their old KV cache is the old policy's — and decoding goes on,
@@ -33,10 +33,10 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from ..sampling import processed_logits
-from .base import Generation, RolloutBackend, SamplingConfig, iter_named_weights
-from .decode_attention import decode_attention
-from .kv_cache import PreallocatedCache, supports_preallocation
+from torchrl_grpo.objectives.sampling import processed_logits
+from torchrl_grpo.backends.base import Generation, RolloutBackend, SamplingConfig, iter_named_weights
+from torchrl_grpo.backends.decode_attention import decode_attention
+from torchrl_grpo.backends.kv_cache import PreallocatedCache, supports_preallocation
 
 __all__ = ["TransformersBackend", "sample_next_token"]
 
@@ -53,7 +53,7 @@ def sample_next_token(
 
     Returns:
         ``(token_ids [N] long, log_probs [N] float32)`` — log-prob of each chosen token under the sampled
-        distribution: ``log_softmax`` of :func:`torchrl_grpo.sampling.processed_logits` (temperature-scaled, top-k-
+        distribution: ``log_softmax`` of :func:`torchrl_grpo.objectives.sampling.processed_logits` (temperature-scaled, top-k-
         and nucleus-truncated, renormalised; the trainer's recompute uses the same function); raw ``log_softmax``
         when greedy.
     """

@@ -11,7 +11,7 @@ Behaviour log-probs
     The engine is built with ``logprobs_mode="processed_logprobs"``: the log-prob reported for
     each sampled token is taken from the distribution vLLM actually sampled from, i.e.
     ``log_softmax(top_p(top_k(logits / T)))`` (temperature-scaled, top-k- and nucleus-truncated,
-    renormalised), the same definition as :func:`torchrl_grpo.sampling.processed_logits`, which the
+    renormalised), the same definition as :func:`torchrl_grpo.objectives.sampling.processed_logits`, which the
     transformers backend samples with and the trainer scores with (the differences, confined to ties
     and float rounding at the truncation boundary, are listed there). With ``temperature == 0``
     (greedy) it is the untempered ``log_softmax(logits)`` of the argmax token.
@@ -25,7 +25,7 @@ Weight sync
     (``model.layers.0.self_attn.q_proj.weight`` …) and reloads them in place through the worker's
     ``reload_weights`` (vLLM's own loader, so q/k/v and gate/up fusion and the CPU kernel repacking
     are redone), then clears the prefix cache. LoRA-trained policies are synced the same way: pass
-    the merged weights from :func:`torchrl_grpo.weight_sync.export_hf_weights` (``W + s·B·A`` per
+    the merged weights from :func:`torchrl_grpo.backends.weight_sync.export_hf_weights` (``W + s·B·A`` per
     adapted layer). As an alternative, an engine created with ``enable_lora=True`` can serve a
     saved peft adapter directory through :meth:`VLLMBackend.set_lora_adapter` (vLLM ``LoRARequest``).
 
@@ -56,7 +56,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
-from .base import Generation, RolloutBackend, SamplingConfig, iter_named_weights
+from torchrl_grpo.backends.base import Generation, RolloutBackend, SamplingConfig, iter_named_weights
 
 __all__ = ["VLLMBackend", "check_weight_sync", "hf_sequence_logprobs", "import_vllm"]
 
@@ -473,7 +473,7 @@ class VLLMBackend(RolloutBackend):
             raise KeyError(
                 f"load_weights: {len(unknown)} names are not in the engine's checkpoint, e.g. "
                 f"{unknown[:5]} (expected HF names such as {sorted(self._ckpt_names)[:2]}); "
-                "peft models must be merged first (torchrl_grpo.weight_sync.export_hf_weights)"
+                "peft models must be merged first (torchrl_grpo.backends.weight_sync.export_hf_weights)"
             )
         required = set(self._ckpt_names) - ({"lm_head.weight"} if self._tied else set())
         missing = sorted(required - set(names))
@@ -511,7 +511,7 @@ class VLLMBackend(RolloutBackend):
                 iterable of ``(name, tensor)`` (any float dtype and device; cast to the engine
                 dtype on copy). ``rotary_emb`` buffers are ignored. For tied-embedding models
                 ``lm_head.weight`` may be given or left out (the embedding is then used for it). For LoRA policies pass merged weights
-                (:func:`torchrl_grpo.weight_sync.export_hf_weights`). The iterable is materialised
+                (:func:`torchrl_grpo.backends.weight_sync.export_hf_weights`). The iterable is materialised
                 once (references only) to validate the names before anything is written.
 
         Raises:

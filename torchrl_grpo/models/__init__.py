@@ -43,20 +43,14 @@ Command line::
 """
 from __future__ import annotations
 
-from .cache import CACHE_ENV_VAR, MARKER_FILE, alias_cache_dir, cache_root  # noqa: F401 (constants kept importable)
-from .cli import main
-from .errors import ChecksumError, ModelNotCachedError, ModelResolutionError
-from .loading import load_model_and_tokenizer
-from .packaged import (
-    KNOWN_ALIASES,
-    PACKAGED_MODELS,
-    PackagedModel,
-    WheelPart,
-    fetch_alias,
-)
-from .resolve import ModelSource, resolve_model_path
-from .tiny import TINY_RANDOM_ALIAS, build_tiny_random
-from .tokenizer import CHATML_TOOLS_TEMPLATE, prepare_tokenizer
+from torchrl_grpo.models.cache import CACHE_ENV_VAR, MARKER_FILE, alias_cache_dir, cache_root  # noqa: F401 (constants kept importable)
+from torchrl_grpo.models.cli import main
+from torchrl_grpo.models.errors import ChecksumError, ModelNotCachedError, ModelResolutionError
+from torchrl_grpo.models.loading import load_model_and_tokenizer
+from torchrl_grpo.models.packaged import KNOWN_ALIASES, PACKAGED_MODELS, PackagedModel, WheelPart, fetch_alias
+from torchrl_grpo.models.resolve import ModelSource, resolve_model_path
+from torchrl_grpo.models.tiny import TINY_RANDOM_ALIAS, build_tiny_random
+from torchrl_grpo.models.tokenizer import CHATML_TOOLS_TEMPLATE, prepare_tokenizer
 
 __all__ = [
     "ModelSource",

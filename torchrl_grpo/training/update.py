@@ -1,0 +1,341 @@
+"""One GRPO update on a collected batch: reference and anchor log-probs, then ``ppo_epochs`` passes of minibatch
+optimizer steps with gradient accumulation over token-budgeted micro-batches.
+
+Input: the collector's batch TensorDict [B] (see :mod:`torchrl_grpo.rollout.collector`) with an ``advantage`` column [B]
+(:mod:`torchrl_grpo.objectives.advantage`), after the trainer's group filters. Output: the step's batch-level metrics, each
+reduced over micro-batches (and, data-parallel, over every rank's micro-batches: the same values on every rank) as
+:data:`torchrl_grpo.objectives.loss.REDUCTIONS` declares (:class:`~torchrl_grpo.objectives.loss.LossMetrics`), plus ``train/*`` counters
+and ``grad_norm``.
+"""
+from __future__ import annotations
+
+import logging
+from contextlib import AbstractContextManager, contextmanager
+from typing import Callable
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from torchrl_grpo.objectives.log_probs import _decoder_and_head, _uses_grad_checkpointing, token_log_probs
+from torchrl_grpo.objectives.loss import GRPOLoss, LossMetrics, total_loss
+from torchrl_grpo.distributed.data_parallel import SINGLE, is_fsdp
+from torchrl_grpo.training.micro_batch import split_micro_batches
+from torchrl_grpo.objectives.shared_prefix import SharedPrefix, build_shared_prefix, shared_prefix_length
+
+__all__ = ["GRPOUpdate", "ANCHORS", "SHARED_PREFIX_MODES"]
+
+
+def _has_dropout(model: torch.nn.Module) -> bool:
+    """Whether a forward in train mode differs from one in eval mode by dropout (a module with p > 0, or an HF
+    config dropout rate read at call time): then the loss forward is not the π_prox a no-grad eval pass gives."""
+    from torchrl_grpo.training.dropout import _CONFIG_KEYS
+
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0:
+            return True
+        cfg = getattr(m, "config", None)
+        if cfg is not None and any(isinstance(v, (int, float)) and v > 0
+                                   for v in (getattr(cfg, key, None) for key in _CONFIG_KEYS)):
+            return True
+    return False
+
+
+@contextmanager
+def sparse_tied_embedding_grads(model: torch.nn.Module):
+    """While open, a trainable input embedding that shares its weight with the LM head (tied, as in SmolLM2-135M;
+    Qwen2.5-Coder-0.5B's is untied) returns a sparse gradient (``nn.Embedding.sparse``: one row per looked-up token)
+    that autograd adds in place into the weight's dense gradient, which the LM head's backward has already created in
+    the same pass. The dense default allocates and zero-fills a [V, H] buffer per backward pass and adds it whole
+    (SmolLM2: 113 MB per pass). Same sums up to float addition order. A no-op for untied, frozen (LoRA) or
+    FSDP-sharded embeddings. Yields a callable that makes the gradient dense again if it ever ended up sparse (call
+    it before clipping: clipping and AdamW need dense gradients)."""
+    from torchrl_grpo.distributed.data_parallel import is_fsdp
+
+    try:
+        emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):  # not an HF model, or one without embeddings
+        emb = head = None
+    w = getattr(emb, "weight", None)
+    if (not isinstance(emb, torch.nn.Embedding) or w is None or w is not getattr(head, "weight", None)
+            or not w.requires_grad or emb.sparse or is_fsdp(model)):
+        yield lambda: None
+        return
+
+    def densify() -> None:
+        if w.grad is not None and w.grad.is_sparse:
+            w.grad = w.grad.to_dense()
+
+    emb.sparse = True
+    try:
+        yield densify
+    finally:
+        emb.sparse = False
+        densify()
+
+
+#: Accepted ``shared_prefix=`` values of :class:`GRPOUpdate` (config ``train.shared_prefix``; see
+#: :meth:`GRPOUpdate.shared_prefix_for`).
+SHARED_PREFIX_MODES = ("auto", "off")
+
+#: Accepted ``anchor=`` values of :class:`GRPOUpdate` (config ``loss.anchor``; see
+#: :meth:`GRPOUpdate.needs_anchor_recompute`).
+ANCHORS = ("auto", "recompute", "behaviour")
+
+log = logging.getLogger(__name__)
+
+
+class GRPOUpdate:
+    """The optimizer side of a GRPO step.
+
+    Args:
+        model: the policy being trained (HF causal LM or peft model).
+        loss_fn: the :class:`~torchrl_grpo.objectives.loss.GRPOLoss` on ``model``.
+        optimizer: over ``model``'s trainable parameters.
+        reference: ``None`` (no KL term), or a callable returning a context manager that yields the frozen reference
+            module to score with (a copy of the initial policy, or the LoRA model with its adapter switched off). Its
+            inputs go to the device of its first parameter (the plan's ref device, :mod:`torchrl_grpo.distributed.placement`, for
+            a placed copy; the train device for LoRA's), and ``ref_log_probs`` come back on the batch's device (CPU).
+        device: where the forward passes run.
+        autocast: returns the autocast context of the forward passes (bf16 on CUDA, a null context on CPU).
+        ppo_epochs / minibatch_size: passes over the batch and episodes per optimizer step (0: the whole batch).
+        micro_batch_size / max_tokens_per_mb: gradient-accumulation chunks, by episodes and by a token budget.
+        max_grad_norm: gradient-norm clip per optimizer step.
+        anchor: ``loss.anchor``: ``auto`` | ``recompute`` | ``behaviour`` (see :meth:`needs_anchor_recompute`).
+        exact_log_probs: the rollout backend's behaviour log-probs are the trainer's own numerics
+            (:attr:`~torchrl_grpo.backends.base.RolloutBackend.exact_log_probs`).
+        seed: with the step number, seeds the minibatch permutation.
+        dp: the data-parallel group (:mod:`torchrl_grpo.distributed.data_parallel`; None: one process). ``batch`` is then this
+            rank's shard: the minibatch normaliser is summed over ranks and the gradients all-reduced before each
+            optimizer step, so the step equals the single-process step on the union of the shards
+            (``minibatch_size`` is global; a rank may hold an empty minibatch). With an FSDP-sharded ``model``
+            every rank runs the same number of forward/backward passes (:meth:`idle_pass` pads them; see
+            :mod:`torchrl_grpo.distributed.data_parallel`).
+        shared_prefix: ``train.shared_prefix``: ``auto`` runs the longest token prefix common to all episodes of a
+            minibatch (or of a no-grad recompute) once and every micro-batch's remainders against its keys/values
+            (:mod:`torchrl_grpo.objectives.shared_prefix`; exact), when there is one and the model supports it; ``off``: every
+            micro-batch runs whole episodes.
+
+    Attributes:
+        optimizer_steps: optimizer steps taken so far (restored on resume).
+    """
+
+    def __init__(self, model: torch.nn.Module, loss_fn: GRPOLoss, optimizer: torch.optim.Optimizer, *,
+                 reference: Callable[[], AbstractContextManager] | None, device: torch.device,
+                 autocast: Callable[[], AbstractContextManager], ppo_epochs: int, minibatch_size: int,
+                 micro_batch_size: int, max_tokens_per_mb: int, max_grad_norm: float, anchor: str,
+                 exact_log_probs: bool, seed: int, optimizer_steps: int = 0, dp=None, shared_prefix: str = "auto"
+                 ) -> None:
+        if anchor not in ANCHORS:
+            raise ValueError(f"anchor must be one of {ANCHORS}, got {anchor!r}")
+        if shared_prefix not in SHARED_PREFIX_MODES:
+            raise ValueError(f"shared_prefix must be one of {SHARED_PREFIX_MODES}, got {shared_prefix!r}")
+        self.shared_prefix = shared_prefix
+        self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
+        self.reference, self.device, self.autocast = reference, device, autocast
+        self.ppo_epochs, self.minibatch_size = ppo_epochs, minibatch_size
+        self.micro_batch_size, self.max_tokens_per_mb = micro_batch_size, max_tokens_per_mb
+        self.max_grad_norm, self.anchor, self.exact_log_probs, self.seed = max_grad_norm, anchor, exact_log_probs, seed
+        self.optimizer_steps = optimizer_steps
+        self.dp = dp or SINGLE
+
+    def micro_batches(self, td: TensorDict, prefix_len: int = 0):
+        """Micro-batches of ``td`` by ``micro_batch_size`` and the ``max_tokens_per_mb`` token budget
+        (:func:`~torchrl_grpo.training.micro_batch.split_micro_batches`), each cut to its own longest episode. With a shared
+        prefix of ``prefix_len`` tokens (run once, outside the micro-batches) the budget counts remainder tokens only,
+        ``rows x longest remainder``: what a micro-batch's forward stores (each remainder also reads the prefix's
+        keys/values, [layers x 2 x kv_heads x P x head_dim] held once for all micro-batches)."""
+        lengths = td["attention_mask"].sum(-1)
+        full_T = td["tokens"].shape[-1]
+        budget = (lengths - prefix_len).clamp_min(1).tolist()
+        for rows in split_micro_batches(budget, self.micro_batch_size, self.max_tokens_per_mb):
+            mb = td[torch.tensor(rows)] if len(rows) != td.shape[0] else td
+            T = int(lengths[rows].max().item())
+            yield rows, mb.apply(lambda x: x[:, :T] if x.ndim == 2 and x.shape[-1] == full_T else x,
+                                 batch_size=mb.batch_size)
+
+    @torch.no_grad()
+    def fill_log_probs(self, td: TensorDict, key: str, model, device: torch.device | None = None) -> None:
+        """``td[key]`` = no-grad log-probs of the sampled tokens under ``model``, in eval mode (dropout off, the
+        same network the sampler ran), with the loss's processed distribution (temperature, top-k, top-p).
+        ``device``: where ``model`` lives (None: the training device); the result is on ``td``'s device (CPU).
+
+        A micro-batch without a scored token (e.g. an episode whose prompt reached ``rollout.max_context_tokens``
+        and was collected with 0 response tokens) is not run: its log-probs are 0 by definition, and the minibatch's
+        shared prefix does not apply to it (it must end before the first scored column, and there is none). As in
+        :meth:`__call__`, which trains only micro-batches with response tokens."""
+        dev = device or self.device
+        out = torch.zeros_like(td["sample_log_probs"])
+        was_training = model.training
+        model.eval()
+        try:
+            with self.autocast():
+                prefix = self.shared_prefix_for(td, model, dev)
+            micros = [(rows, mb) for rows, mb in self.micro_batches(td, prefix.length if prefix is not None else 0)
+                      if bool((mb["response_mask"].bool() & mb["attention_mask"].bool()).any())]
+            for item in self.dp.lockstep(micros, model):  # FSDP: padded to every rank's pass count
+                if item is None:  # FSDP: the rank with the most micro-batches is still running them
+                    self.idle_pass(model, backward=False, device=dev)
+                    continue
+                rows, mb = item
+                with self.autocast():
+                    lp, _ = token_log_probs(model, mb["tokens"].to(dev), mb["attention_mask"].to(dev),
+                                            temperature=self.loss_fn.temperature,
+                                            top_p=self.loss_fn.top_p, top_k=self.loss_fn.top_k,
+                                            response_mask=mb["response_mask"].to(dev), prefix=prefix)
+                T = lp.shape[-1]
+                out[torch.tensor(rows), :T] = lp.float().cpu()
+        finally:
+            model.train(was_training)
+        td[key] = out
+
+    def idle_pass(self, model, *, backward: bool, device: torch.device | None = None) -> None:
+        """One forward (and with ``backward``, one backward) of ``model`` on a one-token input, its output times 0:
+        it changes no gradient. What a rank with fewer micro-batches runs, under FSDP, so that the collectives of
+        every rank's passes line up (:meth:`~torchrl_grpo.distributed.data_parallel.DataParallel.lockstep`)."""
+        tok = torch.zeros(1, 1, dtype=torch.long, device=device or self.device)
+        with self.autocast():
+            logits = model(input_ids=tok, use_cache=False).logits
+        if backward:
+            (logits.float().sum() * 0.0).backward()
+
+    def shared_prefix_for(self, td: TensorDict, model, device: torch.device | None = None) -> SharedPrefix | None:
+        """The :class:`~torchrl_grpo.objectives.shared_prefix.SharedPrefix` of ``td``'s episodes under ``model`` (with a graph
+        when gradients are on), or None for the plain path: ``shared_prefix="off"``, fewer than 2 episodes, no common
+        real-token prefix before the first response column, a model without the decoder/LM-head split or KV cache
+        support, or no saving (:meth:`prefix_tokens_saved`). Call under the forward passes' autocast. ``device``:
+        where ``model`` lives (None: the training device)."""
+        if self.shared_prefix == "off" or td.shape[0] < 2:
+            return None
+        P = shared_prefix_length(td["tokens"], td["attention_mask"], td["response_mask"])
+        dec_head = _decoder_and_head(model)
+        if P < 1 or dec_head is None or self.prefix_tokens_saved(td, P, model) <= 0:
+            return None
+        return build_shared_prefix(model, dec_head[0], td["tokens"][0, :P].to(device or self.device))
+
+    def prefix_tokens_saved(self, td: TensorDict, P: int, model) -> int:
+        """Decoder tokens the minibatch prefix of ``P`` tokens saves over today's path, which (without gradient
+        checkpointing) still shares each micro-batch's distinct prompts (:mod:`torchrl_grpo.objectives.log_probs`): a batch of
+        several groups with a short common prefix (GSM8K: the system prompt) and micro-batches holding whole groups
+        runs fewer tokens that way. Token counts, not FLOPs (attention over the prefix is the same either way)."""
+        lengths = td["attention_mask"].sum(-1)
+        shared = P + int((lengths - P).sum())
+        if _uses_grad_checkpointing(model):
+            return int(lengths.sum()) - shared
+        plain = 0
+        for rows, mb in self.micro_batches(td):
+            cols = mb["response_mask"].bool().any(0).nonzero()
+            s = max(0, int(cols[0]) - 1) if cols.numel() else 0  # columns the per-micro-batch sharing may dedupe
+            key = torch.cat([mb["tokens"][:, :s], mb["attention_mask"][:, :s].long()], 1)
+            n_distinct = torch.unique(key, dim=0).shape[0] if len(rows) > 1 and s > 0 else len(rows)
+            plain += n_distinct * s + int((lengths[rows] - s).sum())
+        return plain - shared
+
+    def needs_anchor_recompute(self, multi_update: bool, stale: bool) -> bool:
+        """Whether the PPO anchor π_old must be the trainer's own no-grad recompute rather than the sampler's
+        behaviour log-probs (``loss.anchor``; see :mod:`torchrl_grpo.objectives.loss`). ``auto`` recomputes when the anchor
+        would otherwise differ from the first update's π_θ: several updates per batch, a stale batch (async), a
+        sampler with other numerics (vLLM bf16, a weight copy), or bf16 autocast in the trainer."""
+        if self.anchor == "recompute" or multi_update or stale:
+            return True
+        if self.anchor == "behaviour":
+            return False
+        return not self.exact_log_probs or self.device.type == "cuda"
+
+    def __call__(self, batch: TensorDict, *, step: int, stale: bool = False) -> dict[str, float]:
+        """Update the model on ``batch`` (tensor columns only, at least one response token).
+
+        ``step`` seeds the minibatch order and labels warnings; ``stale``: the batch was generated by an older
+        policy than the one being trained (async). A minibatch whose loss or gradient norm is not finite is skipped
+        (``train/skipped_minibatches``) without touching the weights.
+        """
+        dp = self.dp
+        n = batch.shape[0]
+        n_all = int(dp.sum(n))  # episodes over all ranks (n on one process)
+        mb_all = max(1, min(self.minibatch_size or n_all, n_all))
+        n_mb = -(-n_all // mb_all)  # minibatches per epoch, the same on every rank
+        mb_size = mb_all if not dp.enabled else max(1, -(-n // n_mb))  # this rank's rows per minibatch
+        multi_update = self.ppo_epochs > 1 or n_mb > 1
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        sharded = is_fsdp(self.model)
+        if self.reference is not None:
+            with self.reference() as ref:  # scored where it lives (a placed copy, LoRA's policy, a CL anchor)
+                self.fill_log_probs(batch, "ref_log_probs", ref, next(ref.parameters()).device)
+        # one optimizer step on this batch (and no dropout): π_prox is the model as it is now, which the loss's own
+        # forward computes; its detached log-probs anchor the ratio instead of a separate no-grad pass (exact up to
+        # float rounding; measured: the pass was 9.9 of 47 s of an async update, benchmarks/results/async_placement.md)
+        current = (self.needs_anchor_recompute(multi_update, stale) and not multi_update
+                   and self.anchor != "recompute" and not _has_dropout(self.model))
+        if self.needs_anchor_recompute(multi_update, stale) and not current:
+            self.fill_log_probs(batch, "old_log_probs", self.model)
+        self.loss_fn.anchor_current = current
+        self.model.train()
+        agg_tokens = self.loss_fn.aggregation == "token_mean"
+        acc = LossMetrics()
+        n_opt, n_skipped, grad_norms, prefix_tokens = 0, 0, [], []
+        gen = torch.Generator().manual_seed(self.seed * 31 + step)
+        with sparse_tied_embedding_grads(self.model) as densify:  # exact; no [V, H] zero-fill per pass
+            for _epoch in range(self.ppo_epochs):
+                perm = torch.randperm(n, generator=gen) if multi_update else torch.arange(n)
+                for ms in range(0, n_mb * mb_size, mb_size):
+                    mini = batch[perm[ms : ms + mb_size]]  # may be empty on a rank (data parallel)
+                    denom = float(mini["response_mask"].sum() if agg_tokens else (mini["response_tokens"] > 0).sum())
+                    denom = dp.sum(denom)  # the whole minibatch's normaliser, over all ranks
+                    self.optimizer.zero_grad(set_to_none=True)
+                    finite = True
+                    with self.autocast():
+                        prefix = self.shared_prefix_for(mini, self.model)  # one prefix forward for all micro-batches
+                    prefix_tokens.append(prefix.length if prefix is not None else 0)
+                    micros = [(micro, num) for _rows, micro in self.micro_batches(mini, prefix_tokens[-1])
+                              if (num := float(micro["response_mask"].sum() if agg_tokens
+                                               else (micro["response_tokens"] > 0).sum())) > 0]
+                    for item in dp.lockstep(micros, self.model):  # FSDP: padded to every rank's pass count
+                        if item is None or not finite:
+                            if not sharded:  # after a non-finite loss: the minibatch is skipped
+                                break
+                            self.idle_pass(self.model, backward=True)  # FSDP: the passes still run on every rank
+                            continue
+                        micro, num = item
+                        micro = micro.to(self.device)
+                        with self.autocast():
+                            losses = self.loss_fn(micro, prefix=prefix)
+                        loss = total_loss(losses)
+                        if not torch.isfinite(loss):
+                            finite = False
+                            if sharded:  # its backward is a collective too; the gradient is discarded below
+                                (loss * (num / max(denom, 1.0))).backward()
+                            continue
+                        (loss * (num / max(denom, 1.0))).backward()
+                        acc.add(losses, tokens=float(micro["response_mask"].sum()),
+                                scaled_loss=float(loss.detach()) * num / max(denom, 1.0))
+                    if finite and prefix is not None:
+                        prefix.backward()  # the remainders' summed gradient through the one prefix pass
+                    del prefix
+                    if not dp.all(finite):  # every rank skips, or none
+                        self.optimizer.zero_grad(set_to_none=True)
+                        n_skipped += 1
+                        log.warning("step %d: non-finite loss, minibatch skipped", step)
+                        continue
+                    densify()  # a no-op unless a tied embedding's gradient ended up sparse
+                    dp.all_reduce_grads(params)  # summed over ranks (torchrl_grpo.distributed.data_parallel); no-op on one process
+                    gn = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+                    if not torch.isfinite(gn):
+                        self.optimizer.zero_grad(set_to_none=True)
+                        n_skipped += 1
+                        log.warning("step %d: non-finite gradient norm, minibatch skipped", step)
+                        continue
+                    grad_norms.append(float(gn))
+                    self.optimizer.step()
+                    n_opt += 1
+        self.optimizer_steps += n_opt
+        self.model.eval()
+        out = acc.finish(n_opt + n_skipped, dp)  # reduced over ranks as loss.REDUCTIONS declares (a collective)
+        self.loss_fn.anchor_current = False
+        out["train/anchor_recomputed"] = float("old_log_probs" in batch.keys() or current)
+        out["train/anchor_current"] = float(current)
+        out["train/optimizer_steps"] = float(n_opt)
+        out["train/skipped_minibatches"] = float(n_skipped)
+        out["train/shared_prefix_tokens"] = float(np.mean(prefix_tokens)) if prefix_tokens else 0.0
+        if grad_norms:
+            out["grad_norm"] = float(np.mean(grad_norms))
+        return out
