@@ -74,13 +74,10 @@ def sparse_tied_embedding_grads(model: torch.nn.Module):
         densify()
 
 
-#: Accepted ``shared_prefix=`` values of :class:`GRPOUpdate` (config ``train.shared_prefix``; see
-#: :meth:`GRPOUpdate.shared_prefix_for`).
-SHARED_PREFIX_MODES = ("auto", "off")
-
-#: Accepted ``anchor=`` values of :class:`GRPOUpdate` (config ``loss.anchor``; see
-#: :meth:`GRPOUpdate.needs_anchor_recompute`).
-ANCHORS = ("auto", "recompute", "behaviour")
+#: Accepted ``shared_prefix=`` values (config ``train.shared_prefix``; :meth:`GRPOUpdate.shared_prefix_for`) and
+#: ``anchor=`` values (config ``loss.anchor``; :meth:`GRPOUpdate.needs_anchor_recompute`) of :class:`GRPOUpdate`:
+#: defined once in :mod:`torchrl_grpo.config.choices`.
+from torchrl_grpo.config.choices import ANCHORS, SHARED_PREFIX_MODES  # noqa: E402
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,86 @@
+"""Every choice set of the run config, defined once (issue 27: config is a leaf).
+
+A config key's allowed values live here; the module that implements the choice imports its tuple from here (the
+same object: ``tests/test_config_cli.py`` checks identity), so validation (:func:`torchrl_grpo.config.validate_config`)
+and implementation cannot drift apart. This module imports nothing (no torch, nothing of ``torchrl_grpo``): ``grpo.py
+--help`` and Hydra's schema registration stay fast, and any layer may import it (``tests/test_import_graph.py``).
+
+The one choice set not defined here is ``econfig.reward`` (``envs.tau2.env.REWARD_KINDS``): it belongs to the tau2 env
+in the ``envs`` package, which :func:`torchrl_grpo.config.validation.choices` imports lazily rather than copying it.
+"""
+from __future__ import annotations
+
+__all__ = [
+    "MODES", "DTYPES", "BACKENDS", "AGGREGATIONS", "SCALES", "BASELINES", "BEHAVIOUR_WEIGHT_MODES", "ANCHORS",
+    "SHARED_PREFIX_MODES", "SCHEDULERS", "WANDB_MODES", "DEVICES", "STRATEGIES", "LAUNCHERS", "SFT_SOURCES", "USERS",
+    "INFERENCE_ENGINES", "TRAIN_ENGINES", "FOREIGN_ENGINES", "CL_METRICS", "CL_ALGORITHMS",
+]
+
+#: ``mode``: the sync trainer (:mod:`torchrl_grpo.training.grpo_trainer`) or the async one
+#: (:mod:`torchrl_grpo.training.async_trainer`).
+MODES = ("sync", "async")
+
+#: ``actor.dtype`` (:func:`torchrl_grpo.models.loading.load_model_and_tokenizer`).
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+
+#: ``rollout.backend``: the colocated transformers backend, or vLLM (:func:`torchrl_grpo.backends.factory.make_backend`).
+BACKENDS = ("transformers", "vllm")
+
+#: ``loss.aggregation`` (:func:`torchrl_grpo.objectives.loss.masked_aggregate`).
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+
+#: ``loss.adv_scale`` (:func:`torchrl_grpo.objectives.advantage.group_advantages`): GRPO's group std, Dr. GRPO's
+#: none, or the batch std.
+SCALES = ("group", "none", "batch")
+
+#: ``loss.adv_baseline`` (:func:`torchrl_grpo.objectives.advantage.group_advantages`): group mean or leave-one-out.
+BASELINES = ("mean", "loo")
+
+#: ``loss.behaviour_weight_mode`` (:class:`torchrl_grpo.objectives.loss.GRPOLoss`): truncate or mask.
+BEHAVIOUR_WEIGHT_MODES = ("truncate", "mask")
+
+#: ``loss.anchor``: accepted ``anchor=`` values of :class:`torchrl_grpo.training.update.GRPOUpdate` (see its
+#: ``needs_anchor_recompute``).
+ANCHORS = ("auto", "recompute", "behaviour")
+
+#: ``train.shared_prefix``: accepted ``shared_prefix=`` values of :class:`torchrl_grpo.training.update.GRPOUpdate`
+#: (see its ``shared_prefix_for``).
+SHARED_PREFIX_MODES = ("auto", "off")
+
+#: ``optimizer.scheduler`` (:func:`torchrl_grpo.training.optimizer.make_scheduler`).
+SCHEDULERS = ("constant", "cosine", "linear")
+
+#: ``stats_logger.wandb.mode`` (:class:`torchrl_grpo.reporting.stats_logger.StatsLogger`).
+WANDB_MODES = ("online", "offline", "disabled")
+
+#: ``train.device`` (:func:`torchrl_grpo.build.resolve_device`).
+DEVICES = ("auto", "cpu", "cuda")
+
+#: ``train.strategy`` (:func:`torchrl_grpo.distributed.data_parallel.init_data_parallel`).
+STRATEGIES = ("single", "ddp", "fsdp")
+
+#: ``rollout.launcher``: the rollout in the trainer process, or Ray actors (:mod:`torchrl_grpo.rollout.ray_workers`).
+LAUNCHERS = ("local", "ray")
+
+#: ``sft.source`` (:class:`torchrl_grpo.training.sft_trainer.SFTTrainer`): ``gold`` fine-tunes on the env's
+#: demonstrations first; ``rft`` starts from the policy's own successes (envs without demonstrations). Either is
+#: followed by ``sft.rft_rounds`` rounds of RFT.
+SFT_SOURCES = ("gold", "rft")
+
+#: ``econfig.user``: who plays the tau2 customer when ``econfig.solo_mode=false`` (``local``: our own backend, through
+#: ``user_fn``). Solo play is ``econfig.solo_mode=true``, never ``user=solo`` (:func:`torchrl_grpo.config.tau2_user`).
+USERS = ("scripted", "llm", "local")
+
+#: ``allocation_mode`` engines (:func:`torchrl_grpo.config.parse_allocation_mode`): inference engines (the rollout
+#: backends themselves) and training engines (``train.strategy``-like).
+INFERENCE_ENGINES = BACKENDS
+TRAIN_ENGINES = ("fsdp", "ddp")
+#: engines AReaL knows that this trainer does not run (named in the error, not silently ignored)
+FOREIGN_ENGINES = ("sglang", "megatron", "trtllm")
+
+#: ``cl.metric``: the scores an accuracy matrix can hold (:meth:`torchrl_grpo.continual.trainer.ContinualTrainer.evaluate_task`
+#: keys).
+CL_METRICS = ("pass^1", "pass^k", "reward_mean")
+
+#: ``cl.algorithm``: the names of :data:`torchrl_grpo.continual.algorithms.ALGORITHMS` (its keys, in this order).
+CL_ALGORITHMS = ("sequential", "replay", "joint", "ewc", "lora_per_domain")
