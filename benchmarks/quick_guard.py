@@ -11,8 +11,8 @@ Ratios (higher is better; each is ``baseline seconds / ours seconds``):
   LM head, group-shared prompt, micro-batches) vs a plain loop over the same rows: one full forward, log-softmax,
   gather, policy-gradient loss and backward per row, then the same optimizer step.
 * ``collector_vs_bare_env``: the GSM8K env resets/steps alone vs :class:`~torchrl_grpo.rollout.collector.GroupCollector`
-  collecting the same episodes with a zero-cost backend (what the collector adds around generation per step; see
-  ``benchmarks/collector_overhead.py``).
+  collecting the same episodes with a zero-cost backend (what the collector adds around generation per step; the
+  one-off probe behind it, removed in issue 27, and its numbers: ``benchmarks/results/collector_overhead.md``).
 
 Because both sides of each ratio run in one process, one after the other, machine speed and load mostly cancel;
 CI fails only when a ratio drops below ``--factor`` (default 0.6) x its :data:`REFERENCE` value, i.e. when our side
@@ -98,7 +98,6 @@ def _paired(fn_a: Callable[[], object], fn_b: Callable[[], object], repeats: int
 
 def measure(model_name: str, prompts: int, samples: int, new_tokens: int, repeats: int) -> tuple[dict, dict]:
     """Run the three comparisons; returns ``(ratios, details)`` (details: seconds of each side)."""
-    sys.path.insert(0, str(ROOT))
     import gymnasium as gym
     import torch
     from tensordict import TensorDict
@@ -112,8 +111,7 @@ def measure(model_name: str, prompts: int, samples: int, new_tokens: int, repeat
     from torchrl_grpo.models import load_model_and_tokenizer
     from torchrl_grpo.training.update import GRPOUpdate
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from rollout_bench import gsm8k_prompts  # the same prompts as the rollout benchmark
+    from rollout_bench import gsm8k_prompts  # the same prompts as the rollout benchmark (benchmarks/ is sys.path[0])
 
     gym.register_envs(envs)
     torch.manual_seed(0)
