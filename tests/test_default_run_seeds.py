@@ -1,17 +1,13 @@
-"""benchmarks/default_run_seeds.py (issue 26 s.2): before/after extraction and the summary over fake runs (no model)."""
-import importlib.util
+"""benchmarks/experiments/default_run_seeds.py (issue 26 s.2): before/after extraction and the summary over fake runs
+(no model)."""
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(_DIR))  # the script imports its sibling gsm8k_vs_trl as a script would
-_spec = importlib.util.spec_from_file_location("default_run_seeds", _DIR / "default_run_seeds.py")
-drs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(drs)
-sys.path.remove(str(_DIR))
+from tests.bench_experiments import load
+
+drs = load("default_run_seeds")
 
 
 def _fake_run(root: Path, seed: int, before: float, after: float, n: int = 200) -> None:

@@ -1,6 +1,5 @@
-"""benchmarks/tau2_sft_table.py (issue 14 s.2): the stage commands, the summary over fake results, and the three
+"""benchmarks/experiments/tau2_sft_table.py (issue 14 s.2): the stage commands, the summary over fake results, and the three
 stages end to end on the mock domain with the tiny random model."""
-import importlib.util
 import json
 import math
 import os
@@ -8,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "tau2_sft_table.py"
-_spec = importlib.util.spec_from_file_location("tau2_sft_table", _PATH)
-tt = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(tt)
+from tests.bench_experiments import load
+
+tt = load("tau2_sft_table")
 
 
 def _args(stage="base", *extra):
@@ -163,13 +161,6 @@ def test_resume_only_when_asked_and_a_complete_checkpoint_is_there(tmp_path):
     plain = tt.stage_command(_args("grpo", "--out-root", str(tmp_path), "--checkpoint-every", "2"), "grpo", run)
     assert _value(plain, "checkpoint.every") == "2" and not any(c.startswith("train.resume_from=") for c in plain)
     assert _value(tt.stage_command(_args("base"), "base", run), "checkpoint.every") == "0"
-
-
-def test_mcnemar_exact_by_hand():
-    assert tt.mcnemar_exact(0, 0) == 1.0
-    assert tt.mcnemar_exact(0, 5) == pytest.approx(2 / 32)  # 2 * P(X <= 0), X ~ Binom(5, 1/2)
-    assert tt.mcnemar_exact(1, 6) == pytest.approx(2 * (1 + 7) / 128)
-    assert tt.mcnemar_exact(3, 3) == 1.0 and tt.mcnemar_exact(6, 1) == tt.mcnemar_exact(1, 6)
 
 
 def test_per_task_outcomes_take_the_last_evaluation_and_pair_on_the_same_tasks(tmp_path):

@@ -1,7 +1,7 @@
 """Summarise ``sft.py`` runs: one markdown row per run dir (demonstrations kept, SFT steps, NLL, greedy eval before
 and after with Wilson 95% intervals).
 
-Usage: python benchmarks/sft_summary.py [--n N] RUN_DIR [RUN_DIR ...]   (--n: eval problems, for runs that logged
+Usage: python benchmarks/experiments/sft_summary.py [--n N] RUN_DIR [RUN_DIR ...]   (--n: eval problems, for runs that logged
 no ``eval/n_tasks`` and wrote no config)
 
 Reads each ``RUN_DIR/metrics.jsonl`` (rows with ``eval/accuracy``: the greedy evaluations before and after; ``demo/*``:
@@ -11,24 +11,15 @@ the tasks evaluated are the first n usable ones of the split, fewer if the split
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
-from torchrl_grpo.reporting.learning_curve import wilson_interval
-
-
-def _rows(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
-def _acc(a: float, n: int) -> str:
-    lo, hi = wilson_interval(a, n)
-    return f"{a:.3f} ({round(a * n)}/{n}) [{lo:.3f}, {hi:.3f}]"
+from harness import read_metrics
+from stats import acc_wilson as _acc
 
 
 def summarise(run: Path, n_default: int | None = None) -> str:
-    rows = _rows(run)
+    rows = read_metrics(run)
     evals = [r for r in rows if "eval/accuracy" in r]
     demo = next((r for r in rows if "demo/kept" in r), {})
     nll = [r["sft/nll"] for r in rows if "sft/nll" in r]

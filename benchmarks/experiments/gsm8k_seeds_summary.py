@@ -1,6 +1,6 @@
-"""Summarise multi-seed GSM8K runs (benchmarks/gsm8k_seeds.sh): one markdown row per seed, plus per-step traces.
+"""Summarise multi-seed GSM8K runs (benchmarks/experiments/gsm8k_seeds.sh): one markdown row per seed, plus per-step traces.
 
-Usage: python benchmarks/gsm8k_seeds_summary.py OUT_ROOT [--steps]
+Usage: python benchmarks/experiments/gsm8k_seeds_summary.py OUT_ROOT [--steps]
 
 Reads ``OUT_ROOT/seed*/metrics.jsonl`` (the trainer's per-step metrics; rows holding ``eval/accuracy`` are the
 greedy evaluations at step 0 and at the end), ``.hydra/config.yaml`` (``eval.n_problems``) and ``run.log`` (the
@@ -15,23 +15,11 @@ A run without its final evaluation is listed as unfinished.
 from __future__ import annotations
 
 import argparse
-import json
 import re
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gsm8k_vs_trl import mean_ci  # noqa: E402  (the Student-t interval, one copy for both summaries)
-
-from torchrl_grpo.reporting.learning_curve import wilson_interval  # noqa: E402
-
-
-def wilson(k: int, n: int) -> tuple[float, float]:
-    """Wilson score 95% interval of k successes in n (:func:`torchrl_grpo.reporting.learning_curve.wilson_interval`); NaNs
-    when n == 0."""
-    if n == 0:
-        return float("nan"), float("nan")
-    return wilson_interval(k / n, n)
+from harness import read_metrics
+from stats import mean_ci, wilson
 
 
 def _n_problems(run: Path) -> int | None:
@@ -56,8 +44,7 @@ def _time_report(run: Path) -> tuple[str, float | None, str]:
 
 
 def summarise(run: Path) -> dict:
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()] \
-        if (run / "metrics.jsonl").is_file() else []
+    rows = read_metrics(run)
     evals = [r for r in rows if "eval/accuracy" in r]
     train = [r for r in rows if "reward/mean" in r]
     n = _n_problems(run)
