@@ -34,12 +34,15 @@ log = logging.getLogger("grpo")
 
 
 def run_trainer(trainer_cls, cfg: DictConfig, action=lambda trainer: trainer.fit()) -> dict:
-    """Build ``trainer_cls(cfg, run_dir)`` under the signal handlers (SIGINT / SIGTERM -> TrainingInterrupted, from
-    model loading to ``close()``), run ``action(trainer)``, always close it (joins an async rollout thread, shuts the
-    rollout engine down). Also the body of ``sft.py``."""
+    """Build the trainer (:func:`torchrl_grpo.build.build_trainer`; ``trainer_cls`` None: the one the config asks
+    for, :func:`torchrl_grpo.build.trainer_class`) under the signal handlers (SIGINT / SIGTERM -> TrainingInterrupted,
+    from model loading to ``close()``), run ``action(trainer)``, always close it (joins an async rollout thread, shuts
+    the rollout engine down). Also the body of ``sft.py``."""
+    from torchrl_grpo.build import build_trainer
+
     run_dir = cfg.output_dir or HydraConfig.get().runtime.output_dir
     with handle_signals():
-        trainer = trainer_cls(cfg, run_dir)
+        trainer = build_trainer(cfg, run_dir, trainer_cls=trainer_cls)
         try:
             result = action(trainer)
         finally:
@@ -60,15 +63,11 @@ def evaluate_only(trainer) -> dict:
 
 
 def run(cfg: DictConfig) -> dict:
-    if cfg.cl.task_order:  # a continual run (e.g. --config-name grpo_cl): torchrl_grpo.continual.trainer
-        from torchrl_grpo.continual.trainer import ContinualTrainer
-
-        return run_trainer(ContinualTrainer, cfg, lambda trainer: trainer.train())
-    if cfg.mode == "async":
-        from torchrl_grpo.training.async_trainer import AsyncGRPOTrainer as Trainer
-    else:
-        from torchrl_grpo.training.grpo_trainer import GRPOTrainer as Trainer
-    return run_trainer(Trainer, cfg, evaluate_only if cfg.eval_only else lambda trainer: trainer.fit())
+    """The trainer the config asks for (:func:`torchrl_grpo.build.trainer_class`): continual (``cl.task_order``, e.g.
+    ``--config-name grpo_cl``), async (``mode=async``) or sync GRPO."""
+    if cfg.cl.task_order:  # a continual run: torchrl_grpo.continual.trainer
+        return run_trainer(None, cfg, lambda trainer: trainer.train())
+    return run_trainer(None, cfg, evaluate_only if cfg.eval_only else lambda trainer: trainer.fit())
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="grpo_reasoning")

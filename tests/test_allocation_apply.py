@@ -15,7 +15,7 @@ from tests.test_trainer import make_cfg
 from torchrl_grpo.distributed.device_plan import AllocationError, resolve_plan
 from torchrl_grpo.training.async_trainer import AsyncGRPOTrainer
 from torchrl_grpo.distributed.placement import placement_for, thread_cpus
-from torchrl_grpo.training.grpo_trainer import GRPOTrainer
+from torchrl_grpo.build import build_trainer
 
 needs_two_cores = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2
                                      or thread_cpus() is None,
@@ -32,7 +32,7 @@ def _cfg(**over):
 def _ref_log_probs_at_step_2(tmp_path, **over):
     """Two sync steps with kl_coef 0.1; returns (ref log-probs of step 2's batch, step 2's metrics, trainer)."""
     torch.manual_seed(0)
-    trainer = GRPOTrainer(_cfg(loss={"kl_coef": 0.1}, **over), tmp_path)
+    trainer = build_trainer(_cfg(loss={"kl_coef": 0.1}, **over), tmp_path)
     seen, fill = [], trainer.updater.fill_log_probs
 
     def record(td, key, model, device=None):
@@ -74,7 +74,7 @@ def test_disjoint_cpu_plan_pins_async_threads_and_colocated_changes_nothing(tmp_
     seen = {}
 
     def run(name, **over):
-        trainer = AsyncGRPOTrainer(_cfg(mode="async", **over), tmp_path / name)
+        trainer = build_trainer(_cfg(mode="async", **over), tmp_path / name, trainer_cls=AsyncGRPOTrainer)
         seen[name] = {"trainer_after_init": thread_cpus()}
         trainer.on_rollout_thread_start = lambda: seen[name].update(rollout=thread_cpus())
         try:
@@ -99,7 +99,7 @@ def test_disjoint_cpu_plan_pins_async_threads_and_colocated_changes_nothing(tmp_
 
 @needs_two_cores
 def test_disjoint_cpu_plan_in_sync_mode_collects_on_the_inference_core(tmp_path):
-    trainer = GRPOTrainer(_cfg(train_model={"devices": [0]}, inference_model={"devices": [1]}), tmp_path)
+    trainer = build_trainer(_cfg(train_model={"devices": [0]}, inference_model={"devices": [1]}), tmp_path)
     assert trainer.backend.model is trainer.model  # CPU: no copy, the thread moves instead
     collect, where = trainer.collector.collect, []
     trainer.collector.collect = lambda *a, **k: (where.append(thread_cpus()), collect(*a, **k))[1]
@@ -119,7 +119,7 @@ def test_lora_with_its_own_ref_device_is_refused_naming_the_keys(tmp_path):
         placement_for(plan, device=torch.device("cpu"), peft=True, kl_coef=0.1)
     placement_for(plan, device=torch.device("cpu"), peft=True, kl_coef=0.0)  # no reference: nothing to place
     with pytest.raises(AllocationError, match=LORA_REF):
-        GRPOTrainer(_cfg(loss={"kl_coef": 0.1}, ref_model={"devices": [1]},
+        build_trainer(_cfg(loss={"kl_coef": 0.1}, ref_model={"devices": [1]},
                          actor={"peft": {"enable": True, "target_modules": "all-linear"}}), tmp_path)
 
 

@@ -16,6 +16,7 @@ import tests.toy_envs  # noqa: F401  (registers ToyVowels-v0)
 from tests.test_trainer import make_cfg
 from torchrl_grpo.training import async_trainer as async_trainer
 from torchrl_grpo.training.async_trainer import AsyncGRPOTrainer
+from torchrl_grpo.build import build_trainer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,7 +35,7 @@ def test_async_reward_rises_and_staleness_is_bounded(tmp_path):
     """Decoupled objective (cap 2): learns from one-step-stale batches (measured: 0.28 -> 0.52, mean of first vs last 3 of 14 steps; the
     plain clipped ratio against the behaviour policy stalled at ~0.3 with ~80% of tokens clipped at this lr)."""
     cfg = make_cfg(mode="async", train={"steps": 14, "max_staleness": 1}, loss={"behaviour_weight_cap": 2.0})
-    trainer = AsyncGRPOTrainer(cfg, tmp_path)
+    trainer = build_trainer(cfg, tmp_path, trainer_cls=AsyncGRPOTrainer)
     ms = _fit_steps(trainer, 14)
     rewards = [m["reward/mean"] for m in ms]
     stale = [m["async/staleness"] for m in ms]
@@ -56,7 +57,7 @@ def test_staleness_bound_holds_when_publishing_is_slower_than_collecting(tmp_pat
     steps = 6
     cfg = make_cfg(mode="async", train={"steps": steps, "batch_size": 1, "max_staleness": 1},
                    gconfig={"n_samples": 2, "max_new_tokens": 4})
-    trainer = AsyncGRPOTrainer(cfg, tmp_path)
+    trainer = build_trainer(cfg, tmp_path, trainer_cls=AsyncGRPOTrainer)
     collect, export = trainer.collector.collect, async_trainer.export_hf_weights
     collected = {s: threading.Event() for s in range(steps)}
 
@@ -79,7 +80,7 @@ def test_staleness_bound_holds_when_publishing_is_slower_than_collecting(tmp_pat
 
 
 def test_zero_staleness_is_the_sync_schedule_and_backend_gets_the_trained_weights(tmp_path):
-    trainer = AsyncGRPOTrainer(make_cfg(mode="async", train={"steps": 3, "max_staleness": 0}), tmp_path)
+    trainer = build_trainer(make_cfg(mode="async", train={"steps": 3, "max_staleness": 0}), tmp_path, trainer_cls=AsyncGRPOTrainer)
     assert trainer.backend.model is not trainer.model  # own copy: generation never sees half-updated weights
     ms = _fit_steps(trainer, 3)
     assert [m["async/staleness"] for m in ms] == [0.0, 0.0, 0.0]
@@ -92,7 +93,7 @@ def test_zero_staleness_is_the_sync_schedule_and_backend_gets_the_trained_weight
 def test_async_with_lora_merges_into_the_rollout_copy(tmp_path):
     cfg = make_cfg(mode="async", train={"steps": 2, "max_staleness": 1},
                    actor={"peft": {"enable": True, "r": 4, "lora_alpha": 8, "lora_dropout": 0.0}})
-    trainer = AsyncGRPOTrainer(cfg, tmp_path)
+    trainer = build_trainer(cfg, tmp_path, trainer_cls=AsyncGRPOTrainer)
     assert not hasattr(trainer.backend.model, "peft_config")
     ms = _fit_steps(trainer, 2)
     assert all(m["train/optimizer_steps"] == 1.0 for m in ms)
@@ -105,7 +106,7 @@ def test_async_with_lora_merges_into_the_rollout_copy(tmp_path):
 
 
 def test_rollout_failure_surfaces_in_the_trainer(tmp_path, monkeypatch):
-    trainer = AsyncGRPOTrainer(make_cfg(mode="async", train={"steps": 3}), tmp_path)
+    trainer = build_trainer(make_cfg(mode="async", train={"steps": 3}), tmp_path, trainer_cls=AsyncGRPOTrainer)
 
     def boom(*a, **k):
         raise OSError("disk gone")
@@ -119,7 +120,7 @@ def test_rollout_failure_surfaces_in_the_trainer(tmp_path, monkeypatch):
 
 def test_negative_staleness_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="max_staleness"):
-        AsyncGRPOTrainer(make_cfg(mode="async", train={"max_staleness": -1}), tmp_path)
+        build_trainer(make_cfg(mode="async", train={"max_staleness": -1}), tmp_path, trainer_cls=AsyncGRPOTrainer)
 
 
 def test_grpo_async_cli(tmp_path, gsm8k_dir):
@@ -149,7 +150,7 @@ def test_partial_rollouts_mix_versions_within_the_staleness_bound(tmp_path, monk
     max_staleness=1 (the bound is on the oldest token), the lag histogram sums to 1 and training runs."""
     cfg = make_cfg(mode="async", train={"steps": 6, "batch_size": 1, "max_staleness": 1, "partial_rollout_chunk": 2},
                    gconfig={"n_samples": 4, "max_new_tokens": 12}, loss={"behaviour_weight_cap": 2.0})
-    trainer = AsyncGRPOTrainer(cfg, tmp_path)
+    trainer = build_trainer(cfg, tmp_path, trainer_cls=AsyncGRPOTrainer)
     assert trainer.backend.weight_update_hook is not None and trainer.backend.partial_rollout_chunk == 2
     hook, waited = trainer.backend.weight_update_hook, set()
 
@@ -198,9 +199,9 @@ def test_zero_staleness_with_partial_rollouts_resumes_exactly(tmp_path):
     before an update depends on thread timing; a resumed run restarts with no generation in flight.)"""
     over = dict(mode="async", train={"steps": 4, "batch_size": 1, "max_staleness": 0, "partial_rollout_chunk": 2},
                 gconfig={"n_samples": 4, "max_new_tokens": 8})
-    straight = AsyncGRPOTrainer(make_cfg(**over), tmp_path / "a")
+    straight = build_trainer(make_cfg(**over), tmp_path / "a", trainer_cls=AsyncGRPOTrainer)
     ms_a = _fit_steps(straight, 4)
-    first = AsyncGRPOTrainer(make_cfg(**over), tmp_path / "b")
+    first = build_trainer(make_cfg(**over), tmp_path / "b", trainer_cls=AsyncGRPOTrainer)
     ms_b = []
     try:
         ms_b += [first.train_step() for _ in range(2)]
@@ -209,7 +210,7 @@ def test_zero_staleness_with_partial_rollouts_resumes_exactly(tmp_path):
         first.close()
     cfg = make_cfg(**over)
     cfg.train.resume_from = str(ck)
-    resumed = AsyncGRPOTrainer(cfg, tmp_path / "c")
+    resumed = build_trainer(cfg, tmp_path / "c", trainer_cls=AsyncGRPOTrainer)
     assert resumed.step == 2 and resumed.backend.policy_version == 2
     ms_b += _fit_steps(resumed, 2)
     for a, b in zip(ms_a, ms_b):

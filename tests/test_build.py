@@ -11,7 +11,7 @@ import torch
 import tests.toy_envs  # noqa: F401  (registers ToyVowels-v0)
 from tests.test_trainer import make_cfg
 from torchrl_grpo.backends.transformers_backend import TransformersBackend
-from torchrl_grpo.build import Components, LoopSettings, build
+from torchrl_grpo.build import Components, LoopSettings, build, build_trainer, trainer_class
 from torchrl_grpo.objectives.loss import REDUCTIONS, LossMetrics
 from torchrl_grpo.models import load_model_and_tokenizer
 from torchrl_grpo.training.grpo_trainer import GRPOTrainer
@@ -29,6 +29,25 @@ def test_build_gives_the_loop_its_components_and_settings(tmp_path):
     m = trainer.train_step()
     trainer.close()
     assert trainer.step == 1 and m["train/optimizer_steps"] == 1.0 and m["policy_version"] == 1
+
+
+def test_build_trainer_picks_the_loop_and_the_loop_takes_components_only(tmp_path):
+    """The trainer class is chosen by build (issue 27): sync / async / continual from the config; the loop is built
+    on components, and the old ``GRPOTrainer(cfg, run_dir)`` call fails with a TypeError naming build_trainer."""
+    from torchrl_grpo.continual.trainer import ContinualTrainer
+    from torchrl_grpo.training.async_trainer import AsyncGRPOTrainer
+
+    assert trainer_class(make_cfg()) is GRPOTrainer
+    assert trainer_class(make_cfg(mode="async")) is AsyncGRPOTrainer
+    assert trainer_class(make_cfg(cl={"task_order": ["mock"]})) is ContinualTrainer
+    with pytest.raises(TypeError, match="build_trainer"):
+        GRPOTrainer(make_cfg(), tmp_path)
+    trainer = build_trainer(make_cfg(train={"steps": 1}), tmp_path)
+    try:
+        assert type(trainer) is GRPOTrainer and isinstance(trainer.components, Components)
+        assert trainer.cfg.train.steps == 1 and trainer.settings.steps == 1
+    finally:
+        trainer.close()
 
 
 def test_sync_from_shared_module_only_bumps_the_version():

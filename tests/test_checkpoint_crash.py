@@ -30,6 +30,7 @@ import pytest
 import torch
 
 from torchrl_grpo.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from torchrl_grpo.build import build_trainer
 
 REPO = Path(__file__).resolve().parents[1]
 HOOKED_OS_CALLS = ("mkdir", "rename", "replace", "unlink", "remove", "rmdir", "fsync")
@@ -147,7 +148,7 @@ def _train_main(run_dir: Path, steps: int, resume_from: str, pause_at: str, paus
     trainer_mod.save_checkpoint = save_checkpoint_paused
     _install_fs_hook(on_op)
     cfg = _train_cfg(make_cfg, steps, resume_from or None)
-    trainer = trainer_mod.GRPOTrainer(cfg, run_dir)
+    trainer = build_trainer(cfg, run_dir, trainer_cls=trainer_mod.GRPOTrainer)
     trainer.fit()
     trainer.close()
 
@@ -254,7 +255,6 @@ def _assert_loads(ckpts: Path, fresh, step: int) -> None:
 
 def test_training_killed_mid_save_and_mid_prune_resumes_to_the_last_step(tmp_path, fresh):
     from tests.test_trainer import make_cfg
-    from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 
     run = tmp_path / "run"
     ckpts = run / "checkpoints"
@@ -268,7 +268,7 @@ def test_training_killed_mid_save_and_mid_prune_resumes_to_the_last_step(tmp_pat
     assert where == "unlink in save 2"
     _assert_loads(ckpts, fresh, 3)
     # C: resumed from B, runs to the end
-    trainer = GRPOTrainer(_train_cfg(make_cfg, 4, str(ckpts)), run)
+    trainer = build_trainer(_train_cfg(make_cfg, 4, str(ckpts)), run)
     try:
         assert trainer.step == 3
         summary = trainer.fit()

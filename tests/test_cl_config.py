@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from torchrl_grpo.continual.domains import CL_DOMAINS, DOMAIN_DEFAULTS, domain_config, validate_cl_config
 from torchrl_grpo.config import GRPOConfig, register_configs, validate_config
+from torchrl_grpo.build import build_trainer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -136,23 +137,28 @@ def test_splits_are_checked_against_the_envs():
         validate_cl_config(cl_cfg({"eval_split": {"mock": "test", "telecom": "small"}}))
 
 
-def test_continual_trainer_rejects_bad_input_before_loading_a_model(tmp_path):
-    from torchrl_grpo.continual.trainer import ContinualTrainer
+def test_algorithm_names_are_the_config_choice_set():
+    from torchrl_grpo.config.choices import CL_ALGORITHMS
+    from torchrl_grpo.continual.algorithms import ALGORITHMS
 
+    assert tuple(ALGORITHMS) == CL_ALGORITHMS
+
+
+def test_continual_trainer_rejects_bad_input_before_loading_a_model(tmp_path):
     missing_model = {"actor": {"path": str(tmp_path / "no-such-model")}}
     with pytest.raises(ValueError, match="unknown domain"):
-        ContinualTrainer(cl_cfg({"task_order": ["mock", "banking"]}, **missing_model), tmp_path / "run")
+        build_trainer(cl_cfg({"task_order": ["mock", "banking"]}, **missing_model), tmp_path / "run")
     with pytest.raises(ValueError, match="num_steps_per_task"):
-        ContinualTrainer(cl_cfg({"num_steps_per_task": 0}, **missing_model), tmp_path / "run")
+        build_trainer(cl_cfg({"num_steps_per_task": 0}, **missing_model), tmp_path / "run")
     # a resume checkpoint from another task order
     ck = tmp_path / "old" / "checkpoint_task_0"
     ck.mkdir(parents=True)
     (ck / "cl_state.json").write_text(json.dumps({"task_order": ["telecom", "mock"], "task": 0}))
     with pytest.raises(ValueError, match="same order"):
-        ContinualTrainer(cl_cfg({"resume_from": str(ck)}, **missing_model), tmp_path / "run")
+        build_trainer(cl_cfg({"resume_from": str(ck)}, **missing_model), tmp_path / "run")
     (ck / "cl_state.json").write_text(json.dumps({"task_order": ["mock", "telecom"], "task": 1}))
     with pytest.raises(ValueError, match="nothing left"):
-        ContinualTrainer(cl_cfg({"resume_from": str(ck)}, **missing_model), tmp_path / "run")
+        build_trainer(cl_cfg({"resume_from": str(ck)}, **missing_model), tmp_path / "run")
     with pytest.raises(FileNotFoundError, match="cl_state.json"):
-        ContinualTrainer(cl_cfg({"resume_from": str(tmp_path)}, **missing_model), tmp_path / "run")
+        build_trainer(cl_cfg({"resume_from": str(tmp_path)}, **missing_model), tmp_path / "run")
     assert not (tmp_path / "run").exists()  # nothing was built

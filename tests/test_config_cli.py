@@ -116,23 +116,48 @@ def _compose_tau2(overrides):
         return compose(config_name="grpo_tau2", overrides=overrides)
 
 
-def test_choice_sets_come_from_the_implementing_modules():
-    """Each config choice set is the tuple the implementing module checks, so the two cannot drift apart."""
+def test_choice_sets_are_defined_once_in_config_and_shared_with_the_implementing_modules():
+    """Each config choice set is one tuple, defined in torchrl_grpo.config.choices: validation checks it and the
+    implementing module checks the same object, so the two cannot drift apart (issue 27: config is a leaf)."""
     from envs.tau2.env import REWARD_KINDS
-    from torchrl_grpo import build
+    from torchrl_grpo.backends import factory
+    from torchrl_grpo.config import _choices, choices
+    from torchrl_grpo.distributed import data_parallel, device_plan
+    from torchrl_grpo.models import loading
     from torchrl_grpo.objectives import advantage as advantage
     from torchrl_grpo.objectives import loss as loss
+    from torchrl_grpo.reporting import stats_logger
+    from torchrl_grpo.rollout import env_side, ray_workers
+    from torchrl_grpo.training import optimizer, sft_trainer
     from torchrl_grpo.training import update as update
-    from torchrl_grpo.config import _choices
 
     c = _choices()
-    assert c["loss.aggregation"] is loss.AGGREGATIONS
-    assert c["loss.behaviour_weight_mode"] is loss.BEHAVIOUR_WEIGHT_MODES
+    assert c["loss.aggregation"] is loss.AGGREGATIONS is choices.AGGREGATIONS
+    assert c["loss.behaviour_weight_mode"] is loss.BEHAVIOUR_WEIGHT_MODES is choices.BEHAVIOUR_WEIGHT_MODES
     assert c["loss.adv_scale"] is advantage.SCALES and c["loss.adv_baseline"] is advantage.BASELINES
-    assert c["loss.anchor"] is update.ANCHORS and c["rollout.backend"] is build.BACKENDS
+    assert c["loss.anchor"] is update.ANCHORS and c["rollout.backend"] is factory.BACKENDS is choices.BACKENDS
+    assert update.SHARED_PREFIX_MODES is choices.SHARED_PREFIX_MODES
+    assert c["optimizer.scheduler"] is optimizer.SCHEDULERS and c["train.strategy"] is data_parallel.STRATEGIES
+    assert c["rollout.launcher"] is ray_workers.LAUNCHERS and c["sft.source"] is sft_trainer.SFT_SOURCES
+    assert c["actor.dtype"] is loading.DTYPES and c["stats_logger.wandb.mode"] is stats_logger.WANDB_MODES
+    assert env_side.USERS is choices.USERS and device_plan.TRAIN_ENGINES is choices.TRAIN_ENGINES
     assert c["econfig.reward"] is REWARD_KINDS
     with pytest.raises(ValueError, match="scheduler"):
-        build.make_scheduler(None, "step", 0, 10)
+        optimizer.make_scheduler(None, "step", 0, 10)
+
+
+def test_config_imports_nothing_of_ours_and_no_torch():
+    """torchrl_grpo.config is a leaf: importing it (and checking a config) loads no other torchrl_grpo module and
+    no torch (grpo.py --help and Hydra's schema registration stay fast)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torchrl_grpo.config as c; from omegaconf import OmegaConf; "
+            "c.validate_config(OmegaConf.structured(c.GRPOConfig)); "
+            "print(' '.join(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.') or "
+            "(m.startswith('torchrl_grpo.') and not m.startswith('torchrl_grpo.config') and m != 'torchrl_grpo._moved'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == []
 
 
 @pytest.mark.parametrize("overrides,user", [

@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 from torchrl_grpo.continual import transfer as continual
 from torchrl_grpo.continual.algorithms import EWC, LoRAPerDomain, Replay, Sequential
 from torchrl_grpo.config import GRPOConfig
-from torchrl_grpo.continual.trainer import ContinualTrainer
 from torchrl_grpo.continual.trajectory_buffer import TrajectoryBuffer
+from torchrl_grpo.build import build_trainer
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -37,7 +37,7 @@ def cl_cfg(**cl):
 
 
 def run(tmp_path, name, **cl):
-    t = ContinualTrainer(cl_cfg(**cl), tmp_path / name)
+    t = build_trainer(cl_cfg(**cl), tmp_path / name)
     try:
         summary = t.train()
     finally:
@@ -99,7 +99,7 @@ def test_sequential_run_writes_and_reloads_everything(tmp_path):
 
 
 def test_evaluate_task_returns_the_scores(tmp_path):
-    t = ContinualTrainer(cl_cfg(), tmp_path / "ev")
+    t = build_trainer(cl_cfg(), tmp_path / "ev")
     try:
         s = t.evaluate_task("telecom")
         with pytest.raises(ValueError, match="unknown domain"):
@@ -119,7 +119,7 @@ class SpyReplay(Replay):
 
 def test_replay_adds_past_domain_episodes(tmp_path):
     spy = SpyReplay(1.0, seed=1)
-    t = ContinualTrainer(cl_cfg(algorithm="replay", replay_ratio=1.0, save_checkpoints=False), tmp_path / "rep",
+    t = build_trainer(cl_cfg(algorithm="replay", replay_ratio=1.0, save_checkpoints=False), tmp_path / "rep",
                          algorithm=spy)
     try:
         t.train()
@@ -153,14 +153,14 @@ def _weights(path):
 
 
 def test_resume_from_checkpoint_task_0_matches_the_uninterrupted_run(tmp_path):
-    t0 = ContinualTrainer(cl_cfg(), tmp_path / "full", algorithm=Rewarded())
+    t0 = build_trainer(cl_cfg(), tmp_path / "full", algorithm=Rewarded())
     init = [p.detach().clone() for p in t0.trainer.model.parameters()]
     try:
         full = t0.train()
     finally:
         t0.close()
     a = json.loads((tmp_path / "full" / "metrics.json").read_text())
-    t = ContinualTrainer(cl_cfg(resume_from=str(tmp_path / "full" / "checkpoint_task_0")), tmp_path / "resumed",
+    t = build_trainer(cl_cfg(resume_from=str(tmp_path / "full" / "checkpoint_task_0")), tmp_path / "resumed",
                          algorithm=Rewarded())
     try:
         resumed = t.train()
@@ -190,7 +190,7 @@ def test_kl_anchor_resets_the_reference_at_the_task_boundary(tmp_path, anchor):
     cfg.optimizer.lr = 1e-2  # one step must move the policy measurably away from the initial model
     if not anchor:
         cfg.loss.kl_coef = 0.1
-    t = ContinualTrainer(cfg, tmp_path / "kl", algorithm=Rewarded())
+    t = build_trainer(cfg, tmp_path / "kl", algorithm=Rewarded())
     try:
         t.train()
     finally:
@@ -215,7 +215,7 @@ def test_ewc_penalises_moving_away_from_the_previous_task(tmp_path):
     cfg = cl_cfg(num_steps_per_task=2, save_checkpoints=False, algorithm="ewc")
     cfg.optimizer.lr = 1e-2
     algo = RewardedEWC(lam=1000.0)
-    t = ContinualTrainer(cfg, tmp_path / "ewc", algorithm=algo)
+    t = build_trainer(cfg, tmp_path / "ewc", algorithm=algo)
     try:
         t.train()
     finally:
@@ -243,7 +243,7 @@ def test_lora_per_domain_trains_one_adapter_per_domain_and_keeps_the_others(tmp_
     cfg = cl_cfg(num_steps_per_task=2, save_checkpoints=False, algorithm="lora_per_domain")
     cfg.actor.peft.enable, cfg.optimizer.lr = True, 1e-2
     algo = RewardedLoRA()
-    t = ContinualTrainer(cfg, tmp_path / "lora", algorithm=algo)
+    t = build_trainer(cfg, tmp_path / "lora", algorithm=algo)
     try:
         t.train()
     finally:
@@ -265,7 +265,7 @@ def test_lora_per_domain_trains_one_adapter_per_domain_and_keeps_the_others(tmp_
 def test_kl_to_base_is_zero_before_training_and_grows_after(tmp_path, lora):
     cfg = cl_cfg(save_checkpoints=False, kl_to_base=True)
     cfg.actor.peft.enable, cfg.optimizer.lr = lora, 1e-2
-    t = ContinualTrainer(cfg, tmp_path / "klb", algorithm=Rewarded())
+    t = build_trainer(cfg, tmp_path / "klb", algorithm=Rewarded())
     try:
         t.train()
     finally:
@@ -330,7 +330,7 @@ class RewardedSigint(SigintAt, Rewarded):
 def _interrupted(cfg, run_dir, algo):
     from torchrl_grpo.training.interrupt import TrainingInterrupted
 
-    t = ContinualTrainer(cfg, run_dir, algorithm=algo)
+    t = build_trainer(cfg, run_dir, algorithm=algo)
     try:
         with pytest.raises(TrainingInterrupted):
             t.train()
@@ -340,7 +340,7 @@ def _interrupted(cfg, run_dir, algo):
 
 
 def _train(cfg, run_dir, algo):
-    t = ContinualTrainer(cfg, run_dir, algorithm=algo)
+    t = build_trainer(cfg, run_dir, algorithm=algo)
     try:
         t.train()
     finally:
@@ -394,7 +394,7 @@ def test_lora_per_domain_resume_restores_every_adapter(tmp_path):
     mid_adapters = _adapters(mid.trainer.model)
     ck = tmp_path / "int" / "checkpoint_task_1_interrupted"
     res_algo = RewardedLoRA()
-    t = ContinualTrainer(cfg(resume_from=str(ck)), tmp_path / "res", algorithm=res_algo)
+    t = build_trainer(cfg(resume_from=str(ck)), tmp_path / "res", algorithm=res_algo)
     try:
         assert set(t.trainer.model.peft_config) == {"default", "telecom"}
         assert res_algo.adapters == {"mock": "default", "telecom": "telecom"}

@@ -17,14 +17,14 @@ import tests.toy_envs  # noqa: F401  (registers ToyVowels-v0)
 from tests.test_trainer import make_cfg
 from torchrl_grpo.rollout import evaluation as evaluation
 from torchrl_grpo.backends.base import SamplingConfig
-from torchrl_grpo.training.grpo_trainer import GRPOTrainer
+from torchrl_grpo.build import build_trainer
 
 
 def test_sampled_evaluation_uses_gconfig_top_p_top_k_and_greedy_is_temperature_0(tmp_path):
     """C4: the pass@k episodes' SamplingConfig carries gconfig's temperature / top_p / top_k / max_new_tokens."""
     cfg = make_cfg(gconfig={"n_samples": 2, "max_new_tokens": 6, "temperature": 0.7, "top_p": 0.9, "top_k": 5},
                    train={"batch_size": 1}, eval={"n_problems": 2, "pass_k": 2, "greedy": True})
-    trainer = GRPOTrainer(cfg, tmp_path)
+    trainer = build_trainer(cfg, tmp_path)
     seen: list[tuple[int, SamplingConfig]] = []
     real = trainer.eval_collector.collect
 
@@ -150,7 +150,7 @@ def test_trainer_evaluates_on_a_non_main_rank_and_returns_nothing_to_log(tmp_pat
     """A rank other than 0 runs its share of the evaluation (it used to return at once and wait in the next
     collective for as long as rank 0 evaluated: a tau2 eval of ~48 min against a 10-30 min collective timeout)."""
     cfg = make_cfg(gconfig={"n_samples": 2, "max_new_tokens": 4}, train={"batch_size": 1}, eval={"n_problems": 4})
-    trainer = GRPOTrainer(cfg, tmp_path)
+    trainer = build_trainer(cfg, tmp_path)
     seen: list = []
     real = trainer.eval_collector.collect
     trainer.eval_collector.collect = lambda tasks, n, **kw: seen.extend(t["index"] for t in tasks) or real(tasks, n,

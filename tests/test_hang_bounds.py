@@ -13,6 +13,7 @@ import torch
 import tests.toy_envs  # noqa: F401  (registers ToyVowels-v0)
 from tests.test_trainer import make_cfg
 from torchrl_grpo.training import checkpoint as checkpoint
+from torchrl_grpo.build import build_trainer
 
 
 # ------------------------------------------------------------------------------------------------ Ray: hung worker
@@ -106,7 +107,7 @@ def test_async_close_joins_the_rollout_thread_with_a_bound_and_warns(tmp_path, c
     from torchrl_grpo.training.async_trainer import AsyncGRPOTrainer
 
     cfg = make_cfg(mode="async", train={"steps": 3, "batch_size": 1}, gconfig={"n_samples": 2, "max_new_tokens": 4})
-    trainer = AsyncGRPOTrainer(cfg, tmp_path)
+    trainer = build_trainer(cfg, tmp_path, trainer_cls=AsyncGRPOTrainer)
     entered, release = threading.Event(), threading.Event()
 
     def hung_collect(*a, **k):  # a batch that does not finish (a hung env / user simulator) until released

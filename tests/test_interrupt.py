@@ -23,6 +23,7 @@ from torchrl_grpo.training.checkpoint import load_checkpoint
 from torchrl_grpo.config import GRPOConfig
 from torchrl_grpo.training.interrupt import TrainingInterrupted, finish_step, handle_signals
 from torchrl_grpo.training.grpo_trainer import GRPOTrainer
+from torchrl_grpo.build import build_trainer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,7 +64,7 @@ def _signal_during_step(trainer, at_step: int, times: int):
 
 
 def test_fit_finishes_the_step_and_checkpoints_it(tmp_path):
-    trainer = GRPOTrainer(make_cfg(train={"steps": 50}), tmp_path)
+    trainer = build_trainer(make_cfg(train={"steps": 50}), tmp_path)
     _signal_during_step(trainer, at_step=2, times=1)
     try:
         with pytest.raises(TrainingInterrupted):
@@ -74,7 +75,7 @@ def test_fit_finishes_the_step_and_checkpoints_it(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]  # the interrupted step was finished and logged
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000002"]
-    fresh = GRPOTrainer(make_cfg(train={"steps": 50}), tmp_path / "fresh")
+    fresh = build_trainer(make_cfg(train={"steps": 50}), tmp_path / "fresh")
     fresh.close()
     state = load_checkpoint(tmp_path / "checkpoints", model=fresh.model)
     assert state["step"] == 2
@@ -83,7 +84,7 @@ def test_fit_finishes_the_step_and_checkpoints_it(tmp_path):
 
 
 def test_second_signal_abandons_the_step_unsaved(tmp_path):
-    trainer = GRPOTrainer(make_cfg(train={"steps": 50}), tmp_path)
+    trainer = build_trainer(make_cfg(train={"steps": 50}), tmp_path)
     _signal_during_step(trainer, at_step=2, times=2)
     try:
         with pytest.raises(TrainingInterrupted) as ei:
@@ -96,7 +97,7 @@ def test_second_signal_abandons_the_step_unsaved(tmp_path):
 
 def test_async_trainer_stops_while_waiting_for_a_batch(tmp_path):
     """The trainer does not wait for the batch in flight: the model is still that of the last step, saved as is."""
-    trainer = AsyncGRPOTrainer(make_cfg(mode="async", train={"steps": 50, "max_staleness": 0}), tmp_path)
+    trainer = build_trainer(make_cfg(mode="async", train={"steps": 50, "max_staleness": 0}), tmp_path, trainer_cls=AsyncGRPOTrainer)
     collect, wait = trainer.collector.collect, trainer._cond.wait
     trainer_waits, release = threading.Event(), threading.Event()
 

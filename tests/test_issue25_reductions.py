@@ -13,7 +13,7 @@ import tests.toy_envs  # noqa: F401  (registers ToyFlaky-v0)
 from tests.test_trainer import make_cfg
 from torchrl_grpo.objectives.advantage import group_advantages
 from torchrl_grpo.objectives.loss import LossMetrics
-from torchrl_grpo.training.grpo_trainer import GRPOTrainer
+from torchrl_grpo.build import build_trainer
 
 
 def test_batch_scale_leaves_dropped_infra_groups_out_of_the_std(tmp_path):
@@ -22,7 +22,7 @@ def test_batch_scale_leaves_dropped_infra_groups_out_of_the_std(tmp_path):
     advantages only. Before: the dropped groups' zeros entered the std (more episodes, smaller std)."""
     cfg = make_cfg(econfig={"env_id": "ToyFlaky-v0"}, train={"steps": 1, "batch_size": 4},
                    gconfig={"n_samples": 2, "max_new_tokens": 8}, loss={"adv_scale": "batch"})
-    trainer = GRPOTrainer(cfg, tmp_path)
+    trainer = build_trainer(cfg, tmp_path)
     batch = trainer.collector.collect([{"index": i} for i in range(4)], 2)
     seen = []
     update = trainer._update

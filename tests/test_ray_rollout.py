@@ -16,8 +16,8 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 
 from torchrl_grpo.config import register_configs  # noqa: E402
 from torchrl_grpo.rollout.ray_workers import weights_digest  # noqa: E402
-from torchrl_grpo.training.grpo_trainer import GRPOTrainer  # noqa: E402
 from torchrl_grpo.backends.weight_sync import export_hf_weights  # noqa: E402
+from torchrl_grpo.build import build_trainer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 B, G = 4, 2  # tasks per step, episodes per task
@@ -39,7 +39,7 @@ def _trainer(tmp_path, gsm8k_dir, steps=3):
             "optimizer.lr=1e-3", "checkpoint.every=0", "checkpoint.save_final=false", "train.device=cpu",
             "stats_logger.wandb.mode=disabled", "stats_logger.progress_bar=false",
             f"train_dataset.path={gsm8k_dir}"])
-    trainer = GRPOTrainer(cfg, tmp_path / "run")
+    trainer = build_trainer(cfg, tmp_path / "run")
     batches = []
 
     def record(batch):  # random rewards: the tiny random model never solves GSM8K, and a step must move the weights

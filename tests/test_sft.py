@@ -17,6 +17,7 @@ from torchrl_grpo.rollout.collector import concat_batches
 from torchrl_grpo.rollout.demonstrations import ScriptedBackend, gold_demonstrations, successful_episodes
 from torchrl_grpo.objectives.log_probs import token_log_probs
 from torchrl_grpo.training.sft_trainer import SFTLoss, SFTTrainer, save_merged_model
+from torchrl_grpo.build import build_trainer
 
 
 def sft_cfg(domain="mock", split="base", solo=True, **over):
@@ -55,7 +56,7 @@ def test_scripted_backend_plays_one_episode_then_ends_turns():
 
 @pytest.mark.parametrize("domain,split,solo", [("mock", "base", True), ("retail", "train", False)])
 def test_gold_demonstrations_replay_through_the_collector_and_score_one(tmp_path, domain, split, solo):
-    trainer = SFTTrainer(sft_cfg(domain, split, solo), tmp_path)
+    trainer = build_trainer(sft_cfg(domain, split, solo), tmp_path, trainer_cls=SFTTrainer)
     try:
         tasks = trainer.train_tasks[:6]
         batch, stats = gold_demonstrations(trainer.collector, tasks)
@@ -81,7 +82,7 @@ def test_gold_demonstrations_replay_through_the_collector_and_score_one(tmp_path
 
 
 def test_concat_batches_pads_real_collector_batches_as_the_collector_does(tmp_path):
-    trainer = SFTTrainer(sft_cfg(), tmp_path)
+    trainer = build_trainer(sft_cfg(), tmp_path, trainer_cls=SFTTrainer)
     try:
         a = trainer.collector.collect([{"index": trainer.train_tasks[0]}], 2)
         b = trainer.collector.collect([{"index": trainer.train_tasks[1]}], 1)
@@ -100,7 +101,7 @@ def test_concat_batches_pads_real_collector_batches_as_the_collector_does(tmp_pa
 
 
 def test_successful_episodes_keep_only_clean_successes(tmp_path):
-    trainer = SFTTrainer(sft_cfg(), tmp_path)
+    trainer = build_trainer(sft_cfg(), tmp_path, trainer_cls=SFTTrainer)
     try:
         batch = trainer.collector.collect([{"index": i} for i in trainer.train_tasks[:2]], 2)
     finally:
@@ -157,7 +158,7 @@ def test_sft_fits_the_gold_demonstrations_and_grpo_loads_the_model_it_writes(tmp
     epochs = 6 if peft else 4  # LoRA r=8 on the tiny random model fits more slowly (lm_head is not adapted)
     over = {"actor": {"peft": {"enable": peft, "r": 8, "lora_alpha": 16}},
             "eval": {"at_start": True, "at_end": True, "n_problems": 2}, "optimizer": {"lr": 1e-2}, "sft": {"epochs": epochs, "minibatch_size": 3}}
-    trainer = SFTTrainer(sft_cfg(**over), tmp_path)
+    trainer = build_trainer(sft_cfg(**over), tmp_path, trainer_cls=SFTTrainer)
     try:
         summary = trainer.fit()
         probe_batch, _ = gold_demonstrations(trainer.collector, trainer.train_tasks[:2])
@@ -190,7 +191,7 @@ def test_sft_fits_the_gold_demonstrations_and_grpo_loads_the_model_it_writes(tmp
 def test_rft_round_keeps_the_policys_successes(tmp_path):
     """RFT with a policy that succeeds: the tiny model's backend is swapped for gold replays of the same tasks,
     so the round's episodes all score 1 and are kept; a failing policy keeps none and fine-tunes on nothing."""
-    trainer = SFTTrainer(sft_cfg(sft={"source": "rft", "rft_rounds": 1, "rft_samples": 2}), tmp_path)
+    trainer = build_trainer(sft_cfg(sft={"source": "rft", "rft_rounds": 1, "rft_samples": 2}), tmp_path, trainer_cls=SFTTrainer)
     try:
         kept = trainer.rft_round(0)  # the random model: no success
         assert kept is None
@@ -202,20 +203,20 @@ def test_rft_round_keeps_the_policys_successes(tmp_path):
 
 def test_bad_sft_settings_are_refused(tmp_path):
     with pytest.raises(ValueError, match="sft.source"):
-        SFTTrainer(sft_cfg(sft={"source": "teacher"}), tempfile.mkdtemp())
+        build_trainer(sft_cfg(sft={"source": "teacher"}), tempfile.mkdtemp(), trainer_cls=SFTTrainer)
     with pytest.raises(ValueError, match="sft.epochs"):
-        SFTTrainer(sft_cfg(sft={"epochs": 0}), tempfile.mkdtemp())
+        build_trainer(sft_cfg(sft={"epochs": 0}), tempfile.mkdtemp(), trainer_cls=SFTTrainer)
     with pytest.raises(ValueError, match="rft_rounds"):
-        SFTTrainer(sft_cfg(sft={"source": "rft", "rft_rounds": 0}), tempfile.mkdtemp())
+        build_trainer(sft_cfg(sft={"source": "rft", "rft_rounds": 0}), tempfile.mkdtemp(), trainer_cls=SFTTrainer)
     with pytest.raises(ValueError, match="launcher=local"):
-        SFTTrainer(sft_cfg(rollout={"launcher": "ray", "num_workers": 1}), tempfile.mkdtemp())
+        build_trainer(sft_cfg(rollout={"launcher": "ray", "num_workers": 1}), tempfile.mkdtemp(), trainer_cls=SFTTrainer)
 
 
 def test_the_model_is_written_before_the_final_eval_so_a_failed_eval_keeps_the_training(tmp_path):
     """A 35-minute SFT run was lost when its 48-minute final eval was cut: the merged model must be on disk before
     the eval starts. The eval here dies after training; ``sft_model/`` is already a loadable model directory."""
     over = {"eval": {"at_start": False, "at_end": True, "n_problems": 1}, "sft": {"epochs": 1, "minibatch_size": 3}}
-    trainer = SFTTrainer(sft_cfg(**over), tmp_path)
+    trainer = build_trainer(sft_cfg(**over), tmp_path, trainer_cls=SFTTrainer)
 
     def dies():
         raise RuntimeError("eval cut")
@@ -289,7 +290,7 @@ def test_sft_phase_lr_follows_optimizer_lr_after_warmup(tmp_path):
     """With optimizer.warmup_steps, the build's GRPO schedule had already scaled the lr by its warm-up factor at
     construction; the SFT phase's schedule must still peak at optimizer.lr (it once peaked at half of it)."""
     cfg = sft_cfg(optimizer={"lr": 1e-3, "warmup_steps": 2, "scheduler": "constant"}, sft={"epochs": 2})
-    trainer = SFTTrainer(cfg, tmp_path)
+    trainer = build_trainer(cfg, tmp_path, trainer_cls=SFTTrainer)
     try:
         batch, _ = gold_demonstrations(trainer.collector, trainer.train_tasks[:3])
         trainer._fine_tune(batch, "gold")

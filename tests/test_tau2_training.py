@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from torchrl_grpo.config import GRPOConfig
-from torchrl_grpo.training.grpo_trainer import GRPOTrainer
+from torchrl_grpo.build import build_trainer
 
 
 def tau2_cfg(domain, split, **over):
@@ -27,7 +27,7 @@ def tau2_cfg(domain, split, **over):
 
 @pytest.mark.parametrize("domain,split", [("mock", "base"), ("telecom", "small")])
 def test_one_grpo_step_on_tau2(tmp_path, domain, split):
-    trainer = GRPOTrainer(tau2_cfg(domain, split), tmp_path)
+    trainer = build_trainer(tau2_cfg(domain, split), tmp_path)
     m = trainer.train_step()
     assert m["rollout/episodes"] == 2
     assert m["episode/turns"] >= 1
@@ -44,7 +44,7 @@ def test_one_grpo_step_on_tau2(tmp_path, domain, split):
 
 def test_local_user_plays_the_customer(tmp_path):
     cfg = tau2_cfg("mock", "base", econfig={"solo_mode": False, "user_llm": "local", "max_turns": 2})
-    trainer = GRPOTrainer(cfg, tmp_path)
+    trainer = build_trainer(cfg, tmp_path)
     m = trainer.train_step()
     trainer.close()
     assert m["rollout/episodes"] == 2 and m["train/optimizer_steps"] == 1.0

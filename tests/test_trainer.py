@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 import tests.toy_envs  # noqa: F401  (registers ToyVowels-v0)
 from torchrl_grpo.config import GRPOConfig
-from torchrl_grpo.training.grpo_trainer import GRPOTrainer
+from torchrl_grpo.build import build_trainer
 
 
 def make_cfg(**over):
@@ -28,7 +28,7 @@ def make_cfg(**over):
 
 
 def test_reward_rises_on_toy_task(tmp_path):
-    trainer = GRPOTrainer(make_cfg(), tmp_path)
+    trainer = build_trainer(make_cfg(), tmp_path)
     rewards = [trainer.train_step()["reward/mean"] for _ in range(10)]
     trainer.close()
     first, last = sum(rewards[:2]) / 2, sum(rewards[-2:]) / 2
@@ -38,7 +38,7 @@ def test_reward_rises_on_toy_task(tmp_path):
 
 
 def test_first_update_is_on_policy_metrics(tmp_path):
-    trainer = GRPOTrainer(make_cfg(), tmp_path)
+    trainer = build_trainer(make_cfg(), tmp_path)
     m = trainer.train_step()
     trainer.close()
     # colocated fp32 backend: behaviour policy == current policy before the single update
@@ -52,7 +52,7 @@ def test_first_update_is_on_policy_metrics(tmp_path):
 
 def test_fit_writes_metrics_and_checkpoints(tmp_path):
     cfg = make_cfg(train={"steps": 3}, checkpoint={"every": 2, "save_final": True, "keep_last": 5})
-    trainer = GRPOTrainer(cfg, tmp_path)
+    trainer = build_trainer(cfg, tmp_path)
     summary = trainer.fit()
     trainer.close()
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -75,7 +75,7 @@ def test_fit_writes_metrics_and_checkpoints(tmp_path):
 
 def test_evaluate_writes_every_evaluated_episode_to_eval_episodes_jsonl(tmp_path):
     """Each evaluation appends its episodes (greedy, then k sampled per task) to eval_episodes.jsonl with the step."""
-    trainer = GRPOTrainer(make_cfg(eval={"n_problems": 2, "pass_k": 2}), tmp_path)
+    trainer = build_trainer(make_cfg(eval={"n_problems": 2, "pass_k": 2}), tmp_path)
     ev = trainer.evaluate()
     trainer.train_step()
     trainer.evaluate()
@@ -92,14 +92,14 @@ def test_evaluate_writes_every_evaluated_episode_to_eval_episodes_jsonl(tmp_path
 def test_resume_matches_uninterrupted(tmp_path, peft):
     over = {"train": {"steps": 3}, "checkpoint": {"every": 2, "save_final": False},
             "actor": {"peft": {"enable": peft, "r": 4, "lora_alpha": 8, "lora_dropout": 0.0}}}
-    a = GRPOTrainer(make_cfg(**over), tmp_path / "a")
+    a = build_trainer(make_cfg(**over), tmp_path / "a")
     ref = [a.train_step() for _ in range(2)]
     a.save()
     ref.append(a.train_step())
     a.close()
     resumed = make_cfg(**over)
     resumed.train.resume_from = str(tmp_path / "a" / "checkpoints")
-    b = GRPOTrainer(resumed, tmp_path / "b")
+    b = build_trainer(resumed, tmp_path / "b")
     assert b.step == 2
     m = b.train_step()
     b.close()
@@ -112,7 +112,7 @@ def test_zero_variance_filter_skips_with_reason(tmp_path, gsm8k_dir):
     cfg = make_cfg(econfig={"env_id": "GSM8K-v0", "format_reward": 0.0},
                    loss={"filter_zero_variance_groups": True}, train_dataset={"path": str(gsm8k_dir)},
                    gconfig={"n_samples": 2, "max_new_tokens": 8})
-    trainer = GRPOTrainer(cfg, tmp_path)
+    trainer = build_trainer(cfg, tmp_path)
     m = trainer.train_step()
     trainer.close()
     assert m["groups/zero_variance_fraction"] == 1.0
@@ -122,15 +122,15 @@ def test_zero_variance_filter_skips_with_reason(tmp_path, gsm8k_dir):
 
 def test_bad_config_values_fail_clearly(tmp_path):
     with pytest.raises(ValueError, match="rollout.backend"):
-        GRPOTrainer(make_cfg(rollout={"backend": "tgi"}), tmp_path)
+        build_trainer(make_cfg(rollout={"backend": "tgi"}), tmp_path)
     with pytest.raises(ValueError, match="minibatch_size"):
-        GRPOTrainer(make_cfg(train={"minibatch_size": 5}), tmp_path)
+        build_trainer(make_cfg(train={"minibatch_size": 5}), tmp_path)
 
 
 def test_non_finite_loss_skips_the_update_with_a_reason(tmp_path, monkeypatch, caplog):
     import torch
 
-    trainer = GRPOTrainer(make_cfg(), tmp_path)
+    trainer = build_trainer(make_cfg(), tmp_path)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     real = trainer.loss_fn.forward
 
@@ -159,7 +159,7 @@ def test_run_eta_counts_remaining_steps_and_one_final_evaluation():
 
 def test_fit_logs_the_run_eta_after_the_first_step(tmp_path, caplog):
     cfg = make_cfg(train={"steps": 2}, eval={"at_start": True, "at_end": True, "n_problems": 2})
-    trainer = GRPOTrainer(cfg, tmp_path)
+    trainer = build_trainer(cfg, tmp_path)
     with caplog.at_level("INFO", logger="torchrl_grpo.training.grpo_trainer"):
         trainer.fit()
     trainer.close()

@@ -16,7 +16,7 @@ from torchrl_grpo.backends.base import RolloutBackend
 from torchrl_grpo.backends.transformers_backend import TransformersBackend
 from torchrl_grpo.objectives.log_probs import token_log_probs
 from torchrl_grpo.models import load_model_and_tokenizer
-from torchrl_grpo.training.grpo_trainer import GRPOTrainer
+from torchrl_grpo.build import build_trainer
 
 
 class SkewedBackend(RolloutBackend):
@@ -45,7 +45,7 @@ class SkewedBackend(RolloutBackend):
 def _skewed_trainer(tmp_path, offsets=(0.3, -0.3), **over):
     model, tok = load_model_and_tokenizer("tiny-random")
     backend = SkewedBackend(model, tok.pad_token_id, offsets)
-    return GRPOTrainer(make_cfg(**over), tmp_path, model=model, tokenizer=tok, backend=backend)
+    return build_trainer(make_cfg(**over), tmp_path, model=model, tokenizer=tok, backend=backend)
 
 
 def _record_loss_calls(trainer):
@@ -69,7 +69,7 @@ def test_lora_dropout_on_policy_ratio_is_exactly_one(tmp_path):
     Before: ratio_max 1.14 from step 2 (dropout active in the differentiated forward)."""
     cfg = make_cfg(actor={"peft": {"enable": True, "r": 8, "lora_alpha": 16, "lora_dropout": 0.05}},
                    train={"steps": 4}, optimizer={"lr": 5e-2})
-    trainer = GRPOTrainer(cfg, tmp_path)
+    trainer = build_trainer(cfg, tmp_path)
     ms = [trainer.train_step() for _ in range(4)]
     trainer.close()
     for m in ms:
@@ -82,7 +82,7 @@ def test_no_grad_log_probs_run_in_eval_mode(tmp_path):
     network: the recompute equals the colocated sampler's behaviour log-probs even if the model is in train mode."""
     cfg = make_cfg(actor={"peft": {"enable": True, "r": 8, "lora_alpha": 16, "lora_dropout": 0.5}},
                    train={"disable_dropout": False})
-    trainer = GRPOTrainer(cfg, tmp_path)
+    trainer = build_trainer(cfg, tmp_path)
     with torch.no_grad():  # a non-zero adapter, so LoRA dropout changes the output
         for n, p in trainer.model.named_parameters():
             if "lora_B" in n:
@@ -112,7 +112,7 @@ def test_anchor_is_trainer_recompute_when_sampler_numerics_differ(tmp_path):
 
 def test_colocated_exact_sampler_keeps_behaviour_anchor(tmp_path):
     """The fp32 colocated sampler is the trainer's own numerics: no extra pass, ratio 1."""
-    trainer = GRPOTrainer(make_cfg(), tmp_path)
+    trainer = build_trainer(make_cfg(), tmp_path)
     m = trainer.train_step()
     trainer.close()
     assert m["train/anchor_recomputed"] == 0.0
@@ -168,7 +168,7 @@ def test_lr_schedule_reaches_its_end_when_groups_are_filtered(tmp_path, gsm8k_di
                    loss={"filter_zero_variance_groups": True}, train_dataset={"path": str(gsm8k_dir)},
                    gconfig={"n_samples": 2, "max_new_tokens": 4},
                    optimizer={"lr": 1e-3, "scheduler": "linear"})
-    trainer = GRPOTrainer(cfg, tmp_path)
+    trainer = build_trainer(cfg, tmp_path)
     lrs = [trainer.train_step()["lr"] for _ in range(3)]
     trainer.close()
     assert lrs == pytest.approx([1e-3 * 2 / 3, 1e-3 / 3, 0.0], abs=1e-12)
@@ -177,7 +177,7 @@ def test_lr_schedule_reaches_its_end_when_groups_are_filtered(tmp_path, gsm8k_di
 def test_lr_schedule_per_trainer_step_with_minibatches(tmp_path):
     """Several optimizer steps per trainer step: the schedule still spans exactly train.steps."""
     cfg = make_cfg(train={"steps": 2, "minibatch_size": 4}, optimizer={"lr": 1e-3, "scheduler": "linear"})
-    trainer = GRPOTrainer(cfg, tmp_path)
+    trainer = build_trainer(cfg, tmp_path)
     ms = [trainer.train_step() for _ in range(2)]
     trainer.close()
     assert [m["train/optimizer_steps"] for m in ms] == [4.0, 4.0]
@@ -191,7 +191,7 @@ def test_infrastructure_failures_drop_their_groups(tmp_path):
     whole and never trained; the others are. Before: they were trained with reward 0 (no metric)."""
     cfg = make_cfg(econfig={"env_id": "ToyFlaky-v0"}, train={"steps": 1, "batch_size": 8},
                    gconfig={"n_samples": 2, "max_new_tokens": 8})
-    trainer = GRPOTrainer(cfg, tmp_path)
+    trainer = build_trainer(cfg, tmp_path)
     batch = trainer.collector.collect(trainer.tasks_for_step(0), 2)
     assert batch["infra_error"].sum().item() == 8  # 4 tasks x 2 samples
     calls = _record_loss_calls(trainer)
@@ -222,11 +222,11 @@ def test_split_micro_batches():
 def test_token_budget_bounds_micro_batches_and_keeps_the_gradient(tmp_path):
     """train.max_tokens_per_mb splits by padded tokens (after the shared prefix, which runs once outside the
     micro-batches: rows x (T - P)); gradient accumulation makes the step identical."""
-    ref = GRPOTrainer(make_cfg(train={"steps": 1, "micro_batch_size": 16}), tmp_path / "a")
+    ref = build_trainer(make_cfg(train={"steps": 1, "micro_batch_size": 16}), tmp_path / "a")
     r = ref.train_step()
     ref.close()
     budget = 3 * 40
-    trainer = GRPOTrainer(make_cfg(train={"steps": 1, "micro_batch_size": 16, "max_tokens_per_mb": budget}),
+    trainer = build_trainer(make_cfg(train={"steps": 1, "micro_batch_size": 16, "max_tokens_per_mb": budget}),
                           tmp_path / "b")
     calls = _record_loss_calls(trainer)
     m = trainer.train_step()
@@ -239,11 +239,11 @@ def test_token_budget_bounds_micro_batches_and_keeps_the_gradient(tmp_path):
 
 def test_bad_training_core_config_values(tmp_path):
     with pytest.raises(ValueError, match="max_tokens_per_mb"):
-        GRPOTrainer(make_cfg(train={"max_tokens_per_mb": -1}), tmp_path)
+        build_trainer(make_cfg(train={"max_tokens_per_mb": -1}), tmp_path)
     with pytest.raises(ValueError, match="behaviour_weight_mode"):
-        GRPOTrainer(make_cfg(loss={"behaviour_weight_mode": "clip"}), tmp_path)
+        build_trainer(make_cfg(loss={"behaviour_weight_mode": "clip"}), tmp_path)
     with pytest.raises(ValueError, match="anchor"):
-        GRPOTrainer(make_cfg(loss={"anchor": "sometimes"}), tmp_path)
+        build_trainer(make_cfg(loss={"anchor": "sometimes"}), tmp_path)
 
 
 def test_current_anchor_equals_the_recompute_pass(tmp_path):

@@ -10,7 +10,7 @@ from tests.test_collector import ScriptedChatEnv
 from tests.test_trainer import make_cfg
 from torchrl_grpo.backends.base import Generation, RolloutBackend, SamplingConfig
 from torchrl_grpo.rollout.collector import GroupCollector
-from torchrl_grpo.training.grpo_trainer import GRPOTrainer
+from torchrl_grpo.build import build_trainer
 
 
 class LengthScriptBackend(RolloutBackend):
@@ -56,7 +56,7 @@ def test_trainer_logs_truncated_fraction_and_warns_on_collapse(tmp_path, tiny_mo
     # 0.5: warn). Step 2: every reply 3 tokens and stopped (fraction 0, mean length 3 < 40% of step 1's 13: warn).
     be = LengthScriptBackend(tok, [[16, 16, 16, 4], [3]])
     cfg = make_cfg(gconfig={"n_samples": 4, "max_new_tokens": 16}, train={"steps": 2, "batch_size": 2})
-    trainer = GRPOTrainer(cfg, tmp_path, model=model, tokenizer=tok, backend=be)
+    trainer = build_trainer(cfg, tmp_path, model=model, tokenizer=tok, backend=be)
     with caplog.at_level("WARNING", logger="torchrl_grpo.training.grpo_trainer"):
         m1 = trainer.train_step()
         first_warnings = caplog.text

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf  # noqa: E402
 
 import tests.toy_envs  # noqa: E402,F401
 from torchrl_grpo.config import GRPOConfig  # noqa: E402
-from torchrl_grpo.training.grpo_trainer import GRPOTrainer  # noqa: E402
+from torchrl_grpo.build import build_trainer  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -34,7 +34,7 @@ def cfg_for(**over):
 def test_vllm_backend_trains_and_stays_in_sync(tmp_path, peft):
     cfg = cfg_for(econfig={"env_id": "ToyVowels-v0"},
                   actor={"peft": {"enable": peft, "r": 4, "lora_alpha": 8, "lora_dropout": 0.0}})
-    trainer = GRPOTrainer(cfg, tmp_path)
+    trainer = build_trainer(cfg, tmp_path)
     try:
         for _ in range(2):
             m = trainer.train_step()
@@ -49,7 +49,7 @@ def test_vllm_backend_trains_and_stays_in_sync(tmp_path, peft):
 
 
 def test_vllm_backend_on_gsm8k_and_tau2(tmp_path, gsm8k_dir):
-    g = GRPOTrainer(cfg_for(train_dataset={"path": str(gsm8k_dir)}, econfig={"env_id": "GSM8K-v0"}), tmp_path / "g")
+    g = build_trainer(cfg_for(train_dataset={"path": str(gsm8k_dir)}, econfig={"env_id": "GSM8K-v0"}), tmp_path / "g")
     try:
         m = g.train_step()
         assert m["rollout/episodes"] == 8 and m["rollout/generated_tokens"] > 0
@@ -57,7 +57,7 @@ def test_vllm_backend_on_gsm8k_and_tau2(tmp_path, gsm8k_dir):
         assert 0.0 <= ev["eval/accuracy"] <= 1.0
     finally:
         g.close()
-    t = GRPOTrainer(cfg_for(econfig={"env_id": "tau2", "domain": "mock", "max_steps": 3, "max_turns": 3},
+    t = build_trainer(cfg_for(econfig={"env_id": "tau2", "domain": "mock", "max_steps": 3, "max_turns": 3},
                             train_dataset={"split": "base"}, valid_dataset={"split": "base"},
                             gconfig={"n_samples": 2}, train={"batch_size": 1, "micro_batch_size": 1}), tmp_path / "t")
     try:

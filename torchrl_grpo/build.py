@@ -1,8 +1,11 @@
-"""From a run config to the objects a training loop runs: ``build(cfg, run_dir) -> Components``.
+"""From a run config to the objects a training loop runs: ``build(cfg, run_dir) -> Components``, and to the loop
+itself: ``build_trainer(cfg, run_dir) -> trainer``.
 
-Config flows one way, down this module: config -> :func:`build` -> components. The loop
-(:mod:`torchrl_grpo.training.grpo_trainer`, :mod:`torchrl_grpo.training.async_trainer`) receives what is built here and never reads a config
-section; everything that knows about peft, vLLM, the concrete backends, env ids or the logger's settings lives here.
+Config flows one way, down this module: config -> :func:`build` -> components -> the trainer class
+:func:`build_trainer` picks (:func:`trainer_class`). The loop (:mod:`torchrl_grpo.training.grpo_trainer`,
+:mod:`torchrl_grpo.training.async_trainer`) receives what is built here and never reads a config section; everything
+that knows about peft, vLLM, the concrete backends, env ids or the logger's settings lives here or below
+(:func:`torchrl_grpo.backends.factory.backend_from_config`, :func:`torchrl_grpo.rollout.env_side.build_env_side`).
 
 What :func:`build` makes, in order:
 
@@ -13,10 +16,11 @@ What :func:`build` makes, in order:
    LoRA the same model with its adapter switched off — either way a context yielding the module to score with;
 4. the rollout backend (``rollout.backend``: transformers colocated, or a copy with ``own_backend_copy`` or when the
    plan puts inference on another device; vLLM) — the plan's placement: :mod:`torchrl_grpo.distributed.placement`;
-5. the env side (:func:`build_env_side`, once per env config): the optional local LLM user, the train and eval
+5. the env side (:func:`torchrl_grpo.rollout.env_side.build_env_side`, once per env config): the optional local LLM user, the train and eval
    collectors, the train task list and the eval task/baseline
    functions (the env decides which tasks are usable and what "doing nothing" is);
-6. the loss, the optimizer (fused AdamW), the LR schedule over trainer steps, the update (:mod:`torchrl_grpo.training.update`);
+6. the loss, the optimizer (fused AdamW) and the LR schedule over trainer steps (:mod:`torchrl_grpo.training.optimizer`),
+   the update (:mod:`torchrl_grpo.training.update`);
 7. resume (``train.resume_from``: weights, optimizer, schedule, step; the backend synced to them) and the logger.
 """
 from __future__ import annotations
@@ -24,136 +28,44 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import math
 import os
-import random
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 from omegaconf import OmegaConf
 
 from torchrl_grpo.backends.base import RolloutBackend, SamplingConfig
-from torchrl_grpo.backends.factory import BACKENDS, make_backend
+from torchrl_grpo.backends.factory import backend_from_config
+from torchrl_grpo.config import check_sft_run, validate_config
+from torchrl_grpo.continual.trainer import ContinualTrainer
+from torchrl_grpo.rollout.env_side import EnvSide, build_env_side
+from torchrl_grpo.seeding import seed_everything
+from torchrl_grpo.training.async_trainer import AsyncGRPOTrainer
+from torchrl_grpo.training.components import Components, LoopSettings
+from torchrl_grpo.training.grpo_trainer import GRPOTrainer
+from torchrl_grpo.training.optimizer import make_optimizer, make_scheduler
+from torchrl_grpo.training.sft_trainer import SFTTrainer
 from torchrl_grpo.training.update import GRPOUpdate
 
-__all__ = ["build", "build_env_side", "EnvSide", "Components", "LoopSettings", "seed_everything", "make_scheduler", "resolve_device", "DEVICES",
-           "SCHEDULERS", "BACKENDS"]
-
-#: ``train.device`` values (:func:`resolve_device`).
-DEVICES = ("auto", "cpu", "cuda")
-#: ``optimizer.scheduler`` values (:func:`make_scheduler`).
-SCHEDULERS = ("constant", "cosine", "linear")
+__all__ = ["build", "build_trainer", "trainer_class", "Components", "LoopSettings", "EnvSide", "resolve_device",
+           "max_staleness"]
+# seed_everything, make_scheduler and build_env_side, used here, are defined in torchrl_grpo.seeding,
+# torchrl_grpo.training.optimizer and torchrl_grpo.rollout.env_side; the choice sets in torchrl_grpo.config.choices
 
 log = logging.getLogger(__name__)
 
 
-def seed_everything(seed: int) -> None:
-    """Seed Python's, NumPy's and torch's global RNGs."""
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
-
-
 def resolve_device(name: str) -> torch.device:
-    """``auto`` | ``cpu`` | ``cuda`` -> a device. Raises ValueError: ``cuda`` without a CUDA device."""
+    """``auto`` | ``cpu`` | ``cuda`` (:data:`~torchrl_grpo.config.choices.DEVICES`) -> a device. Raises ValueError:
+    ``cuda`` without a CUDA device."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("train.device=cuda but no CUDA device is available")
     return torch.device(name)
-
-
-def make_scheduler(opt: torch.optim.Optimizer, kind: str, warmup: int, total: int):
-    """LR schedule over *trainer steps* (``train.steps``), stepped once per trainer step whatever the number of
-    optimizer steps it took: zero-variance filtering and skipped minibatches change that number from step to step,
-    so a schedule counted in planned optimizer steps never reached its end (a linear schedule stopped at half its
-    decay with half the groups filtered).
-
-    Raises:
-        ValueError: ``kind`` not in :data:`SCHEDULERS`.
-    """
-    if kind not in SCHEDULERS:
-        raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {kind!r}")
-
-    def factor(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        if kind == "constant":
-            return 1.0
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        if kind == "linear":
-            return max(0.0, 1.0 - progress)
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
-
-
-@dataclass(frozen=True)
-class LoopSettings:
-    """The plain settings a training loop reads (copied from the config by :func:`build`)."""
-
-    steps: int  # train.steps
-    batch_size: int  # tasks per step
-    n_samples: int  # episodes per task (group size)
-    seed: int
-    adv_scale: str  # loss.adv_scale (torchrl_grpo.objectives.advantage)
-    adv_baseline: str  # loss.adv_baseline
-    filter_zero_variance_groups: bool
-    max_new_tokens: int  # gconfig.max_new_tokens (truncation warning)
-    samples_per_step: int  # episodes decoded into samples.jsonl per step
-    eval_every: int
-    eval_at_start: bool
-    eval_at_end: bool
-    eval_n_problems: int
-    eval_greedy: bool
-    eval_pass_k: int
-    checkpoint_every: int
-    checkpoint_keep_last: int
-    checkpoint_save_final: bool
-    checkpoint_on_interrupt: bool
-    progress_bar: bool
-    max_staleness: int  # async only (build.max_staleness)
-    config_yaml: str  # the resolved config, stored with every checkpoint
-    partial_rollout_chunk: int = 0  # async only: tokens between checks for new weights (0: off)
-
-
-@dataclass
-class Components:
-    """Everything a training loop needs, built by :func:`build`.
-
-    ``collector`` / ``eval_collector`` sample train / greedy-eval episodes with ``backend``; ``train_tasks`` are the
-    usable train task indices; ``eval_tasks()`` lists the first usable eval tasks and ``eval_baseline(tasks)`` scores
-    the env's do-nothing action on them (``{}`` for envs without one); ``update`` is the optimizer side of a step.
-    """
-
-    model: torch.nn.Module
-    tokenizer: Any
-    backend: RolloutBackend
-    sampling: SamplingConfig
-    user_fn: Any  # local LLM user (None unless econfig.user / user_llm is "local")
-    collector: Any
-    eval_collector: Any
-    train_tasks: list[int]
-    eval_tasks: Callable[[], list[int]]
-    eval_baseline: Callable[[list[int]], dict[str, float]]
-    loss_fn: Any
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    update: GRPOUpdate
-    logger: Any
-    device: torch.device
-    settings: LoopSettings
-    run_dir: Path
-    start_step: int = 0
-    load_time_s: float = 0.0
-    dp: Any = None  # torchrl_grpo.distributed.data_parallel.DataParallel (None: one process)
-    plan: Any = None  # torchrl_grpo.distributed.device_plan.AllocationPlan
-    placement: Any = None  # torchrl_grpo.distributed.placement.Placement (this process's part of the plan, applied)
 
 
 def autocast_for(device: torch.device) -> Callable[[], Any]:
@@ -186,21 +98,6 @@ def _reference(model: torch.nn.Module, peft: bool, placement=None) -> Callable[[
             yield ref
 
     return placed
-
-
-def _build_backend(cfg, model, tokenizer, own_copy: bool, device: torch.device | None = None) -> RolloutBackend:
-    r = cfg.rollout
-    if r.backend not in BACKENDS:
-        raise ValueError(f"config rollout.backend={r.backend!r} is not one of {BACKENDS}")
-    path = None
-    if r.backend == "vllm":
-        from torchrl_grpo.models import resolve_model_path
-
-        path = resolve_model_path(cfg.actor.path).path
-    return make_backend(r.backend, model, tokenizer, own_copy=own_copy, device=device, max_batch_size=r.max_batch_size,
-                        model_path=path, seed=cfg.seed, vllm_dtype=r.vllm.dtype, max_model_len=r.vllm.max_model_len,
-                        check_sync_every=r.vllm.check_sync_every,
-                        gpu_memory_utilization=r.vllm.gpu_memory_utilization, push_weights=cfg.actor.peft.enable)
 
 
 def _data_parallel_and_plan(cfg, device: torch.device):
@@ -252,73 +149,6 @@ def _check_async(cfg, backend) -> None:
                     "weight pi_prox/pi_behav (high variance); AReaL's cap ~2 is the tested setting")
 
 
-@dataclass
-class EnvSide:
-    """The env half of a run for one environment config (:func:`build_env_side`): the train and eval collectors on
-    a shared backend, the usable train task indices, the first ``eval.n_problems`` usable eval tasks
-    (``eval_tasks()``, computed once) and the do-nothing baseline on a task list (``eval_baseline(tasks)``, once per
-    list; ``{}`` for envs without one). A continual run holds one per domain
-    (:mod:`torchrl_grpo.continual.trainer`)."""
-
-    user_fn: Any  # local LLM user (None unless econfig.user / user_llm is "local")
-    collector: Any
-    eval_collector: Any
-    train_tasks: list[int]
-    _eval_tasks: Callable[[], list[int]]
-    _baseline: Callable[[list[int]], dict[str, float]]
-    _cache: dict = field(default_factory=dict)
-
-    def eval_tasks(self) -> list[int]:
-        if "tasks" not in self._cache:
-            self._cache["tasks"] = self._eval_tasks()
-        return self._cache["tasks"]
-
-    def eval_baseline(self, tasks: list[int]) -> dict[str, float]:
-        key = ("baseline", tuple(tasks))
-        if key not in self._cache:
-            self._cache[key] = self._baseline(tasks)
-        return self._cache[key]
-
-    def close(self) -> None:
-        self.collector.close()
-        self.eval_collector.close()
-
-
-def build_env_side(cfg, backend: RolloutBackend, tokenizer, sampling: SamplingConfig) -> EnvSide:
-    """The collectors and task lists of ``cfg``'s environment (``econfig``, ``train_dataset``, ``valid_dataset``,
-    ``eval.n_problems``) on an existing backend; a local tau2 user (``econfig.user=local``) is built on it too.
-
-    Raises:
-        ValueError: an empty train split, bad env settings (:func:`torchrl_grpo.rollout.env_side.env_kwargs_from_config`).
-    """
-    from torchrl_grpo.rollout.collector import GroupCollector
-    from torchrl_grpo.rollout.env_side import env_kwargs_from_config, make_env_fn, tau2_user, usable_task_indices
-    from torchrl_grpo.rollout.evaluation import do_nothing_baseline
-
-    g = cfg.gconfig
-    user_fn = None
-    if tau2_user(cfg.econfig) == "local":
-        from torchrl_grpo.rollout.local_user import LocalUser
-
-        user_fn = LocalUser(backend, tokenizer, SamplingConfig(max_new_tokens=g.max_new_tokens, temperature=0.7,
-                                                               seed=cfg.seed))
-    env_id, kw = env_kwargs_from_config(cfg, cfg.train_dataset.split, cfg.train_dataset.path, user_fn=user_fn)
-    collector = GroupCollector(make_env_fn(env_id, **kw), backend, tokenizer, sampling, max_turns=cfg.econfig.max_turns,
-                               max_context_tokens=cfg.rollout.max_context_tokens, seed=cfg.seed, user_batcher=user_fn)
-    train_tasks = usable_task_indices(collector.probe_env, cfg.train_dataset.limit)
-    if len(train_tasks) < 1:
-        raise ValueError(f"train split {cfg.train_dataset.split!r} of {env_id} has no tasks")
-    vid, vkw = env_kwargs_from_config(cfg, cfg.valid_dataset.split, cfg.valid_dataset.path or cfg.train_dataset.path,
-                                      user_fn=user_fn)
-    eval_collector = GroupCollector(make_env_fn(vid, **vkw), backend, tokenizer, sampling,
-                                    max_turns=cfg.econfig.max_turns, max_context_tokens=cfg.rollout.max_context_tokens,
-                                    seed=cfg.seed + 1, user_batcher=user_fn)
-    n_eval = cfg.eval.n_problems
-    return EnvSide(user_fn=user_fn, collector=collector, eval_collector=eval_collector, train_tasks=train_tasks,
-                   _eval_tasks=lambda: usable_task_indices(eval_collector.probe_env, n_eval),
-                   _baseline=lambda tasks: do_nothing_baseline(make_env_fn(vid, **vkw), tasks))
-
-
 def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: RolloutBackend | None = None,
           own_backend_copy: bool = False) -> Components:
     """Build the components of a GRPO run from its config (see the module docstring for what and in which order).
@@ -337,7 +167,6 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
         FileNotFoundError: missing data or checkpoint.
     """
     from torchrl_grpo.training.checkpoint import load_checkpoint
-    from torchrl_grpo.config import validate_config
     from torchrl_grpo.training.dropout import disable_dropout
     from torchrl_grpo.objectives.loss import GRPOLoss
     from torchrl_grpo.models import load_model_and_tokenizer
@@ -401,8 +230,8 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
     sharded = plan.placements["train"].engine == "fsdp"  # FSDP2 (torchrl_grpo/distributed/data_parallel.py)
     # async, inference on another GPU, or FSDP: the rollout engine needs full weights, the trainer holds shards
     own_copy = own_backend_copy or placement.own_inference_copy or sharded
-    backend = backend or _build_backend(cfg, model, tokenizer, own_copy=own_copy,
-                                        device=placement.inference_device if placement.own_inference_copy else None)
+    backend = backend or backend_from_config(cfg, model, tokenizer, own_copy=own_copy,
+                                             device=placement.inference_device if placement.own_inference_copy else None)
     if sharded:  # after the full copies (KL reference, rollout engine) are taken; before the optimizer
         from torchrl_grpo.distributed.data_parallel import shard_model
 
@@ -419,12 +248,9 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
         top_p=1.0 if greedy else g.top_p, top_k=0 if greedy else g.top_k,
         behaviour_weight_cap=cfg.loss.behaviour_weight_cap, behaviour_weight_mode=cfg.loss.behaviour_weight_mode,
     )
-    params = [p for p in model.parameters() if p.requires_grad]
     o = cfg.optimizer
-    # fused AdamW: one kernel over all parameters (0.48 -> 0.07 s per step on SmolLM2-135M, CPU)
-    fused = device.type in ("cpu", "cuda") and all(p.is_floating_point() for p in params)
-    optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
-                                  fused=fused or None)
+    optimizer = make_optimizer(model, device, lr=o.lr, beta1=o.beta1, beta2=o.beta2, eps=o.eps,
+                               weight_decay=o.weight_decay)
     scheduler = make_scheduler(optimizer, o.scheduler, o.warmup_steps, cfg.train.steps)
     start_step, optimizer_steps = 0, 0
     if cfg.train.resume_from:
@@ -433,7 +259,7 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
         optimizer_steps = int(state.get("extra", {}).get("optimizer_steps", 0))
         backend.sync_from(model)
         log.info("resumed from %s at step %d", state["path"], start_step)
-    if cfg.rollout.launcher == "ray":  # rollout on Ray actors, each with its own backend and envs (ray_rollout.py)
+    if cfg.rollout.launcher == "ray":  # rollout on Ray actors, each with its own backend and envs (ray_workers.py)
         from torchrl_grpo.rollout.ray_workers import RayRolloutCollector
 
         side.collector.close()
@@ -477,3 +303,47 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
         settings=settings, run_dir=run_dir, start_step=start_step, load_time_s=load_time_s, dp=dp, plan=plan,
         placement=placement,
     )
+
+
+def trainer_class(cfg) -> type:
+    """The loop a config asks for: :class:`~torchrl_grpo.continual.trainer.ContinualTrainer` when ``cl.task_order``
+    is set, :class:`~torchrl_grpo.training.async_trainer.AsyncGRPOTrainer` for ``mode=async``, else
+    :class:`~torchrl_grpo.training.grpo_trainer.GRPOTrainer` (``sft.py`` names
+    :class:`~torchrl_grpo.training.sft_trainer.SFTTrainer` itself)."""
+    if OmegaConf.select(cfg, "cl.task_order"):
+        return ContinualTrainer
+    return AsyncGRPOTrainer if cfg.mode == "async" else GRPOTrainer
+
+
+def build_trainer(cfg, run_dir: str | Path | None, *, trainer_cls: type | None = None, model=None, tokenizer=None,
+                  backend: RolloutBackend | None = None, **trainer_kw):
+    """Build a run's trainer from its config: the components (:func:`build`) handed to the trainer class.
+
+    Args:
+        cfg: the config (an OmegaConf node of :class:`torchrl_grpo.config.GRPOConfig`).
+        run_dir: output directory (a continual run: default ``cfg.output_dir``, else ``outputs/continual``).
+        trainer_cls: the loop; default :func:`trainer_class` ``(cfg)``. A GRPO-style class (``GRPOTrainer`` and its
+            subclasses) gets ``build(cfg, run_dir, own_backend_copy=trainer_cls.own_backend_copy)``; a
+            ``ContinualTrainer`` gets :func:`build` as its ``build_components`` (called after its checks, for the
+            first domain's config); ``SFTTrainer`` is refused Ray workers first (:func:`torchrl_grpo.config.check_sft_run`).
+        model / tokenizer / backend: optional preloaded policy and rollout backend (tests, notebooks), passed to
+            :func:`build`.
+        **trainer_kw: further keyword arguments of the trainer class (``algorithm=`` of a continual run).
+
+    Returns:
+        The trainer, ready to ``fit()`` (``train()`` for a continual run).
+
+    Raises:
+        ValueError, FileNotFoundError: as :func:`build` and the trainer class.
+    """
+    cls = trainer_cls or trainer_class(cfg)
+    if issubclass(cls, ContinualTrainer):
+        def build_components(domain_cfg, domain_run_dir):
+            return build(domain_cfg, domain_run_dir, model=model, tokenizer=tokenizer, backend=backend)
+
+        return cls(cfg, run_dir, build_components=build_components, **trainer_kw)
+    if issubclass(cls, SFTTrainer):
+        check_sft_run(cfg)  # before build(): it would start the Ray workers
+    components = build(cfg, run_dir, model=model, tokenizer=tokenizer, backend=backend,
+                       own_backend_copy=cls.own_backend_copy)
+    return cls(components, cfg=cfg, **trainer_kw)

@@ -2,8 +2,9 @@
 
 Registered in Hydra's ConfigStore as ``grpo_schema``; the YAML files in ``configs/`` list it first in their
 ``defaults`` so that an unknown or mistyped key (``optimizer.lrr=1e-5``) fails at start-up with an error naming
-it, and a wrong type (``train.steps=abc``) fails before any model is loaded. Names follow AReaL where users know
-them (``actor.path``, ``gconfig.n_samples``, ``econfig.*``, ``train_dataset.split``, ``rollout.backend``).
+it, and a wrong type (``train.steps=abc``) fails before any model is loaded. Allowed values and ranges:
+:mod:`torchrl_grpo.config.choices` and :func:`torchrl_grpo.config.validation.validate_config`. Names follow AReaL
+where users know them (``actor.path``, ``gconfig.n_samples``, ``econfig.*``, ``train_dataset.split``, ``rollout.backend``).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
-__all__ = ["GRPOConfig", "register_configs", "validate_config"]
+__all__ = ["GRPOConfig", "register_configs"]
 
 
 @dataclass
@@ -53,7 +54,7 @@ class EnvConfig:
     domain: str = "telecom"  # tau2
     max_steps: int = 30  # tau2: env steps before truncation
     max_turns: int = 1  # assistant turns per episode (GSM8K: 1)
-    # tau2 users, one spelling per concept (AReaL's econfig.solo_mode is the switch; see env_factory.tau2_user):
+    # tau2 users, one spelling per concept (AReaL's econfig.solo_mode is the switch; see torchrl_grpo.config.tau2_users):
     solo_mode: bool = True  # the agent works the ticket alone (env user="solo"); econfig.user / user_llm must be unset
     user: Optional[str] = None  # solo_mode=false: scripted | llm | local (null: local if user_llm=local, llm if
     #                             user_llm is set, else scripted); user=solo is an error naming solo_mode=true
@@ -199,10 +200,10 @@ class StatsLoggerConfig:
 @dataclass
 class ContinualConfig:
     """``cl.*``: continual learning over a sequence of domains (torchrl_grpo.continual.trainer; checks and
-    per-domain defaults in torchrl_grpo.continual.domains). An empty ``task_order`` means an ordinary single-env run.
+    per-domain defaults in torchrl_grpo.config.continual). An empty ``task_order`` means an ordinary single-env run.
 
     A continual run scores every domain before training, every ``cl.eval_interval`` steps and at each task boundary,
-    and checkpoints per task (``cl.save_checkpoints``, ``cl.resume_from``): :func:`validate_config` refuses
+    and checkpoints per task (``cl.save_checkpoints``, ``cl.resume_from``): :func:`~torchrl_grpo.config.validation.validate_config` refuses
     ``eval_only``, ``eval.every``, ``checkpoint.every``, ``train.resume_from``, ``checkpoint.save_final`` without
     ``cl.save_checkpoints``, ``eval.at_start=false`` / ``eval.at_end=false`` (the scores before training and after
     the last task are the accuracy matrix's b and last row: always computed) and a non-default
@@ -213,12 +214,12 @@ class ContinualConfig:
     num_steps_per_task: int = 10  # trainer steps on each domain
     max_tasks_per_domain: Optional[int] = None  # train on the first N usable tasks of each domain's train split
     eval_interval: int = 0  # also evaluate every domain every k steps inside a task (0: only at task boundaries)
-    train_split: dict = field(default_factory=dict)  # domain -> train split (default: cl_domains.DOMAIN_DEFAULTS)
-    eval_split: dict = field(default_factory=dict)  # domain -> eval split (default: cl_domains.DOMAIN_DEFAULTS)
+    train_split: dict = field(default_factory=dict)  # domain -> train split (default: config.continual.DOMAIN_DEFAULTS)
+    eval_split: dict = field(default_factory=dict)  # domain -> eval split (default: config.continual.DOMAIN_DEFAULTS)
     econfig: dict = field(default_factory=dict)  # domain -> econfig overrides (solo_mode, user, reward, max_turns, ...)
     data_path: dict = field(default_factory=dict)  # domain -> train/valid_dataset.path (gsm8k, ifeval: file or dir)
     metric: str = "pass^1"  # the score in the accuracy matrix R: pass^1 | pass^k | reward_mean
-    algorithm: str = "sequential"  # sequential | replay | ewc | lora_per_domain | joint (cl_algorithms.ALGORITHMS)
+    algorithm: str = "sequential"  # sequential | replay | ewc | lora_per_domain | joint (config.choices.CL_ALGORITHMS)
     replay_ratio: float = 0.5  # replay: ceil(ratio * train.batch_size) past-domain tasks added to each step
     kl_coef: float = 0.0  # > 0: k3 KL to the previous task's policy (the untrained model during the first task)
     ewc_lambda: float = 10.0  # ewc: λ of (λ/2) Σ F (θ − θ*)²
@@ -278,186 +279,6 @@ class GRPOConfig:
     stats_logger: StatsLoggerConfig = field(default_factory=StatsLoggerConfig)
     cl: ContinualConfig = field(default_factory=ContinualConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
-
-
-MODES = ("sync", "async")  # grpo.py: trainer.GRPOTrainer | async_trainer.AsyncGRPOTrainer
-
-
-def _choices() -> dict[str, tuple]:
-    """Config key -> allowed values, each set declared once, in the module that implements it.
-
-    Imported here, not at module level: this module stays importable without torch (``grpo.py --help`` and Hydra's
-    schema registration take 0.6 s instead of ~8 s).
-    """
-    from envs.tau2.env import REWARD_KINDS
-
-    from torchrl_grpo.objectives.advantage import BASELINES, SCALES
-    from torchrl_grpo.build import BACKENDS, DEVICES, SCHEDULERS
-    from torchrl_grpo.distributed.data_parallel import STRATEGIES
-    from torchrl_grpo.rollout.ray_workers import LAUNCHERS
-    from torchrl_grpo.objectives.loss import AGGREGATIONS, BEHAVIOUR_WEIGHT_MODES
-    from torchrl_grpo.models.loading import DTYPES
-    from torchrl_grpo.reporting.stats_logger import WANDB_MODES
-    from torchrl_grpo.training.sft_trainer import SFT_SOURCES
-    from torchrl_grpo.training.update import ANCHORS
-
-    return {
-        "mode": MODES,
-        "actor.dtype": DTYPES,
-        "rollout.backend": BACKENDS,
-        "loss.aggregation": AGGREGATIONS,
-        "loss.adv_scale": SCALES,
-        "loss.adv_baseline": BASELINES,
-        "loss.behaviour_weight_mode": BEHAVIOUR_WEIGHT_MODES,
-        "loss.anchor": ANCHORS,
-        "optimizer.scheduler": SCHEDULERS,
-        "stats_logger.wandb.mode": WANDB_MODES,
-        "econfig.reward": REWARD_KINDS,
-        "train.device": DEVICES,
-        "train.strategy": STRATEGIES,
-        "rollout.launcher": LAUNCHERS,
-        "sft.source": SFT_SOURCES,
-    }
-
-
-def validate_config(cfg) -> None:
-    """Check value ranges and choices that a type schema cannot express.
-
-    Raises:
-        ValueError: naming the offending key and the allowed values.
-    """
-    from omegaconf import OmegaConf
-
-    from torchrl_grpo.rollout.env_side import tau2_user
-
-    for key, allowed in _choices().items():
-        val = OmegaConf.select(cfg, key)
-        if val not in allowed:
-            raise ValueError(f"config {key}={val!r} is not one of {allowed}")
-    tau2_user(cfg.econfig)  # econfig.solo_mode / user / user_llm agree (tau2 envs only)
-    positive = ["train.steps", "train.batch_size", "train.micro_batch_size", "train.ppo_epochs", "gconfig.n_samples",
-                "gconfig.max_new_tokens", "rollout.max_batch_size", "rollout.max_context_tokens", "econfig.max_turns"]
-    for key in positive:
-        if OmegaConf.select(cfg, key) < 1:
-            raise ValueError(f"config {key} must be >= 1, got {OmegaConf.select(cfg, key)}")
-    if cfg.rollout.backend == "vllm" and cfg.rollout.vllm.max_model_len < cfg.rollout.max_context_tokens:
-        raise ValueError(
-            f"config rollout.vllm.max_model_len={cfg.rollout.vllm.max_model_len} is below "
-            f"rollout.max_context_tokens={cfg.rollout.max_context_tokens}; raise it or lower the context limit"
-        )
-    if cfg.train.shared_prefix not in ("auto", "off"):
-        raise ValueError(f"config train.shared_prefix must be auto | off, got {cfg.train.shared_prefix!r}")
-    if cfg.train.max_tokens_per_mb < 0:
-        raise ValueError(f"config train.max_tokens_per_mb must be >= 0 (0: no budget), got {cfg.train.max_tokens_per_mb}")
-    if cfg.loss.behaviour_weight_cap is not None and cfg.loss.behaviour_weight_cap <= 0:
-        raise ValueError(f"config loss.behaviour_weight_cap must be > 0 or null, got {cfg.loss.behaviour_weight_cap}")
-    if cfg.train.max_staleness is not None and cfg.train.max_staleness < 0:
-        raise ValueError(f"config train.max_staleness must be >= 0, got {cfg.train.max_staleness}")
-    _validate_scale_out(cfg)
-    if cfg.train.partial_rollout_chunk < 0:
-        raise ValueError(f"config train.partial_rollout_chunk must be >= 0, got {cfg.train.partial_rollout_chunk}")
-    _validate_mode_keys(cfg)
-    if OmegaConf.select(cfg, "cl.task_order"):
-        from torchrl_grpo.continual.domains import validate_cl_config
-
-        validate_cl_config(cfg, check_tasks=False)  # names and ranges; ContinualTrainer also checks the splits
-        _validate_continual_keys(cfg)
-    for key in ("sft.epochs", "sft.minibatch_size", "sft.rft_samples"):
-        if OmegaConf.select(cfg, key) < 1:
-            raise ValueError(f"config {key} must be >= 1, got {OmegaConf.select(cfg, key)}")
-    if cfg.sft.rft_rounds < 0:
-        raise ValueError(f"config sft.rft_rounds must be >= 0, got {cfg.sft.rft_rounds}")
-    if cfg.sft.source == "rft" and cfg.sft.rft_rounds < 1:
-        raise ValueError("config sft.source=rft needs sft.rft_rounds >= 1 (the rounds are its only data)")
-    if cfg.optimizer.lr <= 0:
-        raise ValueError(f"config optimizer.lr must be > 0, got {cfg.optimizer.lr}")
-    if cfg.gconfig.temperature < 0 or not 0 < cfg.gconfig.top_p <= 1:
-        raise ValueError("config gconfig.temperature must be >= 0 and gconfig.top_p in (0, 1]")
-    if cfg.gconfig.top_k < 0:
-        raise ValueError(f"config gconfig.top_k must be >= 0 (0: off), got {cfg.gconfig.top_k}")
-    episodes = cfg.train.batch_size * cfg.gconfig.n_samples
-    if cfg.train.minibatch_size and episodes % cfg.train.minibatch_size:
-        raise ValueError(
-            f"config train.minibatch_size={cfg.train.minibatch_size} must divide the episodes per step "
-            f"(train.batch_size * gconfig.n_samples = {episodes})"
-        )
-
-
-def _validate_mode_keys(cfg) -> None:
-    """Keys only the async trainer reads, set in another mode: a ValueError naming the key (they were ignored).
-    ``train.max_staleness=0`` is accepted in sync mode: the sync schedule is staleness 0 (AReaL's η = 0)."""
-    t = cfg.train
-    if cfg.mode == "async":
-        return
-    for key, val, allowed in (("train.max_staleness", t.max_staleness, (None, 0)),
-                              ("train.partial_rollout_chunk", t.partial_rollout_chunk, (0,))):
-        if val not in allowed:
-            raise ValueError(f"config {key}={val} is read by mode=async only (this run is mode={cfg.mode}, where it "
-                             f"would be ignored): drop it, or run mode=async (grpo-async.py)")
-
-
-def _validate_continual_keys(cfg) -> None:
-    """Keys a continual run (``cl.task_order``) does not honour, set to ask for something: a ValueError naming the
-    key and the ``cl.*`` key that does it (:class:`ContinualConfig`)."""
-    where = "a continual run (cl.task_order)"
-    if cfg.eval_only:
-        raise ValueError(f"config eval_only=true is not supported by {where}: it would train the whole sequence; "
-                         f"evaluate a checkpoint with grpo.py eval_only=true train.resume_from=<run>/"
-                         f"checkpoint_task_<k>/step_<n> and the domain's env settings, without cl.task_order")
-    if cfg.eval.every:
-        raise ValueError(f"config eval.every={cfg.eval.every} is not read by {where}: it scores every domain every "
-                         f"cl.eval_interval steps; set cl.eval_interval={cfg.eval.every} and eval.every=0")
-    if cfg.checkpoint.every:
-        raise ValueError(f"config checkpoint.every={cfg.checkpoint.every} is not read by {where}: it checkpoints "
-                         f"per task (cl.save_checkpoints); set checkpoint.every=0")
-    if cfg.train.resume_from:
-        raise ValueError(f"config train.resume_from is not read by {where}: continue one with "
-                         f"cl.resume_from=<run>/checkpoint_task_<k>")
-    for key in ("at_start", "at_end"):
-        if not cfg.eval[key]:
-            raise ValueError(f"config eval.{key}=false is not honoured by {where}: it always scores every domain "
-                             f"before training and after the last task (the accuracy matrix's b and last row); "
-                             f"remove the key (cl.eval_interval adds evaluations inside a task)")
-    if cfg.checkpoint.keep_last != CheckpointConfig.keep_last:  # the schema default: the key was not set
-        raise ValueError(f"config checkpoint.keep_last={cfg.checkpoint.keep_last} is not read by {where}: it keeps "
-                         f"every task's checkpoint_task_<k>/ (cl.resume_from continues from any); remove the key, or "
-                         f"cl.save_checkpoints=false for none")
-    if cfg.checkpoint.save_final and not cfg.cl.save_checkpoints:
-        raise ValueError(f"config checkpoint.save_final=true: {where} writes its checkpoints per task, and "
-                         f"cl.save_checkpoints=false turns them off (the last task's is the final one); set "
-                         f"cl.save_checkpoints=true or checkpoint.save_final=false")
-
-
-def _validate_scale_out(cfg) -> None:
-    """``rollout.num_workers`` / ``launcher`` and ``train.strategy`` against each other and the mode (issue 11)."""
-    from omegaconf import OmegaConf
-
-    r = cfg.rollout
-    if not r.worker_timeout_s > 0:
-        raise ValueError(f"config rollout.worker_timeout_s must be > 0 (seconds), got {r.worker_timeout_s}")
-    if r.num_workers < 0 or r.max_worker_restarts < 0:
-        raise ValueError(f"config rollout.num_workers ({r.num_workers}) and rollout.max_worker_restarts "
-                         f"({r.max_worker_restarts}) must be >= 0")
-    if r.launcher == "ray" and r.num_workers < 1:
-        raise ValueError("config rollout.launcher=ray needs rollout.num_workers >= 1")
-    if r.launcher == "local" and r.num_workers > 0:
-        raise ValueError(f"config rollout.num_workers={r.num_workers} needs rollout.launcher=ray (local: the rollout "
-                         f"runs in the trainer process)")
-    from torchrl_grpo.distributed.device_plan import train_strategy
-    from torchrl_grpo.distributed.data_parallel import is_data_parallel
-
-    strategy = train_strategy(cfg)  # train.strategy, or the engine allocation_mode names
-    if r.launcher == "ray" and is_data_parallel(strategy):
-        raise ValueError(f"rollout.launcher=ray and train.strategy={strategy} are not combined yet: one of them per "
-                         f"run")
-    scaled = r.launcher == "ray" or is_data_parallel(strategy)
-    if scaled and (cfg.mode != "sync" or OmegaConf.select(cfg, "cl.task_order")):
-        raise ValueError("rollout.launcher=ray and train.strategy=ddp/fsdp run with the sync trainer (mode=sync, no "
-                         "cl.task_order) for now")
-    if strategy == "fsdp" and cfg.actor.peft.enable:
-        from torchrl_grpo.distributed.data_parallel import LORA_FSDP_REFUSAL
-
-        raise ValueError(LORA_FSDP_REFUSAL)
 
 
 def register_configs() -> None:

@@ -1,7 +1,8 @@
 """Continual-learning algorithms as hooks on the GRPO loop, and the batch concatenation replay needs.
 
 A :class:`CLAlgorithm` is called by :class:`torchrl_grpo.continual.trainer.ContinualTrainer` at four points (subclass
-it and pass an instance as ``ContinualTrainer(cfg, algorithm=...)``; ``self.cl`` is the continual trainer)::
+it and pass an instance as ``build_trainer(cfg, run_dir, algorithm=...)``; ``self.cl`` is the continual run, seen
+through :class:`ContinualRun`: what an algorithm may use of it)::
 
     pre_task(trainer, domain)       before the first step on ``domain``
     augment_batch(batch, domain)    the collected batch of each step (TensorDict [N], torchrl_grpo.rollout.collector) ->
@@ -38,19 +39,38 @@ from __future__ import annotations
 import copy
 import math
 from contextlib import contextmanager, nullcontext
-from typing import TYPE_CHECKING, Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 import torch
 from tensordict import TensorDict
 
+from torchrl_grpo.continual.trajectory_buffer import TrajectoryBuffer
 from torchrl_grpo.rollout.collector import concat_batches  # replay joins past groups to a batch (public here too, as before)
+from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 
-if TYPE_CHECKING:  # pragma: no cover
-    from torchrl_grpo.continual.trainer import ContinualTrainer
+__all__ = ["CLAlgorithm", "ContinualRun", "Sequential", "Replay", "Joint", "EWC", "LoRAPerDomain", "KLAnchor",
+           "PenalisedLoss", "ALGORITHMS", "make_algorithm", "concat_batches"]
 
-__all__ = ["CLAlgorithm", "Sequential", "Replay", "Joint", "EWC", "LoRAPerDomain", "KLAnchor", "PenalisedLoss",
-           "ALGORITHMS", "make_algorithm", "concat_batches"]
+
+class ContinualRun(Protocol):
+    """What an algorithm may use of the continual run it is set up on (:meth:`CLAlgorithm.setup`;
+    :class:`torchrl_grpo.continual.trainer.ContinualTrainer` is one)."""
+
+    #: the GRPO trainer of the run (model, optimizer, update, step, settings, backend, device)
+    trainer: GRPOTrainer
+    #: the run's trajectories by domain (replay draws past tasks from it)
+    buffer: TrajectoryBuffer
+    #: the pad id batches are padded with (joining batches)
+    pad_token_id: int
+
+    def past_domains(self, domain: str) -> list[str]:
+        """The domains trained before ``domain`` in the task order."""
+        ...
+
+    def collect(self, domain: str, tasks: list[dict]) -> TensorDict:
+        """Roll out ``n_samples`` episodes per task on ``domain`` with the current policy."""
+        ...
 
 
 class CLAlgorithm:
@@ -58,7 +78,7 @@ class CLAlgorithm:
 
     name = "sequential"
 
-    def setup(self, cl: "ContinualTrainer") -> None:
+    def setup(self, cl: ContinualRun) -> None:
         """Called once by the continual trainer before training."""
         self.cl = cl
 
@@ -174,7 +194,7 @@ class EWC(CLAlgorithm):
         self.fisher_episodes = 0  # episodes behind the current F
         self._recent: list[TensorDict] = []
 
-    def setup(self, cl: "ContinualTrainer") -> None:
+    def setup(self, cl: ContinualRun) -> None:
         super().setup(cl)
         u = cl.trainer.updater
         u.loss_fn = PenalisedLoss(u.loss_fn, self.penalty, "ewc_penalty")
@@ -266,7 +286,7 @@ class LoRAPerDomain(CLAlgorithm):
 
     name = "lora_per_domain"
 
-    def setup(self, cl: "ContinualTrainer") -> None:
+    def setup(self, cl: ContinualRun) -> None:
         super().setup(cl)
         model = cl.trainer.model
         if not hasattr(model, "peft_config") or "default" not in model.peft_config:
@@ -403,9 +423,9 @@ class KLAnchor(CLAlgorithm):
             self._pending = None
 
 
-#: ``cl.algorithm`` values.
-ALGORITHMS = {"sequential": Sequential, "replay": Replay, "joint": Joint, "ewc": EWC,
-              "lora_per_domain": LoRAPerDomain}
+#: ``cl.algorithm`` name -> class; the names are :data:`torchrl_grpo.config.choices.CL_ALGORITHMS` (each class's
+#: ``name``, in that order: tests/test_cl_config.py checks it).
+ALGORITHMS = {cls.name: cls for cls in (Sequential, Replay, Joint, EWC, LoRAPerDomain)}
 
 
 def make_algorithm(cl_cfg, seed: int = 0) -> CLAlgorithm:

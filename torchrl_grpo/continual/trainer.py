@@ -1,8 +1,10 @@
-"""Continual GRPO over a sequence of domains: ``ContinualTrainer(cfg).train()`` and ``.evaluate_task(domain)``.
+"""Continual GRPO over a sequence of domains: ``build_trainer(cfg, run_dir).train()`` and ``.evaluate_task(domain)``
+(:func:`torchrl_grpo.build.build_trainer` makes a :class:`ContinualTrainer` when ``cl.task_order`` is set).
 
-Built on the ordinary pieces: one :func:`torchrl_grpo.build.build` (model, backend, optimizer, LR schedule over the
-whole sequence, logger) for the first domain's config, one :class:`torchrl_grpo.build.EnvSide` per domain on the same
-backend (:func:`torchrl_grpo.continual.domains.domain_config`: each domain keeps its own env settings and splits), and one
+Built on the ordinary pieces: one set of components (model, backend, optimizer, LR schedule over the whole sequence,
+logger) for the first domain's config, made by the injected ``build_components`` (:func:`torchrl_grpo.build.build`),
+one :class:`torchrl_grpo.rollout.env_side.EnvSide` per domain on the same backend
+(:func:`torchrl_grpo.continual.domains.domain_config`: each domain keeps its own env settings and splits), and one
 :class:`torchrl_grpo.training.grpo_trainer.GRPOTrainer` whose environment is switched at each task boundary
 (:meth:`GRPOTrainer.use_env`). The algorithm (:mod:`torchrl_grpo.continual.algorithms`) sees every collected batch
 (``trainer.augment_batch``) and the step / task ends.
@@ -55,7 +57,7 @@ import logging
 import math
 from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from omegaconf import OmegaConf
 
@@ -63,6 +65,9 @@ from torchrl_grpo.continual import transfer as continual
 from torchrl_grpo.continual.algorithms import CLAlgorithm, Joint, KLAnchor, make_algorithm
 from torchrl_grpo.continual.domains import domain_config, validate_cl_config
 from torchrl_grpo.continual.trajectory_buffer import TrajectoryBuffer
+from torchrl_grpo.rollout.env_side import EnvSide, build_env_side
+from torchrl_grpo.training.components import Components
+from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 
 __all__ = ["ContinualTrainer", "read_resume_state", "CL_STATE_JSON", "CL_ALGORITHM_PT", "TRAJECTORIES_JSONL"]
 
@@ -108,7 +113,9 @@ class ContinualTrainer:
     Args:
         cfg: the run config with a ``cl`` section (:class:`torchrl_grpo.config.ContinualConfig`).
         run_dir: output directory (default ``cfg.output_dir``, else ``outputs/continual``).
-        model / tokenizer / backend: optional preloaded policy and rollout backend (tests, notebooks).
+        build_components: ``(domain_cfg, run_dir) -> Components``: builds the run's components for the first
+            domain's config, after the checks below (:func:`torchrl_grpo.build.build_trainer` passes
+            :func:`torchrl_grpo.build.build` with the preloaded model / tokenizer / backend, if any).
         algorithm: a :class:`torchrl_grpo.continual.algorithms.CLAlgorithm` (default: the one ``cl.algorithm`` names).
 
     Raises:
@@ -117,11 +124,8 @@ class ContinualTrainer:
         FileNotFoundError: ``cl.resume_from`` without its state file.
     """
 
-    def __init__(self, cfg, run_dir: str | Path | None = None, *, model=None, tokenizer=None, backend=None,
-                 algorithm: CLAlgorithm | None = None) -> None:
-        from torchrl_grpo.build import EnvSide, build, build_env_side
-        from torchrl_grpo.training.grpo_trainer import GRPOTrainer
-
+    def __init__(self, cfg, run_dir: str | Path | None = None, *,
+                 build_components: Callable[[Any, Path], Components], algorithm: CLAlgorithm | None = None) -> None:
         validate_cl_config(cfg)  # envs only: fails before the model loads
         resume = read_resume_state(cfg) if cfg.cl.resume_from else None
         self.cfg = cfg
@@ -131,9 +135,8 @@ class ContinualTrainer:
         self.num_steps_per_task, self.eval_interval = int(c.num_steps_per_task), int(c.eval_interval)
         self.run_dir = Path(run_dir or cfg.output_dir or "outputs/continual")
         self.domain_cfgs = {d: domain_config(cfg, d) for d in self.domains}
-        comps = build(self.domain_cfgs[self.domains[0]], self.run_dir, model=model, tokenizer=tokenizer,
-                      backend=backend)
-        self.trainer = GRPOTrainer(self.domain_cfgs[self.domains[0]], components=comps)
+        comps = build_components(self.domain_cfgs[self.domains[0]], self.run_dir)
+        self.trainer = GRPOTrainer(comps, cfg=self.domain_cfgs[self.domains[0]])
         self.sides = {self.domains[0]: EnvSide(user_fn=comps.user_fn, collector=comps.collector,
                                                eval_collector=comps.eval_collector, train_tasks=comps.train_tasks,
                                                _eval_tasks=comps.eval_tasks, _baseline=comps.eval_baseline)}

@@ -84,23 +84,15 @@ from typing import Any, Sequence
 
 import torch
 
+# the train.strategy values, why FSDP and LoRA are not combined (raised by shard_model and, at start-up, by
+# torchrl_grpo.config.validate_config) and which strategies run over torchrun ranks: rules about config values,
+# defined once in the config
+from torchrl_grpo.config.choices import STRATEGIES
+from torchrl_grpo.config.validation import LORA_FSDP_REFUSAL, is_data_parallel
+
 __all__ = ["STRATEGIES", "LORA_FSDP_REFUSAL", "DataParallel", "SINGLE", "init_data_parallel", "is_data_parallel",
            "NullLogger", "is_fsdp", "shard_model", "full_state_dicts", "load_full_model_state",
            "load_full_optimizer_state"]
-
-#: ``train.strategy`` values.
-STRATEGIES = ("single", "ddp", "fsdp")
-
-#: why FSDP and LoRA are not combined: raised by :func:`shard_model` and, at start-up, by
-#: :func:`torchrl_grpo.config.validate_config`.
-LORA_FSDP_REFUSAL = ("train.strategy=fsdp with actor.peft.enable (LoRA) is not supported: LoRA's trainable state is "
-                     "small, use train.strategy=ddp")
-
-
-def is_data_parallel(strategy: str) -> bool:
-    """Whether ``strategy`` (one of :data:`STRATEGIES`, e.g. :func:`torchrl_grpo.distributed.device_plan.train_strategy`'s
-    value) runs over torchrun ranks: ``ddp`` or ``fsdp``, i.e. anything but ``single``."""
-    return strategy != "single"
 
 log = logging.getLogger(__name__)
 

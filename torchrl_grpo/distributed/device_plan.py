@@ -41,24 +41,19 @@ prints :meth:`AllocationPlan.describe` at start and writes :meth:`AllocationPlan
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
+
+# the allocation_mode string is config: its engines (inference: the rollout backends; training:
+# train.strategy-like), its parser and the training strategy a config names live in torchrl_grpo.config
+from torchrl_grpo.config.allocation_mode import AllocationError, parse_allocation_mode, train_strategy
+from torchrl_grpo.config.choices import INFERENCE_ENGINES, TRAIN_ENGINES
 
 __all__ = ["AllocationError", "AllocationPlan", "RolePlacement", "parse_allocation_mode", "resolve_plan",
            "detect_devices", "train_strategy", "INFERENCE_ENGINES", "TRAIN_ENGINES", "ROLES"]
 
-#: ``allocation_mode`` inference engines (rollout backends) and training engines (``train.strategy``-like).
-INFERENCE_ENGINES = ("vllm", "transformers")
-TRAIN_ENGINES = ("fsdp", "ddp")
-#: engines AReaL knows that this trainer does not run (named in the error, not silently ignored)
-_FOREIGN_ENGINES = ("sglang", "megatron", "trtllm")
 #: the roles a plan places, in allocation order
 ROLES = ("train", "inference", "ref")
-
-
-class AllocationError(ValueError):
-    """A device plan that cannot run on the devices present; the message names the conflicting keys."""
 
 
 @dataclass(frozen=True)
@@ -152,53 +147,6 @@ class AllocationPlan:
         return "\n".join(lines)
 
 
-_TERM = re.compile(r"^(?:(?P<engine>[a-z_]+)[:.])?(?P<dims>(?:[dtp]\d+)+)$")
-
-
-def parse_allocation_mode(mode: str) -> dict[str, tuple[str, dict[str, int]]]:
-    """Parse AReaL's ``allocation_mode``.
-
-    Args:
-        mode: ``ENGINE:DIMS[+ENGINE:DIMS]`` (``vllm:d1+fsdp:d2``; AReaL's older ``vllm.d1p1t1+d2p1t1`` also parses,
-            a term without an engine being training with ``fsdp``).
-
-    Returns:
-        ``{"inference" | "train": (engine, {"d": dp, "t": tp, "p": pp})}``.
-
-    Raises:
-        AllocationError: malformed term, unknown engine, two terms for one role, zero-sized dims.
-    """
-    out: dict[str, tuple[str, dict[str, int]]] = {}
-    for term in mode.replace(" ", "").split("+"):
-        m = _TERM.match(term)
-        if not m:
-            raise AllocationError(f"allocation_mode={mode!r}: term {term!r} is not ENGINE:d<dp>[t<tp>][p<pp>] "
-                                  f"(e.g. vllm:d1+fsdp:d2)")
-        engine = m["engine"] or "fsdp"
-        dims = {"d": 1, "t": 1, "p": 1}
-        for k, v in re.findall(r"([dtp])(\d+)", m["dims"]):
-            dims[k] = int(v)
-        if min(dims.values()) < 1:
-            raise AllocationError(f"allocation_mode={mode!r}: term {term!r} has a zero dimension")
-        if engine in INFERENCE_ENGINES:
-            role = "inference"
-        elif engine in TRAIN_ENGINES:
-            role = "train"
-        else:
-            extra = " (an AReaL engine this trainer does not run)" if engine in _FOREIGN_ENGINES else ""
-            raise AllocationError(f"allocation_mode={mode!r}: unknown engine {engine!r}{extra}; inference engines: "
-                                  f"{INFERENCE_ENGINES}, training engines: {TRAIN_ENGINES}")
-        if role in out:
-            raise AllocationError(f"allocation_mode={mode!r}: two {role} terms ({out[role][0]} and {engine})")
-        if role == "train" and (dims["t"] > 1 or dims["p"] > 1):
-            raise AllocationError(f"allocation_mode={mode!r}: training supports data parallelism only (d); "
-                                  f"tensor/pipeline dims t{dims['t']}p{dims['p']} need Megatron")
-        out[role] = (engine, dims)
-    if "train" not in out and "inference" in out:
-        out["train"] = ("single", {"d": 1, "t": 1, "p": 1})
-    return out
-
-
 def detect_devices(device_type: str = "auto") -> list[str]:
     """The devices present: ``cuda:i`` for each CUDA device (``device_type`` ``auto``/``cuda``), else ``cpu:i`` per
     CPU core (see module docstring)."""
@@ -215,21 +163,6 @@ def _role_spec(cfg: Any, role: str) -> tuple[int, list[int]]:
         return 0, []
     get = node.get if hasattr(node, "get") else lambda k, d=None: getattr(node, k, d)
     return int(get("num_devices", 0) or 0), [int(d) for d in (get("devices", None) or [])]
-
-
-def train_strategy(cfg: Any) -> str:
-    """The run's training strategy: ``train.strategy``, or, when that is ``single``, the training engine
-    ``allocation_mode`` names (``vllm:d1+fsdp:d2``: ``fsdp``; AReaL's engine-less ``d2p1t1``: ``fsdp``). A
-    malformed mode gives ``train.strategy`` (:func:`resolve_plan` then raises its error)."""
-    strategy = cfg.train.strategy
-    mode = cfg.get("allocation_mode") if hasattr(cfg, "get") else getattr(cfg, "allocation_mode", None)
-    if strategy != "single" or not mode:
-        return strategy
-    try:
-        train = parse_allocation_mode(mode).get("train")
-    except AllocationError:
-        return strategy
-    return train[0] if train is not None else strategy
 
 
 def resolve_plan(cfg: Any, available: Sequence[str], *, world_size: int = 1, rollout_workers: int = 0,

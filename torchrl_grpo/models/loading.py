@@ -5,6 +5,7 @@ import os
 
 import torch
 
+from torchrl_grpo.config.choices import DTYPES
 from torchrl_grpo.models.errors import ModelResolutionError
 from torchrl_grpo.models.packaged import KNOWN_ALIASES
 from torchrl_grpo.models.resolve import resolve_model_path
@@ -12,9 +13,8 @@ from torchrl_grpo.models.tokenizer import _set_pad_ids, prepare_tokenizer
 
 __all__ = ["load_model_and_tokenizer", "DTYPES"]
 
-#: dtype names accepted everywhere (config ``actor.dtype``); :func:`load_model_and_tokenizer` also takes the
-#: short aliases ``fp32`` / ``bf16`` / ``fp16`` and a ``torch.dtype``.
-DTYPES = ("float32", "bfloat16", "float16", "auto")
+# DTYPES (:mod:`torchrl_grpo.config.choices`): dtype names accepted everywhere (config ``actor.dtype``);
+# :func:`load_model_and_tokenizer` also takes the short aliases ``fp32`` / ``bf16`` / ``fp16`` and a ``torch.dtype``.
 
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,

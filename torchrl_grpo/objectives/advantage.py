@@ -27,12 +27,11 @@ from typing import Callable
 
 import torch
 
-__all__ = ["group_advantages", "group_reward_std", "SCALES", "BASELINES"]
+#: Accepted ``scale=`` (config ``loss.adv_scale``) and ``baseline=`` (config ``loss.adv_baseline``) values of
+#: :func:`group_advantages`, defined once in :mod:`torchrl_grpo.config.choices`.
+from torchrl_grpo.config.choices import BASELINES, SCALES
 
-#: Accepted ``scale=`` values of :func:`group_advantages` (config ``loss.adv_scale``).
-SCALES = ("group", "none", "batch")
-#: Accepted ``baseline=`` values of :func:`group_advantages` (config ``loss.adv_baseline``).
-BASELINES = ("mean", "loo")
+__all__ = ["group_advantages", "group_reward_std", "SCALES", "BASELINES"]
 
 
 def _group_index(group_id: torch.Tensor) -> tuple[torch.Tensor, int]:

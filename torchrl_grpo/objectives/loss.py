@@ -57,14 +57,12 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.objectives.common import LossModule
 
+from torchrl_grpo.config.choices import AGGREGATIONS, BEHAVIOUR_WEIGHT_MODES  # config loss.*: defined once there
 from torchrl_grpo.objectives.log_probs import token_log_probs
 from torchrl_grpo.objectives.shared_prefix import SharedPrefix
 
 __all__ = ["GRPOLoss", "total_loss", "combine_ess", "BEHAVIOUR_WEIGHT_MODES", "token_log_probs", "masked_aggregate",
            "AGGREGATIONS", "REDUCTIONS", "LossMetrics"]
-
-AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
-BEHAVIOUR_WEIGHT_MODES = ("truncate", "mask")
 
 
 def masked_aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str, max_tokens: int | None = None) -> torch.Tensor:

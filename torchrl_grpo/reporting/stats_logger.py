@@ -14,10 +14,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["StatsLogger", "WANDB_MODES"]
+#: Accepted ``wandb_mode=`` values (config ``stats_logger.wandb.mode``), defined once in the config.
+from torchrl_grpo.config.choices import WANDB_MODES
 
-#: Accepted ``wandb_mode=`` values (config ``stats_logger.wandb.mode``).
-WANDB_MODES = ("online", "offline", "disabled")
+__all__ = ["StatsLogger", "WANDB_MODES"]
 
 log = logging.getLogger(__name__)
 

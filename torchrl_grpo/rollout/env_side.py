@@ -1,54 +1,30 @@
-"""Build env constructors and task lists from the run config (GSM8K, IFEval and tau2 ids from :mod:`envs`)."""
+"""The env side of a run, from its config: env constructors and task lists (GSM8K, IFEval, ReasoningGym and tau2 ids
+from :mod:`envs`), and :func:`build_env_side`, the collectors and task lists of one env config on a backend
+(:class:`EnvSide`; the trainer's own, each Ray rollout worker's and each continual domain's)."""
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import gymnasium as gym
 
 import envs
+from torchrl_grpo.backends.base import RolloutBackend, SamplingConfig
+from torchrl_grpo.config.choices import USERS
+from torchrl_grpo.config.tau2_users import is_tau2 as _is_tau2
+from torchrl_grpo.config.tau2_users import tau2_user
+from torchrl_grpo.rollout.collector import GroupCollector
+from torchrl_grpo.rollout.evaluation import do_nothing_baseline
+from torchrl_grpo.rollout.local_user import LocalUser
 
 __all__ = ["env_kwargs_from_config", "make_env_fn", "num_tasks", "usable_task_indices", "tau2_user", "USERS",
-           "check_data"]
+           "check_data", "EnvSide", "build_env_side"]
 
 gym.register_envs(envs)
 
-#: ``econfig.user`` values: who plays the tau2 customer when ``econfig.solo_mode=false`` (``local``: our own
-#: backend, through ``user_fn``). Solo play is ``econfig.solo_mode=true``, never ``user=solo``.
-USERS = ("scripted", "llm", "local")
-
-
-def _is_tau2(env_id: str) -> bool:
-    return env_id.startswith("tau2/") or env_id == "tau2"
-
-
-def tau2_user(e) -> str | None:
-    """The tau2 user an ``econfig`` section asks for: ``solo`` | ``scripted`` | ``llm`` | ``local``; ``None`` for a
-    non-tau2 env.
-
-    ``econfig.solo_mode`` (AReaL's name) is the one switch for solo play; with ``solo_mode=false``, ``econfig.user``
-    (:data:`USERS`) picks the customer, and when it is null ``user_llm`` does: ``local`` -> ``local``, another value
-    -> ``llm`` (tau2's LLM user), unset -> ``scripted``.
-
-    Raises:
-        ValueError: ``econfig.user=solo`` (naming ``econfig.solo_mode=true``), another value outside :data:`USERS`,
-            or ``solo_mode=true`` together with ``econfig.user`` / ``econfig.user_llm``.
-    """
-    if not _is_tau2(e.env_id):
-        return None
-    if e.user == "solo":
-        raise ValueError("config econfig.user=solo: solo play is econfig.solo_mode=true (econfig.user picks the "
-                         f"customer when solo_mode=false: one of {USERS})")
-    if e.user is not None and e.user not in USERS:
-        raise ValueError(f"config econfig.user={e.user!r} is not one of {USERS} (or null)")
-    if e.solo_mode:
-        if e.user is not None or e.user_llm:
-            raise ValueError(f"config econfig.solo_mode=true has no user, but econfig.user={e.user!r} / "
-                             f"econfig.user_llm={e.user_llm!r} is set; set econfig.solo_mode=false to play with a user")
-        return "solo"
-    if e.user:
-        return e.user
-    return "local" if e.user_llm == "local" else "llm" if e.user_llm else "scripted"
+# USERS (config econfig.user) and tau2_user (who plays the customer) are rules about config values: defined in
+# torchrl_grpo.config, used here to map econfig to the env's user=.
 
 
 def env_kwargs_from_config(cfg, split: str, dataset_path: str | None = None, user_fn=None) -> tuple[str, dict]:
@@ -56,7 +32,7 @@ def env_kwargs_from_config(cfg, split: str, dataset_path: str | None = None, use
 
     tau2 users (:func:`tau2_user`): ``econfig.solo_mode=true`` -> the env's ``user="solo"``; otherwise
     ``econfig.user`` (scripted | llm | local) or, when null, ``econfig.user_llm``. A ``local`` user plays the customer
-    with ``user_fn`` (a :class:`torchrl_grpo.rollout.local_user.LocalUser` built by :func:`torchrl_grpo.build.build`); ``llm``
+    with ``user_fn`` (a :class:`torchrl_grpo.rollout.local_user.LocalUser` built by :func:`build_env_side`); ``llm``
     selects tau2's LLM user ``user_llm`` against ``user_llm_base_url``.
 
     Raises:
@@ -197,3 +173,64 @@ def usable_task_indices(env: gym.Env, limit: int | None = None) -> list[int]:
         logging.getLogger(__name__).warning("%d of %d tasks usable by %s as configured", len(out), wanted,
                                             type(u).__name__)
     return out
+
+
+@dataclass
+class EnvSide:
+    """The env half of a run for one environment config (:func:`build_env_side`): the train and eval collectors on
+    a shared backend, the usable train task indices, the first ``eval.n_problems`` usable eval tasks
+    (``eval_tasks()``, computed once) and the do-nothing baseline on a task list (``eval_baseline(tasks)``, once per
+    list; ``{}`` for envs without one). A continual run holds one per domain
+    (:mod:`torchrl_grpo.continual.trainer`)."""
+
+    user_fn: Any  # local LLM user (None unless econfig.user / user_llm is "local")
+    collector: Any
+    eval_collector: Any
+    train_tasks: list[int]
+    _eval_tasks: Callable[[], list[int]]
+    _baseline: Callable[[list[int]], dict[str, float]]
+    _cache: dict = field(default_factory=dict)
+
+    def eval_tasks(self) -> list[int]:
+        if "tasks" not in self._cache:
+            self._cache["tasks"] = self._eval_tasks()
+        return self._cache["tasks"]
+
+    def eval_baseline(self, tasks: list[int]) -> dict[str, float]:
+        key = ("baseline", tuple(tasks))
+        if key not in self._cache:
+            self._cache[key] = self._baseline(tasks)
+        return self._cache[key]
+
+    def close(self) -> None:
+        self.collector.close()
+        self.eval_collector.close()
+
+
+def build_env_side(cfg, backend: RolloutBackend, tokenizer, sampling: SamplingConfig) -> EnvSide:
+    """The collectors and task lists of ``cfg``'s environment (``econfig``, ``train_dataset``, ``valid_dataset``,
+    ``eval.n_problems``) on an existing backend; a local tau2 user (``econfig.user=local``) is built on it too.
+
+    Raises:
+        ValueError: an empty train split, bad env settings (:func:`env_kwargs_from_config`).
+    """
+    g = cfg.gconfig
+    user_fn = None
+    if tau2_user(cfg.econfig) == "local":
+        user_fn = LocalUser(backend, tokenizer, SamplingConfig(max_new_tokens=g.max_new_tokens, temperature=0.7,
+                                                               seed=cfg.seed))
+    env_id, kw = env_kwargs_from_config(cfg, cfg.train_dataset.split, cfg.train_dataset.path, user_fn=user_fn)
+    collector = GroupCollector(make_env_fn(env_id, **kw), backend, tokenizer, sampling, max_turns=cfg.econfig.max_turns,
+                               max_context_tokens=cfg.rollout.max_context_tokens, seed=cfg.seed, user_batcher=user_fn)
+    train_tasks = usable_task_indices(collector.probe_env, cfg.train_dataset.limit)
+    if len(train_tasks) < 1:
+        raise ValueError(f"train split {cfg.train_dataset.split!r} of {env_id} has no tasks")
+    vid, vkw = env_kwargs_from_config(cfg, cfg.valid_dataset.split, cfg.valid_dataset.path or cfg.train_dataset.path,
+                                      user_fn=user_fn)
+    eval_collector = GroupCollector(make_env_fn(vid, **vkw), backend, tokenizer, sampling,
+                                    max_turns=cfg.econfig.max_turns, max_context_tokens=cfg.rollout.max_context_tokens,
+                                    seed=cfg.seed + 1, user_batcher=user_fn)
+    n_eval = cfg.eval.n_problems
+    return EnvSide(user_fn=user_fn, collector=collector, eval_collector=eval_collector, train_tasks=train_tasks,
+                   _eval_tasks=lambda: usable_task_indices(eval_collector.probe_env, n_eval),
+                   _baseline=lambda tasks: do_nothing_baseline(make_env_fn(vid, **vkw), tasks))

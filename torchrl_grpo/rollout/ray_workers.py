@@ -1,9 +1,9 @@
 """Ray rollout workers: ``python grpo.py rollout.launcher=ray rollout.num_workers=N`` (extra ``[ray]``).
 
 Each worker is a Ray actor (:class:`RolloutWorker`, ``num_cpus=1``, or ``num_gpus=1`` on CUDA) that holds its own
-rollout backend (transformers, or vLLM where installed: :func:`torchrl_grpo.backends.factory.make_backend` on its own
-copy of the policy) and its own envs (a :class:`torchrl_grpo.rollout.collector.GroupCollector` built by
-:func:`torchrl_grpo.build.build_env_side` from the same config). The trainer talks to them through
+rollout backend (transformers, or vLLM where installed: :func:`torchrl_grpo.backends.factory.backend_from_config` on
+its own copy of the policy) and its own envs (a :class:`torchrl_grpo.rollout.collector.GroupCollector` built by
+:func:`torchrl_grpo.rollout.env_side.build_env_side` from the same config). The trainer talks to them through
 :class:`RayRolloutCollector`, which has the collector interface the loop uses (``collect``, ``last_stats``,
 ``update_policy_weights_``, ``close``), so :mod:`torchrl_grpo.training.grpo_trainer` is unchanged. Ray is local
 (``ray.init(num_cpus=...)``) or a cluster: ``RAY_ADDRESS=<head>:6379`` (``ray.init()`` connects to it).
@@ -47,12 +47,19 @@ import time
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 from tensordict import TensorDict
 
-__all__ = ["LAUNCHERS", "RolloutWorker", "RayRolloutCollector", "weights_digest"]
+from torchrl_grpo.backends.base import SamplingConfig
+from torchrl_grpo.backends.factory import backend_from_config
+from torchrl_grpo.backends.weight_sync import export_hf_weights
+from torchrl_grpo.config.choices import LAUNCHERS  # rollout.launcher: in the trainer process, or Ray actors
+from torchrl_grpo.models import load_model_and_tokenizer
+from torchrl_grpo.rollout.collector import _items
+from torchrl_grpo.rollout.env_side import build_env_side
+from torchrl_grpo.seeding import seed_everything
 
-#: ``rollout.launcher`` values: the rollout in the trainer process, or Ray actors.
-LAUNCHERS = ("local", "ray")
+__all__ = ["LAUNCHERS", "RolloutWorker", "RayRolloutCollector", "weights_digest"]
 
 log = logging.getLogger(__name__)
 
@@ -83,18 +90,11 @@ class RolloutWorker:
 
     Args:
         cfg: the run's config as a plain dict (``OmegaConf.to_container``); built with
-            :func:`torchrl_grpo.build.build_env_side` like the trainer's own collector.
+            :func:`torchrl_grpo.rollout.env_side.build_env_side` like the trainer's own collector.
         worker_id: its index (logged with the episodes).
     """
 
     def __init__(self, cfg: dict, worker_id: int) -> None:
-        from omegaconf import OmegaConf
-
-        from torchrl_grpo.backends.base import SamplingConfig
-        from torchrl_grpo.build import _build_backend, seed_everything
-        from torchrl_grpo.build import build_env_side
-        from torchrl_grpo.models import load_model_and_tokenizer
-
         c = OmegaConf.create(cfg)
         seed_everything(c.seed)
         device = "cuda" if torch.cuda.is_available() and c.train.device != "cpu" else "cpu"
@@ -103,7 +103,7 @@ class RolloutWorker:
         model, tokenizer = load_model_and_tokenizer(c.actor.path, dtype=c.actor.dtype, device=device)
         model.eval().requires_grad_(False)
         self.worker_id = worker_id
-        self.backend = _build_backend(c, model, tokenizer, own_copy=False)  # the worker's own module: sync copies in
+        self.backend = backend_from_config(c, model, tokenizer, own_copy=False)  # the worker's own module: sync copies in
         if getattr(self.backend, "share_module", False):
             self.backend.share_module = False  # weights arrive by load_weights into this actor's module
         g = c.gconfig
@@ -159,7 +159,6 @@ class RayRolloutCollector:
             import ray
         except ImportError as e:  # pragma: no cover - depends on the extra
             raise ImportError('rollout.launcher=ray needs Ray: pip install -e ".[ray]"') from e
-        from omegaconf import OmegaConf
 
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
@@ -277,8 +276,6 @@ class RayRolloutCollector:
         trainer's local backend (evaluation) syncs too. A worker found dead here is replaced with these weights."""
         from ray.exceptions import ActorDiedError, RayActorError
 
-        from torchrl_grpo.backends.weight_sync import export_hf_weights
-
         if policy_or_weights is None:
             return
         if self.local_backend is not None:
@@ -325,8 +322,6 @@ def _concat(parts: list[TensorDict], order: torch.Tensor | None = None) -> Tenso
     (``task``, ``info``) rebuilt as one ``NonTensorStack`` each, as the collector makes them. ``order``: the rows of
     the result, as indices into the concatenation."""
     from tensordict import NonTensorStack
-
-    from torchrl_grpo.rollout.collector import _items
 
     T = max(p["tokens"].shape[-1] for p in parts)
     tensors, objects = [], {}

@@ -99,10 +99,10 @@ class AsyncGRPOTrainer(GRPOTrainer):
             (:mod:`torchrl_grpo.training.interrupt`); the model is still that of the last completed step.
     """
 
-    _own_backend_copy = True  # build(own_backend_copy=True): a merged transformers copy, or vLLM's own engine
+    own_backend_copy = True  # build(own_backend_copy=True): a merged transformers copy, or vLLM's own engine
 
-    def __init__(self, cfg=None, run_dir=None, *, model=None, tokenizer=None, backend=None, components=None) -> None:
-        super().__init__(cfg, run_dir, model=model, tokenizer=tokenizer, backend=backend, components=components)
+    def __init__(self, components, *, cfg=None) -> None:
+        super().__init__(components, cfg=cfg)
         self._cond = threading.Condition()
         self._gen_lock = threading.Lock()  # one user of the backend at a time: rollout thread or evaluation
         self._ready: deque = deque()

@@ -3,7 +3,9 @@
 One step: collect ``batch_size`` tasks × ``n_samples`` episodes (a group each) with the rollout backend →
 group-relative advantages → drop groups with an infrastructure failure (and, if set, zero reward variance) →
 the update (:mod:`torchrl_grpo.training.update`) → sync the backend (``collector.update_policy_weights_``) → log, evaluate
-and checkpoint on schedule. The objects it runs come from :func:`torchrl_grpo.build.build`; the loop reads no config.
+and checkpoint on schedule. The objects it runs (:class:`~torchrl_grpo.training.components.Components`) come from
+:func:`torchrl_grpo.build.build`, which :func:`torchrl_grpo.build.build_trainer` hands to the trainer class; the loop
+reads no config.
 
 Everything random is derived from ``seed`` and the step number (task order, sampling seeds), and the
 checkpoint stores model, optimizer, scheduler and RNG states, so ``train.resume_from`` continues exactly.
@@ -22,6 +24,7 @@ from tensordict import TensorDict
 
 from torchrl_grpo.objectives.advantage import group_advantages, group_reward_std
 from torchrl_grpo.training.checkpoint import save_checkpoint
+from torchrl_grpo.training.components import Components
 from torchrl_grpo.distributed.data_parallel import SINGLE
 from torchrl_grpo.rollout.episode_stats import LengthGuard, episode_metrics, sample_rows
 from torchrl_grpo.rollout.evaluation import evaluate, format_eval_table
@@ -44,32 +47,30 @@ def _minutes(seconds: float) -> str:
 
 
 class GRPOTrainer:
-    """Sync GRPO trainer.
+    """Sync GRPO trainer on built components.
 
-    ``GRPOTrainer(cfg, run_dir, model=..., tokenizer=..., backend=...)`` builds its components from a
-    :class:`torchrl_grpo.config.GRPOConfig` (:func:`torchrl_grpo.build.build`); ``GRPOTrainer(components=c)`` runs
-    components built elsewhere.
+    ``GRPOTrainer(components)`` runs components built elsewhere; from a :class:`torchrl_grpo.config.GRPOConfig`,
+    :func:`torchrl_grpo.build.build_trainer` ``(cfg, run_dir, model=..., tokenizer=..., backend=...)`` builds them
+    (:func:`torchrl_grpo.build.build`, with this class's :attr:`own_backend_copy`) and returns the trainer.
 
     Args:
-        cfg: the resolved config (kept as ``self.cfg`` for callers; the loop reads ``self.settings``).
-        run_dir: output directory (``metrics.jsonl``, ``checkpoints/``).
-        model / tokenizer: optional preloaded policy (tests, notebooks); otherwise loaded from ``actor.path``.
-        backend: optional rollout backend; otherwise built from ``rollout.backend``.
-        components: already built components (then ``cfg`` and the rest are not used).
+        components: the built :class:`~torchrl_grpo.training.components.Components`.
+        cfg: the resolved config they were built from, kept as ``self.cfg`` for callers (the loop reads
+            ``self.settings``); None for components assembled by hand.
 
     Raises:
-        ValueError: bad config values; FileNotFoundError: missing data or checkpoint.
+        TypeError: ``components`` is not a :class:`~torchrl_grpo.training.components.Components` (e.g. the config of
+            the old ``GRPOTrainer(cfg, run_dir, ...)`` call, which :func:`torchrl_grpo.build.build_trainer` replaces).
     """
 
-    _own_backend_copy = False  # the async trainer's rollout engine never shares the training module
+    #: the rollout engine must not share the training module (the async trainer's): build() gives it its own copy
+    own_backend_copy = False
 
-    def __init__(self, cfg=None, run_dir: str | Path | None = None, *, model=None, tokenizer=None, backend=None,
-                 components=None) -> None:
-        if components is None:
-            from torchrl_grpo.build import build
-
-            components = build(cfg, run_dir, model=model, tokenizer=tokenizer, backend=backend,
-                               own_backend_copy=self._own_backend_copy)
+    def __init__(self, components: Components, *, cfg=None) -> None:
+        if not isinstance(components, Components):
+            raise TypeError(f"{type(self).__name__} takes built Components, got {type(components).__name__}: build "
+                            f"a trainer from a config with torchrl_grpo.build.build_trainer(cfg, run_dir, "
+                            f"trainer_cls={type(self).__name__}, model=..., tokenizer=..., backend=...)")
         c = self.components = components
         self.cfg = cfg
         self.settings, self.run_dir, self.device = c.settings, c.run_dir, c.device
@@ -121,8 +122,8 @@ class GRPOTrainer:
         return out
 
     def use_env(self, side) -> None:
-        """Train and evaluate on another environment from now on: a :class:`torchrl_grpo.build.EnvSide` on this
-        trainer's backend (one per domain in a continual run)."""
+        """Train and evaluate on another environment from now on: a :class:`torchrl_grpo.rollout.env_side.EnvSide` on
+        this trainer's backend (one per domain in a continual run)."""
         c = self.components
         c.collector, c.eval_collector, c.train_tasks = side.collector, side.eval_collector, side.train_tasks
         c.eval_tasks, c.eval_baseline, c.user_fn = side.eval_tasks, side.eval_baseline, side.user_fn
@@ -193,7 +194,7 @@ class GRPOTrainer:
             metrics.update(self._update(batch.exclude("task", "info"), stale=stale))
         with warnings.catch_warnings():  # a step with no optimizer step still advances the schedule, on purpose
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
-            self.scheduler.step()  # one schedule step per trainer step (see build.make_scheduler)
+            self.scheduler.step()  # one schedule step per trainer step (see training.optimizer.make_scheduler)
         metrics["train/optimizer_steps_total"] = float(self.optimizer_steps)
         metrics["time/train_s"] = time.perf_counter() - t_train
         return metrics

@@ -27,19 +27,17 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.objectives.common import LossModule
 
+from torchrl_grpo.config.choices import SFT_SOURCES  # sft.source, defined once in the config
 from torchrl_grpo.rollout.demonstrations import gold_demonstrations, successful_episodes
 from torchrl_grpo.objectives.log_probs import token_log_probs
 from torchrl_grpo.objectives.shared_prefix import SharedPrefix
 from torchrl_grpo.training.grpo_trainer import GRPOTrainer
+from torchrl_grpo.training.optimizer import make_scheduler
+from torchrl_grpo.training.update import GRPOUpdate
 
 __all__ = ["SFTLoss", "SFTTrainer", "SFT_SOURCES", "save_merged_model"]
 
 log = logging.getLogger(__name__)
-
-#: ``sft.source``: ``gold`` fine-tunes on the env's demonstrations first; ``rft`` starts from the policy's own
-#: successes (envs without demonstrations). Either is followed by ``sft.rft_rounds`` rounds of RFT.
-SFT_SOURCES = ("gold", "rft")
-
 
 class SFTLoss(LossModule):
     """Token-mean negative log-likelihood of the assistant tokens (module docstring), as a TorchRL ``LossModule``
@@ -115,18 +113,19 @@ class SFTTrainer(GRPOTrainer):
     ``self.step`` counts optimizer steps (the metrics' x axis). SIGINT / SIGTERM stop the run where it is
     (``grpo.run_trainer`` closes it); nothing is written before the end but ``metrics.jsonl``.
 
+    Built by :func:`torchrl_grpo.build.build_trainer` ``(cfg, run_dir, trainer_cls=SFTTrainer)``, which also refuses
+    Ray rollout workers before anything is built (:func:`torchrl_grpo.config.check_sft_run`).
+
+    Args:
+        components: the built components (:class:`~torchrl_grpo.training.components.Components`).
+        cfg: the config they were built from (``sft.*``, ``optimizer.*`` are read).
+
     Raises:
-        ValueError: bad ``sft`` settings, Ray rollout workers, torchrun ranks; RuntimeError: no demonstration
-            survives the replay.
+        ValueError: torchrun ranks; RuntimeError: no demonstration survives the replay.
     """
 
-    def __init__(self, cfg=None, run_dir: str | Path | None = None, **kw) -> None:
-        if cfg.rollout.launcher != "local":  # before build(): it would start the Ray workers
-            raise ValueError("sft.py rolls out in its own process: rollout.launcher=local (Ray rollout workers are a "
-                             "grpo.py feature)")
-        super().__init__(cfg, run_dir, **kw)
-        from torchrl_grpo.training.update import GRPOUpdate
-
+    def __init__(self, components, *, cfg) -> None:
+        super().__init__(components, cfg=cfg)
         s = cfg.sft  # choices and ranges checked with the rest of the config, before the model loads (validate_config)
         if self.dp.enabled:
             raise ValueError("sft.py runs in one process (no torchrun / FSDP yet)")
@@ -142,8 +141,6 @@ class SFTTrainer(GRPOTrainer):
     def _fine_tune(self, data: TensorDict, phase: str, round_: int = 0) -> dict[str, float]:
         """``sft.epochs`` epochs over ``data`` (a collector batch), one optimizer step per ``sft.minibatch_size``
         episodes in a seeded order; logs ``sft/*`` per optimizer step. Returns the last step's metrics."""
-        from torchrl_grpo.build import make_scheduler
-
         s, o = self.sft, self.cfg.optimizer
         data = data.select(*[k for k, v in data.items() if isinstance(v, torch.Tensor)])  # tensor columns only
         n = data.shape[0]

@@ -1,0 +1,231 @@
+"""The package's import graph, read from the source (issue 27, "no cycles, enforced").
+
+The graph is built from the AST of every ``.py`` file of ``torchrl_grpo`` and ``envs``: every ``import`` /
+``from ... import`` anywhere in a file counts (module level, inside functions, under ``if TYPE_CHECKING:``), relative
+imports are resolved, a package's ``__init__`` is a module of its own (``torchrl_grpo.models``), and ``from pkg import
+name`` points at ``pkg.name`` when that is a module, else at ``pkg``. Python tolerates a cycle made of function-level
+imports; a reader does not, so the tests refuse any.
+
+Layer order (lowest first). A module may import from a lower layer, or from its own folder (sideways inside a
+folder); anything else runs up, or across one layer to a folder beside it:
+
+    config < reporting, models, seeding < distributed < objectives < backends < rollout < training < continual < build
+    < cli
+
+(``reporting``, ``models`` and the one-function module ``seeding.py`` share a layer: none imports another). Exempt from the layer check, on purpose:
+``torchrl_grpo/__init__.py``, whose lazy public API (``__getattr__``) names classes of every layer, and
+``torchrl_grpo/_moved.py``, the one-release compat module mapping old flat paths to the new modules. Both still count
+for cycles (nothing may import them). A new top-level module or subpackage fails :func:`test_every_module_has_a_layer`
+until it is given a layer here.
+"""
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("torchrl_grpo", "envs")
+
+#: The declared layers of ``torchrl_grpo``, lowest first; names in one tuple share a layer (different folders of one
+#: layer may not import each other).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("config",),
+    ("reporting", "models", "seeding"),
+    ("distributed",),
+    ("objectives",),
+    ("backends",),
+    ("rollout",),
+    ("training",),
+    ("continual",),
+    ("build",),
+    ("cli",),
+)
+RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
+#: Modules outside the layer check (module docstring says why); they still count for cycles. Nothing may import the
+#: lazy API; ``_moved`` (it imports nothing of ours: ``importlib`` by name) may be imported by a package ``__init__``,
+#: which is how ``distributed/`` and ``continual/`` forward their old attributes.
+EXEMPT = {"torchrl_grpo": "the lazy public API (__getattr__ imports from every layer)",
+          "torchrl_grpo._moved": "the one-release compat module for the old flat import paths"}
+
+
+def _modules() -> dict[str, tuple[Path, bool]]:
+    """Dotted module name -> (file, is a package ``__init__``)."""
+    mods = {}
+    for pkg in PACKAGES:
+        for f in sorted((ROOT / pkg).rglob("*.py")):
+            parts = list(f.relative_to(ROOT).with_suffix("").parts)
+            is_pkg = parts[-1] == "__init__"
+            if is_pkg:
+                parts = parts[:-1]
+            mods[".".join(parts)] = (f, is_pkg)
+    return mods
+
+
+def import_graph() -> dict[str, set[str]]:
+    """``{module: {modules of torchrl_grpo / envs it imports}}`` (module docstring for what counts); read once per
+    root (about 0.5 s for the ~240 files)."""
+    if ROOT not in _GRAPHS:
+        _GRAPHS[ROOT] = _read_graph()
+    return {m: set(t) for m, t in _GRAPHS[ROOT].items()}
+
+
+_GRAPHS: dict[Path, dict[str, set[str]]] = {}
+
+
+def _read_graph() -> dict[str, set[str]]:
+    mods = _modules()
+
+    def resolve(name: str) -> str | None:  # the longest known module prefix of a dotted name
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for mod, (path, is_pkg) in mods.items():
+        package = mod if is_pkg else mod.rpartition(".")[0]
+        out: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                out.update(filter(None, (resolve(a.name) for a in node.names)))
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    source = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    source = node.module or ""
+                for a in node.names:
+                    full = f"{source}.{a.name}"
+                    target = full if full in mods else resolve(source)
+                    if target:
+                        out.add(target)
+        out.discard(mod)
+        graph[mod] = out
+    return graph
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each as one concrete cycle
+    ``[a, b, ..., a]`` through its modules, for the failure message."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    sccs: list[list[str]] = []
+
+    def visit(v: str) -> None:  # recursive: the graph is ~200 modules, far below the recursion limit
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                sccs.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return [_one_cycle(graph, comp) for comp in sccs]
+
+
+def _one_cycle(graph: dict[str, set[str]], comp: list[str]) -> list[str]:
+    """A shortest cycle ``[start, ..., start]`` through ``comp[0]`` inside the component (breadth-first)."""
+    members, start = set(comp), comp[0]
+    parent: dict[str, str] = {start: start}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph[v] & members):
+                if w == start:  # v -> start closes the cycle: walk back from v
+                    path = [v]
+                    while path[-1] != start:
+                        path.append(parent[path[-1]])
+                    return path[::-1] + [start]
+                if w not in parent:
+                    parent[w] = v
+                    nxt.append(w)
+        frontier = nxt
+    return comp + [comp[0]]  # not reached: every member of a strongly connected component lies on a cycle
+
+
+def layer_of(mod: str) -> str | None:
+    """The layer name of a ``torchrl_grpo`` module (its folder, or ``build`` / ``cli``); None when exempt."""
+    if mod in EXEMPT:
+        return None
+    return mod.split(".")[1]
+
+
+def test_graph_reads_the_imports_that_make_a_cycle(tmp_path, monkeypatch):
+    """The reader itself: a function-level import, a ``TYPE_CHECKING`` import and a relative import each make an
+    edge, and a two-module circle of them is reported as a cycle."""
+    pkg = tmp_path / "torchrl_grpo" / "sub"
+    pkg.mkdir(parents=True)
+    (tmp_path / "envs").mkdir()
+    (tmp_path / "torchrl_grpo" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("from .a import f\n")
+    (pkg / "a.py").write_text("def f():\n    from torchrl_grpo.sub import b\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import a\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    g = import_graph()
+    assert g["torchrl_grpo.sub"] == {"torchrl_grpo.sub.a"}
+    assert g["torchrl_grpo.sub.a"] == {"torchrl_grpo.sub.b"} and g["torchrl_grpo.sub.b"] == {"torchrl_grpo.sub.a"}
+    assert find_cycles(g) == [["torchrl_grpo.sub.a", "torchrl_grpo.sub.b", "torchrl_grpo.sub.a"]]
+
+
+def test_compat_module_imports_nothing_of_ours():
+    """``_moved`` stays a leaf (it reaches the new modules through ``importlib`` only), so the package ``__init__``
+    files may import it without a layer."""
+    assert not {t for t in import_graph()["torchrl_grpo._moved"] if t.startswith("torchrl_grpo")}
+
+
+def test_no_import_cycles():
+    cycles = find_cycles(import_graph())
+    assert not cycles, "import cycles (function-level and TYPE_CHECKING imports count), one per strongly connected " \
+        "component:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_every_module_has_a_layer():
+    unknown = sorted(m for m in import_graph() if m.startswith("torchrl_grpo") and m not in EXEMPT
+                     and layer_of(m) not in RANK)
+    assert not unknown, f"modules outside the declared layers (add their folder to LAYERS): {unknown}"
+
+
+def test_imports_point_down_the_layers():
+    graph = import_graph()
+    subpackages = {m for m, (_, is_pkg) in _modules().items() if is_pkg and m.count(".") == 1}
+    bad = []
+    for mod, targets in sorted(graph.items()):
+        src = layer_of(mod) if mod.startswith("torchrl_grpo") else None
+        if src not in RANK:
+            continue
+        for t in sorted(targets):
+            if not t.startswith("torchrl_grpo"):
+                continue
+            dst = layer_of(t)
+            if t == "torchrl_grpo._moved" and mod in subpackages:
+                continue  # a subpackage __init__ forwarding old names (EXEMPT)
+            if dst is None:
+                bad.append(f"{mod} -> {t} (imports the exempt {t}: {EXEMPT[t]})")
+            elif dst != src and RANK.get(dst, len(LAYERS)) >= RANK[src]:
+                bad.append(f"{mod} ({src}) -> {t} ({dst})")
+    assert not bad, ("imports that run up (or across) the layer order "
+                     f"{' < '.join(', '.join(names) for names in LAYERS)}:\n" + "\n".join(bad))
+
+
+def test_envs_never_imports_torchrl_grpo():
+    bad = sorted(f"{m} -> {t}" for m, ts in import_graph().items() if m.startswith("envs")
+                 for t in ts if t.startswith("torchrl_grpo"))
+    assert not bad, "envs imports torchrl_grpo:\n" + "\n".join(bad)
