@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """Sync vs async GRPO at the SAME placement: generation on its own core, training on another, one process.
 
-    # in the project venv, GSM8K from $GSM8K_DATA_DIR; heavy job: run under the shared lock
-    flock /work/notes/heavy.lock env OMP_NUM_THREADS=1 python benchmarks/async_bench.py > RUN_DIR/log 2>&1
+    # in the project venv, GSM8K from $GSM8K_DATA_DIR; a heavy job: on a shared machine, one at a time (BENCH_LOCK:
+    # any lock file the machine's heavy jobs agree on)
+    flock "${BENCH_LOCK:-/tmp/bench.lock}" env OMP_NUM_THREADS=1 python benchmarks/async_bench.py > RUN_DIR/log 2>&1
     python benchmarks/async_bench.py --modes sync_colocated,async --warmup 0 --steps 1 --max-new-tokens 16 --no-write  # smoke
 
 Why: on shared cores async cannot pay (generation and the update compete for the same cores: issue 12 measured
@@ -56,13 +57,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parents[1]
-for p in (str(REPO), str(REPO / "benchmarks")):
-    if p not in sys.path:
-        sys.path.insert(0, p)
 
 import torch  # noqa: E402
 
-from train_bench import _loadavg, _machine, _versions, build_ours_config  # noqa: E402
+from train_bench import _loadavg, _machine, _versions, build_ours_config  # noqa: E402  (benchmarks/ is sys.path[0])
 
 # name -> (max_staleness, partial_rollout_chunk; None = --chunk); sync_colocated is the plain sync GRPOTrainer
 MODES = {"sync_colocated": (0, 0), "sync": (0, 0), "async": (1, 0), "async_partial": (1, None)}
@@ -185,7 +183,7 @@ def run_mode(name: str, args, model0, tokenizer, tmp: Path) -> dict:
         "staleness_counts": {str(v): sum(1 for r in timed if r["staleness"] == v) for v in sorted({r["staleness"] for r in timed})},
         "partial_interrupts": sum(r["partial_interrupts"] for r in timed),
         "mean_reward": sum(r["reward_mean"] for r in timed) / len(timed),
-        "config_overrides": overrides + [f"mode=async", f"train.max_staleness={eta}",
+        "config_overrides": overrides + ["mode=async", f"train.max_staleness={eta}",
                                          f"train.partial_rollout_chunk={chunk}", "loss.behaviour_weight_cap=2.0"],
         "steps": steps,
     }

@@ -47,7 +47,6 @@ from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results"
 
 import gymnasium as gym
@@ -331,7 +330,7 @@ def bench_domain(domain: str, sessions: int, n_tasks: int, timeout: float, adv: 
     if adv is not None:
         cmd += ["--max-body-bytes", str(adv["max_body"]), "--max-session-bytes", str(adv["max_session_bytes"]),
                 "--header-timeout", str(adv["header_timeout"])]
-    server = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    server = subprocess.Popen(cmd, cwd=ROOT)  # ``-m`` puts the cwd (this checkout) first on the server's sys.path
     url = f"http://127.0.0.1:{port}"
     out = []
     try:

@@ -28,7 +28,6 @@ import gymnasium as gym
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import envs  # noqa: E402
 from torchrl_grpo.backends.base import SamplingConfig  # noqa: E402

@@ -40,7 +40,6 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from torchrl_grpo.backends.base import SamplingConfig  # noqa: E402
 from torchrl_grpo.backends.transformers_backend import TransformersBackend  # noqa: E402

@@ -3,8 +3,8 @@
 steps (SmolLM2-135M-Instruct fp32 CPU, GSM8K train tasks, same seed) through ``GRPOTrainer`` with
 ``rollout.launcher=local`` and ``rollout.launcher=ray rollout.num_workers=N``.
 
-    flock /work/notes/heavy.lock env OMP_NUM_THREADS=2 python benchmarks/scale_out_bench.py --workers 0 1 2 \\
-        --steps 3 > /tmp/scale_out.log 2>&1
+    flock "${BENCH_LOCK:-/tmp/bench.lock}" env OMP_NUM_THREADS=2 python benchmarks/scale_out_bench.py --workers 0 1 2 \\
+        --steps 3 > scale_out.log 2>&1         # BENCH_LOCK: the lock file a shared machine's heavy jobs agree on
 
 Per setting: actor start-up (Ray actors loading their model), then ``--steps`` trainer steps; the first is a
 warm-up and is not counted. Reported: episodes per second of rollout wall time (``rollout/time_s``: dispatch,
@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 
 def run_setting(workers: int, args) -> dict:

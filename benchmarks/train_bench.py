@@ -27,11 +27,12 @@ train = step - rollout. Generated tokens: sampled completion tokens up to and in
 
 ``--ours-vllm`` adds a third trainer, ours with the vLLM rollout backend (``rollout.backend=vllm``, its default
 bf16 engine, weights synced every step), interleaved with the other two (issue 12: beside the like-for-like row).
-vLLM lives in its own venv and TRL in the project's, so run it from the vLLM venv with the project venv's
-site-packages appended after the vLLM venv's own (``--append-sys-path``; same torch/transformers in both):
+vLLM lives in its own venv (``benchmarks/vllm_env.sh``; ``$VLLM_VENV``) and TRL in the project's, so run it from the
+vLLM venv with the project venv's site-packages appended after the vLLM venv's own (``--append-sys-path``; same
+torch/transformers in both; ``python`` below is the project venv's interpreter):
 
-    /work/venv-vllm/bin/python benchmarks/train_bench.py --ours-vllm \
-        --append-sys-path /work/venv/lib/python3.11/site-packages
+    "$VLLM_VENV/bin/python" benchmarks/train_bench.py --ours-vllm \
+        --append-sys-path "$(python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
 """
 from __future__ import annotations
 
@@ -53,8 +54,6 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 

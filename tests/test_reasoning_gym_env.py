@@ -332,8 +332,11 @@ def test_grpo_reasoning_config_composes_and_runs_one_step(tmp_path):
 @pytest.mark.slow  # ~25 s on a loaded 2-core machine (model load + generation)
 def test_probe_runs_on_the_tiny_model(tmp_path):
     """benchmarks/reasoning_gym_probe.py end to end on tiny-random: one table row per candidate, the command kept."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import reasoning_gym_probe as probe
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("reasoning_gym_probe", REPO / "benchmarks" / "reasoning_gym_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
 
     assert probe.parse_candidate("gcd@0") == {"task": "gcd", "level": 0}
     assert probe.parse_candidate('products:{"max_digits": 1}') == {"task": "products", "task_config": {"max_digits": 1}}
