@@ -15,6 +15,16 @@ by ``tests/test_env_contract.py``.
 
 Registration is lazy (entry-point strings): importing ``envs`` loads neither tau2 nor any data.
 This package never imports ``torchrl_grpo``.
+
+Versioning policy (Gymnasium's): an id's version is bumped whenever its reward semantics change -- the
+reward an answer or trajectory gets (grader, reward function, a default reward option), or the problems of
+a split -- since results are quoted by id (``benchmarks/results/*.md``) and must stay comparable under it.
+Fixes that only turn a crash or a hang into an error observation change no scored episode and keep the
+version. Each env class ends its docstring with a ``## Version History`` (oldest first: commit, date,
+whether earlier rewards changed), checked by ``tests/test_env_version_history.py``. Two changes were
+made under a v0 id that this policy would have bumped (GSM8K-v0: format credit off by default in
+ad0c272; ReasoningGym-v0: hash-partitioned splits in 79adad0); their Version History entries say
+which recorded results they make incomparable.
 """
 from gymnasium.envs.registration import register, registry
 

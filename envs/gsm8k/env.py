@@ -155,6 +155,43 @@ class GSM8KEnv(gym.Env):
     (1.0, True, 'answered')
 
     ```
+
+    ## Version History
+
+    Policy (:mod:`envs`): the version is bumped whenever the reward semantics change. Below, oldest first, every
+    commit that changed this env's behaviour (moves, docs and refactors left out), and whether it changed the reward
+    of an episode scored before it. Results are quoted by id in ``benchmarks/results/*.md``.
+
+    * v0: Initial release (and still the registered id, although the reward changed under it; see ad0c272).
+        - 1ba233d (2026-11-22): released: 1.0 if the extracted final answer equals the gold number, else
+          ``format_reward`` (default ``0.1``) for a wrong answer in a well-formed final-answer format, else 0.0.
+        - 2b4699b (2026-11-22): stricter ``options["index"]`` validation on ``reset``. Rewards unchanged.
+        - 000c189 (2026-11-22): linear-time ``####`` / ``\\boxed`` scanning; the same answer is extracted
+          (``tests/test_gsm8k_grading.py``). Rewards unchanged.
+        - ad0c272 (2026-11-23): **the default ``format_reward`` became 0.0** (correctness only: the 0.1 credit was
+          reward-hacked, issue 14). Rewards changed: every wrong but well-formed answer scored 0.1 before, 0.0
+          after; accuracy is unchanged. Results recorded earlier under GSM8K-v0 with the credit
+          (``benchmarks/results/grpo_default_run.md``, Run 2 and Run 1 of ``gsm8k_qwen_run.md``, the "format
+          credit 0.1" row of ``gsm8k_seeds.md``; each says so) report rewards that are NOT comparable with later
+          GSM8K-v0 rewards; their accuracies are. By the policy this should have been GSM8K-v1; it was not renamed.
+          ``format_reward=0.1`` reproduces the old reward.
+        - f6d72d9 (2026-11-23): the env contract: an action outside the action space raises ``TypeError`` (it ended
+          the episode with reward 0 before); an unreadable answer sets ``info["action_error"]``. Rewards of text
+          answers unchanged.
+        - 2014476 (2026-11-23): the data ship with the package (the same 7,473 / 1,319 rows as ``openai/gsm8k``
+          main, checked question by question against ``$GSM8K_DATA_DIR`` of the earlier runs). Rewards unchanged.
+        - af2ed0e (2026-11-25): numbers bounded before conversion (issue 25: at most :data:`~envs.gsm8k.grading.
+          MAX_DIGITS` digits, ``|exponent|`` at most :data:`~envs.gsm8k.grading.MAX_EXPONENT`); lone surrogates
+          become U+FFFD. Rewards changed only for absurd final answers, which now score 0: a zero-padded
+          ``#### 000...072`` of over 100 digits or ``#### 72.000...0`` (1.0 before), ``#### 1e-150`` for gold 0
+          (1.0 before), a wrong answer of over 100 digits (lost the format credit). Answers such as ``#### 1e5000``
+          raised or ran for minutes before, so no episode was scored with them. The recorded runs keep no
+          completions, so this cannot be checked on them; at most 256 new tokens make such answers implausible
+          there: kept as v0.
+        - de0c559 (2026-11-25): only the last :data:`~envs.gsm8k.grading.MAX_GRADED_CHARS` (20,000) characters
+          are graded: an answer followed by more than 20,000 characters of text changes (``#### 72`` then 20,001
+          characters without a number: 1.0 before, 0.0 after). Recorded runs generated at most 256 new tokens, far
+          below: kept as v0.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}

@@ -58,7 +58,9 @@ class IFEvalEnv(gym.Env):
     instruction (reward 0, ``info["action_error"]`` = :data:`EMPTY_RESPONSE`); a response holding a
     ``<tool_call>`` block is graded as text and flagged (:data:`TOOL_CALL_IN_ANSWER`). An action
     outside the space (``12345``, ``None``, a list, a dict with another role or non-string content)
-    is a caller's bug: ``step`` raises ``TypeError`` and the episode goes on unchanged.
+    is a caller's bug: ``step`` raises ``TypeError`` and the episode goes on unchanged. Lone UTF-16
+    surrogates in the text become U+FFFD (:func:`envs.action_text.clean_text`) before it is checked or
+    stored, so the conversation can always be encoded.
 
     ## Observation Space
 
@@ -77,8 +79,9 @@ class IFEvalEnv(gym.Env):
     ``reset(options={"index": i})`` or ``{"task_id": key}`` (a prompt's id is its data ``key``) picks a
     prompt; without options one is drawn from ``self.np_random`` among the usable prompts.
     :meth:`usable_task_indices` leaves out prompts whose checkers cannot run here (a few IFBench
-    checkers need NLTK data that is downloaded on first use: offline they raise ``LookupError``);
-    ``reset`` on such a prompt raises ``ValueError``. ``do_nothing_action is None``.
+    checkers need NLTK data, which is never downloaded unless ``IFEVAL_NLTK_DOWNLOAD=1``: without it
+    they raise ``LookupError``); ``reset`` on such a prompt raises ``ValueError``. So the usable
+    prompts of a split depend on the NLTK data installed. ``do_nothing_action is None``.
 
     ## Episode End
 
@@ -127,6 +130,27 @@ class IFEvalEnv(gym.Env):
     (0.0, [{'instruction_id': 'count:keywords_multiple', 'strict': False, 'loose': False}], True)
 
     ```
+
+    ## Version History
+
+    Policy (:mod:`envs`): the version is bumped whenever the reward semantics change. Below, oldest first, every
+    commit that changed this env's behaviour (moves, docs and refactors left out), and whether it changed the reward
+    of an episode scored before it. Results are quoted by id in ``benchmarks/results/*.md``.
+
+    * v0: Initial release; the reward has not changed since.
+        - 553fa98 (2026-11-23): released: reward = fraction of the prompt's verifiable instructions followed,
+          strict by default (loose on request); IFBench's 294 prompts with a seeded 235/59 demonstration split;
+          prompts whose checkers lack NLTK data left out of the usable prompts.
+        - 21e0229 (2026-11-23): the "prompts left out (NLTK data missing)" warning is logged once per process and
+          data. Rewards unchanged.
+        - 4f05b12 (2026-11-25): importing if-verifiable's IFBench checkers no longer calls ``nltk.download``
+          (``IFEVAL_NLTK_DOWNLOAD=1`` opts in; issue 25). Rewards unchanged; on a machine that could reach the
+          network but lacked the NLTK data, the prompts needing it are now left out instead of downloaded. The
+          recorded runs (``benchmarks/results/continual_cpu.md``: 213 train / 56 test usable prompts, "3 of the 59
+          test prompts are left out" for missing NLTK data; ``first_ten_minutes.md``: 56 test prompts) ran where
+          the data was missing and not fetched, so this version gives them the same prompt sets.
+        - 15ec4c4 (2026-11-25): lone surrogates in the response become U+FFFD. Such a response raised
+          ``UnicodeEncodeError`` before, so no episode was scored with one: rewards unchanged.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}

@@ -99,15 +99,15 @@ class ReasoningGymEnv(gym.Env):
         level: the curriculum's global level for every task (``None``: the library's config defaults); a
             ``task_config`` key that the level also sets is an error.
         train_seed, test_seed: generator seeds of the splits (default 11 / 22; must differ).
-        train_size, test_size: problems per split (default 1000 / 200). The test split depends on the train
-            split's seed and size (it drops their questions).
+        train_size, test_size: problems per split (default 1000 / 200). Each split depends on its own seed and
+            size only (the hash partition keeps them disjoint; the two seeds must differ).
         system_prompt: system message before the question; ``None`` or ``""`` for none.
         render_mode: ``None`` or ``"ansi"``.
 
     Raises:
         ValueError: an unknown task name or config key (the message lists the library's valid ones), a config the
-            library rejects, a bad weight / level / split / seed / size / ``options``, or a test split that cannot
-            be filled with questions absent from train.
+            library rejects, a bad weight / level / split / seed / size / ``options``, equal seeds, or a split
+            that cannot be filled from its side of the hash partition (a task with very few distinct questions).
         TypeError: ``step`` with an action outside the action space.
         RuntimeError: ``step`` before ``reset`` or after the episode ended.
 
@@ -126,6 +126,32 @@ class ReasoningGymEnv(gym.Env):
     (1.0, True, True)
 
     ```
+
+    ## Version History
+
+    Policy (:mod:`envs`): the version is bumped whenever the reward semantics change. Below, oldest first, every
+    commit that changed this env's behaviour (moves, docs and refactors left out), and whether it changed the reward
+    of an episode scored before it. Results are quoted by id in ``benchmarks/results/*.md``.
+
+    * v0: Initial release (and still the registered id, although both splits changed under it; see 79adad0).
+        - 456d7d6 (2026-11-25): released: reward = the library's ``score_answer`` on the extracted answer
+          (``<answer>`` tag, else the last number for a numeric gold answer, else the last line), bounds checked
+          first; splits: train = the first ``train_size`` items of seed ``train_seed``, test = the items of seed
+          ``test_seed`` whose question is not in train.
+        - 9a5e3ba (2026-11-25): task configs hand the library's own non-JSON defaults (enums) to it unchanged;
+          before, a task with such defaults could not be built (``word_sorting``: the library's
+          ``AssertionError: transformation must be a TextTransformation``), so no episode of it was scored.
+          Rewards unchanged.
+        - 23ad001 (2026-11-25): lone surrogates in the response become U+FFFD (``"?"`` before), the helper every
+          env shares. Only an answer holding a lone surrogate can extract differently; before any recorded result.
+        - 79adad0 (2026-11-25): **the splits became a 75/25 hash partition of the question text** (train = the
+          train-side items of ``train_seed``, test = the test-side items of ``test_seed``): the first version's
+          test split was skewed to 2-digit sums (chain_sum 1-2 digits: 177/200 against about 500/1000 in train). The
+          score of an answer is unchanged, but both splits hold other problems. Results recorded earlier under
+          ReasoningGym-v0 (section 2 of ``benchmarks/results/reasoning_gym_probe.md``, test split, 3208ce2; the
+          file labels it "first version of the splits") are NOT comparable with later test-split numbers
+          (``default_run.md``: greedy 0.195 -> 0.520-0.535 at commit d037548, hash partition). By the policy (a split
+          change moves every recorded accuracy) this should have been ReasoningGym-v1; it was not renamed.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}

@@ -69,6 +69,9 @@ Where we differ from ``AgentGymEnv``, and why
        thread dies and the env returns reward 0. A customer who ends the conversation in its
        opening message ends the episode on the first step, where tau2 returns ``""`` from reset.
     6. ``info["simulation_run"]`` has our run's ids and timestamps (tau2's differ per run too).
+    7. :class:`Tau2Env`'s bounds (issue 25) hold here too: ``calculate`` refuses ``**`` and expressions
+       over 1,000 characters with an ``Error:`` message (tau2 evaluates them: ``"9**9**8"`` held the GIL
+       80 s); each refusal counts towards ``max_errors``, unlike tau2's evaluated call.
 """
 from __future__ import annotations
 
@@ -162,6 +165,24 @@ class AgentGymCompatEnv(gym.Env):
     Raises:
         ValueError: from :class:`Tau2Env` (unknown domain, solo mode for airline / retail, ...);
             an unknown ``task_id`` raises on ``reset`` (as in tau2).
+
+    ## Version History
+
+    Policy (:mod:`envs`): the version is bumped whenever the reward semantics change. Oldest first, every commit
+    that changed this env's behaviour, directly or through :class:`Tau2Env` (whose Version History has the
+    details), and whether it changed the reward of an episode scored before it. No result in
+    ``benchmarks/results/`` is recorded under this id.
+
+    * v0: Initial release; the reward (:class:`Tau2Env`'s, i.e. tau2's ``evaluate_simulation``) has not changed.
+        - 535b2be (2026-11-23): released: tau2's ``AgentGymEnv`` API (string actions and observations, tau2's
+          kwargs and ``info``) over :class:`Tau2Env`.
+        - d8b81ae (2026-11-25): through :class:`Tau2Env`: ``calculate`` refuses ``**`` and expressions over
+          1,000 characters (divergence 7); deep JSON and lone surrogates bounded. The grading of a trajectory is
+          unchanged; an episode that calls ``calculate`` with ``**`` plays differently from that call on (with
+          this id's ``max_errors=10``, ten refusals end it as ``too_many_errors``, reward 0).
+        - de0c559 (2026-11-25): through :class:`Tau2Env`: over-long integers in a tool call are a malformed
+          call (they raised before); with ``user="scripted"`` the customer reads the last 4,000 characters of
+          an agent message. Rewards of episodes with shorter messages unchanged.
     """
 
     metadata = {"render_modes": []}

@@ -21,8 +21,10 @@ allowed and ``"9**9**8"`` (7 characters) computes a 43-million-digit integer, ho
 factors of 4,000 digits: 8.5 s, measured on a loaded 2-core machine). We refuse an expression with
 ``**`` or longer than :data:`MAX_CALCULATE_CHARS` characters with an ``Error:`` tool message before
 tau2 evaluates it; within these bounds the result is at most ~1,000 digits and costs microseconds.
-This diverges from tau2 only for such expressions; no gold action calls ``calculate``, so rewards are
-unchanged (the gold-replay parity tests, ``tests/test_tau2_gold.py``).
+This diverges from tau2 only for such expressions. Gold actions do call ``calculate`` (base: 1 airline task, 12 retail
+tasks; 30 calls counting every split), but none with ``**`` or over 1,000 characters, and none in a task whose
+reward basis includes ACTION (all are DB + COMMUNICATE), so rewards of gold trajectories are unchanged (the
+gold-replay parity tests, ``tests/test_tau2_gold.py``).
 """
 from __future__ import annotations
 

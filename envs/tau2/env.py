@@ -165,7 +165,10 @@ class Tau2Env(gym.Env):
        tau2's ``calculate`` (airline, retail) evaluates ``**`` towers (``"9**9**8"`` held the GIL
        for 80 s); here an expression with ``**`` or over
        :data:`~envs.tau2.domain.MAX_CALCULATE_CHARS` characters is answered with an ``Error:`` tool
-       message and not evaluated (no gold action uses ``calculate``: rewards are unchanged). JSON
+       message and not evaluated, and left out of the trajectory tau2 grades, like any malformed call.
+       Rewards are unchanged for every gold trajectory: gold actions do call ``calculate`` (base: 1
+       airline task, 12 retail tasks; 30 calls counting every split), never with ``**`` or over 1,000
+       characters, and no task that has one grades actions (its reward basis is DB + COMMUNICATE). JSON
        nested deeper than :data:`~envs.action_text.MAX_JSON_DEPTH` levels is a malformed call
        (refused before ``json.loads``, which tau2 lets raise ``RecursionError``), and lone UTF-16
        surrogates in the action become U+FFFD on entry (a reply holding one cannot be encoded).
@@ -188,6 +191,38 @@ class Tau2Env(gym.Env):
     (True, 'agent_stop')
 
     ```
+
+    ## Version History
+
+    Policy (:mod:`envs`): the version is bumped whenever the reward semantics change. Below, oldest first, every
+    commit that changed this env's behaviour (moves, docs, speed-ups and refactors left out), and whether it
+    changed the reward of an episode scored before it; it holds for all four ids
+    ``tau2/{airline,retail,telecom,mock}-v0``. Results are quoted by id in ``benchmarks/results/*.md``.
+
+    * v0: Initial release; the reward (tau2's ``evaluate_simulation(..., EvaluationType.ALL)``, or the partial
+      progress reward) has not changed since.
+        - 1de297e (2026-11-22): released: tau2's binary reward at the episode end (``reward="partial"``: the
+          progress reward), scripted / LLM / solo customers, malformed calls answered with ``Error:``.
+        - c03f03b (2026-11-22): a ``done`` call is shown in the observation with the id the model gave it.
+          Rewards unchanged.
+        - f6d72d9 (2026-11-23): the env contract: an action outside the action space raises ``TypeError`` (it
+          was answered as an unusable action before), ``step`` after the end raises ``RuntimeError``,
+          ``do_nothing_action`` and ``usable_task_indices``. Rewards of model-written actions unchanged.
+        - 41dc0b8 (2026-11-24): ``demonstration()`` (the gold actions as assistant messages). Rewards unchanged.
+        - d8b81ae (2026-11-25): ``calculate`` (airline, retail) refuses ``**`` and expressions over
+          :data:`~envs.tau2.domain.MAX_CALCULATE_CHARS` characters with an ``Error:`` message (issue 25); JSON
+          nested deeper than :data:`~envs.action_text.MAX_JSON_DEPTH` is a malformed call; lone surrogates
+          become U+FFFD. How tau2 grades a trajectory is unchanged, and so is the reward of every gold
+          trajectory (divergence 7 above). The dynamics changed for an agent that calls ``calculate`` with
+          ``**``: it now reads an error, not the value, and the call counts towards ``max_errors``, so such an
+          episode can play out, and score, differently from that call on. Deep JSON and surrogates raised
+          before (no episode was scored with them). The recorded tau2 episodes (the 400 evaluation episodes
+          stored under ``benchmarks/results/tau2_sft_table_airline*/``) hold no ``calculate`` call.
+        - de0c559 (2026-11-25): an integer of over ~4,200 digits in a tool call is a malformed call (it raised
+          ``ValueError`` before); the scripted customer reads the last
+          :data:`~envs.tau2.users.READ_CHARS` (4,000) characters of an agent message, so a closing or
+          confirmation phrase earlier in a longer message no longer ends the call or gets a "yes". Recorded
+          runs generated at most 256 tokens a turn, and no stored agent message exceeds 4,000 characters.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
