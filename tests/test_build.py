@@ -33,7 +33,7 @@ def test_build_gives_the_loop_its_components_and_settings(tmp_path):
 
 def test_build_trainer_picks_the_loop_and_the_loop_takes_components_only(tmp_path):
     """The trainer class is chosen by build (issue 27): sync / async / continual from the config; the loop is built
-    on components, and the old ``GRPOTrainer(cfg, run_dir)`` call fails with a TypeError naming build_trainer."""
+    on components, and a config given in their place fails with a TypeError naming build_trainer."""
     from torchrl_grpo.continual.trainer import ContinualTrainer
     from torchrl_grpo.training.async_trainer import AsyncGRPOTrainer
 
@@ -41,7 +41,7 @@ def test_build_trainer_picks_the_loop_and_the_loop_takes_components_only(tmp_pat
     assert trainer_class(make_cfg(mode="async")) is AsyncGRPOTrainer
     assert trainer_class(make_cfg(cl={"task_order": ["mock"]})) is ContinualTrainer
     with pytest.raises(TypeError, match="build_trainer"):
-        GRPOTrainer(make_cfg(), tmp_path)
+        GRPOTrainer(make_cfg())
     trainer = build_trainer(make_cfg(train={"steps": 1}), tmp_path)
     try:
         assert type(trainer) is GRPOTrainer and isinstance(trainer.components, Components)
