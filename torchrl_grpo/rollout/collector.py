@@ -64,6 +64,7 @@ plus non-tensor entries ``task`` (the reset options) and ``info`` (the env's fin
 """
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
@@ -81,7 +82,7 @@ from envs.torchrl import TextEnv
 from torchrl_grpo.backends.base import RolloutBackend, SamplingConfig
 from torchrl_grpo.rollout.chat_tokens import ChatRenderer
 
-__all__ = ["GroupCollector", "Episode", "INFRA_TERMINATIONS", "concat_batches"]
+__all__ = ["GroupCollector", "Episode", "EndReason", "INFRA_TERMINATIONS", "concat_batches"]
 
 #: ``info["termination_reason"]`` values that mean the episode failed for reasons outside the policy: an env
 #: exception caught by the collector, or tau2's customer simulator failing (``user_error``).
@@ -91,9 +92,23 @@ INFRA_TERMINATIONS = frozenset({"env_error", "user_error"})
 log = logging.getLogger(__name__)
 
 
+class EndReason(enum.Enum):
+    """Why an episode stopped being played (:attr:`Episode.end_reason`; set once, by :meth:`Episode.end`)."""
+
+    ENV = "env"  # the env's step returned terminated or truncated
+    TURN_LIMIT = "turn_limit"  # max_turns assistant turns played: reported as truncated
+    CONTEXT = "context"  # the prompt, a generation or an env reply reached max_context_tokens: context_truncated
+    ENV_ERROR = "env_error"  # the env raised (TextEnv ended the episode): infra_error, its data kept
+
+
 @dataclass
 class Episode:
-    """Mutable state of one episode during collection."""
+    """Mutable state of one episode during collection.
+
+    Its status is :attr:`end_reason` (None while it is played), the env's own flags and reward of its last step
+    (:meth:`record_step`), and whether its latest generation stopped at ``max_new_tokens`` (``length_truncated``);
+    the batch's flags ``done``, ``truncated``, ``context_truncated`` and ``infra_error`` are read from them.
+    """
 
     group_id: int
     task: dict
@@ -104,17 +119,45 @@ class Episode:
     versions: list[int] = field(default_factory=list)  # policy version per token, -1 for tokens not sampled
     prompt_length: int = 0
     reward: float = 0.0
-    done: bool = False
-    terminated: bool = False
-    truncated: bool = False
-    context_truncated: bool = False
-    length_truncated: bool = False
-    infra_error: bool = False
+    end_reason: EndReason | None = None
+    terminated: bool = False  # the env's flag at its last step
+    env_truncated: bool = False  # the env's flag at its last step
+    length_truncated: bool = False  # the latest generation's finish_reason was "length"
+    infra_reported: bool = False  # a step's info["termination_reason"] was one of INFRA_TERMINATIONS
     num_turns: int = 0
     action_errors: int = 0
     policy_version: int = -1
     info: dict = field(default_factory=dict)
     renderer: ChatRenderer | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.end_reason is not None
+
+    @property
+    def truncated(self) -> bool:
+        """The env truncated it, or it ran out of turns."""
+        return self.env_truncated or self.end_reason is EndReason.TURN_LIMIT
+
+    @property
+    def context_truncated(self) -> bool:
+        return self.end_reason is EndReason.CONTEXT
+
+    @property
+    def infra_error(self) -> bool:
+        """The env raised, or reported an infrastructure failure (:data:`INFRA_TERMINATIONS`)."""
+        return self.end_reason is EndReason.ENV_ERROR or self.infra_reported
+
+    def end(self, reason: EndReason) -> None:
+        """Stop playing this episode, for ``reason``.
+
+        Raises:
+            RuntimeError: it has already ended.
+        """
+        if self.end_reason is not None:
+            raise RuntimeError(f"episode {self.index} already ended ({self.end_reason.value}); cannot end it "
+                               f"again ({reason.value})")
+        self.end_reason = reason
 
     def extend(self, ids: list[int], sampled: bool, lps: list[float] | None = None,
                versions: list[int] | None = None) -> None:
@@ -122,6 +165,25 @@ class Episode:
         self.response_mask.extend([sampled] * len(ids))
         self.log_probs.extend(lps if lps is not None else [0.0] * len(ids))
         self.versions.extend(versions if versions is not None else [-1] * len(ids))
+
+    def record_step(self, info: dict, messages: list | None, reward: float, terminated: bool,
+                    truncated: bool) -> None:
+        """The env's answer to this episode's action: its info (with the conversation ``messages`` when the env
+        gave them), and unless the env raised, its reward and flags and whether the action was unusable
+        (``info["action_error"]``). Ends the episode when the env raised (``info["termination_reason"] ==
+        "env_error"``: reward and flags stay those of the step before) or ended it."""
+        self.info = info if messages is None else {**info, "messages": messages}
+        reason = info.get("termination_reason")
+        if reason == "env_error":  # TextEnv caught the env's exception: keep the data, the trainer drops the group
+            self.end(EndReason.ENV_ERROR)
+            return
+        if info.get("action_error"):
+            self.action_errors += 1
+        self.reward, self.terminated, self.env_truncated = float(reward), bool(terminated), bool(truncated)
+        if reason in INFRA_TERMINATIONS:
+            self.infra_reported = True
+        if self.terminated or self.env_truncated:
+            self.end(EndReason.ENV)
 
 
 class GroupCollector(BaseCollector):
@@ -263,6 +325,9 @@ class GroupCollector(BaseCollector):
         Returns:
             TensorDict [len(tasks) * n_samples] (see module docstring). ``self.last_stats`` holds timing and
             token counts of this call.
+
+        Raises:
+            ValueError: no tasks, or ``n_samples < 1``.
         """
         if not tasks:
             raise ValueError("collect() needs at least one task")
@@ -272,9 +337,44 @@ class GroupCollector(BaseCollector):
         if not sampling.stop_token_ids:
             sampling = replace(sampling, stop_token_ids=sorted(self.end_of_turn))
         t0 = time.perf_counter()
-        n = len(tasks) * n_samples
-        env = self._text_env(n)
         jobs = [(g, task) for g, task in enumerate(tasks) for _ in range(n_samples)]
+        env = self._text_env(len(jobs))
+        episodes = self._reset(env, jobs, step)
+        gen_time, gen_tokens, env_time = 0.0, 0, 0.0
+        for turn in range(self.max_turns):
+            live = [e for e in episodes if not e.done]
+            if not live:
+                break
+            tg = time.perf_counter()
+            gens = self.backend.generate([e.tokens for e in live], self._turn_sampling(sampling, step, turn))
+            te = time.perf_counter()
+            gen_time += te - tg
+            generated = [(ep, self._append_generation(ep, gen)) for ep, gen in zip(live, gens)]
+            gen_tokens += sum(len(ids) for _ep, ids in generated)
+            acting = [(ep, ids) for ep, ids in generated if not ep.done]
+            if acting:
+                self._step_envs(env, acting, last_turn=turn == self.max_turns - 1)
+            env_time += time.perf_counter() - te
+        for ep in episodes:
+            if not ep.done:  # played its last turn
+                ep.end(EndReason.TURN_LIMIT)
+        td = self._to_tensordict(episodes)
+        self.last_stats = {
+            "rollout/time_s": time.perf_counter() - t0,
+            "rollout/generate_time_s": gen_time,
+            "rollout/env_time_s": env_time,
+            "rollout/generated_tokens": float(gen_tokens),
+            "rollout/tokens_per_s": gen_tokens / gen_time if gen_time > 0 else 0.0,
+            "rollout/episodes": float(len(episodes)),
+        }
+        return td
+
+    # ------------------------------------------------------------------ one rollout's steps
+    def _reset(self, env: TextEnv, jobs: list[tuple[int, dict]], step: int) -> list[Episode]:
+        """Reset the batch's envs (episode ``i`` with seed ``seed + step * 100003 + i``) and start one episode per
+        ``(group id, task)`` of ``jobs`` from its prompt's chat-template ids; one whose prompt reaches
+        ``max_context_tokens`` ends unplayed (with a warning)."""
+        n = len(jobs)
         env.set_seed(self.seed + step * 100_003)  # episode i resets with seed + step * 100003 + i
         td = env.reset(TensorDict({"options": _stack([dict(task) for _, task in jobs])}, batch_size=[n]))
         episodes: list[Episode] = []
@@ -284,97 +384,70 @@ class GroupCollector(BaseCollector):
             ep = Episode(group_id=g, task=dict(task), index=i, renderer=ren, info=info)
             ep.extend(ren.prompt_ids(list(obs)), sampled=False)
             ep.prompt_length = len(ep.tokens)
-            if ep.prompt_length >= self.max_context_tokens:
-                ep.done = ep.context_truncated = True
+            self._end_if_over_context(ep, ep.prompt_length, sampled=False)
             episodes.append(ep)
         over = [e.prompt_length for e in episodes if e.context_truncated]
         if over:
             log.warning("%d of %d episodes start with a prompt of %d+ tokens, at or over max_context_tokens=%d: they "
                         "end unplayed (context_truncated, reward 0); raise rollout.max_context_tokens (and the model's "
                         "context) or shorten the prompt", len(over), len(episodes), min(over), self.max_context_tokens)
-        messages: list[Any] = [None] * n  # each episode's conversation after its last env step
-        gen_time, gen_tokens, env_time = 0.0, 0, 0.0
-        for turn in range(self.max_turns):
-            live = [e for e in episodes if not e.done]
-            if not live:
-                break
-            turn_seed = (self.seed * 1_000_003 + step * 1009 + turn + (sampling.seed or 0)) % (2**31)
-            turn_sampling = replace(sampling, seed=turn_seed)
-            tg = time.perf_counter()
-            gens = self.backend.generate([e.tokens for e in live], turn_sampling)
-            gen_time += time.perf_counter() - tg
-            te = time.perf_counter()
-            actions: list[str] = [""] * n
-            step_mask = torch.zeros(n, dtype=torch.bool)
-            stepping: list[tuple[Episode, list[int]]] = []
-            for ep, gen in zip(live, gens):
-                room = self.max_context_tokens - len(ep.tokens)
-                ids, lps = gen.token_ids[:room], gen.logprobs[:room]
-                vers = gen.versions[:room] if gen.versions is not None else [self.backend.policy_version] * len(ids)
-                if ep.policy_version < 0:
-                    ep.policy_version = min(vers) if vers else self.backend.policy_version
-                gen_tokens += len(ids)
-                ep.extend(ids, sampled=True, lps=lps, versions=vers)
-                ep.num_turns += 1
-                ep.length_truncated = gen.finish_reason == "length"  # of the latest generation
-                if len(gen.token_ids) > room:
-                    ep.done = ep.context_truncated = True
-                    continue
-                actions[ep.index] = self.tokenizer.decode(ids, skip_special_tokens=True)
-                step_mask[ep.index] = True
-                stepping.append((ep, ids))
-            if not stepping:
-                env_time += time.perf_counter() - te
-                continue
-            out = env.step(TensorDict({"action": _stack(actions), "_step": step_mask}, batch_size=[n]))["next"]
-            obs_all, info_all, msgs_all = _items(out, "observation"), _items(out, "info"), _items(out, "messages")
-            rewards, terms, truncs = out["reward"].reshape(n).tolist(), out["terminated"].reshape(n).tolist(), \
-                out["truncated"].reshape(n).tolist()
-            for ep, ids in stepping:
-                b = ep.index
-                info = info_all[b]
-                ep.info, messages[b] = info, msgs_all[b]
-                if info.get("termination_reason") == "env_error":
-                    # the env raised (TextEnv ended that episode): keep the data, drop the group in the trainer
-                    ep.done = ep.infra_error = True
-                    continue
-                if info.get("action_error"):
-                    ep.action_errors += 1
-                ep.reward = float(rewards[b])
-                ep.terminated, ep.truncated = bool(terms[b]), bool(truncs[b])
-                if info.get("termination_reason") in INFRA_TERMINATIONS:
-                    ep.infra_error = True
-                if ep.terminated or ep.truncated:
-                    ep.done = True
-                    continue
-                if turn == self.max_turns - 1:
-                    ep.done = ep.truncated = True
-                    continue
-                # close the assistant turn the way the template would, then append the env's messages
-                closing = [] if (ids and ids[-1] in self.end_of_turn) else [self.tokenizer.eos_token_id]
-                cont = closing + ep.renderer.assistant_suffix + ep.renderer.continuation_ids(list(obs_all[b]))
-                if len(ep.tokens) + len(cont) >= self.max_context_tokens:
-                    ep.done = ep.context_truncated = True
-                    continue
-                ep.extend(cont, sampled=False)
-            env_time += time.perf_counter() - te
-        for ep in episodes:
-            if messages[ep.index] is not None:
-                ep.info = {**ep.info, "messages": messages[ep.index]}
-        for ep in episodes:
-            if not ep.done:  # ran out of turns
-                ep.done = ep.truncated = True
-        td = self._to_tensordict(episodes)
-        wall = time.perf_counter() - t0
-        self.last_stats = {
-            "rollout/time_s": wall,
-            "rollout/generate_time_s": gen_time,
-            "rollout/env_time_s": env_time,
-            "rollout/generated_tokens": float(gen_tokens),
-            "rollout/tokens_per_s": gen_tokens / gen_time if gen_time > 0 else 0.0,
-            "rollout/episodes": float(len(episodes)),
-        }
-        return td
+        return episodes
+
+    def _turn_sampling(self, sampling: SamplingConfig, step: int, turn: int) -> SamplingConfig:
+        """``sampling`` with the seed of this (collector seed, step, turn)."""
+        turn_seed = (self.seed * 1_000_003 + step * 1009 + turn + (sampling.seed or 0)) % (2**31)
+        return replace(sampling, seed=turn_seed)
+
+    def _end_if_over_context(self, ep: Episode, length: int, *, sampled: bool) -> bool:
+        """End ``ep`` (:attr:`EndReason.CONTEXT`) if ``length`` tokens are past the context: sampled tokens may fill
+        ``max_context_tokens``, a prompt or an env reply must leave room for one sampled token. Returns whether it
+        ended."""
+        if length > self.max_context_tokens - (0 if sampled else 1):
+            ep.end(EndReason.CONTEXT)
+            return True
+        return False
+
+    def _append_generation(self, ep: Episode, gen) -> list[int]:
+        """Append the part of the :class:`~torchrl_grpo.backends.base.Generation` ``gen`` that fits the context to
+        ``ep`` (sampled tokens, their behaviour log-probs and policy versions); the episode ends if it did not all
+        fit. Returns the appended ids."""
+        room = self.max_context_tokens - len(ep.tokens)
+        ids, lps = gen.token_ids[:room], gen.logprobs[:room]
+        vers = gen.versions[:room] if gen.versions is not None else [self.backend.policy_version] * len(ids)
+        if ep.policy_version < 0:
+            ep.policy_version = min(vers) if vers else self.backend.policy_version
+        self._end_if_over_context(ep, len(ep.tokens) + len(gen.token_ids), sampled=True)
+        ep.extend(ids, sampled=True, lps=lps, versions=vers)
+        ep.num_turns += 1
+        ep.length_truncated = gen.finish_reason == "length"  # of the latest generation
+        return ids
+
+    def _step_envs(self, env: TextEnv, acting: list[tuple[Episode, list[int]]], *, last_turn: bool) -> None:
+        """One step of the batch ``env`` for the episodes of ``acting`` (each with its latest generation's ids;
+        the decoded text is its action), the other envs masked out; each records the env's answer and, still
+        live and with turns left, gets the env's new messages appended."""
+        n = env.batch_size[0]
+        actions: list[str] = [""] * n
+        step_mask = torch.zeros(n, dtype=torch.bool)
+        for ep, ids in acting:
+            actions[ep.index] = self.tokenizer.decode(ids, skip_special_tokens=True)
+            step_mask[ep.index] = True
+        out = env.step(TensorDict({"action": _stack(actions), "_step": step_mask}, batch_size=[n]))["next"]
+        obs_all, info_all, msgs_all = _items(out, "observation"), _items(out, "info"), _items(out, "messages")
+        rewards, terms, truncs = (out[k].reshape(n).tolist() for k in ("reward", "terminated", "truncated"))
+        for ep, ids in acting:
+            b = ep.index
+            ep.record_step(info_all[b], msgs_all[b], rewards[b], terms[b], truncs[b])
+            if not ep.done and not last_turn:
+                self._append_env_reply(ep, ids, obs_all[b])
+
+    def _append_env_reply(self, ep: Episode, ids: list[int], observation: list[dict]) -> None:
+        """Close the assistant turn of ``ids`` the way the chat template would, then append the env's new messages
+        ``observation`` as chat-template ids (not sampled); the episode ends instead if they do not fit."""
+        closing = [] if (ids and ids[-1] in self.end_of_turn) else [self.tokenizer.eos_token_id]
+        cont = closing + ep.renderer.assistant_suffix + ep.renderer.continuation_ids(list(observation))
+        if not self._end_if_over_context(ep, len(ep.tokens) + len(cont), sampled=False):
+            ep.extend(cont, sampled=False)
 
     def _to_tensordict(self, episodes: list[Episode]) -> TensorDict:
         N = len(episodes)

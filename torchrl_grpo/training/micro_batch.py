@@ -12,7 +12,17 @@ from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["split_micro_batches"]
+__all__ = ["split_micro_batches", "has_scored_token"]
+
+
+def has_scored_token(mb) -> bool:
+    """Whether the micro-batch ``mb`` (a TensorDict [b] with ``response_mask`` and ``attention_mask`` [b, T]) holds
+    a token the loss scores: a sampled (response) token that is a real token. A micro-batch without one (e.g. only
+    episodes whose prompt reached ``rollout.max_context_tokens`` and were collected with 0 response tokens) is not
+    run, neither by the update nor by a no-grad recompute (:class:`~torchrl_grpo.training.update.GRPOUpdate`): its
+    loss and log-probs are 0 by definition. For a collector batch this is exactly "its loss normaliser is > 0", for
+    every ``loss.aggregation`` (``response_tokens`` is the row sum of ``response_mask``, inside ``attention_mask``)."""
+    return bool((mb["response_mask"].bool() & mb["attention_mask"].bool()).any())
 
 
 def split_micro_batches(lengths: Sequence[int], max_count: int, max_tokens: int = 0) -> list[list[int]]:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 from contextlib import AbstractContextManager, contextmanager
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 import torch
@@ -20,7 +21,7 @@ from tensordict import TensorDict
 from torchrl_grpo.objectives.log_probs import _decoder_and_head, _uses_grad_checkpointing, token_log_probs
 from torchrl_grpo.objectives.loss import GRPOLoss, LossMetrics, total_loss
 from torchrl_grpo.distributed.data_parallel import SINGLE, is_fsdp
-from torchrl_grpo.training.micro_batch import split_micro_batches
+from torchrl_grpo.training.micro_batch import has_scored_token, split_micro_batches
 from torchrl_grpo.objectives.shared_prefix import SharedPrefix, build_shared_prefix, shared_prefix_length
 
 __all__ = ["GRPOUpdate", "ANCHORS", "SHARED_PREFIX_MODES"]
@@ -80,6 +81,25 @@ def sparse_tied_embedding_grads(model: torch.nn.Module):
 from torchrl_grpo.config.choices import ANCHORS, SHARED_PREFIX_MODES  # noqa: E402
 
 log = logging.getLogger(__name__)
+
+
+class _Plan(NamedTuple):
+    """How one update cuts the batch into minibatches (:meth:`GRPOUpdate._plan`)."""
+
+    n_mb: int  # minibatches per epoch, the same on every rank
+    mb_size: int  # this rank's rows per minibatch (the last may be short, a rank's may be empty)
+    multi_update: bool  # more than one optimizer step on this batch (epochs or minibatches)
+
+
+@dataclass
+class _Tally:
+    """What one update's minibatches add up, for its metrics (:meth:`GRPOUpdate._metrics`)."""
+
+    acc: LossMetrics = field(default_factory=LossMetrics)
+    steps: int = 0  # optimizer steps taken
+    skipped: int = 0  # minibatches skipped (non-finite loss or gradient norm)
+    grad_norms: list[float] = field(default_factory=list)
+    prefix_tokens: list[int] = field(default_factory=list)  # each minibatch's shared prefix length (0: none)
 
 
 class GRPOUpdate:
@@ -169,12 +189,8 @@ class GRPOUpdate:
             with self.autocast():
                 prefix = self.shared_prefix_for(td, model, dev)
             micros = [(rows, mb) for rows, mb in self.micro_batches(td, prefix.length if prefix is not None else 0)
-                      if bool((mb["response_mask"].bool() & mb["attention_mask"].bool()).any())]
-            for item in self.dp.lockstep(micros, model):  # FSDP: padded to every rank's pass count
-                if item is None:  # FSDP: the rank with the most micro-batches is still running them
-                    self.idle_pass(model, backward=False, device=dev)
-                    continue
-                rows, mb = item
+                      if has_scored_token(mb)]
+            for rows, mb in self._lockstep(micros, model, backward=False, device=dev):
                 with self.autocast():
                     lp, _ = token_log_probs(model, mb["tokens"].to(dev), mb["attention_mask"].to(dev),
                                             temperature=self.loss_fn.temperature,
@@ -195,6 +211,21 @@ class GRPOUpdate:
             logits = model(input_ids=tok, use_cache=False).logits
         if backward:
             (logits.float().sum() * 0.0).backward()
+
+    def _lockstep(self, passes: list, model, *, backward: bool, device: torch.device | None = None,
+                  stop: Callable[[], bool] = lambda: False) -> Iterator:
+        """The items of ``passes`` to run, in order. Under FSDP every rank runs the same number of passes
+        (:meth:`~torchrl_grpo.distributed.data_parallel.DataParallel.lockstep` pads ``passes`` with ``None`` to the
+        most any rank has): a padding entry, or every entry once ``stop()`` (a non-finite loss ended the minibatch),
+        runs an :meth:`idle_pass` instead. Without FSDP nothing is padded and ``stop()`` ends the iteration."""
+        sharded = is_fsdp(model)
+        for item in self.dp.lockstep(passes, model):  # a collective under FSDP
+            if item is not None and not stop():
+                yield item
+            elif sharded:  # the rank with the most passes is still running them
+                self.idle_pass(model, backward=backward, device=device)
+            else:
+                return
 
     def shared_prefix_for(self, td: TensorDict, model, device: torch.device | None = None) -> SharedPrefix | None:
         """The :class:`~torchrl_grpo.objectives.shared_prefix.SharedPrefix` of ``td``'s episodes under ``model`` (with a graph
@@ -246,93 +277,133 @@ class GRPOUpdate:
         policy than the one being trained (async). A minibatch whose loss or gradient norm is not finite is skipped
         (``train/skipped_minibatches``) without touching the weights.
         """
-        dp = self.dp
-        n = batch.shape[0]
-        n_all = int(dp.sum(n))  # episodes over all ranks (n on one process)
+        plan = self._plan(batch.shape[0])
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self._fill_reference(batch)
+        current = self._set_anchor(batch, plan.multi_update, stale)
+        self.model.train()
+        tally = _Tally()
+        with sparse_tied_embedding_grads(self.model) as densify:  # exact; no [V, H] zero-fill per pass
+            for _epoch, mini in self._minibatches(batch, plan, step):
+                self.optimizer.zero_grad(set_to_none=True)
+                finite = self._accumulate_gradients(mini, tally)  # loss over micro-batches, backward of each
+                if not self.dp.all(finite):  # every rank skips, or none
+                    self._skip(tally, step, "non-finite loss")
+                    continue
+                densify()  # a no-op unless a tied embedding's gradient ended up sparse
+                self.dp.all_reduce_grads(params)  # summed over ranks; a no-op on one process
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+                if not torch.isfinite(grad_norm):
+                    self._skip(tally, step, "non-finite gradient norm")
+                    continue
+                tally.grad_norms.append(float(grad_norm))
+                self.optimizer.step()
+                tally.steps += 1
+        self.optimizer_steps += tally.steps
+        self.model.eval()
+        return self._metrics(batch, tally, current)
+
+    # ------------------------------------------------------------------ the update's bookkeeping
+    def _plan(self, n: int) -> _Plan:
+        """Minibatches of an update on this rank's ``n`` episodes. ``minibatch_size`` is global (0: the whole batch):
+        data-parallel, the episode count is summed over ranks (a collective), every rank runs the same number of
+        minibatches and takes ``ceil(n / n_mb)`` of its own rows into each."""
+        n_all = int(self.dp.sum(n))  # episodes over all ranks (n on one process)
         mb_all = max(1, min(self.minibatch_size or n_all, n_all))
         n_mb = -(-n_all // mb_all)  # minibatches per epoch, the same on every rank
-        mb_size = mb_all if not dp.enabled else max(1, -(-n // n_mb))  # this rank's rows per minibatch
-        multi_update = self.ppo_epochs > 1 or n_mb > 1
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        sharded = is_fsdp(self.model)
+        mb_size = mb_all if not self.dp.enabled else max(1, -(-n // n_mb))  # this rank's rows per minibatch
+        return _Plan(n_mb, mb_size, multi_update=self.ppo_epochs > 1 or n_mb > 1)
+
+    def _minibatches(self, batch: TensorDict, plan: _Plan, step: int) -> Iterator[tuple[int, TensorDict]]:
+        """``(epoch, minibatch)`` over ``ppo_epochs`` passes of ``batch``, each pass ``plan.n_mb`` minibatches of
+        ``plan.mb_size`` rows, in a fresh order (seeded by ``seed`` and ``step``) when the batch gets several
+        optimizer steps. A minibatch may be empty on a rank (data parallel)."""
+        n = batch.shape[0]
+        gen = torch.Generator().manual_seed(self.seed * 31 + step)
+        for epoch in range(self.ppo_epochs):
+            perm = torch.randperm(n, generator=gen) if plan.multi_update else torch.arange(n)
+            for start in range(0, plan.n_mb * plan.mb_size, plan.mb_size):
+                yield epoch, batch[perm[start : start + plan.mb_size]]
+
+    def _fill_reference(self, batch: TensorDict) -> None:
+        """``batch["ref_log_probs"]`` under the frozen reference (the KL term's), when there is one."""
         if self.reference is not None:
             with self.reference() as ref:  # scored where it lives (a placed copy, LoRA's policy, a CL anchor)
                 self.fill_log_probs(batch, "ref_log_probs", ref, next(ref.parameters()).device)
+
+    def _set_anchor(self, batch: TensorDict, multi_update: bool, stale: bool) -> bool:
+        """Choose the PPO anchor π_old of this update (:meth:`needs_anchor_recompute`): the sampler's behaviour
+        log-probs, a no-grad recompute into ``batch["old_log_probs"]``, or (returned True, and set on the loss as
+        ``anchor_current``) the loss forward's own detached log-probs."""
+        recompute = self.needs_anchor_recompute(multi_update, stale)
         # one optimizer step on this batch (and no dropout): π_prox is the model as it is now, which the loss's own
         # forward computes; its detached log-probs anchor the ratio instead of a separate no-grad pass (exact up to
         # float rounding; measured: the pass was 9.9 of 47 s of an async update, benchmarks/results/async_placement.md)
-        current = (self.needs_anchor_recompute(multi_update, stale) and not multi_update
-                   and self.anchor != "recompute" and not _has_dropout(self.model))
-        if self.needs_anchor_recompute(multi_update, stale) and not current:
+        current = recompute and not multi_update and self.anchor != "recompute" and not _has_dropout(self.model)
+        if recompute and not current:
             self.fill_log_probs(batch, "old_log_probs", self.model)
         self.loss_fn.anchor_current = current
-        self.model.train()
-        agg_tokens = self.loss_fn.aggregation == "token_mean"
-        acc = LossMetrics()
-        n_opt, n_skipped, grad_norms, prefix_tokens = 0, 0, [], []
-        gen = torch.Generator().manual_seed(self.seed * 31 + step)
-        with sparse_tied_embedding_grads(self.model) as densify:  # exact; no [V, H] zero-fill per pass
-            for _epoch in range(self.ppo_epochs):
-                perm = torch.randperm(n, generator=gen) if multi_update else torch.arange(n)
-                for ms in range(0, n_mb * mb_size, mb_size):
-                    mini = batch[perm[ms : ms + mb_size]]  # may be empty on a rank (data parallel)
-                    denom = float(mini["response_mask"].sum() if agg_tokens else (mini["response_tokens"] > 0).sum())
-                    denom = dp.sum(denom)  # the whole minibatch's normaliser, over all ranks
-                    self.optimizer.zero_grad(set_to_none=True)
-                    finite = True
-                    with self.autocast():
-                        prefix = self.shared_prefix_for(mini, self.model)  # one prefix forward for all micro-batches
-                    prefix_tokens.append(prefix.length if prefix is not None else 0)
-                    micros = [(micro, num) for _rows, micro in self.micro_batches(mini, prefix_tokens[-1])
-                              if (num := float(micro["response_mask"].sum() if agg_tokens
-                                               else (micro["response_tokens"] > 0).sum())) > 0]
-                    for item in dp.lockstep(micros, self.model):  # FSDP: padded to every rank's pass count
-                        if item is None or not finite:
-                            if not sharded:  # after a non-finite loss: the minibatch is skipped
-                                break
-                            self.idle_pass(self.model, backward=True)  # FSDP: the passes still run on every rank
-                            continue
-                        micro, num = item
-                        micro = micro.to(self.device)
-                        with self.autocast():
-                            losses = self.loss_fn(micro, prefix=prefix)
-                        loss = total_loss(losses)
-                        if not torch.isfinite(loss):
-                            finite = False
-                            if sharded:  # its backward is a collective too; the gradient is discarded below
-                                (loss * (num / max(denom, 1.0))).backward()
-                            continue
-                        (loss * (num / max(denom, 1.0))).backward()
-                        acc.add(losses, tokens=float(micro["response_mask"].sum()),
-                                scaled_loss=float(loss.detach()) * num / max(denom, 1.0))
-                    if finite and prefix is not None:
-                        prefix.backward()  # the remainders' summed gradient through the one prefix pass
-                    del prefix
-                    if not dp.all(finite):  # every rank skips, or none
-                        self.optimizer.zero_grad(set_to_none=True)
-                        n_skipped += 1
-                        log.warning("step %d: non-finite loss, minibatch skipped", step)
-                        continue
-                    densify()  # a no-op unless a tied embedding's gradient ended up sparse
-                    dp.all_reduce_grads(params)  # summed over ranks (torchrl_grpo.distributed.data_parallel); no-op on one process
-                    gn = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
-                    if not torch.isfinite(gn):
-                        self.optimizer.zero_grad(set_to_none=True)
-                        n_skipped += 1
-                        log.warning("step %d: non-finite gradient norm, minibatch skipped", step)
-                        continue
-                    grad_norms.append(float(gn))
-                    self.optimizer.step()
-                    n_opt += 1
-        self.optimizer_steps += n_opt
-        self.model.eval()
-        out = acc.finish(n_opt + n_skipped, dp)  # reduced over ranks as loss.REDUCTIONS declares (a collective)
+        return current
+
+    def _normaliser(self, td: TensorDict) -> float:
+        """The loss's normaliser count in ``td``: response tokens (``token_mean``), else episodes with one."""
+        if self.loss_fn.aggregation == "token_mean":
+            return float(td["response_mask"].sum())
+        return float((td["response_tokens"] > 0).sum())
+
+    def _accumulate_gradients(self, mini: TensorDict, tally: _Tally) -> bool:
+        """Backward of the loss of each micro-batch of ``mini`` that has a scored token (gradient accumulation),
+        against one shared-prefix forward when there is one (:meth:`shared_prefix_for`) and that prefix's backward
+        after them. Returns whether every loss was finite; after a non-finite one the rest do not run (under FSDP
+        they run as idle passes, :meth:`_lockstep`) and the prefix gets no backward."""
+        denom = self.dp.sum(self._normaliser(mini))  # the whole minibatch's normaliser, over all ranks
+        with self.autocast():
+            prefix = self.shared_prefix_for(mini, self.model)  # one prefix forward for all micro-batches
+        tally.prefix_tokens.append(prefix.length if prefix is not None else 0)
+        micros = [micro for _rows, micro in self.micro_batches(mini, tally.prefix_tokens[-1])
+                  if has_scored_token(micro)]
+        finite = True
+        for micro in self._lockstep(micros, self.model, backward=True, stop=lambda: not finite):
+            finite = self._micro_backward(micro, denom, prefix, tally.acc)
+        if finite and prefix is not None:
+            prefix.backward()  # the remainders' summed gradient through the one prefix pass
+        return finite
+
+    def _micro_backward(self, micro: TensorDict, denom: float, prefix: SharedPrefix | None, acc: LossMetrics) -> bool:
+        """Backward of one micro-batch's loss weighted by its share ``num / denom`` of the minibatch's normaliser
+        (the micro-batches' gradients then sum to the minibatch loss's), and its metrics into ``acc``. Returns
+        whether the loss was finite: a non-finite loss gets no metrics, and a backward only under FSDP (a
+        collective; the minibatch's gradient is then discarded)."""
+        num = self._normaliser(micro)
+        micro = micro.to(self.device)
+        with self.autocast():
+            losses = self.loss_fn(micro, prefix=prefix)
+        loss = total_loss(losses)
+        finite = bool(torch.isfinite(loss))
+        if finite or is_fsdp(self.model):
+            (loss * (num / max(denom, 1.0))).backward()
+        if finite:
+            acc.add(losses, tokens=float(micro["response_mask"].sum()),
+                    scaled_loss=float(loss.detach()) * num / max(denom, 1.0))
+        return finite
+
+    def _skip(self, tally: _Tally, step: int, why: str) -> None:
+        """Drop this minibatch's gradient (no optimizer step) and count it as skipped."""
+        self.optimizer.zero_grad(set_to_none=True)
+        tally.skipped += 1
+        log.warning("step %d: %s, minibatch skipped", step, why)
+
+    def _metrics(self, batch: TensorDict, tally: _Tally, current: bool) -> dict[str, float]:
+        """The update's metrics: the loss metrics reduced over micro-batches and ranks as
+        :data:`~torchrl_grpo.objectives.loss.REDUCTIONS` declares (a collective), ``train/*`` counters and
+        ``grad_norm``."""
+        out = tally.acc.finish(tally.steps + tally.skipped, self.dp)
         self.loss_fn.anchor_current = False
         out["train/anchor_recomputed"] = float("old_log_probs" in batch.keys() or current)
         out["train/anchor_current"] = float(current)
-        out["train/optimizer_steps"] = float(n_opt)
-        out["train/skipped_minibatches"] = float(n_skipped)
-        out["train/shared_prefix_tokens"] = float(np.mean(prefix_tokens)) if prefix_tokens else 0.0
-        if grad_norms:
-            out["grad_norm"] = float(np.mean(grad_norms))
+        out["train/optimizer_steps"] = float(tally.steps)
+        out["train/skipped_minibatches"] = float(tally.skipped)
+        out["train/shared_prefix_tokens"] = float(np.mean(tally.prefix_tokens)) if tally.prefix_tokens else 0.0
+        if tally.grad_norms:
+            out["grad_norm"] = float(np.mean(tally.grad_norms))
         return out
