@@ -81,6 +81,7 @@ def run_mode(name: str, args, model0, tokenizer, tmp: Path) -> dict:
 
     from torchrl_grpo.training.async_trainer import AsyncGRPOTrainer
     from torchrl_grpo.build import seed_everything
+    from torchrl_grpo.build import build_trainer
     from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 
     eta, chunk = MODES[name]
@@ -98,7 +99,7 @@ def run_mode(name: str, args, model0, tokenizer, tmp: Path) -> dict:
     if colocated:
         # the production sync trainer: one thread, the backend samples from the trained module itself (no weight
         # copy, no anchor recompute); the thread moves to the generation core for each collect and back after
-        trainer = GRPOTrainer(cfg, tmp / name, model=copy.deepcopy(model0), tokenizer=tokenizer)
+        trainer = build_trainer(cfg, tmp / name, trainer_cls=GRPOTrainer, model=copy.deepcopy(model0), tokenizer=tokenizer)
         collect = trainer.collector.collect
 
         def pinned_collect(*a, **k):
@@ -110,7 +111,7 @@ def run_mode(name: str, args, model0, tokenizer, tmp: Path) -> dict:
 
         trainer.collector.collect = pinned_collect
     else:
-        trainer = AsyncGRPOTrainer(cfg, tmp / name, model=copy.deepcopy(model0), tokenizer=tokenizer)
+        trainer = build_trainer(cfg, tmp / name, trainer_cls=AsyncGRPOTrainer, model=copy.deepcopy(model0), tokenizer=tokenizer)
 
         def pin_rollout():
             placement["rollout_thread_cpus"] = _pin(args.gen_core)

@@ -31,6 +31,7 @@ def run_setting(workers: int, args) -> dict:
     from hydra import compose, initialize_config_dir
 
     from torchrl_grpo.config import register_configs
+    from torchrl_grpo.build import build_trainer
     from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 
     over = [f"actor.path={args.model}", f"train.steps={args.steps}", f"train.batch_size={args.batch_size}",
@@ -44,7 +45,7 @@ def run_setting(workers: int, args) -> dict:
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         cfg = compose(config_name="grpo_gsm8k", overrides=over)
     t0 = time.perf_counter()
-    trainer = GRPOTrainer(cfg, tempfile.mkdtemp(prefix=f"scale-out-{workers}-"))
+    trainer = build_trainer(cfg, tempfile.mkdtemp(prefix=f"scale-out-{workers}-"), trainer_cls=GRPOTrainer)
     startup = time.perf_counter() - t0
     rows = []
     try:

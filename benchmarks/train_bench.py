@@ -414,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg, overrides = build_ours_config(args, total)
     src = resolve_model_path(args.model)
     from torchrl_grpo.build import seed_everything
+    from torchrl_grpo.build import build_trainer
     from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 
     with tempfile.TemporaryDirectory(prefix="train_bench_") as tmp:
@@ -423,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         model_ours, tok_ours = load_model_and_tokenizer(args.model, dtype="float32", device="cpu")
         print(f"model {src.path} loaded in {time.perf_counter() - t0:.1f}s", flush=True)
         seed_everything(args.seed)
-        ours = GRPOTrainer(cfg, Path(tmp) / "ours", model=model_ours, tokenizer=tok_ours)
+        ours = build_trainer(cfg, Path(tmp) / "ours", trainer_cls=GRPOTrainer, model=model_ours, tokenizer=tok_ours)
         env = gym.make("GSM8K-v0", split="train", format_reward=args.format_reward, disable_env_checker=True).unwrapped
         ren = ChatRenderer(tok_ours)
         prompts = []
@@ -451,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg_v, overrides_v = build_ours_config(args, total, backend="vllm")
             model_v, tok_v = load_model_and_tokenizer(args.model, dtype="float32", device="cpu")
             seed_everything(args.seed)
-            ours_v = GRPOTrainer(cfg_v, Path(tmp) / "ours_vllm", model=model_v, tokenizer=tok_v)
+            ours_v = build_trainer(cfg_v, Path(tmp) / "ours_vllm", trainer_cls=GRPOTrainer, model=model_v, tokenizer=tok_v)
             runner_v = OursRunner(args, ours_v, name="ours_vllm")
 
         def between_steps():

@@ -14,7 +14,7 @@ Two savings over one plain forward over the whole padded batch, both exact up to
   log-softmax output and runs ``log_softmax_backward`` over it. When the whole call's fp32 logits fit
   :data:`HEAD_KEEP_BYTES` they are kept for the backward pass instead of recomputing the LM head there
   (checkpointing); above it, chunks are recomputed as before. Measured on the train_bench GSM8K update (SmolLM2,
-  4 x 128 response tokens per micro-batch, 2 cores): ``benchmarks/update_ab_bench.py``, 1.10x on the update.
+  4 x 128 response tokens per micro-batch, 2 cores): ``benchmarks/results/update_ab_bench.md``, 1.10x on the update.
 * **Group-shared prefix.** The ``n_samples`` episodes of a GRPO group start with the same prompt. Columns before
   the window that are identical across rows are run once per distinct prefix (``use_cache=True``), the resulting
   KV cache is gathered to every row (differentiable: gradients of all rows flow back into the one prefix pass),

@@ -9,7 +9,7 @@ reach the template through :func:`envs.chat_template.template_messages` (tool-ca
 
 The difference is taken on the rendered *text* and only the new text is tokenised: with tool schemas in the system
 prompt (tau2 telecom: ~8.6k tokens) tokenising both renders cost ~14 ms per env turn, most of a zero-cost-model
-rollout (``benchmarks/collector_overhead.py``). Each renderer checks once, at construction, that text-difference
+rollout (``benchmarks/results/collector_overhead.md``). Each renderer checks once, at construction, that text-difference
 tokenisation gives the same ids as the token difference, and keeps the token difference where it does not.
 """
 from __future__ import annotations
