@@ -348,6 +348,7 @@ def _train(cfg, run_dir, algo):
     return t, json.loads((run_dir / "metrics.json").read_text())
 
 
+@pytest.mark.slow  # end-to-end, 35-80 s on 2 cores: the slow stage (README: the unit command stays ~10 min)
 def test_sigint_mid_task_saves_a_checkpoint_and_resume_continues_exactly(tmp_path):
     full_t, a = _train(cl_cfg(num_steps_per_task=2, eval_interval=1), tmp_path / "full", Rewarded())
     # SIGINT during step 3 = the first of two telecom steps: that step finishes, then a checkpoint of it is written
@@ -381,6 +382,7 @@ def _adapters(model):
             for name in model.peft_config}
 
 
+@pytest.mark.slow  # end-to-end, 35-80 s on 2 cores: the slow stage (README: the unit command stays ~10 min)
 def test_lora_per_domain_resume_restores_every_adapter(tmp_path):
     def cfg(**over):
         c = cl_cfg(num_steps_per_task=2, algorithm="lora_per_domain", **over)
@@ -412,6 +414,7 @@ def test_lora_per_domain_resume_restores_every_adapter(tmp_path):
         assert all(torch.allclose(end_full[name][k], end_res[name][k], atol=1e-6) for k in end_full[name]), name
 
 
+@pytest.mark.slow  # end-to-end, 35-80 s on 2 cores: the slow stage (README: the unit command stays ~10 min)
 def test_ewc_fisher_and_anchor_survive_a_resume(tmp_path):
     def cfg(**over):
         c = cl_cfg(num_steps_per_task=2, algorithm="ewc", **over)
@@ -430,6 +433,7 @@ def test_ewc_fisher_and_anchor_survive_a_resume(tmp_path):
         assert torch.allclose(f1, f2, rtol=1e-5, atol=1e-12) and torch.allclose(s1, s2, atol=1e-6)
 
 
+@pytest.mark.slow  # end-to-end, 35-80 s on 2 cores: the slow stage (README: the unit command stays ~10 min)
 def test_kl_anchor_survives_a_mid_task_resume(tmp_path):
     # cl.kl_coef > 0: during telecom the KL reference is the policy that ended mock; interrupted after telecom's first
     # step and resumed, the second step's KL (to that anchor, not to the loaded weights) equals the uninterrupted one

@@ -128,6 +128,7 @@ def _grpo_args(gsm8k_dir, run, steps, *extra):
             "stats_logger.progress_bar=false", f"train_dataset.path={gsm8k_dir}", f"hydra.run.dir={run}", *extra]
 
 
+@pytest.mark.slow  # end-to-end, 35-80 s on 2 cores: the slow stage (README: the unit command stays ~10 min)
 def test_fsdp_run_writes_from_rank0_and_its_checkpoints_load_at_any_world_size(tmp_path, gsm8k_dir):
     """torchrun grpo.py train.strategy=fsdp: rank 0 alone writes; its checkpoint is the single-process one (full
     weights, optimizer state by parameter index), resumes on one process, and that one resumes under FSDP."""

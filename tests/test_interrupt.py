@@ -175,7 +175,7 @@ def _interrupt_and_resume(script: str, sig: int, tmp_path: Path, gsm8k_dir: Path
     cfg = OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.load(ckpt / "config.yaml"))
     cfg.train.resume_from, cfg.train.steps = str(run / "checkpoints"), last + 1
     resumed = tmp_path / "resumed"
-    trainer = (AsyncGRPOTrainer if cfg.mode == "async" else GRPOTrainer)(cfg, resumed)
+    trainer = build_trainer(cfg, resumed, trainer_cls=AsyncGRPOTrainer if cfg.mode == "async" else GRPOTrainer)
     try:
         assert trainer.step == last
         trainer.fit()

@@ -44,7 +44,12 @@ def _reference(env):
     return tau2_reward_reference(u.simulation_run(), u.task, u.domain_name, u.solo)
 
 
-@pytest.mark.parametrize("domain,split,user", SETS, ids=[f"{d}-{s}" for d, s, _ in SETS])
+#: airline and retail replay every task against tau2's own evaluator (~60-80 s each on 2 cores): the slow stage
+_GOLD_SETS = [pytest.param(d, s, u, id=f"{d}-{s}", marks=[pytest.mark.slow] if d in ("airline", "retail") else [])
+              for d, s, u in SETS]
+
+
+@pytest.mark.parametrize("domain,split,user", _GOLD_SETS)
 def test_gold_replay_every_task_scores_one_like_tau2(domain, split, user):
     env = gym.make(f"tau2/{domain}-v0", split=split, user=user, max_steps=200)
     u = env.unwrapped

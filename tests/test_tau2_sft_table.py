@@ -103,6 +103,7 @@ def s_warm(root):
     return tt.summarise(root)["warm_starts"][0]["status"].split(" (")[0]
 
 
+@pytest.mark.slow  # end-to-end, 35-80 s on 2 cores: the slow stage (README: the unit command stays ~10 min)
 def test_three_stages_end_to_end_on_mock_with_the_tiny_model(tmp_path):
     """base -> sft -> grpo through the real sft.py / grpo.py processes (tiny random model, mock domain, one step
     each): every stage writes a result.json with the test-split evaluation and the do-nothing baseline, grpo starts
