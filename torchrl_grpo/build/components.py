@@ -1,5 +1,5 @@
-"""From a run config to the objects a training loop runs: ``build(cfg, run_dir) -> Components``, and to the loop
-itself: ``build_trainer(cfg, run_dir) -> trainer``.
+"""From a run config to the objects a training loop runs: ``build(cfg, run_dir) -> Components``
+(:mod:`torchrl_grpo.build.trainers` hands them to the loop: ``build_trainer(cfg, run_dir) -> trainer``).
 
 Config flows one way, down this module: config -> :func:`build` -> components -> the trainer class
 :func:`build_trainer` picks (:func:`trainer_class`). The loop (:mod:`torchrl_grpo.training.grpo_trainer`,
@@ -39,19 +39,14 @@ from omegaconf import OmegaConf
 
 from torchrl_grpo.backends.base import RolloutBackend, SamplingConfig
 from torchrl_grpo.backends.factory import backend_from_config
-from torchrl_grpo.config import check_sft_run, validate_config
-from torchrl_grpo.continual.trainer import ContinualTrainer
+from torchrl_grpo.config import validate_config
 from torchrl_grpo.rollout.env_side import EnvSide, build_env_side
 from torchrl_grpo.seeding import seed_everything
-from torchrl_grpo.training.async_trainer import AsyncGRPOTrainer
 from torchrl_grpo.training.components import Components, LoopSettings
-from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 from torchrl_grpo.training.optimizer import make_optimizer, make_scheduler
-from torchrl_grpo.training.sft_trainer import SFTTrainer
 from torchrl_grpo.training.update import GRPOUpdate
 
-__all__ = ["build", "build_trainer", "trainer_class", "Components", "LoopSettings", "EnvSide", "resolve_device",
-           "max_staleness"]
+__all__ = ["build", "Components", "LoopSettings", "EnvSide", "resolve_device", "max_staleness", "autocast_for"]
 # seed_everything, make_scheduler and build_env_side, used here, are defined in torchrl_grpo.seeding,
 # torchrl_grpo.training.optimizer and torchrl_grpo.rollout.env_side; the choice sets in torchrl_grpo.config.choices
 
@@ -303,47 +298,3 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
         settings=settings, run_dir=run_dir, start_step=start_step, load_time_s=load_time_s, dp=dp, plan=plan,
         placement=placement,
     )
-
-
-def trainer_class(cfg) -> type:
-    """The loop a config asks for: :class:`~torchrl_grpo.continual.trainer.ContinualTrainer` when ``cl.task_order``
-    is set, :class:`~torchrl_grpo.training.async_trainer.AsyncGRPOTrainer` for ``mode=async``, else
-    :class:`~torchrl_grpo.training.grpo_trainer.GRPOTrainer` (``sft.py`` names
-    :class:`~torchrl_grpo.training.sft_trainer.SFTTrainer` itself)."""
-    if OmegaConf.select(cfg, "cl.task_order"):
-        return ContinualTrainer
-    return AsyncGRPOTrainer if cfg.mode == "async" else GRPOTrainer
-
-
-def build_trainer(cfg, run_dir: str | Path | None, *, trainer_cls: type | None = None, model=None, tokenizer=None,
-                  backend: RolloutBackend | None = None, **trainer_kw):
-    """Build a run's trainer from its config: the components (:func:`build`) handed to the trainer class.
-
-    Args:
-        cfg: the config (an OmegaConf node of :class:`torchrl_grpo.config.GRPOConfig`).
-        run_dir: output directory (a continual run: default ``cfg.output_dir``, else ``outputs/continual``).
-        trainer_cls: the loop; default :func:`trainer_class` ``(cfg)``. A GRPO-style class (``GRPOTrainer`` and its
-            subclasses) gets ``build(cfg, run_dir, own_backend_copy=trainer_cls.own_backend_copy)``; a
-            ``ContinualTrainer`` gets :func:`build` as its ``build_components`` (called after its checks, for the
-            first domain's config); ``SFTTrainer`` is refused Ray workers first (:func:`torchrl_grpo.config.check_sft_run`).
-        model / tokenizer / backend: optional preloaded policy and rollout backend (tests, notebooks), passed to
-            :func:`build`.
-        **trainer_kw: further keyword arguments of the trainer class (``algorithm=`` of a continual run).
-
-    Returns:
-        The trainer, ready to ``fit()`` (``train()`` for a continual run).
-
-    Raises:
-        ValueError, FileNotFoundError: as :func:`build` and the trainer class.
-    """
-    cls = trainer_cls or trainer_class(cfg)
-    if issubclass(cls, ContinualTrainer):
-        def build_components(domain_cfg, domain_run_dir):
-            return build(domain_cfg, domain_run_dir, model=model, tokenizer=tokenizer, backend=backend)
-
-        return cls(cfg, run_dir, build_components=build_components, **trainer_kw)
-    if issubclass(cls, SFTTrainer):
-        check_sft_run(cfg)  # before build(): it would start the Ray workers
-    components = build(cfg, run_dir, model=model, tokenizer=tokenizer, backend=backend,
-                       own_backend_copy=cls.own_backend_copy)
-    return cls(components, cfg=cfg, **trainer_kw)

@@ -1,0 +1,64 @@
+"""Which loop a config asks for, and that loop built from it: ``build_trainer(cfg, run_dir) -> trainer``.
+
+The components come from :func:`torchrl_grpo.build.components.build`; the trainer classes receive them and never read
+a config section.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from torchrl_grpo.backends.base import RolloutBackend
+from torchrl_grpo.build.components import build
+from torchrl_grpo.config import check_sft_run
+from torchrl_grpo.continual.trainer import ContinualTrainer
+from torchrl_grpo.training.async_trainer import AsyncGRPOTrainer
+from torchrl_grpo.training.grpo_trainer import GRPOTrainer
+from torchrl_grpo.training.sft_trainer import SFTTrainer
+
+__all__ = ["build_trainer", "trainer_class"]
+
+
+def trainer_class(cfg) -> type:
+    """The loop a config asks for: :class:`~torchrl_grpo.continual.trainer.ContinualTrainer` when ``cl.task_order``
+    is set, :class:`~torchrl_grpo.training.async_trainer.AsyncGRPOTrainer` for ``mode=async``, else
+    :class:`~torchrl_grpo.training.grpo_trainer.GRPOTrainer` (``sft.py`` names
+    :class:`~torchrl_grpo.training.sft_trainer.SFTTrainer` itself)."""
+    if OmegaConf.select(cfg, "cl.task_order"):
+        return ContinualTrainer
+    return AsyncGRPOTrainer if cfg.mode == "async" else GRPOTrainer
+
+
+def build_trainer(cfg, run_dir: str | Path | None, *, trainer_cls: type | None = None, model=None, tokenizer=None,
+                  backend: RolloutBackend | None = None, **trainer_kw):
+    """Build a run's trainer from its config: the components (:func:`build`) handed to the trainer class.
+
+    Args:
+        cfg: the config (an OmegaConf node of :class:`torchrl_grpo.config.GRPOConfig`).
+        run_dir: output directory (a continual run: default ``cfg.output_dir``, else ``outputs/continual``).
+        trainer_cls: the loop; default :func:`trainer_class` ``(cfg)``. A GRPO-style class (``GRPOTrainer`` and its
+            subclasses) gets ``build(cfg, run_dir, own_backend_copy=trainer_cls.own_backend_copy)``; a
+            ``ContinualTrainer`` gets :func:`build` as its ``build_components`` (called after its checks, for the
+            first domain's config); ``SFTTrainer`` is refused Ray workers first (:func:`torchrl_grpo.config.check_sft_run`).
+        model / tokenizer / backend: optional preloaded policy and rollout backend (tests, notebooks), passed to
+            :func:`build`.
+        **trainer_kw: further keyword arguments of the trainer class (``algorithm=`` of a continual run).
+
+    Returns:
+        The trainer, ready to ``fit()`` (``train()`` for a continual run).
+
+    Raises:
+        ValueError, FileNotFoundError: as :func:`build` and the trainer class.
+    """
+    cls = trainer_cls or trainer_class(cfg)
+    if issubclass(cls, ContinualTrainer):
+        def build_components(domain_cfg, domain_run_dir):
+            return build(domain_cfg, domain_run_dir, model=model, tokenizer=tokenizer, backend=backend)
+
+        return cls(cfg, run_dir, build_components=build_components, **trainer_kw)
+    if issubclass(cls, SFTTrainer):
+        check_sft_run(cfg)  # before build(): it would start the Ray workers
+    components = build(cfg, run_dir, model=model, tokenizer=tokenizer, backend=backend,
+                       own_backend_copy=cls.own_backend_copy)
+    return cls(components, cfg=cfg, **trainer_kw)
