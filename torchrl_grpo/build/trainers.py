@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from torchrl_grpo.backends.base import RolloutBackend
 from torchrl_grpo.build.components import build
+from torchrl_grpo.build.continual import build_continual_trainer
 from torchrl_grpo.config import check_sft_run
 from torchrl_grpo.continual.trainer import ContinualTrainer
 from torchrl_grpo.training.async_trainer import AsyncGRPOTrainer
@@ -53,10 +54,8 @@ def build_trainer(cfg, run_dir: str | Path | None, *, trainer_cls: type | None =
     """
     cls = trainer_cls or trainer_class(cfg)
     if issubclass(cls, ContinualTrainer):
-        def build_components(domain_cfg, domain_run_dir):
-            return build(domain_cfg, domain_run_dir, model=model, tokenizer=tokenizer, backend=backend)
-
-        return cls(cfg, run_dir, build_components=build_components, **trainer_kw)
+        return build_continual_trainer(cfg, run_dir, trainer_cls=cls, model=model, tokenizer=tokenizer,
+                                       backend=backend, **trainer_kw)
     if issubclass(cls, SFTTrainer):
         check_sft_run(cfg)  # before build(): it would start the Ray workers
     components = build(cfg, run_dir, model=model, tokenizer=tokenizer, backend=backend,
