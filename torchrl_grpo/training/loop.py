@@ -1,0 +1,226 @@
+"""The loop shell every trainer runs on (GRPO sync and async, SFT, continual): :func:`run_loop`.
+
+A trainer supplies what one step *is* (a callable returning the step's metrics) and the step counter it advances;
+the shell does the rest, once, for every trainer:
+
+- signals (:mod:`torchrl_grpo.training.interrupt`): the whole run under :func:`handle_signals`, each step (with
+  the evaluation, logging and checkpoint after it) under :func:`finish_step`;
+- evaluation on a schedule (:class:`EvalSchedule`): at the start, every ``k`` steps (not after the last one: the
+  final evaluation follows), at the end; an evaluation after a step is merged into that step's logged metrics;
+- one ``logger.log(metrics, step=position())`` per step;
+- a progress bar (tqdm) with the run's ETA (:func:`run_eta_s`), logged once after the first step;
+- checkpoints on a schedule (:class:`CheckpointSchedule`): every ``k`` steps, at the end (after the final
+  evaluation, unless this run just saved that step), and on interrupt (below);
+- at the end, after every step and evaluation: the learning curve (a callable).
+
+Interrupts (as :meth:`GRPOTrainer.fit` has always done; :mod:`torchrl_grpo.training.interrupt`): a first signal
+inside a step lets it finish (evaluation, log, periodic checkpoint), then :class:`TrainingInterrupted` is raised
+with ``mid_step=False``; a second one raises at once with ``mid_step=True``. On either, the shell closes the bar and
+then, by default: the state is *completed* when the exception is not mid-step or the step counter moved during the
+step that was running (its last write); a completed state newer than the loop's start and not on disk yet
+(``CheckpointSchedule.exists``) is saved when ``CheckpointSchedule.on_interrupt``; an abandoned step is logged,
+never saved. A caller with its own interrupt checkpoint (the continual trainer's ``checkpoint_task_{k}_interrupted``)
+passes ``on_interrupt(exc, completed)`` instead. The exception is always re-raised.
+
+Usage (the continual trainer, one task's steps; ``t`` a :class:`~torchrl_grpo.training.grpo_trainer.GRPOTrainer`,
+``done`` steps of task ``k`` already taken before a resume)::
+
+    def score_all() -> dict:                        # logs its own rows; returns {} (nothing merged into the step's)
+        self._evaluate_all(f"task_{k}/eval")
+        return {}
+
+    run_loop(lambda _: self._step(k, domain), n - done, position=lambda: t.step, logger=t.logger,
+             origin=t.step - done, last=n,             # the schedule counts this task's steps 1..n
+             evaluation=EvalSchedule(score_all, every=eval_interval),
+             on_interrupt=lambda e, completed: None,  # ContinualTrainer.train saves checkpoint_task_{k}_interrupted
+             progress=Progress(f"task {k}: {domain}", t.settings.progress_bar), log=log)
+
+and the sync GRPO trainer's whole run is ``run_loop(lambda _: self.train_step(), steps - self.step,
+position=lambda: self.step, last=steps, ...)`` (:meth:`GRPOTrainer.fit`).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from torchrl_grpo.reporting.learning_curve import plot_learning_curve
+from torchrl_grpo.training.interrupt import TrainingInterrupted, finish_step, handle_signals
+
+__all__ = ["run_loop", "EvalSchedule", "CheckpointSchedule", "Progress", "run_eta_s", "draw_learning_curve"]
+
+_log = logging.getLogger(__name__)
+
+
+def run_eta_s(step_s: float, steps_left: int, eval_s: float | None, eval_at_end: bool) -> float:
+    """Seconds to the end of the run: ``steps_left`` steps at the mean ``step_s`` seen so far, plus one final
+    evaluation as long as the first one took (``eval_s``; not counted when unknown or no final evaluation)."""
+    return max(0, steps_left) * step_s + (eval_s or 0.0) * bool(eval_at_end)
+
+
+def minutes(seconds: float) -> str:
+    """``"2.5 min"`` from 60 s on, else ``"42 s"``."""
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+@dataclass
+class EvalSchedule:
+    """When :func:`run_loop` evaluates: ``evaluate()`` returns metrics (``{}`` allowed) at the start (logged at the
+    current position), after every ``every``-th step except the last (merged into the step's metrics; 0: never), and
+    at the end (logged at the final position)."""
+
+    evaluate: Callable[[], dict[str, Any]]
+    at_start: bool = False
+    every: int = 0
+    at_end: bool = False
+
+
+@dataclass
+class CheckpointSchedule:
+    """When :func:`run_loop` saves: ``save()`` (returns the checkpoint path) after every ``every``-th step (0:
+    never), at the end (``at_end``) unless this run's last save was of the final step, and on an interrupt
+    (``on_interrupt``) when the state is a completed step newer than the loop's start that ``exists()`` says is not
+    on disk yet (default: this run has not saved the current position)."""
+
+    save: Callable[[], Path | str]
+    every: int = 0
+    at_end: bool = False
+    on_interrupt: bool = True
+    exists: Callable[[], bool] | None = None
+
+
+@dataclass
+class Progress:
+    """The progress bar: ``desc``, shown when ``enabled``; ``postfix`` names the float metrics shown beside the run
+    ETA."""
+
+    desc: str
+    enabled: bool = True
+    postfix: tuple[str, ...] = ("reward/mean", "loss/total", "ess")
+
+
+def run_loop(step: Callable[[Any], dict[str, Any]], steps: int | Iterable[Any], *, position: Callable[[], int],
+             logger, origin: int = 0, last: int | None = None, evaluation: EvalSchedule | None = None,
+             checkpoints: CheckpointSchedule | None = None,
+             on_interrupt: Callable[[TrainingInterrupted, bool], None] | None = None,
+             on_end: Callable[[], dict[str, Any] | None] | None = None, progress: Progress | None = None,
+             learning_curve: Callable[[], str | None] | None = None, summary: dict[str, Any] | None = None,
+             log: logging.Logger | None = None) -> dict[str, Any]:
+    """Run ``step(item)`` for each item of ``steps`` inside the shell (module docstring).
+
+    Args:
+        step: one training step; returns its metrics (a dict, logged). It advances the trainer's step counter.
+        steps: a count ``n`` (items ``0..n-1``) or an iterable of items (e.g. a generator of minibatches; work done
+            inside ``next()`` runs between steps, outside :func:`finish_step`).
+        position: the trainer's step counter: logging x axis, checkpoint names, the schedules' count.
+        logger: has ``log(metrics, step=)`` (:class:`torchrl_grpo.reporting.StatsLogger`).
+        origin: the schedules count ``n = position() - origin`` (default: the counter itself; the continual trainer
+            counts each task's steps from 1).
+        last: ``n`` of the final step, when known: ETA and the bar's total; an ``every`` evaluation is skipped there.
+        evaluation / checkpoints: the schedules (None: none).
+        on_interrupt: ``(exc, completed) -> None`` replacing the default interrupt save (module docstring).
+        on_end: run after the last step, before the final evaluation (e.g. SFT writes its model there, so a failed
+            evaluation keeps the training); a returned dict is merged into the summary.
+        progress: the bar (None: no bar). learning_curve: drawn at the end; its result is ``summary["learning_curve"]``.
+        summary: a dict to fill (default a new one). log: where the ETA line goes (default this module's logger).
+
+    Returns:
+        ``summary`` with ``eval_start`` / ``eval_end`` (when run), ``checkpoint`` (the newest path saved),
+        ``last`` (the last step's metrics, with any evaluation after it) and ``learning_curve`` (when given).
+
+    Raises:
+        TrainingInterrupted: on SIGINT / SIGTERM, after the interrupt handling (module docstring).
+        Anything ``step``, ``evaluate``, ``save`` or ``on_end`` raise, unchanged (the bar closed).
+    """
+    log = log or _log
+    summary = {} if summary is None else summary
+    ev, ck = evaluation, checkpoints
+    items = range(steps) if isinstance(steps, int) else steps
+    last_metrics: dict[str, Any] = {}
+    saved_at: list[int] = []  # positions this run saved
+    start = began = position()
+    bar = None
+    with handle_signals():
+        try:
+            eval_s = None  # wall seconds of the first evaluation, for the ETA
+            if ev is not None and ev.at_start:
+                t_eval = time.perf_counter()
+                summary["eval_start"] = m = ev.evaluate()
+                eval_s = time.perf_counter() - t_eval
+                logger.log(m, step=position())
+            if progress is not None:
+                bar = tqdm(total=last, initial=start - origin if last is not None else 0, desc=progress.desc,
+                           disable=not progress.enabled)
+            t_loop, done = time.perf_counter(), 0
+            final_eval = ev is not None and ev.at_end
+            for item in items:
+                began = position()
+                with finish_step():  # a signal in here lets the step finish (evaluation, log, checkpoint) first
+                    last_metrics = step(item)
+                    n = position() - origin
+                    if ev is not None and ev.every and n % ev.every == 0 and (last is None or n < last):
+                        last_metrics.update(ev.evaluate())
+                    logger.log(last_metrics, step=position())
+                    done += 1
+                    step_s = (time.perf_counter() - t_loop) / done
+                    eta = run_eta_s(step_s, last - n, eval_s, final_eval) if last is not None else None
+                    if done == 1 and eta is not None:
+                        log.info("ETA: about %s to the end of the run (%d steps to go at %.0f s/step%s)", minutes(eta),
+                                 last - n, step_s, f" + final evaluation ~{eval_s:.0f} s" if eval_s and final_eval
+                                 else "")
+                    if bar is not None:
+                        bar.update(1)
+                        post = {k: f"{last_metrics[k]:.3g}" for k in progress.postfix
+                                if isinstance(last_metrics.get(k), float)}
+                        bar.set_postfix({**post, **({"run ETA": minutes(eta)} if eta is not None else {})})
+                    if ck is not None and ck.every and n % ck.every == 0:
+                        summary["checkpoint"] = str(ck.save())
+                        saved_at.append(position())
+            bar = bar.close() if bar is not None else None
+            if on_end is not None:
+                summary.update(on_end() or {})
+            if final_eval:
+                summary["eval_end"] = m = ev.evaluate()
+                logger.log(m, step=position())
+            if ck is not None and ck.at_end and (not saved_at or saved_at[-1] != position()):
+                summary["checkpoint"] = str(ck.save())
+                saved_at.append(position())
+        except TrainingInterrupted as e:
+            bar = bar.close() if bar is not None else None
+            # consistent: raised between steps, or after the step returned (the counter is its last write)
+            completed = not e.mid_step or position() > began
+            if on_interrupt is not None:
+                on_interrupt(e, completed)
+            elif not completed:
+                log.warning("%s: step %d abandoned, not saved", e, position() + 1)
+            elif ck is not None and ck.on_interrupt and position() > start:
+                on_disk = ck.exists() if ck.exists is not None else bool(saved_at) and saved_at[-1] == position()
+                if not on_disk:
+                    log.warning("%s: saved the last completed step to %s", e, ck.save())
+            raise
+        finally:  # an error out of a step, an evaluation or the items: the bar is closed too
+            if bar is not None:
+                bar.close()
+    summary["last"] = last_metrics
+    if learning_curve is not None:
+        summary["learning_curve"] = learning_curve()
+    return summary
+
+
+def draw_learning_curve(logger, run_dir: Path, step: int, n_eval: int | None) -> str | None:
+    """``learning_curve.png`` in ``run_dir`` from ``logger.path`` (metrics.jsonl), also sent as an image
+    (:mod:`torchrl_grpo.reporting.learning_curve`; ``n_eval``: the evaluation's task count, for its intervals).
+    A failure to draw is logged, never raised: the run itself is done. Returns the PNG path or None."""
+    try:
+        png = plot_learning_curve(logger.path, Path(run_dir) / "learning_curve.png", n_eval=n_eval)
+    except Exception as exc:  # noqa: BLE001
+        _log.warning("learning curve not drawn: %s", exc)
+        return None
+    if png is not None:
+        logger.log_images({"learning_curve": png}, step=step)
+    return None if png is None else str(png)
