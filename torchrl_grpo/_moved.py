@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import sys
 import warnings
@@ -37,7 +38,13 @@ PACKAGE_FORWARD = {"distributed": "distributed.data_parallel", "continual": "con
 
 
 class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serves ``torchrl_grpo.<old>`` as the new module itself (one object, two names in ``sys.modules``)."""
+    """Serves ``torchrl_grpo.<old>`` as the new module itself (one object, two names in ``sys.modules``).
+
+    The new module's own spec is kept per module name between ``create_module`` and ``exec_module`` (the import
+    system overwrites ``__spec__`` in between): two threads importing two old paths at once each get their own."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, importlib.machinery.ModuleSpec] = {}
 
     def find_spec(self, fullname, path=None, target=None):
         head, _, leaf = fullname.partition(".")
@@ -50,11 +57,13 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         warnings.warn(f"{spec.name} moved to {new}; the old path goes in the next release", DeprecationWarning,
                       stacklevel=2)
         module = importlib.import_module(new)
-        self._spec = module.__spec__  # the import system overwrites __spec__ with the alias's: put it back below
+        self._specs[module.__name__] = module.__spec__  # the import system overwrites __spec__: put it back below
         return module
 
     def exec_module(self, module):
-        module.__spec__ = self._spec  # already executed under its new name; only its own spec is restored
+        spec = self._specs.pop(module.__name__, None)  # already executed under its new name: only its spec returns
+        if spec is not None:
+            module.__spec__ = spec
 
 
 def install() -> None:
