@@ -22,21 +22,16 @@ import os
 import sys
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from grpo import run  # noqa: E402  (registers the config schema)
-from torchrl_grpo.training.interrupt import exit_code  # noqa: E402
+from torchrl_grpo.cli import exit_code, run_async  # noqa: E402  (registers the config schema)
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="grpo_reasoning_async")
 def main(cfg: DictConfig) -> None:
-    if cfg.mode != "async":
-        raise SystemExit(f"grpo-async.py runs mode=async (got mode={cfg.mode}); use grpo.py for sync, or an async "
-                         f"config (--config-name <name>_async, e.g. grpo_tau2_async)")
-    run(cfg)
+    run_async(cfg)  # torchrl_grpo.cli.run_async
 
 
 if __name__ == "__main__":
