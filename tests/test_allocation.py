@@ -5,18 +5,18 @@ import json
 
 import pytest
 
-from torchrl_grpo.distributed.device_plan import AllocationError, parse_allocation_mode, resolve_plan
+from torchrl_grpo.build.devices import plan_request
+from torchrl_grpo.distributed.device_plan import AllocationError, PlanRequest, parse_allocation_mode, resolve_plan
 
 GPUS4 = [f"cuda:{i}" for i in range(4)]
 CPU2 = ["cpu:0", "cpu:1"]
 
 
 def cfg(mode=None, **roles):
-    out = {"allocation_mode": mode}
-    for role in ("train", "inference", "ref"):
-        n, devs = roles.get(role, (0, []))
-        out[f"{role}_model"] = {"num_devices": n, "devices": devs}
-    return out
+    """The plan request of a config with ``allocation_mode=mode`` and ``{role}_model`` = ``roles[role]``
+    (``(num_devices, devices)``)."""
+    return PlanRequest(mode, num_devices={r: n for r, (n, _) in roles.items()},
+                       devices={r: tuple(d) for r, (_, d) in roles.items()})
 
 
 def test_default_is_one_colocated_device():
@@ -151,24 +151,25 @@ def test_scale_out_config_errors(overrides, match):
 
 def test_allocation_mode_fsdp_selects_the_fsdp_strategy():
     """``allocation_mode=...+fsdp:dN`` with train.strategy left at single runs FSDP2 (torchrl_grpo.distributed.data_parallel)."""
-    from torchrl_grpo.distributed.device_plan import train_strategy
+    from torchrl_grpo.config import train_strategy
 
     assert train_strategy(_compose(["allocation_mode=vllm:d1+fsdp:d2"])) == "fsdp"
     assert train_strategy(_compose(["allocation_mode=vllm:d1+ddp:d2"])) == "ddp"
     assert train_strategy(_compose(["train.strategy=ddp"])) == "ddp"
     assert train_strategy(_compose([])) == "single"
     cfg = _compose(["allocation_mode=transformers:d1+fsdp:d2"])
-    plan = resolve_plan(cfg, GPUS4, world_size=2, train_engine=train_strategy(cfg))
+    plan = resolve_plan(plan_request(cfg), GPUS4, world_size=2, train_engine=train_strategy(cfg))
     assert plan.placements["train"].engine == "fsdp" and plan.placements["train"].devices == ("cuda:0", "cuda:1")
 
 
 def test_config_keys_resolve_to_a_plan():
     """The Hydra keys (allocation_mode, train_model/inference_model/ref_model) feed resolve_plan as they are."""
     cfg = _compose(["train_model.num_devices=2", "inference_model.devices=[3]"])
-    plan = resolve_plan(cfg, GPUS4, world_size=2, train_engine="ddp")
+    plan = resolve_plan(plan_request(cfg), GPUS4, world_size=2, train_engine="ddp")
     assert plan.placements["train"].devices == ("cuda:0", "cuda:1")
     assert plan.placements["inference"].devices == ("cuda:3",)
-    plan = resolve_plan(_compose(["allocation_mode=vllm:d1", "rollout.backend=vllm"]), GPUS4, inference_engine="vllm")
+    plan = resolve_plan(plan_request(_compose(["allocation_mode=vllm:d1", "rollout.backend=vllm"])), GPUS4,
+                        inference_engine="vllm")
     assert (plan.placements["inference"].devices, plan.placements["train"].devices) == (("cuda:0",), ("cuda:1",))
 
 
@@ -246,8 +247,7 @@ def test_readme_device_plans_resolve_and_keep_in_process_vllm_on_cuda0():
 
     from hydra import compose, initialize_config_dir
 
-    from torchrl_grpo.distributed.device_plan import train_strategy
-    from torchrl_grpo.config import register_configs
+    from torchrl_grpo.config import register_configs, train_strategy
 
     register_configs()
     cmds = _readme_commands()
@@ -257,7 +257,7 @@ def test_readme_device_plans_resolve_and_keep_in_process_vllm_on_cuda0():
                                    version_base="1.3"):
             c = compose(config_name=config, overrides=overrides)
         workers = c.rollout.num_workers if c.rollout.launcher == "ray" else 0
-        plan = resolve_plan(c, [f"cuda:{i}" for i in range(gpus or 8)], world_size=nproc, rollout_workers=workers,
-                            train_engine=train_strategy(c), inference_engine=c.rollout.backend)
+        plan = resolve_plan(plan_request(c), [f"cuda:{i}" for i in range(gpus or 8)], world_size=nproc,
+                            rollout_workers=workers, train_engine=train_strategy(c), inference_engine=c.rollout.backend)
         if c.rollout.backend == "vllm" and not workers:
             assert set(_inference_devices(plan)) == {"cuda:0"}, (command, plan.describe())

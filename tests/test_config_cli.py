@@ -127,7 +127,8 @@ def test_choice_sets_are_defined_once_in_config_and_shared_with_the_implementing
     from torchrl_grpo.objectives import advantage as advantage
     from torchrl_grpo.objectives import loss as loss
     from torchrl_grpo.reporting import stats_logger
-    from torchrl_grpo.rollout import env_side, ray_workers
+    from torchrl_grpo.build import env_side  # maps econfig.user to the env's user= (moved from rollout/, issue 27)
+    from torchrl_grpo.rollout import ray_workers
     from torchrl_grpo.training import optimizer, sft_trainer
     from torchrl_grpo.training import update as update
 
@@ -168,7 +169,7 @@ def test_config_imports_nothing_of_ours_and_no_torch():
     (["econfig.solo_mode=false", "econfig.user=scripted", "econfig.user_llm=gpt-4o-mini"], "scripted"),
 ])
 def test_tau2_user_has_one_spelling_per_concept(overrides, user):
-    from torchrl_grpo.rollout.env_side import tau2_user
+    from torchrl_grpo.config import tau2_user
 
     cfg = _compose_tau2(overrides)
     validate_config(cfg)

@@ -139,7 +139,12 @@ def test_worker_restarts_are_bounded(ray_session, tmp_path, gsm8k_dir):
 
 
 def test_more_workers_than_ray_cpus_is_a_clear_error(ray_session):
+    import functools
+
+    from torchrl_grpo.backends.base import SamplingConfig
+    from torchrl_grpo.build.rollout import worker_rollout
     from torchrl_grpo.rollout.ray_workers import RayRolloutCollector
 
+    recipe = functools.partial(worker_rollout, {}, SamplingConfig())  # never run: the check comes first
     with pytest.raises(ValueError, match=r"rollout.num_workers=3 actors need 3 CPUs but the Ray cluster has 2"):
-        RayRolloutCollector({"train": {"device": "cpu"}}, 3)
+        RayRolloutCollector(recipe, 3, device="cpu")

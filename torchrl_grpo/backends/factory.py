@@ -1,9 +1,8 @@
 """Build a rollout backend by name: the one place outside each backend's own module that names a backend class.
 
 ``rollout.backend`` values are :data:`BACKENDS` (:mod:`torchrl_grpo.config.choices`). :func:`make_backend` builds
-one from explicit settings; :func:`backend_from_config` reads them from a run config (``rollout.*``, ``actor.path``,
-``actor.peft.enable``, ``seed``): what :func:`torchrl_grpo.build.build` and each Ray rollout worker
-(:mod:`torchrl_grpo.rollout.ray_workers`) call. Everything else talks to a
+one from explicit settings; :func:`torchrl_grpo.build.rollout.backend_from_config` reads them from a run config (for
+the trainer and, through the Ray recipe, each rollout worker). Everything else talks to a
 :class:`~torchrl_grpo.backends.base.RolloutBackend`.
 """
 from __future__ import annotations
@@ -14,9 +13,8 @@ import torch
 
 from torchrl_grpo.backends.base import RolloutBackend
 from torchrl_grpo.config.choices import BACKENDS  # rollout.backend: the colocated transformers backend, or vLLM
-from torchrl_grpo.models import resolve_model_path
 
-__all__ = ["BACKENDS", "make_backend", "backend_from_config"]
+__all__ = ["BACKENDS", "make_backend"]
 
 
 def make_backend(kind: str, model: torch.nn.Module, tokenizer, *, own_copy: bool, max_batch_size: int,
@@ -75,21 +73,3 @@ def make_backend(kind: str, model: torch.nn.Module, tokenizer, *, own_copy: bool
         backend.sync_from(model)
     return backend
 
-
-def backend_from_config(cfg, model: torch.nn.Module, tokenizer, *, own_copy: bool,
-                        device: torch.device | str | None = None) -> RolloutBackend:
-    """:func:`make_backend` with the settings of a run config: ``rollout.backend``, ``rollout.max_batch_size``,
-    ``rollout.vllm.*``, ``seed``, ``actor.path`` (resolved: the folder vLLM loads) and ``actor.peft.enable`` (vLLM
-    takes the LoRA policy's weights at once). ``own_copy`` and ``device`` as in :func:`make_backend` (the build's
-    placement decides them).
-
-    Raises:
-        ValueError / ImportError: as :func:`make_backend`; a ``rollout.backend`` outside :data:`BACKENDS` is refused
-            there (and at start-up by :func:`torchrl_grpo.config.validate_config`).
-    """
-    r = cfg.rollout
-    path = resolve_model_path(cfg.actor.path).path if r.backend == "vllm" else None
-    return make_backend(r.backend, model, tokenizer, own_copy=own_copy, device=device, max_batch_size=r.max_batch_size,
-                        model_path=path, seed=cfg.seed, vllm_dtype=r.vllm.dtype, max_model_len=r.vllm.max_model_len,
-                        check_sync_every=r.vllm.check_sync_every,
-                        gpu_memory_utilization=r.vllm.gpu_memory_utilization, push_weights=cfg.actor.peft.enable)

@@ -44,13 +44,14 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-# the allocation_mode string is config: its engines (inference: the rollout backends; training:
-# train.strategy-like), its parser and the training strategy a config names live in torchrl_grpo.config
-from torchrl_grpo.config.allocation_mode import AllocationError, parse_allocation_mode, train_strategy
+# the allocation_mode string is config: its engines (inference: the rollout backends; training: train.strategy-like)
+# and its parser live in torchrl_grpo.config; what a run config asks for reaches this module as a PlanRequest of plain
+# values (torchrl_grpo.build.devices.plan_request)
+from torchrl_grpo.config.allocation_mode import AllocationError, parse_allocation_mode
 from torchrl_grpo.config.choices import INFERENCE_ENGINES, TRAIN_ENGINES
 
-__all__ = ["AllocationError", "AllocationPlan", "RolePlacement", "parse_allocation_mode", "resolve_plan",
-           "detect_devices", "train_strategy", "INFERENCE_ENGINES", "TRAIN_ENGINES", "ROLES"]
+__all__ = ["AllocationError", "AllocationPlan", "RolePlacement", "PlanRequest", "parse_allocation_mode",
+           "resolve_plan", "detect_devices", "INFERENCE_ENGINES", "TRAIN_ENGINES", "ROLES"]
 
 #: the roles a plan places, in allocation order
 ROLES = ("train", "inference", "ref")
@@ -157,25 +158,39 @@ def detect_devices(device_type: str = "auto") -> list[str]:
     return [f"cpu:{i}" for i in range(os.cpu_count() or 1)]
 
 
-def _role_spec(cfg: Any, role: str) -> tuple[int, list[int]]:
-    node = cfg.get(f"{role}_model") if hasattr(cfg, "get") else getattr(cfg, f"{role}_model", None)
-    if node is None:
-        return 0, []
-    get = node.get if hasattr(node, "get") else lambda k, d=None: getattr(node, k, d)
-    return int(get("num_devices", 0) or 0), [int(d) for d in (get("devices", None) or [])]
+@dataclass(frozen=True)
+class PlanRequest:
+    """What a run asks of the devices, in either spelling (module docstring), as plain values.
+
+    :func:`torchrl_grpo.build.devices.plan_request` reads it from a run config (``allocation_mode``,
+    ``train_model`` / ``inference_model`` / ``ref_model``); tests write it by hand.
+
+    Attributes:
+        allocation_mode: AReaL's string (e.g. ``"vllm:d1+fsdp:d2"``), or None.
+        num_devices: ``{role: count}`` of the recipe keys (0 or absent: not set).
+        devices: ``{role: explicit device indices}`` of the recipe keys (empty or absent: not set).
+    """
+
+    allocation_mode: str | None = None
+    num_devices: dict[str, int] = field(default_factory=dict)
+    devices: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def role(self, role: str) -> tuple[int, list[int]]:
+        """``(num_devices, devices)`` of ``role`` (``(0, [])``: not set)."""
+        return int(self.num_devices.get(role, 0) or 0), [int(d) for d in self.devices.get(role, ()) or ()]
 
 
-def resolve_plan(cfg: Any, available: Sequence[str], *, world_size: int = 1, rollout_workers: int = 0,
+def resolve_plan(request: PlanRequest, available: Sequence[str], *, world_size: int = 1, rollout_workers: int = 0,
                  train_engine: str = "single", inference_engine: str = "transformers") -> AllocationPlan:
-    """Resolve a config into a plan on the devices ``available``.
+    """Resolve what a run asks for into a plan on the devices ``available``.
 
     Args:
-        cfg: a mapping/config with ``allocation_mode`` (str or None) and ``train_model`` / ``inference_model`` /
-            ``ref_model`` nodes each with ``num_devices`` (int, 0: not set) and ``devices`` (list of indices).
+        request: the run's :class:`PlanRequest` (``allocation_mode``, or the recipe keys' counts / indices per role).
         available: the device names present (:func:`detect_devices`), all of one type.
         world_size: training processes launched (``WORLD_SIZE`` under torchrun).
         rollout_workers: rollout actors (``rollout.num_workers``).
-        train_engine: the training engine of the run (:func:`train_strategy`: ``single`` | ``ddp`` | ``fsdp``).
+        train_engine: the training engine of the run (:func:`torchrl_grpo.config.train_strategy`: ``single`` |
+            ``ddp`` | ``fsdp``).
         inference_engine: the rollout backend of the config (``rollout.backend``).
 
     Returns:
@@ -191,8 +206,8 @@ def resolve_plan(cfg: Any, available: Sequence[str], *, world_size: int = 1, rol
     if not available:
         raise AllocationError("no devices present")
     dtype = available[0].split(":")[0]
-    mode = cfg.get("allocation_mode") if hasattr(cfg, "get") else getattr(cfg, "allocation_mode", None)
-    specs = {r: _role_spec(cfg, r) for r in ROLES}
+    mode = request.allocation_mode
+    specs = {r: request.role(r) for r in ROLES}
     recipe_set = [f"{r}_model.{'devices' if d else 'num_devices'}" for r, (n, d) in specs.items() if n or d]
     if mode and recipe_set:
         raise AllocationError(f"allocation_mode={mode!r} and {', '.join(recipe_set)} are both set: use one spelling")

@@ -107,11 +107,11 @@ def _main(argv: list[str]) -> int:
         return 2
     run = Path(argv[0])
     n_eval = None
-    cfg = run / ".hydra" / "config.yaml"
-    if cfg.is_file():
+    saved = run / ".hydra" / "config.yaml"  # the run's record on disk (eval.n_problems), not a live config
+    if saved.is_file():
         import yaml
 
-        n_eval = ((yaml.safe_load(cfg.read_text()) or {}).get("eval") or {}).get("n_problems")
+        n_eval = ((yaml.safe_load(saved.read_text()) or {}).get("eval") or {}).get("n_problems")
     out = plot_learning_curve(run / "metrics.jsonl", run / "learning_curve.png", n_eval=n_eval)
     print(out if out else "nothing to draw")
     return 0

@@ -1,9 +1,11 @@
 """Ray rollout workers: ``python grpo.py rollout.launcher=ray rollout.num_workers=N`` (extra ``[ray]``).
 
 Each worker is a Ray actor (:class:`RolloutWorker`, ``num_cpus=1``, or ``num_gpus=1`` on CUDA) that holds its own
-rollout backend (transformers, or vLLM where installed: :func:`torchrl_grpo.backends.factory.backend_from_config` on
-its own copy of the policy) and its own envs (a :class:`torchrl_grpo.rollout.collector.GroupCollector` built by
-:func:`torchrl_grpo.rollout.env_side.build_env_side` from the same config). The trainer talks to them through
+rollout backend (transformers, or vLLM where installed, on its own copy of the policy) and its own envs (a
+:class:`torchrl_grpo.rollout.collector.GroupCollector`). It builds them in its own process with a *recipe*: a
+picklable callable ``recipe(device) -> (backend, collector)`` handed down by the build
+(:func:`torchrl_grpo.build.rollout.worker_rollout` on the run config as plain containers, with the run's one
+``SamplingConfig``), so this module never reads the config. The trainer talks to them through
 :class:`RayRolloutCollector`, which has the collector interface the loop uses (``collect``, ``last_stats``,
 ``update_policy_weights_``, ``close``), so :mod:`torchrl_grpo.training.grpo_trainer` is unchanged. Ray is local
 (``ray.init(num_cpus=...)``) or a cluster: ``RAY_ADDRESS=<head>:6379`` (``ray.init()`` connects to it).
@@ -44,20 +46,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
-from omegaconf import OmegaConf
 from tensordict import TensorDict
 
-from torchrl_grpo.backends.base import SamplingConfig
-from torchrl_grpo.backends.factory import backend_from_config
 from torchrl_grpo.backends.weight_sync import export_hf_weights
 from torchrl_grpo.config.choices import LAUNCHERS  # rollout.launcher: in the trainer process, or Ray actors
-from torchrl_grpo.models import load_model_and_tokenizer
 from torchrl_grpo.rollout.collector import _items
-from torchrl_grpo.rollout.env_side import build_env_side
-from torchrl_grpo.seeding import seed_everything
 
 __all__ = ["LAUNCHERS", "RolloutWorker", "RayRolloutCollector", "weights_digest"]
 
@@ -89,27 +85,17 @@ class RolloutWorker:
     """One rollout actor's state: a backend on its own copy of the policy and a collector over its own envs.
 
     Args:
-        cfg: the run's config as a plain dict (``OmegaConf.to_container``); built with
-            :func:`torchrl_grpo.rollout.env_side.build_env_side` like the trainer's own collector.
+        recipe: ``recipe(device) -> (backend, collector)``, run in this actor's process (module docstring;
+            :func:`torchrl_grpo.build.rollout.worker_rollout`): the backend must take weights by ``load_weights``.
         worker_id: its index (logged with the episodes).
+        device: ``cpu`` (the actor then uses the CPUs Ray assigned it) or ``cuda`` (its GPU).
     """
 
-    def __init__(self, cfg: dict, worker_id: int) -> None:
-        c = OmegaConf.create(cfg)
-        seed_everything(c.seed)
-        device = "cuda" if torch.cuda.is_available() and c.train.device != "cpu" else "cpu"
+    def __init__(self, recipe: Callable[[str], tuple[Any, Any]], worker_id: int, device: str = "cpu") -> None:
         if device == "cpu":  # use the CPUs Ray gave this actor, not the driver's OMP_NUM_THREADS (oversubscription)
             torch.set_num_threads(max(1, int(_assigned_cpus())))
-        model, tokenizer = load_model_and_tokenizer(c.actor.path, dtype=c.actor.dtype, device=device)
-        model.eval().requires_grad_(False)
         self.worker_id = worker_id
-        self.backend = backend_from_config(c, model, tokenizer, own_copy=False)  # the worker's own module: sync copies in
-        if getattr(self.backend, "share_module", False):
-            self.backend.share_module = False  # weights arrive by load_weights into this actor's module
-        g = c.gconfig
-        sampling = SamplingConfig(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p,
-                                  top_k=g.top_k)
-        self.collector = build_env_side(c, self.backend, tokenizer, sampling).collector
+        self.backend, self.collector = recipe(device)
 
     def collect(self, tasks: list[dict], n_samples: int, step: int) -> tuple[TensorDict, dict[str, float]]:
         """``GroupCollector.collect`` on this worker's tasks; returns the batch and its stats."""
@@ -136,8 +122,10 @@ class RayRolloutCollector:
     """The trainer-side handle on ``num_workers`` :class:`RolloutWorker` actors (module docstring).
 
     Args:
-        cfg: the run config (OmegaConf or dict).
+        recipe: what each actor runs to build its backend and collector (:class:`RolloutWorker`), picklable.
         num_workers: actors to start.
+        device: the training device setting (``train.device``: ``cpu`` | ``cuda`` | ``auto``): actors take a GPU
+            each where CUDA is present and ``device`` is not ``cpu``, else a CPU each.
         local_backend: the trainer's own backend (evaluation; its version follows every sync).
         max_restarts: replacements of dead workers allowed over the run.
         worker_timeout_s: the longest a step waits for the next worker batch (``rollout.worker_timeout_s``), and
@@ -153,8 +141,9 @@ class RayRolloutCollector:
             (GPUs on CUDA).
     """
 
-    def __init__(self, cfg: Any, num_workers: int, *, local_backend=None, max_restarts: int = 3,
-                 check_sync: bool = False, ray_init: dict | None = None, worker_timeout_s: float = 3600.0) -> None:
+    def __init__(self, recipe: Callable[[str], tuple[Any, Any]], num_workers: int, *, device: str = "auto",
+                 local_backend=None, max_restarts: int = 3, check_sync: bool = False, ray_init: dict | None = None,
+                 worker_timeout_s: float = 3600.0) -> None:
         try:
             import ray
         except ImportError as e:  # pragma: no cover - depends on the extra
@@ -168,10 +157,11 @@ class RayRolloutCollector:
         self._ray = ray
         if not ray.is_initialized():
             ray.init(**(ray_init or {}))
-        self.cfg = cfg if isinstance(cfg, dict) else OmegaConf.to_container(cfg, resolve=True)
+        self.recipe = recipe
         self.num_workers, self.max_restarts, self.check_sync = num_workers, max_restarts, check_sync
         self.local_backend = local_backend
-        gpu = torch.cuda.is_available() and self.cfg["train"]["device"] != "cpu"
+        gpu = torch.cuda.is_available() and device != "cpu"
+        self.worker_device = "cuda" if gpu else "cpu"
         need = "GPU" if gpu else "CPU"
         have = ray.cluster_resources().get(need, 0)
         if have < num_workers:  # the actors would wait for resources forever
@@ -190,7 +180,7 @@ class RayRolloutCollector:
                 f"a hung env, user simulator or engine; raise rollout.worker_timeout_s if batches are that slow")
 
     def _start(self, w: int):
-        return self._actor_cls.options(name=None).remote(self.cfg, w)
+        return self._actor_cls.options(name=None).remote(self.recipe, w, self.worker_device)
 
     def _replace(self, w: int, err: Exception) -> None:
         self.restarts += 1
