@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from types import SimpleNamespace
 
 import pytest
@@ -19,10 +20,11 @@ from torchrl_grpo.continual.algorithms import (
     Replay,
     Sequential,
     concat_batches,
-    make_algorithm,
 )
+from torchrl_grpo.build.continual import make_algorithm
 from torchrl_grpo.rollout.episode_stats import non_tensor_list
 from torchrl_grpo.continual.trajectory_buffer import TrajectoryBuffer
+from torchrl_grpo.training.update import GRPOUpdate
 
 
 def batch(n_groups, G, T, rewards=None, domain="mock", first_task=0):
@@ -133,9 +135,17 @@ def test_registry_and_make_algorithm():
     assert Sequential().augment_batch(x, "mock") is x
 
 
+def _update(model, lr=0.1):
+    """A GRPOUpdate on ``model`` (an SGD optimizer, one parameter group) for the algorithms' hooks; no loss."""
+    return GRPOUpdate(model, None, torch.optim.SGD(model.parameters(), lr=lr), reference=None,
+                      device=torch.device("cpu"), autocast=nullcontext, ppo_epochs=1, minibatch_size=0,
+                      micro_batch_size=1, max_tokens_per_mb=0, max_grad_norm=1.0, anchor="auto",
+                      exact_log_probs=True, seed=0)
+
+
 def test_kl_anchor_freezes_a_copy_of_the_policy_as_reference():
     model = torch.nn.Linear(2, 2)
-    trainer = SimpleNamespace(model=model, updater=SimpleNamespace(reference=None))
+    trainer = SimpleNamespace(model=model, updater=_update(model))
     KLAnchor().post_task(trainer, "mock")
     with trainer.updater.reference() as ref:
         assert ref is not model and torch.equal(ref.weight, model.weight) and not ref.weight.requires_grad
@@ -172,3 +182,84 @@ def test_ewc_penalty_formula_and_loss_wrapper():
     assert float(out["loss_kl"]) == 2.25 and float(out["ewc_penalty"]) == 2.0 and wrapped.temperature == 0.7
     with pytest.raises(ValueError):
         EWC(lam=-1.0)
+
+
+# ---------------------------------------------------------------------------------- the algorithms' update hooks
+def test_penalised_loss_passes_settings_through_to_the_wrapped_loss():
+    """GRPOUpdate sets ``loss_fn.anchor_current`` before each update; behind the EWC wrapper the setting must reach
+    the GRPOLoss that reads it (it used to land on the wrapper, so the loss kept the behaviour anchor)."""
+
+    class Base:
+        anchor_current = False
+
+        def __call__(self, td, **kw):
+            return TensorDict({"loss_objective": torch.tensor(float(self.anchor_current)),
+                               "loss_kl": torch.tensor(0.0)}, [])
+
+    base = Base()
+    wrapped = PenalisedLoss(base, lambda: torch.tensor(0.5), "ewc_penalty")
+    wrapped.anchor_current = True
+    assert base.anchor_current is True and wrapped.anchor_current is True
+    assert float(wrapped(None)["loss_objective"]) == 1.0 and float(wrapped(None)["loss_kl"]) == 0.5
+
+
+def test_an_ewc_penalty_of_zero_leaves_the_update_unchanged(tmp_path):
+    """Before a task ends EWC's penalty is 0: the step must equal the plain one. On a sampler whose log-probs are off
+    by +-0.3 nats (tests/test_training_core.py) the update anchors at the current policy (``train/anchor_current``);
+    with the penalty wrapper in place that setting used to miss the loss, which then anchored at the behaviour
+    log-probs: ratio_mean far from 1 and a different loss."""
+    from tests.test_training_core import _skewed_trainer
+
+    out = {}
+    for name in ("plain", "ewc"):
+        torch.manual_seed(0)
+        trainer = _skewed_trainer(tmp_path / name)
+        if name == "ewc":
+            EWC(lam=10.0).setup(SimpleNamespace(trainer=trainer))
+        out[name] = trainer.train_step()
+        trainer.close()
+    plain, ewc = out["plain"], out["ewc"]
+    assert ewc["train/anchor_current"] == plain["train/anchor_current"] == 1.0
+    assert ewc["ewc_penalty"] == 0.0 and "ewc_penalty" not in plain
+    for k in ("ratio_mean", "behaviour_weight_mean", "loss/total", "ess", "grad_norm"):
+        assert ewc[k] == pytest.approx(plain[k], abs=1e-6), k
+    assert ewc["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_update_methods_the_algorithms_change_the_training_through():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    u = _update(model)
+    u.optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.ones(1, 2)).sum().backward()
+    u.optimizer.step()
+    first, second = list(model[0].parameters()), list(model[1].parameters())
+    assert len(u.optimizer.state) == 4
+    # LoRA per domain: the optimizer trains only the new parameters; the dropped ones lose their Adam moments
+    u.set_trainable(second)
+    assert u.optimizer.param_groups[0]["params"] == second and set(map(id, u.optimizer.state)) == set(map(id, second))
+    u.optimizer.state_dict()  # loadable: no state without a group
+    u.optimizer.add_param_group({"params": first})
+    with pytest.raises(ValueError, match="one parameter group"):
+        u.set_trainable(first)
+    # the KL anchor: a reference factory, or None; anything else is refused
+    frozen = torch.nn.Linear(2, 2)
+    u.set_reference(lambda: nullcontext(frozen))
+    with u.reference() as ref:
+        assert ref is frozen
+    u.set_reference(None)
+    assert u.reference is None
+    with pytest.raises(TypeError, match="callable"):
+        u.set_reference(frozen.weight)
+    # EWC: penalties stack on the loss, each reported under its name
+    class Base:
+        temperature = 0.7
+
+        def __call__(self, td, **kw):
+            return TensorDict({"loss_objective": torch.tensor(1.0), "loss_kl": torch.tensor(0.25)}, [])
+
+    u.loss_fn = Base()
+    u.add_loss_penalty(lambda: torch.tensor(2.0), "ewc_penalty")
+    u.add_loss_penalty(lambda: torch.tensor(0.5), "other")
+    out = u.loss_fn(None)
+    assert float(out["loss_kl"]) == 2.75 and float(out["ewc_penalty"]) == 2.0 and float(out["other"]) == 0.5
+    assert u.loss_fn.temperature == 0.7

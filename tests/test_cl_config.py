@@ -1,5 +1,5 @@
 """The cl.* config section: configs/grpo_cl.yaml composes, per-domain configs, and bad input fails before any model
-loads (torchrl_grpo.continual.domains)."""
+loads (torchrl_grpo.config.continual, torchrl_grpo.build.continual)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from torchrl_grpo.continual.domains import CL_DOMAINS, DOMAIN_DEFAULTS, domain_config, validate_cl_config
+from torchrl_grpo.build.continual import validate_cl_config
+from torchrl_grpo.config.continual import CL_DOMAINS, DOMAIN_DEFAULTS, domain_config
 from torchrl_grpo.config import GRPOConfig, register_configs, validate_config
 from torchrl_grpo.build import build_trainer
 
@@ -162,3 +163,25 @@ def test_continual_trainer_rejects_bad_input_before_loading_a_model(tmp_path):
     with pytest.raises(FileNotFoundError, match="cl_state.json"):
         build_trainer(cl_cfg({"resume_from": str(tmp_path)}, **missing_model), tmp_path / "run")
     assert not (tmp_path / "run").exists()  # nothing was built
+
+
+def test_the_continual_trainer_gets_plain_settings_from_the_cl_section(tmp_path):
+    from torchrl_grpo.build.continual import check_continual, continual_settings
+    from torchrl_grpo.continual.settings import ContinualSettings
+
+    cfg = cl_cfg({"num_steps_per_task": 3, "eval_interval": 2, "kl_coef": 0.1, "kl_to_base": True})
+    s = continual_settings(cfg)
+    assert (s.domains, s.num_steps_per_task, s.eval_interval, s.metric) == (("mock", "telecom"), 3, 2, "pass^1")
+    assert s.kl_anchor and s.kl_to_base and s.save_checkpoints and s.buffer_size == cfg.cl.buffer_size
+    assert OmegaConf.create(s.config_yaml).cl.num_steps_per_task == 3  # the resolved run config, for checkpoints
+    assert not continual_settings(cl_cfg()).kl_anchor
+    assert check_continual(cfg) is None  # no cl.resume_from
+    ck = tmp_path / "checkpoint_task_0"
+    ck.mkdir()
+    (ck / "cl_state.json").write_text(json.dumps({"task_order": ["mock", "telecom"], "task": 0, "metrics": {}}))
+    state = check_continual(cl_cfg({"resume_from": str(ck)}))
+    assert state["task_done"] is True and state["path"] == str(ck)  # states written before task_done: finished
+    for bad in ({"domains": ()}, {"domains": ("mock", "mock")}, {"num_steps_per_task": 0}, {"eval_interval": -1},
+                {"buffer_size": 0}, {"metric": "accuracy"}):
+        with pytest.raises(ValueError):
+            ContinualSettings(**{**vars(s), **bad})

@@ -61,13 +61,13 @@ check() {
 import json, sys, time
 from hydra import compose, initialize_config_dir
 from torchrl_grpo.config import register_configs
-from torchrl_grpo.continual.trainer import ContinualTrainer
+from torchrl_grpo.build import build_trainer
 from torchrl_grpo.reporting.learning_curve import wilson_interval
 register_configs()
 out, over = sys.argv[1], [a for a in sys.argv[2:] if a != "--config-name" and a != "grpo_cl"]
 with initialize_config_dir(config_dir=f"{__import__('os').getcwd()}/configs", version_base="1.3"):
     cfg = compose("grpo_cl", overrides=over + [f"output_dir={out}"])
-t0 = time.time(); t = ContinualTrainer(cfg, out); print(f"built in {time.time() - t0:.0f} s", flush=True)
+t0 = time.time(); t = build_trainer(cfg, out); print(f"built in {time.time() - t0:.0f} s", flush=True)
 res = {}
 try:
     for d in t.domains:

@@ -14,6 +14,11 @@ through :class:`ContinualRun`: what an algorithm may use of it)::
                                     what a resumed run needs beyond the trainer checkpoint (saved in every task
                                     checkpoint as ``cl_algorithm.pt``; loaded before the weights and optimizer state)
 
+An algorithm changes the training only through public methods: the update's
+(:class:`torchrl_grpo.training.update.GRPOUpdate`) ``add_loss_penalty(fn, name)`` (EWC), ``set_reference(ctx_factory)``
+(the KL anchor) and ``set_trainable(params)`` (LoRA per domain: the optimizer's parameters), the model's own API
+(peft adapters), the backend's ``sync_from``, and the run's :class:`ContinualRun` (buffer, past domains, rollouts).
+
 Built here (``cl.algorithm``, :data:`ALGORITHMS`):
 
 * ``sequential`` — plain fine-tuning domain after domain (the baseline forgetting is measured against).
@@ -48,16 +53,18 @@ from tensordict import TensorDict
 from torchrl_grpo.continual.trajectory_buffer import TrajectoryBuffer
 from torchrl_grpo.rollout.collector import concat_batches  # replay joins past groups to a batch (public here too, as before)
 from torchrl_grpo.training.grpo_trainer import GRPOTrainer
+from torchrl_grpo.training.update import PenalisedLoss  # EWC's loss wrapper (public here too, as before)
 
 __all__ = ["CLAlgorithm", "ContinualRun", "Sequential", "Replay", "Joint", "EWC", "LoRAPerDomain", "KLAnchor",
-           "PenalisedLoss", "ALGORITHMS", "make_algorithm", "concat_batches"]
+           "PenalisedLoss", "ALGORITHMS", "concat_batches"]
 
 
 class ContinualRun(Protocol):
     """What an algorithm may use of the continual run it is set up on (:meth:`CLAlgorithm.setup`;
     :class:`torchrl_grpo.continual.trainer.ContinualTrainer` is one)."""
 
-    #: the GRPO trainer of the run (model, optimizer, update, step, settings, backend, device)
+    #: the GRPO trainer of the run (model, optimizer, ``updater`` (its public methods above), step, settings, backend,
+    #: device)
     trainer: GRPOTrainer
     #: the run's trajectories by domain (replay draws past tasks from it)
     buffer: TrajectoryBuffer
@@ -173,8 +180,9 @@ class EWC(CLAlgorithm):
 
     Where we diverge, and why: the penalty is added to the loss's ``loss_kl`` entry (the regulariser slot that
     :func:`torchrl_grpo.objectives.loss.total_loss` backpropagates; ``kl_ref`` is still reported on its own) and logged as
-    ``ewc_penalty``, so neither the loss module nor the update changes. F, θ*, the episode count and the batches kept
-    for the next Fisher are in :meth:`state_dict`, so a resumed run pays the uninterrupted run's penalty.
+    ``ewc_penalty`` (:meth:`GRPOUpdate.add_loss_penalty`), so neither the loss module nor the update's algorithm
+    changes. F, θ*, the episode count and the batches kept for the next Fisher are in :meth:`state_dict`, so a resumed
+    run pays the uninterrupted run's penalty.
 
     Args:
         lam: λ (``cl.ewc_lambda``).
@@ -196,8 +204,7 @@ class EWC(CLAlgorithm):
 
     def setup(self, cl: ContinualRun) -> None:
         super().setup(cl)
-        u = cl.trainer.updater
-        u.loss_fn = PenalisedLoss(u.loss_fn, self.penalty, "ewc_penalty")
+        cl.trainer.updater.add_loss_penalty(self.penalty, "ewc_penalty")
 
     def augment_batch(self, batch: TensorDict, domain: str) -> TensorDict:
         self._recent = (self._recent + [batch.exclude("task", "info").clone()])[-self.fisher_batches:]
@@ -315,15 +322,9 @@ class LoRAPerDomain(CLAlgorithm):
 
     @staticmethod
     def _train_params(trainer) -> None:
-        """The optimizer's group becomes the active adapter's parameters; the Adam moments of the ones it drops are
-        dropped too (they are frozen from now on, and ``optimizer.state_dict()`` fails on state without a group)."""
-        opt = trainer.optimizer
-        params = [p for p in trainer.model.parameters() if p.requires_grad]
-        keep = set(map(id, params))
-        for p in opt.param_groups[0]["params"]:
-            if id(p) not in keep:
-                opt.state.pop(p, None)
-        opt.param_groups[0]["params"] = params
+        """The optimizer's group becomes the active adapter's parameters (:meth:`GRPOUpdate.set_trainable`: the Adam
+        moments of the ones it drops are dropped too; they are frozen from now on)."""
+        trainer.updater.set_trainable([p for p in trainer.model.parameters() if p.requires_grad])
 
     def state_dict(self) -> dict:
         """``adapters`` (domain -> adapter name, in training order), ``active`` (the adapter being trained) and
@@ -368,28 +369,11 @@ class LoRAPerDomain(CLAlgorithm):
         return ctx()
 
 
-class PenalisedLoss:
-    """A :class:`torchrl_grpo.objectives.loss.GRPOLoss` plus a penalty: ``loss_kl`` += ``penalty()``, and the penalty's value
-    under ``name`` for the metrics. Every other attribute is the wrapped loss's."""
-
-    def __init__(self, base, penalty, name: str) -> None:
-        self.base, self.penalty, self.name = base, penalty, name
-
-    def __getattr__(self, attr):
-        return getattr(self.__dict__["base"], attr)
-
-    def __call__(self, td, **kwargs):  # kwargs: the update's (e.g. prefix=, the shared-prefix pass)
-        out = self.base(td, **kwargs)
-        p = self.penalty()
-        out["loss_kl"] = out["loss_kl"] + p
-        out[self.name] = p.detach()
-        return out
-
-
 class KLAnchor(CLAlgorithm):
     """k3 KL to the previous task's policy: at each task's end, the update's KL reference becomes a frozen copy of
     the policy (a second copy of the model in memory, LoRA included). Needs ``loss.kl_coef > 0``
-    (:func:`torchrl_grpo.continual.domains.domain_config` sets it from ``cl.kl_coef``)."""
+    (:func:`torchrl_grpo.config.continual.domain_config` sets it from ``cl.kl_coef``). The anchor becomes the update's
+    reference through :meth:`GRPOUpdate.set_reference`."""
 
     name = "kl_anchor"
 
@@ -400,7 +384,7 @@ class KLAnchor(CLAlgorithm):
         self._set(trainer, copy.deepcopy(trainer.model).eval().requires_grad_(False))
 
     def _set(self, trainer, frozen) -> None:
-        trainer.updater.reference = lambda: nullcontext(frozen)
+        trainer.updater.set_reference(lambda: nullcontext(frozen))
         self.anchor = frozen
 
     def state_dict(self) -> dict:
@@ -426,19 +410,3 @@ class KLAnchor(CLAlgorithm):
 #: ``cl.algorithm`` name -> class; the names are :data:`torchrl_grpo.config.choices.CL_ALGORITHMS` (each class's
 #: ``name``, in that order: tests/test_cl_config.py checks it).
 ALGORITHMS = {cls.name: cls for cls in (Sequential, Replay, Joint, EWC, LoRAPerDomain)}
-
-
-def make_algorithm(cl_cfg, seed: int = 0) -> CLAlgorithm:
-    """The algorithm named by ``cl.algorithm`` (options from the same section).
-
-    Raises:
-        ValueError: an unknown name.
-    """
-    name = cl_cfg.algorithm
-    if name not in ALGORITHMS:
-        raise ValueError(f"cl.algorithm={name!r} is not one of {tuple(ALGORITHMS)}")
-    if name == "replay":
-        return Replay(cl_cfg.replay_ratio, seed=seed)
-    if name == "ewc":
-        return EWC(cl_cfg.ewc_lambda)
-    return ALGORITHMS[name]()

@@ -1,65 +1,133 @@
-"""The domain sequence of a continual run: the per-domain defaults, the run config of one domain and the checks of
-the ``cl.*`` section that must fail before any model loads.
+"""The domains of a continual run on one trainer (:class:`Domains`): which domain the trainer plays, rollouts on any
+of them, and their scores.
 
-The config side (:data:`DOMAIN_DEFAULTS`, :func:`domain_config`, the checks of names and ranges) is rules about
-config values and lives in :mod:`torchrl_grpo.config.continual` (re-exported here); this module adds what needs the
-envs: every domain's train and eval split must have usable tasks (:func:`check_domain_tasks`,
-:func:`validate_cl_config`). See :mod:`torchrl_grpo.config.continual` for how a domain's config is made.
+Scores (:meth:`Domains.evaluate_task`, on the first ``eval.n_problems`` usable tasks of the domain's eval split):
+``pass^1`` = greedy success rate (reward >= 1; with ``eval.greedy=false`` the sampled pass@1 of the ``eval.pass_k``
+samples), ``pass^k`` = tau-bench's pass^k over ``eval.pass_k`` samples (:mod:`torchrl_grpo.rollout.evaluation`),
+``reward_mean`` = greedy mean reward; with ``kl_to_base`` also ``kl_base`` (:meth:`Domains.kl_to_base`). Scoring runs
+inside every hook's :meth:`~torchrl_grpo.continual.algorithms.CLAlgorithm.eval_context` (LoRA-per-domain scores a
+domain with its own adapter).
+
+The per-domain env sides and the run's config checks are built from the config by
+:mod:`torchrl_grpo.build.continual`; the domain defaults and per-domain configs are
+:mod:`torchrl_grpo.config.continual`.
 """
 from __future__ import annotations
 
-from torchrl_grpo.config.choices import CL_METRICS as METRICS  # cl.metric: the scores an accuracy matrix can hold
-from torchrl_grpo.config.continual import CL_DOMAINS, DOMAIN_DEFAULTS, domain_config, validate_cl_settings
-from torchrl_grpo.rollout.env_side import env_kwargs_from_config, make_env_fn, usable_task_indices
+import copy
+from contextlib import ExitStack, contextmanager, nullcontext
+from typing import Sequence
 
-__all__ = ["CL_DOMAINS", "DOMAIN_DEFAULTS", "METRICS", "domain_config", "validate_cl_config", "check_domain_tasks"]
+from tensordict import TensorDict
+
+from torchrl_grpo.rollout.env_side import EnvSide
+from torchrl_grpo.training.grpo_trainer import GRPOTrainer
+
+__all__ = ["Domains"]
 
 
-def validate_cl_config(cfg, *, check_tasks: bool = True) -> None:
-    """Check the ``cl`` section: names, ranges, the user mode of every domain
-    (:func:`torchrl_grpo.config.continual.validate_cl_settings`) and (``check_tasks``) that every domain's train and
-    eval split has usable tasks (:func:`check_domain_tasks`). Builds envs, never a model.
+class Domains:
+    """The run's env sides, one per domain, on ``trainer``'s backend.
 
-    Raises:
-        ValueError: an empty or unknown ``cl.task_order`` entry (or one listed twice), ``num_steps_per_task < 1``,
-            a bad ``max_tasks_per_domain`` / ``eval_interval`` / ``replay_ratio`` / ``kl_coef`` / ``buffer_size``,
-            an unknown ``metric`` / ``algorithm``, ``mode=async``, a per-domain setting for an unknown domain or with
-            an unknown econfig key, a domain without a usable user mode (airline/retail with ``solo_mode=true``),
-            an unknown or empty split.
+    Args:
+        trainer: the run's GRPO trainer (its environment is switched with :meth:`GRPOTrainer.use_env`).
+        sides: domain -> :class:`~torchrl_grpo.rollout.env_side.EnvSide`, in task order.
+        hooks: the run's algorithm hooks (their ``eval_context`` wraps scoring); the list is read at each call.
+        kl_to_base: score ``kl_base`` too; without LoRA this keeps a frozen copy of the initial weights (π_0).
+
+    Attributes:
+        current: the domain the trainer trains on (None before the first task); scoring returns to it.
+        base_copy: π_0 for ``kl_to_base`` without LoRA (None with LoRA: its adapters are switched off instead).
     """
-    validate_cl_settings(cfg)
-    if check_tasks:
-        for d in [str(d) for d in cfg.cl.task_order]:
-            check_domain_tasks(domain_config(cfg, d), d)
 
+    def __init__(self, trainer: GRPOTrainer, sides: dict[str, EnvSide], hooks: Sequence, *, kl_to_base: bool) -> None:
+        self.trainer, self.sides, self.hooks, self.with_kl = trainer, sides, hooks, kl_to_base
+        self.names = list(sides)
+        self.current: str | None = None
+        self.base_copy = None
+        if kl_to_base and not hasattr(trainer.model, "disable_adapter"):
+            self.base_copy = copy.deepcopy(trainer.model).eval().requires_grad_(False)
 
-def check_domain_tasks(dcfg, domain: str) -> dict[str, int]:
-    """Build ``domain``'s train and eval envs as configured (a local user is checked as a scripted one: which tasks
-    are usable depends on solo vs. customer, not on who plays the customer) and count their usable tasks.
+    def use(self, domain: str) -> None:
+        """Train (and by default score) on ``domain`` from now on."""
+        self.trainer.use_env(self.sides[domain])
+        self.current = domain
 
-    Returns:
-        ``{"train": n_train, "eval": n_eval}`` (eval: at most ``eval.n_problems``).
+    def collect(self, domain: str, tasks: list[dict]) -> TensorDict:
+        """Roll out ``n_samples`` episodes per task (reset options) on ``domain`` with the current policy, seeded by
+        the current trainer step. Returns the collector batch (TensorDict [len(tasks) * n_samples])."""
+        t = self.trainer
+        return self.sides[domain].collector.collect(tasks, t.settings.n_samples, step=t.step)
 
-    Raises:
-        ValueError: an unknown split (the env's message lists the valid ones) or one without usable tasks.
-    """
-    out = {}
-    for kind, ds, limit in (("train", dcfg.train_dataset, dcfg.train_dataset.limit),
-                            ("eval", dcfg.valid_dataset, dcfg.eval.n_problems)):
-        env_id, kw = env_kwargs_from_config(dcfg, ds.split, ds.path or dcfg.train_dataset.path,
-                                            user_fn=lambda *a, **k: "")
-        if kw.get("user") == "callable":
-            kw = {k: v for k, v in kw.items() if k != "user_fn"} | {"user": "scripted"}
+    def evaluate_task(self, domain: str) -> dict[str, float | None]:
+        """Score the current policy on ``domain``'s eval split (module docstring): ``pass^1``, ``pass^k``
+        (None when ``eval.pass_k`` is 0), ``reward_mean``, and ``k``.
+
+        Raises:
+            ValueError: ``domain`` is not one of this run's domains.
+        """
+        if domain not in self.sides:
+            raise ValueError(f"unknown domain {domain!r}; this run's task order is {self.names}")
+        t = self.trainer
+        t.use_env(self.sides[domain])
         try:
-            env = make_env_fn(env_id, **kw)()
-        except (ValueError, KeyError, FileNotFoundError) as e:
-            raise ValueError(f"cl domain {domain!r}: cannot build its {kind} env ({ds.split!r} split): {e}") from None
-        try:
-            n = len(usable_task_indices(env, limit))
+            with self.eval_contexts(domain):
+                ev = t.evaluate()
         finally:
-            env.close()
-        if n < 1:
-            raise ValueError(f"cl domain {domain!r}: the {kind} split {ds.split!r} has no usable tasks as configured "
-                             f"(econfig.solo_mode={dcfg.econfig.get('solo_mode')})")
-        out[kind] = n
-    return out
+            if self.current is not None:
+                t.use_env(self.sides[self.current])
+        k = t.settings.eval_pass_k
+        return {"pass^1": ev.get("eval/accuracy", ev.get("eval/pass@1")), "pass^k": ev.get(f"eval/pass^{k}"),
+                "reward_mean": ev.get("eval/reward"), "k": k}
+
+    def score(self, domain: str) -> dict[str, float | None]:
+        """:meth:`evaluate_task`, plus ``kl_base`` (:meth:`kl_to_base`) when the run asks for it."""
+        s = self.evaluate_task(domain)
+        if self.with_kl:
+            s["kl_base"] = self.kl_to_base(domain)
+        return s
+
+    def eval_contexts(self, domain: str) -> ExitStack:
+        """Every hook's ``eval_context`` for ``domain``, entered in one stack."""
+        stack = ExitStack()
+        for h in self.hooks:
+            stack.enter_context(h.eval_context(self.trainer, domain))
+        return stack
+
+    def kl_to_base(self, domain: str) -> float:
+        """Mean per-token KL(π_θ ‖ π_0) of the current policy to the untrained one on ``domain``'s eval prompts:
+        ``n_samples`` episodes per eval task sampled now from π_θ, k3 estimator mean_t (r_t − 1 − log r_t) with
+        r_t = π_0(a_t) / π_θ(a_t) over their response tokens (Schulman, "Approximating KL divergence", 2020: unbiased
+        and never negative, where the k1 mean of −log r_t came out negative on a few dozen tokens), both under the
+        sampler's processed distribution (:meth:`GRPOUpdate.fill_log_probs`). A predictor of forgetting: "RL's Razor"
+        (Shenfeld et al., 2025, arXiv:2509.04259) finds forgetting tracks this KL on the old task's distribution. π_0
+        is the model with its LoRA adapters switched off, or a frozen copy of the initial weights (:attr:`base_copy`).
+        Returns 0.0 when no response token was sampled."""
+        t = self.trainer
+        tasks = [{"index": int(i)} for i in self.sides[domain].eval_tasks()]
+        with self.eval_contexts(domain):
+            td = self.collect(domain, tasks).exclude("task", "info")
+            if not td["response_mask"].any():
+                return 0.0
+            t.updater.fill_log_probs(td, "policy_lp", t.model)
+        with self._base_policy() as base:
+            t.updater.fill_log_probs(td, "base_lp", base)
+        log_r = (td["base_lp"] - td["policy_lp"])[td["response_mask"]]
+        return float((log_r.exp() - 1 - log_r).mean())
+
+    def _base_policy(self):
+        model = self.trainer.model
+        if hasattr(model, "disable_adapter"):
+            @contextmanager
+            def off():
+                with model.disable_adapter():
+                    yield model
+
+            return off()
+        return nullcontext(self.base_copy)
+
+    def close(self) -> None:
+        """Close every domain's envs but the current one's (the trainer's ``close`` closes those)."""
+        for d, side in self.sides.items():
+            if d != self.current:
+                side.close()

@@ -24,7 +24,7 @@ from torchrl_grpo.distributed.data_parallel import SINGLE, is_fsdp
 from torchrl_grpo.training.micro_batch import has_scored_token, split_micro_batches
 from torchrl_grpo.objectives.shared_prefix import SharedPrefix, build_shared_prefix, shared_prefix_length
 
-__all__ = ["GRPOUpdate", "ANCHORS", "SHARED_PREFIX_MODES"]
+__all__ = ["GRPOUpdate", "PenalisedLoss", "ANCHORS", "SHARED_PREFIX_MODES"]
 
 
 def _has_dropout(model: torch.nn.Module) -> bool:
@@ -303,6 +303,47 @@ class GRPOUpdate:
         self.model.eval()
         return self._metrics(batch, tally, current)
 
+    # ------------------------------------------------------------------ what a caller may change between updates
+    def add_loss_penalty(self, penalty: Callable[[], torch.Tensor], name: str) -> None:
+        """From the next update on, every micro-batch's loss also pays ``penalty()``: a scalar tensor with gradient
+        on the training device, added to the loss's ``loss_kl`` entry (the regulariser slot
+        :func:`~torchrl_grpo.objectives.loss.total_loss` backpropagates) and reported as the metric ``name``.
+        Micro-batch losses are weighted by their share of the minibatch, so each optimizer step pays it once.
+        Penalties stack (each call wraps the loss once more, :class:`PenalisedLoss`). Used by continual EWC
+        (:class:`torchrl_grpo.continual.algorithms.EWC`)."""
+        self.loss_fn = PenalisedLoss(self.loss_fn, penalty, name)
+
+    def set_reference(self, reference: Callable[[], AbstractContextManager] | None) -> None:
+        """From the next update on, the KL term (``ref_log_probs``) is scored against ``reference``: a callable
+        returning a context manager that yields the frozen module (the constructor's ``reference`` contract), or
+        None for no reference. Used by the continual KL anchor (:class:`torchrl_grpo.continual.algorithms.KLAnchor`).
+
+        Raises:
+            TypeError: ``reference`` is neither callable nor None.
+        """
+        if reference is not None and not callable(reference):
+            raise TypeError(f"reference must be a callable returning a context manager, got {type(reference).__name__}")
+        self.reference = reference
+
+    def set_trainable(self, params: list[torch.nn.Parameter]) -> None:
+        """The optimizer's parameter group becomes ``params`` (the optimizer must have one group, as
+        :func:`torchrl_grpo.training.optimizer.make_optimizer` builds it); the state (Adam moments) of parameters it
+        drops is dropped too (``optimizer.state_dict()`` fails on state without a group). Learning rate, schedule and
+        hyperparameters are kept; a parameter new to the optimizer starts with fresh moments. Used by continual
+        LoRA-per-domain (:class:`torchrl_grpo.continual.algorithms.LoRAPerDomain`) when it switches adapters.
+
+        Raises:
+            ValueError: the optimizer has more than one parameter group.
+        """
+        groups = self.optimizer.param_groups
+        if len(groups) != 1:
+            raise ValueError(f"set_trainable needs an optimizer with one parameter group, this one has {len(groups)}")
+        keep = set(map(id, params))
+        for p in groups[0]["params"]:
+            if id(p) not in keep:
+                self.optimizer.state.pop(p, None)
+        groups[0]["params"] = list(params)
+
     # ------------------------------------------------------------------ the update's bookkeeping
     def _plan(self, n: int) -> _Plan:
         """Minibatches of an update on this rank's ``n`` episodes. ``minibatch_size`` is global (0: the whole batch):
@@ -406,4 +447,34 @@ class GRPOUpdate:
         out["train/shared_prefix_tokens"] = float(np.mean(tally.prefix_tokens)) if tally.prefix_tokens else 0.0
         if tally.grad_norms:
             out["grad_norm"] = float(np.mean(tally.grad_norms))
+        return out
+
+
+class PenalisedLoss:
+    """A loss (:class:`~torchrl_grpo.objectives.loss.GRPOLoss`) plus a penalty (:meth:`GRPOUpdate.add_loss_penalty`):
+    ``loss_kl`` += ``penalty()``, and the penalty's detached value under ``name`` for the metrics. Every other
+    attribute is the wrapped loss's, read and written: a setting the update makes on its loss (``anchor_current``)
+    reaches the loss that reads it."""
+
+    _OWN = ("base", "penalty", "name")
+
+    def __init__(self, base, penalty: Callable[[], torch.Tensor], name: str) -> None:
+        object.__setattr__(self, "base", base)
+        object.__setattr__(self, "penalty", penalty)
+        object.__setattr__(self, "name", name)
+
+    def __getattr__(self, attr):
+        return getattr(self.__dict__["base"], attr)
+
+    def __setattr__(self, attr, value) -> None:
+        if attr in self._OWN:
+            object.__setattr__(self, attr, value)
+        else:
+            setattr(self.base, attr, value)
+
+    def __call__(self, td, **kwargs):  # kwargs: the update's (e.g. prefix=, the shared-prefix pass)
+        out = self.base(td, **kwargs)
+        p = self.penalty()
+        out["loss_kl"] = out["loss_kl"] + p
+        out[self.name] = p.detach()
         return out
