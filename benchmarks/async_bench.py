@@ -80,7 +80,7 @@ def run_mode(name: str, args, model0, tokenizer, tmp: Path) -> dict:
     from omegaconf import OmegaConf
 
     from torchrl_grpo.training.async_trainer import AsyncGRPOTrainer
-    from torchrl_grpo.build import seed_everything
+    from torchrl_grpo.seeding import seed_everything
     from torchrl_grpo.build import build_trainer
     from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 

@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     total = args.warmup + args.steps
     cfg, overrides = build_ours_config(args, total)
     src = resolve_model_path(args.model)
-    from torchrl_grpo.build import seed_everything
+    from torchrl_grpo.seeding import seed_everything
     from torchrl_grpo.build import build_trainer
     from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 
