@@ -185,3 +185,8 @@ def test_the_continual_trainer_gets_plain_settings_from_the_cl_section(tmp_path)
                 {"buffer_size": 0}, {"metric": "accuracy"}):
         with pytest.raises(ValueError):
             ContinualSettings(**{**vars(s), **bad})
+    from torchrl_grpo.continual.algorithms import Sequential
+    from torchrl_grpo.continual.trainer import ContinualTrainer
+
+    with pytest.raises(ValueError, match="one env side per domain, in task order"):  # checked before anything runs
+        ContinualTrainer(None, {"telecom": None, "mock": None}, s, algorithm=Sequential())
