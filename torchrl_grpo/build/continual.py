@@ -1,7 +1,7 @@
 """A continual run built from its config: :func:`build_continual_trainer` (what :func:`torchrl_grpo.build.build_trainer`
-returns when ``cl.task_order`` is set). With :mod:`torchrl_grpo.config.continual` (the per-domain configs and the
-checks that need no env), the only place the ``cl`` section is read; the continual trainer receives plain values and
-built objects.
+returns when ``cl.task_order`` is set). Here, and in :mod:`torchrl_grpo.config.continual` (the per-domain configs and
+the checks that need no env), the ``cl`` section becomes plain values and built objects: the continual trainer reads no
+config.
 
 The phases, in order (each a function of its own):
 
