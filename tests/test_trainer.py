@@ -150,7 +150,7 @@ def test_non_finite_loss_skips_the_update_with_a_reason(tmp_path, monkeypatch, c
 
 
 def test_run_eta_counts_remaining_steps_and_one_final_evaluation():
-    from torchrl_grpo.training.grpo_trainer import run_eta_s
+    from torchrl_grpo.training.loop import run_eta_s
 
     assert run_eta_s(10.0, 3, eval_s=25.0, eval_at_end=True) == 55.0
     assert run_eta_s(10.0, 3, eval_s=25.0, eval_at_end=False) == 30.0

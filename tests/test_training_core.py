@@ -89,7 +89,7 @@ def test_no_grad_log_probs_run_in_eval_mode(tmp_path):
                 p.normal_(0, 0.5)
     batch = trainer.collector.collect(trainer.tasks_for_step(0), 4)
     trainer.model.train()
-    trainer._fill_log_probs(batch, "old_log_probs", trainer.model)
+    trainer.updater.fill_log_probs(batch, "old_log_probs", trainer.model)
     trainer.close()
     m = batch["response_mask"]
     torch.testing.assert_close(batch["old_log_probs"][m], batch["sample_log_probs"][m], atol=1e-4, rtol=0)

@@ -16,9 +16,9 @@ from torchrl_grpo.config import check_sft_run
 from torchrl_grpo.continual.trainer import ContinualTrainer
 from torchrl_grpo.training.async_trainer import AsyncGRPOTrainer
 from torchrl_grpo.training.grpo_trainer import GRPOTrainer
-from torchrl_grpo.training.sft_trainer import SFTTrainer
+from torchrl_grpo.training.sft_trainer import SFTSettings, SFTTrainer, sft_update
 
-__all__ = ["build_trainer", "trainer_class"]
+__all__ = ["build_trainer", "trainer_class", "sft_settings"]
 
 
 def trainer_class(cfg) -> type:
@@ -31,6 +31,14 @@ def trainer_class(cfg) -> type:
     return AsyncGRPOTrainer if cfg.mode == "async" else GRPOTrainer
 
 
+def sft_settings(cfg) -> SFTSettings:
+    """``sft.*`` and the ``optimizer.*`` schedule values of an SFT run (:class:`~torchrl_grpo.training.sft_trainer.SFTSettings`)."""
+    s, o = cfg.sft, cfg.optimizer
+    return SFTSettings(source=s.source, epochs=s.epochs, minibatch_size=s.minibatch_size, min_reward=s.min_reward,
+                       rft_rounds=s.rft_rounds, rft_samples=s.rft_samples, save_model=s.save_model, lr=o.lr,
+                       scheduler=o.scheduler, warmup_steps=o.warmup_steps)
+
+
 def build_trainer(cfg, run_dir: str | Path | None, *, trainer_cls: type | None = None, model=None, tokenizer=None,
                   backend: RolloutBackend | None = None, **trainer_kw):
     """Build a run's trainer from its config: the components (:func:`build`) handed to the trainer class.
@@ -41,7 +49,8 @@ def build_trainer(cfg, run_dir: str | Path | None, *, trainer_cls: type | None =
         trainer_cls: the loop; default :func:`trainer_class` ``(cfg)``. A GRPO-style class (``GRPOTrainer`` and its
             subclasses) gets ``build(cfg, run_dir, own_backend_copy=trainer_cls.own_backend_copy)``; a
             ``ContinualTrainer`` gets :func:`build` as its ``build_components`` (called after its checks, for the
-            first domain's config); ``SFTTrainer`` is refused Ray workers first (:func:`torchrl_grpo.config.check_sft_run`).
+            first domain's config); ``SFTTrainer`` is refused Ray workers first (:func:`torchrl_grpo.config.check_sft_run`)
+            and gets :func:`sft_settings` and the SFT update (:func:`~torchrl_grpo.training.sft_trainer.sft_update`).
         model / tokenizer / backend: optional preloaded policy and rollout backend (tests, notebooks), passed to
             :func:`build`.
         **trainer_kw: further keyword arguments of the trainer class (``algorithm=`` of a continual run).
@@ -60,4 +69,6 @@ def build_trainer(cfg, run_dir: str | Path | None, *, trainer_cls: type | None =
         check_sft_run(cfg)  # before build(): it would start the Ray workers
     components = build(cfg, run_dir, model=model, tokenizer=tokenizer, backend=backend,
                        own_backend_copy=cls.own_backend_copy)
+    if issubclass(cls, SFTTrainer):
+        trainer_kw = {"settings": sft_settings(cfg), "update": sft_update(components.update), **trainer_kw}
     return cls(components, cfg=cfg, **trainer_kw)

@@ -190,8 +190,10 @@ class AsyncGRPOTrainer(GRPOTrainer):
             self._thread.start()
 
     # ------------------------------------------------------------------ trainer side
-    def train_step(self) -> dict[str, Any]:
-        """Train on the next ready batch (waiting for it if needed), then publish the new weights."""
+    def _next_batch(self) -> tuple[Any, dict[str, Any], bool]:
+        """The next ready batch (waiting for it if needed): (batch, its rollout stats with the staleness metrics,
+        ``async/wait_s`` and ``async/queued``, whether it is stale). Train steps run :meth:`GRPOTrainer.train_step`
+        with this batch source and :meth:`_sync_policy` publishing the weights."""
         self._start()
         t0 = time.perf_counter()
         with self._cond:
@@ -207,20 +209,15 @@ class AsyncGRPOTrainer(GRPOTrainer):
         wait_s = time.perf_counter() - t0
         if s != self.step:  # cannot happen: batches are produced and consumed in step order
             raise RuntimeError(f"async pipeline out of order: batch for step {s} at trainer step {self.step}")
-        metrics: dict[str, Any] = dict(stats)
         lag = token_lag_metrics(batch, s, version, self.settings.max_staleness)
-        metrics.update(self._learn(batch, stale=lag["async/staleness"] > 0))
-        t_sync = time.perf_counter()
+        metrics: dict[str, Any] = {**stats, **lag, "async/wait_s": wait_s, "async/queued": float(queued)}
+        return batch, metrics, lag["async/staleness"] > 0
+
+    def _sync_policy(self, batch) -> dict[str, Any]:
+        """Publish the new weights to the rollout thread (:meth:`_publish_weights`); ``policy_version`` is the
+        trainer's version."""
         self._publish_weights()
-        metrics["time/sync_s"] = time.perf_counter() - t_sync
-        metrics.update(lag)
-        metrics["async/wait_s"] = wait_s
-        metrics["async/queued"] = float(queued)
-        metrics["time/step_s"] = time.perf_counter() - t0
-        metrics["policy_version"] = self._trained
-        metrics["lr"] = self.scheduler.get_last_lr()[0]
-        self.step += 1
-        return metrics
+        return {"policy_version": self._trained}
 
     def evaluate(self) -> dict[str, float]:
         """As the sync trainer, with the newest weights, while the rollout thread is held between batches."""

@@ -76,3 +76,17 @@ class Components:
     dp: Any = None  # torchrl_grpo.distributed.data_parallel.DataParallel (None: one process)
     plan: Any = None  # torchrl_grpo.distributed.device_plan.AllocationPlan
     placement: Any = None  # torchrl_grpo.distributed.placement.Placement (this process's part of the plan, applied)
+
+    def close(self) -> None:
+        """Flush the logger, close the environments, then (even if that failed) shut the rollout backend down (a
+        vLLM engine frees its memory), leave the data-parallel group and give the trainer thread its CPU mask back."""
+        try:
+            self.logger.close()
+            self.collector.close()
+            self.eval_collector.close()
+        finally:
+            self.backend.close()
+            if self.dp is not None:
+                self.dp.close()
+            if self.placement is not None:
+                self.placement.release()

@@ -13,31 +13,62 @@ Objective (the standard maximum-likelihood / behaviour-cloning loss, e.g. Instru
 the token mean over the whole minibatch (DAPO's token-level aggregation, as the GRPO loss): tool results, user
 turns and the prompt are context only. The optimizer side is :class:`torchrl_grpo.training.update.GRPOUpdate` with this
 loss (micro-batches by token budget, the shared-prefix forward, gradient clipping, non-finite skips), one
-optimizer step per minibatch.
+optimizer step per minibatch (:func:`sft_update`). The trainer (:class:`SFTTrainer`) is composed from the run's
+components, not derived from the GRPO trainer, and runs on the shared loop shell (:mod:`torchrl_grpo.training.loop`).
 """
 from __future__ import annotations
 
 import logging
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.objectives.common import LossModule
 
 from torchrl_grpo.config.choices import SFT_SOURCES  # sft.source, defined once in the config
-from torchrl_grpo.rollout.demonstrations import gold_demonstrations, successful_episodes
 from torchrl_grpo.objectives.log_probs import token_log_probs
 from torchrl_grpo.objectives.shared_prefix import SharedPrefix
-from torchrl_grpo.training.grpo_trainer import GRPOTrainer
+from torchrl_grpo.rollout.demonstrations import gold_demonstrations, successful_episodes
+from torchrl_grpo.training.components import Components
+from torchrl_grpo.training.evaluator import Evaluator
+from torchrl_grpo.training.loop import EvalSchedule, Progress, draw_learning_curve, run_loop
 from torchrl_grpo.training.optimizer import make_scheduler
 from torchrl_grpo.training.update import GRPOUpdate
 
-__all__ = ["SFTLoss", "SFTTrainer", "SFT_SOURCES", "save_merged_model"]
+__all__ = ["SFTLoss", "SFTSettings", "SFTTrainer", "SFT_SOURCES", "save_merged_model", "sft_update"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SFTSettings:
+    """What the SFT recipe reads besides the loop's :class:`~torchrl_grpo.training.components.LoopSettings`:
+    ``sft.*`` and the ``optimizer.*`` values of each phase's LR schedule (derived from the config by
+    :func:`torchrl_grpo.build.build_trainer`; choices and ranges checked by the config's validation)."""
+
+    source: str  # sft.source: gold (demonstrations, then RFT rounds) | rft (RFT rounds only)
+    epochs: int  # passes over each phase's data
+    minibatch_size: int  # episodes per optimizer step
+    min_reward: float  # a demonstration / RFT episode is kept when its reward reaches this
+    rft_rounds: int
+    rft_samples: int  # episodes per train task in each RFT round
+    save_model: bool  # <run_dir>/sft_model before the final evaluation
+    lr: float  # optimizer.lr: each phase's schedule peaks here
+    scheduler: str  # optimizer.scheduler, over the phase's optimizer steps
+    warmup_steps: int  # optimizer.warmup_steps, at the start of each phase
+
+
+@dataclass
+class _Minibatch:  # one optimizer step: its episodes, the phase's LR schedule, epoch, round (0: gold; r: RFT round r)
+    data: TensorDict
+    scheduler: Any
+    epoch: int
+    round: int
+
 
 class SFTLoss(LossModule):
     """Token-mean negative log-likelihood of the assistant tokens (module docstring), as a TorchRL ``LossModule``
@@ -101,79 +132,103 @@ def save_merged_model(model: torch.nn.Module, tokenizer, out_dir: str | Path) ->
     return out
 
 
-class SFTTrainer(GRPOTrainer):
-    """SFT (gold demonstrations) and RFT rounds on the env of a :class:`~torchrl_grpo.config.GRPOConfig`, with the
-    GRPO trainer's components (model, LoRA, backend, collectors, logger, evaluation): ``python sft.py``.
+def sft_update(update: GRPOUpdate) -> GRPOUpdate:
+    """The optimizer side of the SFT loss: a :class:`~torchrl_grpo.training.update.GRPOUpdate` over
+    :class:`SFTLoss` on ``update``'s model and optimizer with its micro-batching (``micro_batch_size``,
+    ``max_tokens_per_mb``, shared prefix), autocast, gradient clipping and seed; one epoch, one optimizer step per
+    minibatch it is given, no reference model, exact log-probs (no anchor recompute)."""
+    u = update
+    return GRPOUpdate(u.model, SFTLoss(u.model), u.optimizer, reference=None, device=u.device, autocast=u.autocast,
+                      ppo_epochs=1, minibatch_size=0, micro_batch_size=u.micro_batch_size,
+                      max_tokens_per_mb=u.max_tokens_per_mb, max_grad_norm=u.max_grad_norm, anchor="behaviour",
+                      exact_log_probs=True, seed=u.seed, shared_prefix=u.shared_prefix)
+
+
+class SFTTrainer:
+    """SFT (gold demonstrations) and RFT rounds with a GRPO run's components (model, LoRA, backend, collectors,
+    logger, evaluation): ``python sft.py``. Not a GRPO trainer: it runs its own steps (optimizer steps of
+    :func:`sft_update`) on the same loop shell (:func:`torchrl_grpo.training.loop.run_loop`).
 
     ``fit()``: evaluate (``eval.at_start``) -> ``sft.epochs`` epochs over the gold demonstrations of the train split
     (``sft.source=gold``) -> ``sft.rft_rounds`` rounds of: sample ``sft.rft_samples`` episodes per train task with
     the policy, keep those with reward ``>= sft.min_reward``, ``sft.epochs`` epochs on them -> ``<run_dir>/sft_model``
     (``sft.save_model``: merged weights + tokenizer; ``grpo.py actor.path=`` that dir; written before the final eval
-    so a failed or interrupted eval keeps the training) -> evaluate (``eval.at_end``).
-    ``self.step`` counts optimizer steps (the metrics' x axis). SIGINT / SIGTERM stop the run where it is
-    (``grpo.run_trainer`` closes it); nothing is written before the end but ``metrics.jsonl``.
+    so a failed or interrupted eval keeps the training) -> evaluate (``eval.at_end``) -> ``learning_curve.png``.
+    ``self.step`` counts optimizer steps (the metrics' x axis). SIGINT / SIGTERM (the shell's rules): the optimizer
+    step in flight finishes and is logged, then the run stops; nothing is written but ``metrics.jsonl``.
 
-    Built by :func:`torchrl_grpo.build.build_trainer` ``(cfg, run_dir, trainer_cls=SFTTrainer)``, which also refuses
-    Ray rollout workers before anything is built (:func:`torchrl_grpo.config.check_sft_run`).
+    Built by :func:`torchrl_grpo.build.build_trainer` ``(cfg, run_dir, trainer_cls=SFTTrainer)``, which refuses Ray
+    rollout workers before anything is built (:func:`torchrl_grpo.config.check_sft_run`) and derives ``settings`` and
+    ``update`` from the config and the components.
 
     Args:
-        components: the built components (:class:`~torchrl_grpo.training.components.Components`).
-        cfg: the config they were built from (``sft.*``, ``optimizer.*`` are read).
+        components: the built :class:`~torchrl_grpo.training.components.Components` (GRPO loss, update, schedule unused).
+        settings: :class:`SFTSettings`. update: the SFT update (:func:`sft_update` of ``components.update``).
+        cfg: the config, kept as ``self.cfg`` for callers (``grpo.evaluate_only``); never read here.
 
     Raises:
-        ValueError: torchrun ranks; RuntimeError: no demonstration survives the replay.
+        TypeError: ``components`` is not :class:`~torchrl_grpo.training.components.Components`.
+        ValueError: torchrun ranks; RuntimeError (from :meth:`fit`): no demonstration survives the replay.
     """
 
-    def __init__(self, components, *, cfg) -> None:
-        super().__init__(components, cfg=cfg)
-        s = cfg.sft  # choices and ranges checked with the rest of the config, before the model loads (validate_config)
-        if self.dp.enabled:
-            raise ValueError("sft.py runs in one process (no torchrun / FSDP yet)")
-        self.sft = s
-        self.sft_loss = SFTLoss(self.model)
-        u = self.updater
-        self.sft_update = GRPOUpdate(
-            self.model, self.sft_loss, self.optimizer, reference=None, device=self.device, autocast=u.autocast,
-            ppo_epochs=1, minibatch_size=0, micro_batch_size=u.micro_batch_size, max_tokens_per_mb=u.max_tokens_per_mb,
-            max_grad_norm=u.max_grad_norm, anchor="behaviour", exact_log_probs=True, seed=self.settings.seed,
-            shared_prefix=u.shared_prefix)
+    own_backend_copy = False  # build(): the rollout engine may share the model (colocated, synced after each phase)
 
-    def _fine_tune(self, data: TensorDict, phase: str, round_: int = 0) -> dict[str, float]:
-        """``sft.epochs`` epochs over ``data`` (a collector batch), one optimizer step per ``sft.minibatch_size``
-        episodes in a seeded order; logs ``sft/*`` per optimizer step. Returns the last step's metrics."""
-        s, o = self.sft, self.cfg.optimizer
+    def __init__(self, components: Components, *, settings: SFTSettings, update: GRPOUpdate, cfg=None) -> None:
+        if not isinstance(components, Components):
+            raise TypeError(f"SFTTrainer takes built Components, got {type(components).__name__}: build it from a "
+                            f"config with torchrl_grpo.build.build_trainer(cfg, run_dir, trainer_cls=SFTTrainer)")
+        c = self.components = components
+        if c.dp is not None and c.dp.enabled:
+            raise ValueError("sft.py runs in one process (no torchrun / FSDP yet)")
+        self.cfg, self.sft, self.update = cfg, settings, update
+        self.settings, self.run_dir, self.device, self.load_time_s = c.settings, c.run_dir, c.device, c.load_time_s
+        self.model, self.tokenizer, self.backend, self.optimizer = c.model, c.tokenizer, c.backend, c.optimizer
+        self.collector, self.train_tasks, self.logger, self.step = c.collector, c.train_tasks, c.logger, c.start_step
+        if c.placement is not None:  # a disjoint CPU plan: this thread trains on the train cores
+            c.placement.pin_thread("train")
+        self.evaluator = Evaluator(c)
+
+    def evaluate(self) -> dict[str, float]:
+        """The run's evaluation at this step (:class:`~torchrl_grpo.training.evaluator.Evaluator`)."""
+        return self.evaluator(self.step)
+
+    # ------------------------------------------------------------------ the steps
+    def _step(self, mb: _Minibatch) -> dict[str, float]:
+        """One optimizer step on one minibatch; its ``sft/*`` metrics (no ESS / ratio: NaN for this loss)."""
+        t0 = time.perf_counter()
+        m = self.update(mb.data, step=self.step)
+        mb.scheduler.step()
+        self.step += 1
+        out = {(k if "/" in k else f"sft/{k}"): v for k, v in m.items() if isinstance(v, float) and math.isfinite(v)}
+        out.update({"sft/epoch": float(mb.epoch), "sft/round": float(mb.round), "sft/lr": mb.scheduler.get_last_lr()[0],
+                    "time/step_s": time.perf_counter() - t0})
+        return out
+
+    def _phase(self, data: TensorDict, phase: str, round_: int = 0) -> Iterator[_Minibatch]:
+        """The minibatches of one phase: ``sft.epochs`` epochs over ``data`` (a collector batch), ``sft.minibatch_size``
+        episodes each in a seeded order, under a fresh LR schedule that peaks at ``optimizer.lr`` (not at the lr an
+        earlier schedule left behind). After the phase's last step the rollout engine gets the fine-tuned weights."""
+        s = self.sft
         data = data.select(*[k for k, v in data.items() if isinstance(v, torch.Tensor)])  # tensor columns only
         n = data.shape[0]
         mb = min(s.minibatch_size, n)
         per_epoch = -(-n // mb)
-        total = per_epoch * s.epochs
-        for g in self.optimizer.param_groups:  # each phase's schedule peaks at optimizer.lr (LambdaLR's base), not at
-            g["initial_lr"] = o.lr  # the lr an earlier schedule (the build's GRPO one, a finished phase) left behind
-        scheduler = make_scheduler(self.optimizer, o.scheduler, o.warmup_steps, total)
+        for g in self.optimizer.param_groups:  # LambdaLR's base
+            g["initial_lr"] = s.lr
+        scheduler = make_scheduler(self.optimizer, s.scheduler, s.warmup_steps, per_epoch * s.epochs)
         gen = torch.Generator().manual_seed(self.settings.seed * 7919 + round_)
-        last: dict[str, float] = {}
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=total, desc=f"{phase} ({n} episodes)", unit="step", disable=not self.settings.progress_bar)
-        try:
-            for epoch in range(s.epochs):
-                perm = torch.randperm(n, generator=gen)
-                for k in range(per_epoch):
-                    t0 = time.perf_counter()
-                    m = self.sft_update(data[perm[k * mb:(k + 1) * mb]], step=self.step)
-                    scheduler.step()
-                    self.step += 1
-                    last = {(key if "/" in key else f"sft/{key}"): v for key, v in m.items()
-                            if isinstance(v, float) and math.isfinite(v)}  # no ESS / ratio: NaN for this loss
-                    last.update({"sft/epoch": float(epoch), "sft/round": float(round_),
-                                 "sft/lr": scheduler.get_last_lr()[0], "time/step_s": time.perf_counter() - t0})
-                    self.logger.log(last, step=self.step)
-                    bar.update(1)
-                    bar.set_postfix({"nll": f"{last.get('sft/nll', float('nan')):.3g}"})
-        finally:
-            bar.close()
+        log.info("%s phase: %d episodes, %d optimizer steps", phase, n, per_epoch * s.epochs)
+        for epoch in range(s.epochs):
+            perm = torch.randperm(n, generator=gen)
+            for k in range(per_epoch):
+                yield _Minibatch(data[perm[k * mb:(k + 1) * mb]], scheduler, epoch, round_)
         self.collector.update_policy_weights_(self.model)  # the rollout engine samples the fine-tuned policy
-        return last
+
+    def _fine_tune(self, data: TensorDict, phase: str, round_: int = 0) -> dict[str, float]:
+        """One phase alone on the loop shell (each step logged). Returns the last step's metrics."""
+        return run_loop(self._step, self._phase(data, phase, round_), position=lambda: self.step,
+                        logger=self.logger, progress=Progress(phase, self.settings.progress_bar, ("sft/nll",)),
+                        log=log)["last"]
 
     def rft_round(self, round_: int) -> TensorDict | None:
         """Sample ``sft.rft_samples`` episodes per train task (all usable ones; ``train_dataset.limit`` caps them)
@@ -191,38 +246,54 @@ class SFTTrainer(GRPOTrainer):
         log.info("RFT round %d: %d of %d episodes kept", round_, int(stats["rft/kept"]), batch.shape[0])
         return kept
 
-    def fit(self) -> dict[str, Any]:
-        """Run the recipe (class docstring). Returns ``eval_start`` / ``eval_end`` metrics, the demonstration and RFT
-        stats, the last step's metrics and the ``model_dir`` written."""
-        s, st = self.sft, self.settings
-        summary: dict[str, Any] = {"load_time_s": self.load_time_s}
-        (self.run_dir / "config.yaml").write_text(st.config_yaml)  # the resolved config of this run
-        if st.eval_at_start and st.eval_n_problems > 0:
-            summary["eval_start"] = ev = self.evaluate()
-            self.logger.log(ev, step=self.step)
-        last: dict[str, float] = {}
+    def _recipe(self, summary: dict[str, Any]) -> Iterator[_Minibatch]:
+        """Every minibatch of the run: the gold phase, then each RFT round's (data gathered between steps)."""
+        s = self.sft
         if s.source == "gold":
             data, stats = gold_demonstrations(self.collector, self.train_tasks, min_reward=s.min_reward,
-                                              progress=st.progress_bar)
+                                              progress=self.settings.progress_bar)
             summary["demonstrations"] = stats
             self.logger.log(stats, step=self.step)
             if data is None:
                 raise RuntimeError(f"no gold demonstration of the {len(self.train_tasks)} train tasks scored >= "
                                    f"{s.min_reward} when replayed (demo/reward_mean {stats['demo/reward_mean']:.3f})")
-            last = self._fine_tune(data, "gold")
+            yield from self._phase(data, "gold")
         summary["rft"] = []
         for r in range(s.rft_rounds):
             kept = self.rft_round(r)
             summary["rft"].append(0 if kept is None else int(kept.shape[0]))
             if kept is not None:
-                last = self._fine_tune(kept, "rft", round_=r + 1)
-        if s.save_model:  # before the final eval: an eval that dies (or a cut session) must not lose the training
-            summary["model_dir"] = str(save_merged_model(self.model, self.tokenizer, self.run_dir / "sft_model"))
-            log.info("fine-tuned model written to %s: python grpo.py actor.path=%s ...", summary["model_dir"],
-                     summary["model_dir"])
-        if st.eval_at_end and st.eval_n_problems > 0:
-            summary["eval_end"] = ev = self.evaluate()
-            self.logger.log(ev, step=self.step)
-        summary["last"] = last
-        summary["learning_curve"] = self._draw_learning_curve()
-        return summary
+                yield from self._phase(kept, "rft", round_=r + 1)
+
+    # ------------------------------------------------------------------ the run
+    def fit(self) -> dict[str, Any]:
+        """Run the recipe (class docstring). Returns ``eval_start`` / ``eval_end`` metrics, the demonstration and RFT
+        stats (``demonstrations``, ``rft``: episodes kept per round), the last step's metrics (``last``), the
+        ``model_dir`` written and ``learning_curve``.
+
+        Raises:
+            RuntimeError: no gold demonstration scores ``>= sft.min_reward``.
+            TrainingInterrupted: on SIGINT / SIGTERM (:mod:`torchrl_grpo.training.interrupt`).
+        """
+        st = self.settings
+        (self.run_dir / "config.yaml").write_text(st.config_yaml)  # the resolved config of this run
+        ev = st.eval_n_problems > 0
+        summary: dict[str, Any] = {"load_time_s": self.load_time_s}
+        return run_loop(self._step, self._recipe(summary), position=lambda: self.step, logger=self.logger,
+                        evaluation=EvalSchedule(lambda: self.evaluate(), at_start=ev and st.eval_at_start,
+                                                at_end=ev and st.eval_at_end),
+                        on_end=self._save_model if self.sft.save_model else None,
+                        progress=Progress("SFT", st.progress_bar, ("sft/nll",)),
+                        learning_curve=lambda: draw_learning_curve(self.logger, self.run_dir, self.step,
+                                                                   self.evaluator.n_tasks),
+                        summary=summary, log=log)
+
+    def _save_model(self) -> dict[str, str]:
+        """``<run_dir>/sft_model`` (:func:`save_merged_model`), before the final evaluation."""
+        out = str(save_merged_model(self.model, self.tokenizer, self.run_dir / "sft_model"))
+        log.info("fine-tuned model written to %s: python grpo.py actor.path=%s ...", out, out)
+        return {"model_dir": out}
+
+    def close(self) -> None:
+        """Flush the logger, close the environments and shut the rollout backend down."""
+        self.components.close()
