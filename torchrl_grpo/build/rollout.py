@@ -23,6 +23,7 @@ from torchrl_grpo.backends.base import RolloutBackend, SamplingConfig
 from torchrl_grpo.backends.factory import make_backend
 from torchrl_grpo.build.env_side import build_env_side
 from torchrl_grpo.models import load_model_and_tokenizer, resolve_model_path
+from torchrl_grpo.rollout.ray_workers import RayRolloutCollector  # imports ray only when one is constructed
 from torchrl_grpo.seeding import seed_everything
 
 __all__ = ["sampling_config", "loss_sampling", "backend_from_config", "worker_rollout", "ray_collector"]
@@ -99,8 +100,6 @@ def ray_collector(cfg, sampling: SamplingConfig, local_backend: RolloutBackend):
     Raises:
         ImportError / ValueError: as :class:`~torchrl_grpo.rollout.ray_workers.RayRolloutCollector`.
     """
-    from torchrl_grpo.rollout.ray_workers import RayRolloutCollector  # ray is an extra
-
     recipe = functools.partial(worker_rollout, OmegaConf.to_container(cfg, resolve=True), sampling)
     r = cfg.rollout
     return RayRolloutCollector(recipe, r.num_workers, device=cfg.train.device, local_backend=local_backend,
