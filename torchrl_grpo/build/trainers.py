@@ -56,7 +56,8 @@ def build_trainer(cfg, run_dir: str | Path | None, *, trainer_cls: type | None =
         **trainer_kw: further keyword arguments of the trainer class (``algorithm=`` of a continual run).
 
     Returns:
-        The trainer, ready to ``fit()`` (``train()`` for a continual run).
+        The trainer, ready to ``fit()`` (``train()`` for a continual run); a GRPO-style or SFT trainer with
+        ``trainer.cfg = cfg`` (for callers: the trainer never reads it).
 
     Raises:
         ValueError, FileNotFoundError: as :func:`build` and the trainer class.
@@ -71,4 +72,6 @@ def build_trainer(cfg, run_dir: str | Path | None, *, trainer_cls: type | None =
                        own_backend_copy=cls.own_backend_copy)
     if issubclass(cls, SFTTrainer):
         trainer_kw = {"settings": sft_settings(cfg), "update": sft_update(components.update), **trainer_kw}
-    return cls(components, cfg=cfg, **trainer_kw)
+    trainer = cls(components, **trainer_kw)
+    trainer.cfg = cfg  # the config it was built from, for callers (the trainer itself never reads it)
+    return trainer

@@ -49,8 +49,9 @@ class GRPOTrainer:
 
     Args:
         components: the built :class:`~torchrl_grpo.training.components.Components`.
-        cfg: the resolved config they were built from, kept as ``self.cfg`` for callers (the loop reads
-            ``self.settings``); None for components assembled by hand.
+        cfg: accepted for old callers and ignored: the trainer reads no config (``self.settings`` are its plain
+            values). ``self.cfg`` is None, or the config :func:`torchrl_grpo.build.build_trainer` built it from (set
+            there, for callers).
 
     Raises:
         TypeError: ``components`` is not a :class:`~torchrl_grpo.training.components.Components` (e.g. the config of
@@ -66,7 +67,7 @@ class GRPOTrainer:
                             f"a trainer from a config with torchrl_grpo.build.build_trainer(cfg, run_dir, "
                             f"trainer_cls={type(self).__name__}, model=..., tokenizer=..., backend=...)")
         c = self.components = components
-        self.cfg = cfg
+        self.cfg = None  # build_trainer sets the config it built from, for callers; never read here
         self.settings, self.run_dir, self.device = c.settings, c.run_dir, c.device
         self.model, self.tokenizer, self.backend, self.sampling = c.model, c.tokenizer, c.backend, c.sampling
         self.collector, self.eval_collector, self.train_tasks = c.collector, c.eval_collector, c.train_tasks

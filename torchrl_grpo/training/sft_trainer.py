@@ -164,7 +164,6 @@ class SFTTrainer:
     Args:
         components: the built :class:`~torchrl_grpo.training.components.Components` (GRPO loss, update, schedule unused).
         settings: :class:`SFTSettings`. update: the SFT update (:func:`sft_update` of ``components.update``).
-        cfg: the config, kept as ``self.cfg`` for callers (``grpo.evaluate_only``); never read here.
 
     Raises:
         TypeError: ``components`` is not :class:`~torchrl_grpo.training.components.Components`.
@@ -173,14 +172,15 @@ class SFTTrainer:
 
     own_backend_copy = False  # build(): the rollout engine may share the model (colocated, synced after each phase)
 
-    def __init__(self, components: Components, *, settings: SFTSettings, update: GRPOUpdate, cfg=None) -> None:
+    def __init__(self, components: Components, *, settings: SFTSettings, update: GRPOUpdate) -> None:
         if not isinstance(components, Components):
             raise TypeError(f"SFTTrainer takes built Components, got {type(components).__name__}: build it from a "
                             f"config with torchrl_grpo.build.build_trainer(cfg, run_dir, trainer_cls=SFTTrainer)")
         c = self.components = components
         if c.dp is not None and c.dp.enabled:
             raise ValueError("sft.py runs in one process (no torchrun / FSDP yet)")
-        self.cfg, self.sft, self.update = cfg, settings, update
+        self.sft, self.update = settings, update
+        self.cfg = None  # build_trainer sets the config it built from, for callers; never read here
         self.settings, self.run_dir, self.device, self.load_time_s = c.settings, c.run_dir, c.device, c.load_time_s
         self.model, self.tokenizer, self.backend, self.optimizer = c.model, c.tokenizer, c.backend, c.optimizer
         self.collector, self.train_tasks, self.logger, self.step = c.collector, c.train_tasks, c.logger, c.start_step
