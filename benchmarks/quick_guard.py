@@ -201,7 +201,7 @@ def measure(model_name: str, prompts: int, samples: int, new_tokens: int, repeat
             pass
 
     n_tasks, n_samples = 16, 4
-    col = GroupCollector(lambda: gym.make("GSM8K-v0", split="test", disable_env_checker=True), InstantBackend(),
+    col = GroupCollector(lambda: gym.make("GSM8K-v1", split="test", disable_env_checker=True), InstantBackend(),
                          tok, SamplingConfig(max_new_tokens=16), max_turns=1, max_context_tokens=1 << 20)
     tasks = [{"index": i} for i in range(n_tasks)]
     col.collect(tasks, n_samples)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Which ReasoningGym-v0 tasks / levels can a small model learn from? Base accuracy and GRPO signal per candidate.
+"""Which ReasoningGym-v1 tasks / levels can a small model learn from? Base accuracy and GRPO signal per candidate.
 
 GRPO learns only from groups whose samples differ in reward. For each candidate (a reasoning_gym task with a
 ``task_config`` or a curriculum ``level``) this plays the first ``--prompts`` problems of the env's split through
@@ -59,7 +59,7 @@ def parse_candidate(text: str) -> dict:
 def probe(be, tok, kw: dict, *, split: str, prompts: int, samples: int, max_new_tokens: int, seed: int,
           train_size: int) -> dict:
     """Greedy and sampled results of one candidate (``kw``: ``gym.make`` kwargs) on the split's first problems."""
-    env = gym.make("ReasoningGym-v0", split=split, train_size=train_size, test_size=prompts, **kw).unwrapped
+    env = gym.make("ReasoningGym-v1", split=split, train_size=train_size, test_size=prompts, **kw).unwrapped
     ren = ChatRenderer(tok)
     stops = sorted(ren.end_of_turn_ids())
     idx = env.usable_task_indices(prompts)

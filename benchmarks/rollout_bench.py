@@ -53,7 +53,7 @@ def gsm8k_prompts(tok, n: int) -> list[list[int]]:
     import envs
 
     gym.register_envs(envs)
-    env = gym.make("GSM8K-v0", split="test").unwrapped
+    env = gym.make("GSM8K-v1", split="test").unwrapped
     ren = ChatRenderer(tok)
     out = []
     for i in range(n):

@@ -6,7 +6,7 @@
     python benchmarks/train_bench.py --warmup 1 --steps 2 --no-write                  # quick smoke run
 
 Settings shared by both trainers (the project issue's): SmolLM2-135M-Instruct, fp32, CPU, GSM8K train prompts rendered
-with the model's chat template (system + user message exactly as ``GSM8K-v0`` produces them), 2 prompts x 8 samples
+with the model's chat template (system + user message exactly as ``GSM8K-v1`` produces them), 2 prompts x 8 samples
 per step, 128 new tokens, temperature 1.0 (top_p 1, top_k 0), KL/beta 0, one optimizer step per 16 completions
 (micro-batches of ``--micro-batch``: ours ``train.micro_batch_size``, TRL ``per_device_train_batch_size`` with
 ``gradient_accumulation_steps`` = 16 / micro-batch, ``num_iterations=1``), same learning rate (constant schedule),
@@ -425,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"model {src.path} loaded in {time.perf_counter() - t0:.1f}s", flush=True)
         seed_everything(args.seed)
         ours = build_trainer(cfg, Path(tmp) / "ours", trainer_cls=GRPOTrainer, model=model_ours, tokenizer=tok_ours)
-        env = gym.make("GSM8K-v0", split="train", format_reward=args.format_reward, disable_env_checker=True).unwrapped
+        env = gym.make("GSM8K-v1", split="train", format_reward=args.format_reward, disable_env_checker=True).unwrapped
         ren = ChatRenderer(tok_ours)
         prompts = []
         for step in range(total):

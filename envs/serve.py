@@ -3,7 +3,7 @@
 Usage (extra ``[serve]``: ``pip install -e '.[serve]'``, which installs ``openenv-core``)::
 
     python -m envs.serve tau2/telecom-v0 --port 8000            # binds 127.0.0.1
-    python -m envs.serve GSM8K-v0 --env-kwargs '{"split": "test"}' --max-sessions 64 --idle-timeout 600
+    python -m envs.serve GSM8K-v1 --env-kwargs '{"split": "test"}' --max-sessions 64 --idle-timeout 600
 
 Client side, OpenEnv's own WebSocket client (what TRL's and TorchRL's OpenEnv integrations drive)::
 
@@ -815,7 +815,7 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     p = argparse.ArgumentParser(prog="python -m envs.serve", description="Serve a registered env id over OpenEnv (HTTP + WebSocket).")
-    p.add_argument("env_id", help="registered id, e.g. tau2/telecom-v0, GSM8K-v0")
+    p.add_argument("env_id", help="registered id, e.g. tau2/telecom-v0, GSM8K-v1")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1, loopback only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-sessions", type=int, default=64, help="most concurrent sessions (default 64)")

@@ -543,13 +543,13 @@ def make_torchrl_env(
 
     Example::
 
-        env = make_torchrl_env("GSM8K-v0", batch_size=64, split="test", tokenizer=tok)
+        env = make_torchrl_env("GSM8K-v1", batch_size=64, split="test", tokenizer=tok)
         td = env.reset()
         td["action"] = NonTensorStack(*["#### 42"] * 64)
         td = env.step(td)        # td["next", "reward"]: [64, 1]
 
     Args:
-        env_id: a Gymnasium id registered by ``envs`` (``"GSM8K-v0"``, ``"tau2/airline-v0"``, …).
+        env_id: a Gymnasium id registered by ``envs`` (``"GSM8K-v1"``, ``"tau2/airline-v0"``, …).
         batch_size: number of envs ``B``.
         tokenizer, template_kwargs, device: see :class:`TextEnv`.
         **env_kwargs: forwarded to every ``gymnasium.make(env_id, ...)``.

@@ -8,9 +8,9 @@ Three entry points, none of which imports TRL (``datasets`` is imported lazily b
     # multi-turn tool use (tau2): one env instance per rollout, its tools as methods
     trainer = GRPOTrainer(model, args=GRPOConfig(...), train_dataset=dataset("tau2/retail-v0", "train"),
                           environment_factory=environment_factory("tau2/retail-v0", split="train"))
-    # one-turn envs (GSM8K-v0, IFEval-v0, ReasoningGym-v0, ...): the env's own grader as a reward function
-    trainer = GRPOTrainer(model, reward_funcs=reward_function("GSM8K-v0", split="train"),
-                          train_dataset=dataset("GSM8K-v0", "train"), args=GRPOConfig(...))
+    # one-turn envs (GSM8K-v1, IFEval-v0, ReasoningGym-v1, ...): the env's own grader as a reward function
+    trainer = GRPOTrainer(model, reward_funcs=reward_function("GSM8K-v1", split="train"),
+                          train_dataset=dataset("GSM8K-v1", "train"), args=GRPOConfig(...))
 
 What TRL 1.16 does with an ``environment_factory`` (read from ``trl/trainer/grpo_trainer.py``): it calls the
 factory with no argument, once at start-up to probe it and then whenever a batch needs more instances (instances
@@ -489,7 +489,7 @@ def reward_function(env_id: str, **make_kwargs: Any) -> Callable[..., list[float
     -> list[float]``; ``task_id`` / ``index`` are the dataset's columns (:func:`dataset`), one per completion.
 
     Args:
-        env_id: a registered one-turn id (no tools): ``GSM8K-v0``, ``IFEval-v0``, ``ReasoningGym-v0``, ...
+        env_id: a registered one-turn id (no tools): ``GSM8K-v1``, ``IFEval-v0``, ``ReasoningGym-v1``, ...
         **make_kwargs: forwarded to ``gym.make`` (``split`` must be the dataset's).
 
     Raises:

@@ -52,7 +52,7 @@ def test_devices_phase_on_one_cpu_process():
 
 
 def test_records_phase_writes_the_plan_seeds_and_checks_data_first(tmp_path, gsm8k_dir):
-    cfg = _cfg(econfig={"env_id": "GSM8K-v0"}, train_dataset={"path": str(gsm8k_dir)}, seed=7)
+    cfg = _cfg(econfig={"env_id": "GSM8K-v1"}, train_dataset={"path": str(gsm8k_dir)}, seed=7)
     devices = setup_devices(cfg)
     run_dir = prepare_run(cfg, tmp_path / "run", devices)
     got = torch.rand(3)
@@ -62,7 +62,7 @@ def test_records_phase_writes_the_plan_seeds_and_checks_data_first(tmp_path, gsm
     assert plan["colocated"] is True and "applied" in plan
     sources = json.loads((run_dir / "data_sources.json").read_text())
     assert set(sources) == {"train_dataset", "valid_dataset"} and str(gsm8k_dir) in sources["train_dataset"]
-    bad = _cfg(econfig={"env_id": "GSM8K-v0"}, train_dataset={"path": str(tmp_path / "nowhere")})
+    bad = _cfg(econfig={"env_id": "GSM8K-v1"}, train_dataset={"path": str(tmp_path / "nowhere")})
     with pytest.raises(FileNotFoundError):
         prepare_run(bad, tmp_path / "bad", devices)
     assert not (tmp_path / "bad" / "data_sources.json").exists()
@@ -105,12 +105,12 @@ def test_one_sampling_config_and_what_derives_from_it():
 
 def test_data_backed_envs_share_one_kwargs_table():
     """GSM8K and IFEval differ in the data keyword (and GSM8K's format credit), nothing else."""
-    for env_id, key, extra in (("GSM8K-v0", "data_dir", {"format_reward": 0.25}), ("IFEval-v0", "data_path", {})):
+    for env_id, key, extra in (("GSM8K-v1", "data_dir", {"format_reward": 0.25}), ("IFEval-v0", "data_path", {})):
         cfg = _cfg(econfig={"env_id": env_id, "system_prompt": "Be brief.", "format_reward": 0.25})
         assert env_kwargs_from_config(cfg, "test", "/data") == (
             env_id, {"split": "test", key: "/data", "system_prompt": "Be brief.", **extra})
         assert env_kwargs_from_config(_cfg(econfig={"env_id": env_id}), "train")[1] == {"split": "train", **(
-            {"format_reward": 0.0} if env_id == "GSM8K-v0" else {})}
+            {"format_reward": 0.0} if env_id == "GSM8K-v1" else {})}
 
 
 def test_env_side_phase_and_the_plain_values_below_it(tiny_model_and_tokenizer):

@@ -62,7 +62,7 @@ def test_domain_config_layers():
         ("tau2", "telecom", 7, "partial", 5)
     assert t.train_dataset.limit == 3 and t.valid_dataset.split == "small"
     g = domain_config(cfg, "gsm8k")
-    assert g.econfig.env_id == "GSM8K-v0" and g.econfig.max_turns == 1
+    assert g.econfig.env_id == "GSM8K-v1" and g.econfig.max_turns == 1
     assert set(CL_DOMAINS) == {"airline", "retail", "telecom", "mock", "gsm8k", "ifeval"}
     assert g.train_dataset.path is None  # no cl.data_path: the run's (shared) dataset path
 

@@ -28,7 +28,7 @@ def test_default_config_is_valid():
     cfg = _compose([])
     validate_config(cfg)
     assert cfg.actor.path == "smollm2-135m-instruct"
-    assert cfg.econfig.env_id == "GSM8K-v0" and cfg.econfig.format_reward == 0.0
+    assert cfg.econfig.env_id == "GSM8K-v1" and cfg.econfig.format_reward == 0.0
 
 
 @pytest.mark.parametrize("override", ["optimizer.lrr=1e-5", "gconfig.n_sample=8", "actor.peft.rank=4"])

@@ -24,7 +24,7 @@ REGISTERED = sorted(
 
 #: Cheapest construction per id (an id not listed here is built with its defaults).
 CHEAP_KWARGS = {
-    "GSM8K-v0": {"split": "test"},
+    "GSM8K-v1": {"split": "test"},
     "tau2/airline-v0": {"split": "test", "user": "scripted"},
     "tau2/retail-v0": {"split": "test", "user": "scripted"},
     "tau2/telecom-v0": {"split": "small", "user": "solo"},

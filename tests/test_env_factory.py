@@ -17,7 +17,7 @@ class _NoHooks(gym.Env):
 
 
 def test_task_lists_come_from_the_env():
-    env = gym.make("GSM8K-v0", data=TOY)
+    env = gym.make("GSM8K-v1", data=TOY)
     assert num_tasks(env) == 3 and usable_task_indices(env) == [0, 1, 2] and usable_task_indices(env, 2) == [0, 1]
     mock_solo = make_env_fn("tau2/mock-v0", user="solo")()
     assert num_tasks(mock_solo) == 9 and usable_task_indices(mock_solo) == mock_solo.usable_task_indices()

@@ -164,7 +164,7 @@ def test_gsm8k_absurd_number_scores_zero_with_a_reason_in_microseconds(text, gsm
     assert time.perf_counter() - t0 < 0.1  # microseconds in fact; generous for a loaded machine
     assert reward == 0.0 and grade["extracted"] is None and not grade["correct"]
 
-    env = _env("GSM8K-v0", gsm8k_dir)
+    env = _env("GSM8K-v1", gsm8k_dir)
     env.reset(seed=0, options={"index": 0})
     _, reward, terminated, _, info = _timed_step(env, text)
     assert reward == 0.0 and terminated
@@ -314,7 +314,7 @@ def test_lone_surrogates_are_replaced_on_entry_tau2(action):
 
 
 def test_lone_surrogates_are_replaced_on_entry_gsm8k(gsm8k_dir):
-    env = _env("GSM8K-v0", gsm8k_dir)
+    env = _env("GSM8K-v1", gsm8k_dir)
     _, info0 = env.reset(seed=0, options={"index": 0})
     _, reward, _, _, info = _timed_step(env, f"\ud800 so #### {info0['answer']} \udfff")
     assert reward == 1.0

@@ -108,3 +108,12 @@ def test_version_history_commits_exist_with_their_dates():
         match = [d for h, d in found.items() if h.startswith(sha) or sha.startswith(h)]
         assert match, f"{sha} is not a commit of this repository"
         assert match[0] == date, f"{sha} is dated {match[0]}, the Version History says {date}"
+
+
+@pytest.mark.parametrize("old, new", [("GSM8K-v0", "GSM8K-v1"), ("ReasoningGym-v0", "ReasoningGym-v1")])
+def test_a_superseded_id_is_refused_naming_the_current_one(old, new):
+    """Bumped ids (their Version History says why): the old one is not registered, and Gymnasium's own error names
+    the current version instead of silently building the env with the new reward semantics."""
+    assert old not in gym.registry and new in gym.registry
+    with pytest.raises(gym.error.DeprecatedEnv, match=new):
+        gym.make(old)

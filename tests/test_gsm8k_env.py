@@ -65,7 +65,7 @@ def test_missing_data_dir_errors(tmp_path, monkeypatch):
     monkeypatch.setenv("GSM8K_DATA_DIR", str(tmp_path / "nowhere"))
     gym.register_envs(envs)
     with pytest.raises(FileNotFoundError, match="nowhere"):
-        gym.make("GSM8K-v0")
+        gym.make("GSM8K-v1")
 
 
 def test_bad_split_and_malformed_lines(tmp_path):
@@ -116,7 +116,7 @@ def test_hf_id_without_datasets(monkeypatch):
 @needs_data
 def test_check_env(data_env):
     gym.register_envs(envs)
-    check_env(gym.make("GSM8K-v0", split="test").unwrapped)
+    check_env(gym.make("GSM8K-v1", split="test").unwrapped)
 
 
 def test_check_env_toy(toy_env):
@@ -227,7 +227,7 @@ def test_spaces():
 @needs_data
 def test_gym_make(data_env):
     gym.register_envs(envs)
-    env = gym.make("GSM8K-v0", split="test")
+    env = gym.make("GSM8K-v1", split="test")
     obs, info = env.reset(seed=0, options={"index": 0})
     _, reward, terminated, _, info = env.step(f"#### {info['answer']}")
     assert reward == 1.0 and terminated and info["extracted"] == info["answer"]
@@ -237,7 +237,7 @@ def test_gym_make(data_env):
 @needs_data
 def test_make_vec(data_env):
     gym.register_envs(envs)
-    venv = gym.make_vec("GSM8K-v0", num_envs=3, vectorization_mode="sync", split="test")
+    venv = gym.make_vec("GSM8K-v1", num_envs=3, vectorization_mode="sync", split="test")
     obs, info = venv.reset(seed=0)
     assert isinstance(obs, tuple) and len(obs) == 3
     answers = list(info["answer"])

@@ -30,7 +30,7 @@ def test_packaged_copy_is_the_default_without_env_var(monkeypatch):
     assert (len(train), len(test)) == (7473, 1319)
     assert train[0]["answer"] == "72" and train[0]["solution"].endswith("#### 72")
     gym.register_envs(envs)
-    env = gym.make("GSM8K-v0", split="test")
+    env = gym.make("GSM8K-v1", split="test")
     obs, info = env.reset(options={"index": 0})
     assert obs[-1]["content"] == test[0]["question"] and info["answer"] == test[0]["answer"]
     assert GSM8KEnv().num_tasks == 7473
@@ -85,10 +85,10 @@ def test_trainer_checks_data_before_loading_the_model(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torchrl_grpo.models, "load_model_and_tokenizer", no_model)
     with pytest.raises(FileNotFoundError, match="nowhere"):
-        build(make_cfg(econfig={"env_id": "GSM8K-v0"}, train_dataset={"path": str(tmp_path / "nowhere")}), tmp_path / "r1")
+        build(make_cfg(econfig={"env_id": "GSM8K-v1"}, train_dataset={"path": str(tmp_path / "nowhere")}), tmp_path / "r1")
     _write(tmp_path / "train.jsonl", [{"question": "q", "answer": "#### 1"}, {"question": "q", "answer": "oops"}])
     with pytest.raises(ValueError, match=r"train\.jsonl:2"):
-        build(make_cfg(econfig={"env_id": "GSM8K-v0"}, train_dataset={"path": str(tmp_path)}), tmp_path / "r2")
+        build(make_cfg(econfig={"env_id": "GSM8K-v1"}, train_dataset={"path": str(tmp_path)}), tmp_path / "r2")
 
 
 def test_run_dir_records_the_resolved_data_path(tmp_path, monkeypatch, tiny_model_and_tokenizer):
@@ -97,7 +97,7 @@ def test_run_dir_records_the_resolved_data_path(tmp_path, monkeypatch, tiny_mode
 
     monkeypatch.delenv("GSM8K_DATA_DIR", raising=False)
     model, tok = tiny_model_and_tokenizer
-    comps = build(make_cfg(econfig={"env_id": "GSM8K-v0"}), tmp_path, model=model, tokenizer=tok)
+    comps = build(make_cfg(econfig={"env_id": "GSM8K-v1"}), tmp_path, model=model, tokenizer=tok)
     try:
         sources = json.loads((tmp_path / "data_sources.json").read_text())
     finally:

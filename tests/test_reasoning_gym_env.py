@@ -1,4 +1,4 @@
-"""ReasoningGym-v0 (envs/reasoning_gym, issue 26 s.1): the library's score on the extracted answer, disjoint seeded
+"""ReasoningGym-v1 (envs/reasoning_gym, issue 26 s.1): the library's score on the extracted answer, disjoint seeded
 splits, weighted mixes, curriculum levels, errors naming the valid names, hostile answers, and the id through
 gym.make_vec, the TorchRL adapter, ``python -m envs.serve`` and the grpo_reasoning config (one step, tiny model).
 
@@ -32,7 +32,7 @@ EASY = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
 def _env(**kw):
     if "tasks" not in kw:
         kw.setdefault("task", "chain_sum")
-    return gym.make("ReasoningGym-v0", **kw)
+    return gym.make("ReasoningGym-v1", **kw)
 
 
 def test_reward_is_the_librarys_score_of_the_extracted_answer():
@@ -189,7 +189,7 @@ def test_level_is_the_librarys_curriculum_and_a_run_can_be_made_harder():
 ])
 def test_bad_names_and_keys_fail_at_make_listing_the_valid_ones(kw, needles):
     with pytest.raises(ValueError) as e:
-        gym.make("ReasoningGym-v0", **kw)
+        gym.make("ReasoningGym-v1", **kw)
     for n in needles:
         assert n in str(e.value), str(e.value)[:400]
 
@@ -221,9 +221,9 @@ def test_hostile_answers_score_zero_quickly(task):
 def test_make_vec_and_check_env():
     from gymnasium.utils.env_checker import check_env
 
-    check_env(gym.make("ReasoningGym-v0", split="test", test_size=20).unwrapped)
+    check_env(gym.make("ReasoningGym-v1", split="test", test_size=20).unwrapped)
     for mode in ("sync", "async"):
-        venv = gym.make_vec("ReasoningGym-v0", num_envs=2, vectorization_mode=mode, split="test", task_config=EASY)
+        venv = gym.make_vec("ReasoningGym-v1", num_envs=2, vectorization_mode=mode, split="test", task_config=EASY)
         try:
             obs, info = venv.reset(seed=3)
             assert [[m["role"] for m in o] for o in obs] == [["system", "user"]] * 2
@@ -238,12 +238,12 @@ def test_torchrl_adapter_check_env_specs():
 
     from envs.torchrl import make_torchrl_env
 
-    env = make_torchrl_env("ReasoningGym-v0", batch_size=2, split="test", task_config=EASY)
+    env = make_torchrl_env("ReasoningGym-v1", batch_size=2, split="test", task_config=EASY)
     check_env_specs(env, seed=0)
 
 
 def test_served_over_openenv():
-    """envs.serve's app (what ``python -m envs.serve ReasoningGym-v0 --env-kwargs ...`` runs) on loopback."""
+    """envs.serve's app (what ``python -m envs.serve ReasoningGym-v1 --env-kwargs ...`` runs) on loopback."""
     pytest.importorskip("openenv", reason="envs.serve needs the extra [serve]")
     import socket
     import threading
@@ -256,7 +256,7 @@ def test_served_over_openenv():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    app = build_app("ReasoningGym-v0", {"split": "test", "task_config": EASY}, max_sessions=2)
+    app = build_app("ReasoningGym-v1", {"split": "test", "task_config": EASY}, max_sessions=2)
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
     th = threading.Thread(target=srv.run, daemon=True)
     th.start()
@@ -314,7 +314,7 @@ def test_grpo_reasoning_config_composes_and_runs_one_step(tmp_path):
     assert (cfg.actor.path, cfg.train.steps, cfg.train.batch_size, cfg.gconfig.n_samples, cfg.gconfig.max_new_tokens,
             cfg.optimizer.lr, cfg.eval.n_problems) == ("smollm2-135m-instruct", 16, 8, 8, 48, 1e-5, 200)
     env_id, kw = env_kwargs_from_config(cfg, "test")
-    assert env_id == "ReasoningGym-v0" and kw["task"] == "chain_sum" and kw["task_config"] == EASY
+    assert env_id == "ReasoningGym-v1" and kw["task"] == "chain_sum" and kw["task_config"] == EASY
     assert (kw["train_seed"], kw["test_seed"], kw["test_size"]) == (11, 22, 200)
     args = ["--config-name", "grpo_reasoning", "actor.path=tiny-random", "train.steps=1", "train.batch_size=2",
             "gconfig.n_samples=2", "gconfig.max_new_tokens=8", "eval.n_problems=2", "eval.at_start=false",
@@ -351,7 +351,7 @@ def test_probe_runs_on_the_tiny_model(tmp_path):
 
 
 def test_the_default_grpo_py_config_is_reasoning_gym_and_refuses_a_dataset_path():
-    """``python grpo.py`` with no config name trains on ReasoningGym-v0 (issue 26 s.2); its problems are generated,
+    """``python grpo.py`` with no config name trains on ReasoningGym-v1 (issue 26 s.2); its problems are generated,
     so a ``train_dataset.path`` (meaningful for GSM8K / IFEval) fails at start instead of being ignored."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
@@ -362,7 +362,7 @@ def test_the_default_grpo_py_config_is_reasoning_gym_and_refuses_a_dataset_path(
     p = subprocess.run([sys.executable, str(REPO / "grpo.py"), "--cfg", "job"], capture_output=True, text=True,
                        timeout=120, cwd=REPO)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert OmegaConf.create(p.stdout).econfig.env_id == "ReasoningGym-v0"
+    assert OmegaConf.create(p.stdout).econfig.env_id == "ReasoningGym-v1"
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         cfg = compose(config_name="grpo_reasoning")

@@ -238,7 +238,7 @@ def test_env_exception_cap_and_idle_timeout():
 def test_cli_serves_on_loopback_by_default():
     port = _free_port()
     env = dict(os.environ, PYTHONPATH=REPO)
-    p = subprocess.Popen([sys.executable, "-m", "envs.serve", "GSM8K-v0", "--port", str(port), "--max-sessions", "2",
+    p = subprocess.Popen([sys.executable, "-m", "envs.serve", "GSM8K-v1", "--port", str(port), "--max-sessions", "2",
                           "--idle-timeout", "30"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         t0, ok = time.time(), False

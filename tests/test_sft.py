@@ -239,7 +239,7 @@ def test_gsm8k_demonstration_scores_one(gsm8k_dir):
 
     import envs  # noqa: F401  (registers the ids)
 
-    env = gym.make("GSM8K-v0", data_dir=str(gsm8k_dir), split="test")
+    env = gym.make("GSM8K-v1", data_dir=str(gsm8k_dir), split="test")
     try:
         for i in range(5):
             msgs = env.unwrapped.demonstration({"index": i})

@@ -120,7 +120,7 @@ def _quiet_torchrl_spec_warning():
 @needs_data
 def test_check_env_specs_gsm8k(monkeypatch):
     monkeypatch.setenv("GSM8K_DATA_DIR", str(DATA_DIR))
-    env = make_torchrl_env("GSM8K-v0", batch_size=4, split="test")
+    env = make_torchrl_env("GSM8K-v1", batch_size=4, split="test")
     assert env.batch_size == torch.Size([4])
     check_env_specs(env, seed=0)
 
@@ -136,7 +136,7 @@ def test_check_env_specs_with_tokenizer(make, tokenizer):
 def test_rollout_fixed_text_policy(monkeypatch):
     monkeypatch.setenv("GSM8K_DATA_DIR", str(DATA_DIR))
     # format credit 0.1 set explicitly (the default became 0.0, correctness only: issue 14)
-    env = make_torchrl_env("GSM8K-v0", batch_size=4, split="test", format_reward=0.1)
+    env = make_torchrl_env("GSM8K-v1", batch_size=4, split="test", format_reward=0.1)
     env.set_seed(0)
 
     def policy(td):  # right answer on even envs, a well-formed wrong one on odd envs
@@ -213,7 +213,7 @@ def test_step_before_reset_and_constructor_errors(tokenizer):
     with pytest.raises(ValueError, match="chat_template"):
         TextEnv([GSM8KEnv(data=TOY)], tokenizer=no_template)
     with pytest.raises(ValueError):
-        make_torchrl_env("GSM8K-v0", batch_size=0, data=TOY)
+        make_torchrl_env("GSM8K-v1", batch_size=0, data=TOY)
 
 
 def _copy_without_template(tokenizer):
@@ -333,7 +333,7 @@ def test_torchrl_llm_wrapper_drives_env(tokenizer, mode):
 @needs_data
 def test_make_torchrl_env_with_tokenizer(monkeypatch, tokenizer):
     monkeypatch.setenv("GSM8K_DATA_DIR", str(DATA_DIR))
-    env = make_torchrl_env("GSM8K-v0", batch_size=2, split="train", tokenizer=tokenizer)
+    env = make_torchrl_env("GSM8K-v1", batch_size=2, split="train", tokenizer=tokenizer)
     td = env.reset(TensorDict(task_index=torch.tensor([0, 1]), batch_size=[2]))
     assert "Natalia" in td["text", "prompt"][0]
     assert td["attention_mask"].any(-1).all()
@@ -342,7 +342,7 @@ def test_make_torchrl_env_with_tokenizer(monkeypatch, tokenizer):
 @needs_data
 def test_partial_step_steps_only_the_marked_envs():
     """TorchRL's "_step" entry: only marked envs step; the others repeat their last output with reward 0."""
-    env = make_torchrl_env("GSM8K-v0", batch_size=2, split="test")
+    env = make_torchrl_env("GSM8K-v1", batch_size=2, split="test")
     td = env.reset()
     answer = td["info"][0]["answer"]
     td["action"] = NonTensorStack(f"#### {answer}", f"#### {answer}")
@@ -368,7 +368,7 @@ def test_catch_env_errors_ends_that_episode_and_runner_is_used():
                 out.append(e)
         return out
 
-    envs_ = [gym.make("GSM8K-v0", split="test", disable_env_checker=True) for _ in range(2)]
+    envs_ = [gym.make("GSM8K-v1", split="test", disable_env_checker=True) for _ in range(2)]
 
     def boom(action):
         raise RuntimeError("boom")

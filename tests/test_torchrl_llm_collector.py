@@ -26,7 +26,7 @@ def policy():
 
 @needs_data
 def test_llm_collector_drives_gsm8k(policy):
-    env = make_torchrl_env("GSM8K-v0", batch_size=2, split="train", tokenizer=policy.tokenizer)
+    env = make_torchrl_env("GSM8K-v1", batch_size=2, split="train", tokenizer=policy.tokenizer)
     env.set_seed(0)
     collector = LLMCollector(env, policy=policy, dialog_turns_per_batch=4, total_dialog_turns=8)
     batches = list(collector)

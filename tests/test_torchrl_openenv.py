@@ -65,7 +65,7 @@ def _server(env_id: str, *args: str):
 
 @pytest.fixture(scope="module")
 def gsm8k_url():
-    with _server("GSM8K-v0", "--env-kwargs", '{"split": "test"}') as url:
+    with _server("GSM8K-v1", "--env-kwargs", '{"split": "test"}') as url:
         yield url
 
 
@@ -112,7 +112,7 @@ def test_torchrl_env_over_served_gsm8k(gsm8k_url):
     try:
         td = env.reset(_tasks([3, 5]))
         assert [m[-1]["role"] for m in td["messages"]] == ["user", "user"]
-        local = gym.make("GSM8K-v0", split="test")
+        local = gym.make("GSM8K-v1", split="test")
         answers = [local.reset(options={"index": i})[1]["answer"] for i in (3, 5)]
         td = env.step(_actions(td, [f"#### {answers[0]}", "#### -12345"]))["next"]
         assert td["reward"].view(-1).tolist() == [1.0, 0.0]

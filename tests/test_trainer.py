@@ -109,7 +109,7 @@ def test_resume_matches_uninterrupted(tmp_path, peft):
 
 def test_zero_variance_filter_skips_with_reason(tmp_path, gsm8k_dir):
     # GSM8K with format reward 0: a random tiny model is never right -> every group has zero variance
-    cfg = make_cfg(econfig={"env_id": "GSM8K-v0", "format_reward": 0.0},
+    cfg = make_cfg(econfig={"env_id": "GSM8K-v1", "format_reward": 0.0},
                    loss={"filter_zero_variance_groups": True}, train_dataset={"path": str(gsm8k_dir)},
                    gconfig={"n_samples": 2, "max_new_tokens": 8})
     trainer = build_trainer(cfg, tmp_path)

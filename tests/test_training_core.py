@@ -164,7 +164,7 @@ def test_ess_and_ratio_max_are_batch_level(tmp_path):
 def test_lr_schedule_reaches_its_end_when_groups_are_filtered(tmp_path, gsm8k_dir):
     """A linear schedule over train.steps=3 ends at 0 even when zero-variance filtering removes every group (a
     random tiny model never solves GSM8K). Before: the scheduler counted planned optimizer steps and never moved."""
-    cfg = make_cfg(econfig={"env_id": "GSM8K-v0", "format_reward": 0.0}, train={"steps": 3},
+    cfg = make_cfg(econfig={"env_id": "GSM8K-v1", "format_reward": 0.0}, train={"steps": 3},
                    loss={"filter_zero_variance_groups": True}, train_dataset={"path": str(gsm8k_dir)},
                    gconfig={"n_samples": 2, "max_new_tokens": 4},
                    optimizer={"lr": 1e-3, "scheduler": "linear"})

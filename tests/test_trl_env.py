@@ -174,17 +174,17 @@ def test_llm_customer_is_not_called_to_build_the_class_or_the_rows(monkeypatch):
 
 def test_one_turn_and_tool_envs_are_told_apart():
     with pytest.raises(ValueError, match="reward_function"):
-        environment_factory("GSM8K-v0")
+        environment_factory("GSM8K-v1")
     with pytest.raises(ValueError, match="environment_factory"):
         reward_function("tau2/mock-v0")
 
 
 @pytest.mark.parametrize("env_id,make_kwargs,fmt", [
-    ("GSM8K-v0", {"split": "test"}, "Reasoning.\n#### {}"),
-    ("ReasoningGym-v0", {"split": "test", "task": "chain_sum"}, "Reasoning.\n{}")])
+    ("GSM8K-v1", {"split": "test"}, "Reasoning.\n#### {}"),
+    ("ReasoningGym-v1", {"split": "test", "task": "chain_sum"}, "Reasoning.\n{}")])
 def test_reward_function_is_the_env_grader(env_id, make_kwargs, fmt):
     """reward_function scores each completion (standard or conversational) by env.reset(task) + env.step(text):
-    the gold answers score 1.0, a wrong one 0.0, on GSM8K-v0 and ReasoningGym-v0."""
+    the gold answers score 1.0, a wrong one 0.0, on GSM8K-v1 and ReasoningGym-v1."""
     if env_id not in gym.registry:
         pytest.skip(f"{env_id} is not registered")
     rows = dataset(env_id, limit=3, **make_kwargs)
@@ -327,8 +327,8 @@ def test_grpo_trainer_tool_calls_reach_the_env(tiny_dir, tmp_path, mock_cls):
 
 
 def test_grpo_trainer_with_gsm8k_reward_function(tiny_dir, tmp_path):
-    """reward_function("GSM8K-v0") inside GRPOTrainer for 1 step: the rewards it returns equal env.step's."""
-    fn = reward_function("GSM8K-v0", split="test")
+    """reward_function("GSM8K-v1") inside GRPOTrainer for 1 step: the rewards it returns equal env.step's."""
+    fn = reward_function("GSM8K-v1", split="test")
     seen = []
 
     def recorded(prompts, completions, **kw):
@@ -337,12 +337,12 @@ def test_grpo_trainer_with_gsm8k_reward_function(tiny_dir, tmp_path):
         return out
 
     recorded.__name__ = fn.__name__
-    trainer = _trainer(tiny_dir, tmp_path, train_dataset=dataset("GSM8K-v0", "test", limit=2), reward_funcs=recorded,
+    trainer = _trainer(tiny_dir, tmp_path, train_dataset=dataset("GSM8K-v1", "test", limit=2), reward_funcs=recorded,
                        max_steps=1)
     trainer.train()
-    env = gym.make("GSM8K-v0", split="test", disable_env_checker=True)
+    env = gym.make("GSM8K-v1", split="test", disable_env_checker=True)
     (task_ids, texts, out), = seen
     for t, text, r in zip(task_ids, texts, out):
         env.reset(options={"task_id": t})
         assert env.step(text)[1] == r
-    assert _logged_means(trainer, "GSM8K-v0") == [pytest.approx(sum(out) / len(out))]
+    assert _logged_means(trainer, "GSM8K-v1") == [pytest.approx(sum(out) / len(out))]

@@ -39,7 +39,7 @@ def _check_obs(venv, obs, n: int) -> None:
 @pytest.mark.parametrize("mode", MODES)
 def test_make_vec_gsm8k_steps_and_autoresets(mode):
     n = 3 if mode == "sync" else 2
-    venv = gym.make_vec("GSM8K-v0", num_envs=n, vectorization_mode=mode, split="test")
+    venv = gym.make_vec("GSM8K-v1", num_envs=n, vectorization_mode=mode, split="test")
     try:
         _check_spaces(venv, n)
         obs, info = venv.reset(seed=7)
@@ -85,12 +85,12 @@ def test_make_vec_tau2_retail_default_user_and_autoreset(mode):
 
 
 def test_single_envs_pass_gymnasium_check_env():
-    check_env(gym.make("GSM8K-v0", split="test").unwrapped)
+    check_env(gym.make("GSM8K-v1", split="test").unwrapped)
     check_env(gym.make("tau2/retail-v0").unwrapped, skip_render_check=True)  # default user (scripted)
 
 
 def test_async_without_shared_memory():
-    venv = gym.make_vec("GSM8K-v0", num_envs=2, vectorization_mode="async", split="test",
+    venv = gym.make_vec("GSM8K-v1", num_envs=2, vectorization_mode="async", split="test",
                         vector_kwargs={"shared_memory": False})
     try:
         obs, info = venv.reset(seed=0)

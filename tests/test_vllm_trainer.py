@@ -49,7 +49,7 @@ def test_vllm_backend_trains_and_stays_in_sync(tmp_path, peft):
 
 
 def test_vllm_backend_on_gsm8k_and_tau2(tmp_path, gsm8k_dir):
-    g = build_trainer(cfg_for(train_dataset={"path": str(gsm8k_dir)}, econfig={"env_id": "GSM8K-v0"}), tmp_path / "g")
+    g = build_trainer(cfg_for(train_dataset={"path": str(gsm8k_dir)}, econfig={"env_id": "GSM8K-v1"}), tmp_path / "g")
     try:
         m = g.train_step()
         assert m["rollout/episodes"] == 8 and m["rollout/generated_tokens"] > 0

@@ -18,7 +18,7 @@ GSM8K test problems); each run records its budget and ``summary`` refuses to put
 
 The two arms share everything but the trainer:
 
-* **same prompts format and reward**: the prompts are ``GSM8K-v0``'s own messages (system + question), the reward is
+* **same prompts format and reward**: the prompts are ``GSM8K-v1``'s own messages (system + question), the reward is
   :func:`envs.gsm8k.grading.gsm8k_reward` with ``format_reward=0`` (what the env returns, so 1 = correct);
 * **same optimisation budget**: steps x prompts x samples, max new tokens, temperature 1 (no top-p/top-k), lr,
   constant schedule, AdamW (TRL's default ``adamw_torch``; ours fused AdamW, same betas/eps), grad-norm clip 1,
@@ -146,7 +146,7 @@ def _trl(a, d: Path) -> dict:
     if per_step % a.micro_batch:
         raise SystemExit(f"--micro-batch {a.micro_batch} must divide prompts x samples = {per_step}")
     gym.register_envs(envs)
-    env = gym.make("GSM8K-v0", split="train", format_reward=0.0, disable_env_checker=True).unwrapped
+    env = gym.make("GSM8K-v1", split="train", format_reward=0.0, disable_env_checker=True).unwrapped
     order = trl_prompt_order(a.seed, env.num_problems, a.steps * a.prompts)
     rows = []
     for i in order:

@@ -9,7 +9,7 @@
     python benchmarks/experiments/time_to_accuracy.py summary $R --write benchmarks/results/time_to_accuracy
 
 Like a training benchmark (MLPerf Training's time-to-train): each run trains on the default task of ``python grpo.py``
-(``configs/grpo_reasoning.yaml``: ReasoningGym-v0 ``chain_sum``, 2 terms of 1-2 digits, SmolLM2-135M-Instruct full
+(``configs/grpo_reasoning.yaml``: ReasoningGym-v1 ``chain_sum``, 2 terms of 1-2 digits, SmolLM2-135M-Instruct full
 fine-tuning in fp32) and is scored by held-out greedy accuracy (the 200 test problems) every ``--eval-every`` steps.
 The figure of merit is the **training wall-clock time to the first evaluation at or above ``--target``** and the
 accuracy each run has reached at equal training time.
@@ -19,7 +19,7 @@ three final accuracies of ``results/default_run.md`` (0.527), i.e. 0.195 + (0.52
 
 The two arms share everything but the trainer:
 
-* **task, prompts and reward**: the rows are ``ReasoningGym-v0``'s own opening messages (:func:`envs.trl.dataset`),
+* **task, prompts and reward**: the rows are ``ReasoningGym-v1``'s own opening messages (:func:`envs.trl.dataset`),
   the reward is the env's own grader (:func:`envs.trl.reward_function`), the same train problems in the same order at
   a given seed (:func:`harness.trl_prompt_order`: our trainer's seeded epoch permutation);
 * **budget**: 16 steps x 8 prompts x 8 samples (group size 8), 48 new tokens, temperature 1 (no top-p/top-k), lr 1e-5
@@ -142,10 +142,10 @@ def _trl(a, d: Path) -> dict:
     per_step = a.prompts * a.samples
     if per_step % a.micro_batch:
         raise SystemExit(f"--micro-batch {a.micro_batch} must divide prompts x samples = {per_step}")
-    full = dataset("ReasoningGym-v0", "train", **TASK)
+    full = dataset("ReasoningGym-v1", "train", **TASK)
     order = trl_prompt_order(a.seed, len(full), a.steps * a.prompts)
     ds = full.select(order)
-    reward = reward_function("ReasoningGym-v0", split="train", **TASK)
+    reward = reward_function("ReasoningGym-v1", split="train", **TASK)
     model, tok = load_model_and_tokenizer(a.model, dtype="float32", device="cpu")
     out_dir = d / "trl"
     targs = GRPOConfig(

@@ -1,4 +1,4 @@
-"""GSM8K as a one-step Gymnasium text environment (:class:`GSM8KEnv`, id ``GSM8K-v0``).
+"""GSM8K as a one-step Gymnasium text environment (:class:`GSM8KEnv`, id ``GSM8K-v1``).
 
 The episode is one turn: the policy answers, the answer is graded with
 :func:`envs.gsm8k.grading.gsm8k_reward` (1.0 correct / ``format_reward``, default 0, well-formed
@@ -146,7 +146,7 @@ class GSM8KEnv(gym.Env):
     ```python
     >>> import gymnasium as gym, envs
     >>> gym.register_envs(envs)
-    >>> env = gym.make("GSM8K-v0", split="test")          # the packaged data (or $GSM8K_DATA_DIR)
+    >>> env = gym.make("GSM8K-v1", split="test")          # the packaged data (or $GSM8K_DATA_DIR)
     >>> obs, info = env.reset(seed=0, options={"index": 3})
     >>> [m["role"] for m in obs]
     ['system', 'user']
@@ -162,18 +162,22 @@ class GSM8KEnv(gym.Env):
     commit that changed this env's behaviour (moves, docs and refactors left out), and whether it changed the reward
     of an episode scored before it. Results are quoted by id in ``benchmarks/results/*.md``.
 
-    * v0: Initial release (and still the registered id, although the reward changed under it; see ad0c272).
+    * v0: Initial release; registered until 2026-11-26 (``gym.make("GSM8K-v0")`` now raises Gymnasium's
+      ``DeprecatedEnv`` naming GSM8K-v1).
         - 1ba233d (2026-11-22): released: 1.0 if the extracted final answer equals the gold number, else
           ``format_reward`` (default ``0.1``) for a wrong answer in a well-formed final-answer format, else 0.0.
         - 2b4699b (2026-11-22): stricter ``options["index"]`` validation on ``reset``. Rewards unchanged.
         - 000c189 (2026-11-22): linear-time ``####`` / ``\\boxed`` scanning; the same answer is extracted
           (``tests/test_gsm8k_grading.py``). Rewards unchanged.
+    * v1: the reward of ad0c272 on (no format credit by default) under its own id, registered 2026-11-26. From
+      ad0c272 until then it ran under the id GSM8K-v0: results recorded under "GSM8K-v0" at ad0c272 or later
+      are v1 results; ``format_reward=0.1`` reproduces the v0 reward.
         - ad0c272 (2026-11-23): **the default ``format_reward`` became 0.0** (correctness only: the 0.1 credit was
           reward-hacked, issue 14). Rewards changed: every wrong but well-formed answer scored 0.1 before, 0.0
           after; accuracy is unchanged. Results recorded earlier under GSM8K-v0 with the credit
           (``benchmarks/results/grpo_default_run.md``, Run 2 and Run 1 of ``gsm8k_qwen_run.md``, the "format
           credit 0.1" row of ``gsm8k_seeds.md``; each says so) report rewards that are NOT comparable with later
-          GSM8K-v0 rewards; their accuracies are. By the policy this should have been GSM8K-v1; it was not renamed.
+          GSM8K-v0 rewards (v1 from then on); their accuracies are. By the policy this was GSM8K-v1 (renamed 2026-11-26).
           ``format_reward=0.1`` reproduces the old reward.
         - f6d72d9 (2026-11-23): the env contract: an action outside the action space raises ``TypeError`` (it ended
           the episode with reward 0 before); an unreadable answer sets ``info["action_error"]``. Rewards of text
@@ -187,7 +191,7 @@ class GSM8KEnv(gym.Env):
           (1.0 before), a wrong answer of over 100 digits (lost the format credit). Answers such as ``#### 1e5000``
           raised or ran for minutes before, so no episode was scored with them. The recorded runs keep no
           completions, so this cannot be checked on them; at most 256 new tokens make such answers implausible
-          there: kept as v0.
+          there: no version of its own.
         - de0c559 (2026-11-25): only the last :data:`~envs.gsm8k.grading.MAX_GRADED_CHARS` (20,000) characters
           are graded: an answer followed by more than 20,000 characters of text changes (``#### 72`` then 20,001
           characters without a number: 1.0 before, 0.0 after). Recorded runs generated at most 256 new tokens, far

@@ -1,4 +1,4 @@
-"""Reasoning Gym's procedural reasoning tasks as a one-turn Gymnasium env (id ``ReasoningGym-v0``).
+"""Reasoning Gym's procedural reasoning tasks as a one-turn Gymnasium env (id ``ReasoningGym-v1``).
 
 :mod:`.data` resolves task names / configs / curriculum levels and builds the disjoint train and test splits,
 :mod:`.grading` extracts the answer from model text and bounds it before the library's ``score_answer``,

@@ -1,5 +1,5 @@
 """Reasoning Gym's procedural tasks as a one-step Gymnasium text environment (:class:`ReasoningGymEnv`, id
-``ReasoningGym-v0``).
+``ReasoningGym-v1``).
 
 The episode is one turn: the policy answers a generated question, the answer is extracted
 (:func:`envs.reasoning_gym.grading.extract_answer`) and scored by the library's own ``score_answer``, and the
@@ -26,7 +26,7 @@ __all__ = ["ReasoningGymEnv", "DEFAULT_SYSTEM_PROMPT", "TOOL_CALL_IN_ANSWER"]
 #: Asks for the final answer alone on the last line: the extraction's fallback (tags are read too).
 DEFAULT_SYSTEM_PROMPT = "Answer the question. End your reply with the final answer alone on the last line."
 #: ``info["action_error"]`` of a response holding a ``<tool_call>`` block: this env has no tools.
-TOOL_CALL_IN_ANSWER = "the response holds a <tool_call> block, but ReasoningGym-v0 has no tools; it was graded as text"
+TOOL_CALL_IN_ANSWER = "the response holds a <tool_call> block, but ReasoningGym-v1 has no tools; it was graded as text"
 
 
 class ReasoningGymEnv(gym.Env):
@@ -116,7 +116,7 @@ class ReasoningGymEnv(gym.Env):
     ```python
     >>> import gymnasium as gym, envs
     >>> gym.register_envs(envs)
-    >>> env = gym.make("ReasoningGym-v0", task="chain_sum", split="test",
+    >>> env = gym.make("ReasoningGym-v1", task="chain_sum", split="test",
     ...                task_config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2})
     >>> obs, info = env.reset(seed=0, options={"index": 0})
     >>> [m["role"] for m in obs], info["task"]
@@ -133,7 +133,8 @@ class ReasoningGymEnv(gym.Env):
     commit that changed this env's behaviour (moves, docs and refactors left out), and whether it changed the reward
     of an episode scored before it. Results are quoted by id in ``benchmarks/results/*.md``.
 
-    * v0: Initial release (and still the registered id, although both splits changed under it; see 79adad0).
+    * v0: Initial release; registered until 2026-11-26 (``gym.make("ReasoningGym-v0")`` now raises Gymnasium's
+      ``DeprecatedEnv`` naming ReasoningGym-v1).
         - 456d7d6 (2026-11-25): released: reward = the library's ``score_answer`` on the extracted answer
           (``<answer>`` tag, else the last number for a numeric gold answer, else the last line), bounds checked
           first; splits: train = the first ``train_size`` items of seed ``train_seed``, test = the items of seed
@@ -144,6 +145,9 @@ class ReasoningGymEnv(gym.Env):
           Rewards unchanged.
         - 23ad001 (2026-11-25): lone surrogates in the response become U+FFFD (``"?"`` before), the helper every
           env shares. Only an answer holding a lone surrogate can extract differently; before any recorded result.
+    * v1: the hash-partitioned splits of 79adad0 under their own id, registered 2026-11-26. From 79adad0 until
+      then they ran under the id ReasoningGym-v0: results recorded under "ReasoningGym-v0" at 79adad0 or later
+      (``default_run.md``, ``time_to_accuracy.md``) are v1 results.
         - 79adad0 (2026-11-25): **the splits became a 75/25 hash partition of the question text** (train = the
           train-side items of ``train_seed``, test = the test-side items of ``test_seed``): the first version's
           test split was skewed to 2-digit sums (chain_sum 1-2 digits: 177/200 against about 500/1000 in train). The
@@ -151,7 +155,7 @@ class ReasoningGymEnv(gym.Env):
           ReasoningGym-v0 (section 2 of ``benchmarks/results/reasoning_gym_probe.md``, test split, 3208ce2; the
           file labels it "first version of the splits") are NOT comparable with later test-split numbers
           (``default_run.md``: greedy 0.195 -> 0.520-0.535 at commit d037548, hash partition). By the policy (a split
-          change moves every recorded accuracy) this should have been ReasoningGym-v1; it was not renamed.
+          change moves every recorded accuracy) this was ReasoningGym-v1 (renamed 2026-11-26).
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}

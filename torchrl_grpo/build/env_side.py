@@ -50,7 +50,7 @@ class DataEnv:
 
 #: the data-backed env ids: one row each (their ``split`` and ``system_prompt`` are handled alike)
 DATA_ENVS: dict[str, DataEnv] = {
-    "GSM8K-v0": DataEnv("data_dir", "envs.gsm8k.data", "load_gsm8k",
+    "GSM8K-v1": DataEnv("data_dir", "envs.gsm8k.data", "load_gsm8k",
                         lambda econfig: {"format_reward": float(econfig.format_reward)}),
     "IFEval-v0": DataEnv("data_path", "envs.ifeval.data", "load_prompts"),
 }
@@ -66,7 +66,7 @@ def env_kwargs_from_config(cfg, split: str, dataset_path: str | None = None, use
 
     Raises:
         ValueError: an unknown env id, contradicting user settings (:func:`torchrl_grpo.config.tau2_user`), a local
-            user without ``user_fn``, or a dataset path for ReasoningGym-v0 (its problems are generated).
+            user without ``user_fn``, or a dataset path for ReasoningGym-v1 (its problems are generated).
     """
     e = cfg.econfig
     env_id = e.env_id
@@ -75,10 +75,10 @@ def env_kwargs_from_config(cfg, split: str, dataset_path: str | None = None, use
         kw: dict = {"split": split, **d.extra(e)}
         if dataset_path:
             kw[d.path_key] = dataset_path
-    elif env_id == "ReasoningGym-v0":
+    elif env_id == "ReasoningGym-v1":
         if dataset_path:  # generated problems: a data path would be silently ignored
             raise ValueError(f"train_dataset.path / valid_dataset.path ({dataset_path!r}) is not used by "
-                             f"ReasoningGym-v0 (its problems are generated: econfig.task/tasks/task_config/level/"
+                             f"ReasoningGym-v1 (its problems are generated: econfig.task/tasks/task_config/level/"
                              f"train_seed/test_seed); leave it null, or pick a data-backed env (--config-name "
                              f"grpo_gsm8k)")
         kw = {"split": split, "task_config": _plain(e.task_config), "level": e.level, "train_seed": int(e.train_seed),
@@ -138,7 +138,7 @@ def check_data(cfg) -> dict[str, str]:
         ValueError: a malformed row, naming ``file:line`` (:func:`envs.gsm8k.data.load_gsm8k`).
     """
     env_id = cfg.econfig.env_id
-    if env_id == "ReasoningGym-v0":  # generated: build both splits (bad task / key fails here), record seeds
+    if env_id == "ReasoningGym-v1":  # generated: build both splits (bad task / key fails here), record seeds
         out = {}
         for name, split in (("train_dataset", cfg.train_dataset.split), ("valid_dataset", cfg.valid_dataset.split)):
             env_id, kw = env_kwargs_from_config(cfg, split)

@@ -44,7 +44,7 @@ DOMAIN_DEFAULTS: dict[str, dict[str, Any]] = {
     "mock": {"train_split": "base", "eval_split": "base", "solo": True,
              "econfig": {"env_id": "tau2", "domain": "mock", **_SOLO}},
     "gsm8k": {"train_split": "train", "eval_split": "test", "solo": True,
-              "econfig": {"env_id": "GSM8K-v0", "max_turns": 1}},
+              "econfig": {"env_id": "GSM8K-v1", "max_turns": 1}},
     "ifeval": {"train_split": "train", "eval_split": "test", "solo": True,
                "econfig": {"env_id": "IFEval-v0", "max_turns": 1}},
 }

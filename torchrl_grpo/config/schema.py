@@ -49,7 +49,7 @@ class TrainDatasetConfig(DatasetConfig):
 
 @dataclass
 class EnvConfig:
-    env_id: str = "GSM8K-v0"
+    env_id: str = "GSM8K-v1"
     format_reward: float = 0.0  # GSM8K: credit for a well-formed wrong answer; 0 = correctness-only (see envs/gsm8k/grading.py)
     domain: str = "telecom"  # tau2
     max_steps: int = 30  # tau2: env steps before truncation
@@ -63,7 +63,7 @@ class EnvConfig:
     user_llm_args: dict = field(default_factory=dict)
     reward: str = "binary"  # tau2: binary | partial
     system_prompt: Optional[str] = None
-    # ReasoningGym-v0 (envs/reasoning_gym): one generator `task` or a weighted mix `tasks` {name: weight}; task_config
+    # ReasoningGym-v1 (envs/reasoning_gym): one generator `task` or a weighted mix `tasks` {name: weight}; task_config
     # its config (with `tasks`: {name: config}); level the library curriculum's global level; the splits' generator
     # seeds and sizes (a hash of the question puts it in train or test). Bad names / keys fail at start-up listing them.
     task: Optional[str] = None
