@@ -6,7 +6,7 @@ The public API, imported lazily (``import torchrl_grpo`` loads no torch)::
 
 The package by folder, lower layers first (imports only point down; ``tests/test_import_graph.py`` enforces it):
 ``config/`` (schema, choice sets, validation; a leaf), ``reporting/`` and ``models/``, ``distributed/``,
-``objectives/``, ``backends/``, ``rollout/``, ``training/``, ``continual/``, then ``build.py`` (config -> components)
+``objectives/``, ``backends/``, ``rollout/``, ``training/``, ``continual/``, then ``build/`` (config -> components)
 and ``cli.py`` (what the entry scripts run). Old flat module paths (``torchrl_grpo.trainer``, ...) still import,
 with a ``DeprecationWarning``, for one release: :mod:`torchrl_grpo._moved` lists them.
 """

@@ -48,8 +48,8 @@ def build_trainer(cfg, run_dir: str | Path | None, *, trainer_cls: type | None =
         run_dir: output directory (a continual run: default ``cfg.output_dir``, else ``outputs/continual``).
         trainer_cls: the loop; default :func:`trainer_class` ``(cfg)``. A GRPO-style class (``GRPOTrainer`` and its
             subclasses) gets ``build(cfg, run_dir, own_backend_copy=trainer_cls.own_backend_copy)``; a
-            ``ContinualTrainer`` gets :func:`build` as its ``build_components`` (called after its checks, for the
-            first domain's config); ``SFTTrainer`` is refused Ray workers first (:func:`torchrl_grpo.config.check_sft_run`)
+            ``ContinualTrainer`` is built by :func:`torchrl_grpo.build.continual.build_continual_trainer` (checks,
+            :func:`build` on the first domain's config, one env side per domain); ``SFTTrainer`` is refused Ray workers first (:func:`torchrl_grpo.config.check_sft_run`)
             and gets :func:`sft_settings` and the SFT update (:func:`~torchrl_grpo.training.sft_trainer.sft_update`).
         model / tokenizer / backend: optional preloaded policy and rollout backend (tests, notebooks), passed to
             :func:`build`.

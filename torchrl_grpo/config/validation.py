@@ -1,7 +1,7 @@
 """Start-up checks of a run config: choices, ranges and combinations a type schema cannot express.
 
 Every check is a rule about config values; none builds anything (the checks that build envs, e.g. a continual
-domain's usable tasks, are :func:`torchrl_grpo.continual.domains.validate_cl_config`). Imports nothing of
+domain's usable tasks, are :func:`torchrl_grpo.build.continual.validate_cl_config`). Imports nothing of
 ``torchrl_grpo`` outside ``config/`` and no torch: ``grpo.py --help`` and Hydra's schema registration stay fast.
 """
 from __future__ import annotations
