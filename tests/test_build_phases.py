@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+from pathlib import Path
 import pickle
 
 import pytest
@@ -61,7 +62,9 @@ def test_records_phase_writes_the_plan_seeds_and_checks_data_first(tmp_path, gsm
     plan = json.loads((run_dir / "plan.json").read_text())
     assert plan["colocated"] is True and "applied" in plan
     sources = json.loads((run_dir / "data_sources.json").read_text())
-    assert set(sources) == {"train_dataset", "valid_dataset"} and str(gsm8k_dir) in sources["train_dataset"]
+    # the source is recorded resolved (a symlinked data dir, as CI's shared/, shows its target)
+    assert set(sources) == {"train_dataset", "valid_dataset"}
+    assert str(Path(gsm8k_dir).resolve()) in sources["train_dataset"]
     bad = _cfg(econfig={"env_id": "GSM8K-v1"}, train_dataset={"path": str(tmp_path / "nowhere")})
     with pytest.raises(FileNotFoundError):
         prepare_run(bad, tmp_path / "bad", devices)
