@@ -119,7 +119,6 @@ def _compose_tau2(overrides):
 def test_choice_sets_are_defined_once_in_config_and_shared_with_the_implementing_modules():
     """Each config choice set is one tuple, defined in torchrl_grpo.config.choices: validation checks it and the
     implementing module checks the same object, so the two cannot drift apart (issue 27: config is a leaf)."""
-    from envs.tau2.env import REWARD_KINDS
     from torchrl_grpo.backends import factory
     from torchrl_grpo.config import _choices, choices
     from torchrl_grpo.distributed import data_parallel, device_plan
@@ -142,7 +141,7 @@ def test_choice_sets_are_defined_once_in_config_and_shared_with_the_implementing
     assert c["rollout.launcher"] is ray_workers.LAUNCHERS and c["sft.source"] is sft_trainer.SFT_SOURCES
     assert c["actor.dtype"] is loading.DTYPES and c["stats_logger.wandb.mode"] is stats_logger.WANDB_MODES
     assert env_side.USERS is choices.USERS and device_plan.TRAIN_ENGINES is choices.TRAIN_ENGINES
-    assert c["econfig.reward"] is REWARD_KINDS
+    assert c["econfig.reward"] is choices.TAU2_REWARD_KINDS  # equal to envs.tau2's: tests/test_reasoning_gym_imports.py
     with pytest.raises(ValueError, match="scheduler"):
         optimizer.make_scheduler(None, "step", 0, 10)
 

@@ -5,15 +5,17 @@ same object: ``tests/test_config_cli.py`` checks identity), so validation (:func
 and implementation cannot drift apart. This module imports nothing (no torch, nothing of ``torchrl_grpo``): ``grpo.py
 --help`` and Hydra's schema registration stay fast, and any layer may import it (``tests/test_import_graph.py``).
 
-The one choice set not defined here is ``econfig.reward`` (``envs.tau2.env.REWARD_KINDS``): it belongs to the tau2 env
-in the ``envs`` package, which :func:`torchrl_grpo.config.validation.choices` imports lazily rather than copying it.
+``econfig.reward`` (:data:`TAU2_REWARD_KINDS`) is the one set that also lives outside ``torchrl_grpo``: the tau2 env
+checks its own ``envs.tau2.env.REWARD_KINDS`` (``envs`` never imports ``torchrl_grpo``), and this leaf must not import
+``envs.tau2`` (a ReasoningGym run would load tau2's whole import chain to validate its config), so the two are equal
+tuples, not one object (``tests/test_reasoning_gym_imports.py`` keeps them equal).
 """
 from __future__ import annotations
 
 __all__ = [
     "MODES", "DTYPES", "BACKENDS", "AGGREGATIONS", "SCALES", "BASELINES", "BEHAVIOUR_WEIGHT_MODES", "ANCHORS",
     "SHARED_PREFIX_MODES", "SCHEDULERS", "WANDB_MODES", "DEVICES", "STRATEGIES", "LAUNCHERS", "SFT_SOURCES", "USERS",
-    "INFERENCE_ENGINES", "TRAIN_ENGINES", "FOREIGN_ENGINES", "CL_METRICS", "CL_ALGORITHMS",
+    "INFERENCE_ENGINES", "TRAIN_ENGINES", "FOREIGN_ENGINES", "CL_METRICS", "CL_ALGORITHMS", "TAU2_REWARD_KINDS",
 ]
 
 #: ``mode``: the sync trainer (:mod:`torchrl_grpo.training.grpo_trainer`) or the async one
@@ -70,6 +72,10 @@ SFT_SOURCES = ("gold", "rft")
 #: ``econfig.user``: who plays the tau2 customer when ``econfig.solo_mode=false`` (``local``: our own backend, through
 #: ``user_fn``). Solo play is ``econfig.solo_mode=true``, never ``user=solo`` (:func:`torchrl_grpo.config.tau2_user`).
 USERS = ("scripted", "llm", "local")
+
+#: ``econfig.reward`` (tau2 envs, ``envs.tau2.env.Tau2Env(reward=)``): tau2's binary reward or its partial / progress
+#: reward; equal to ``envs.tau2.env.REWARD_KINDS`` (see the module docstring).
+TAU2_REWARD_KINDS = ("binary", "partial")
 
 #: ``allocation_mode`` engines (:func:`torchrl_grpo.config.parse_allocation_mode`): inference engines (the rollout
 #: backends themselves) and training engines (``train.strategy``-like).

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from torchrl_grpo.config.allocation_mode import train_strategy
 from torchrl_grpo.config.choices import (
     AGGREGATIONS, ANCHORS, BACKENDS, BASELINES, BEHAVIOUR_WEIGHT_MODES, DEVICES, DTYPES, LAUNCHERS, MODES, SCALES,
-    SCHEDULERS, SFT_SOURCES, SHARED_PREFIX_MODES, STRATEGIES, WANDB_MODES,
+    SCHEDULERS, SFT_SOURCES, SHARED_PREFIX_MODES, STRATEGIES, TAU2_REWARD_KINDS, WANDB_MODES,
 )
 from torchrl_grpo.config.continual import validate_cl_settings
 from torchrl_grpo.config.schema import CheckpointConfig
@@ -33,11 +33,9 @@ def is_data_parallel(strategy: str) -> bool:
 
 
 def _choices() -> dict[str, tuple]:
-    """Config key -> allowed values (:mod:`torchrl_grpo.config.choices`; ``econfig.reward`` is the tau2 env's own
-    set, imported from :mod:`envs.tau2.env` here rather than copied: ``envs`` is another package, loaded only when a
-    config is checked)."""
-    from envs.tau2.env import REWARD_KINDS
-
+    """Config key -> allowed values (:mod:`torchrl_grpo.config.choices`; ``econfig.reward`` is
+    :data:`~torchrl_grpo.config.choices.TAU2_REWARD_KINDS`, equal to the tau2 env's own set: importing
+    ``envs.tau2`` here would load tau2 to check any run's config)."""
     return {
         "mode": MODES,
         "actor.dtype": DTYPES,
@@ -49,7 +47,7 @@ def _choices() -> dict[str, tuple]:
         "loss.anchor": ANCHORS,
         "optimizer.scheduler": SCHEDULERS,
         "stats_logger.wandb.mode": WANDB_MODES,
-        "econfig.reward": REWARD_KINDS,
+        "econfig.reward": TAU2_REWARD_KINDS,
         "train.device": DEVICES,
         "train.strategy": STRATEGIES,
         "rollout.launcher": LAUNCHERS,
