@@ -299,3 +299,5 @@ def test_sft_phase_lr_follows_optimizer_lr_after_warmup(tmp_path):
         trainer.close()
     lrs = [r["sft/lr"] for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if "sft/lr" in r]
     assert len(lrs) == 4 and lrs[1] == pytest.approx(1e-3) and lrs[3] == pytest.approx(1e-3), lrs
+    # each step logs the rate it used (issue 36.6): warm-up 1/2 then the peak, in each phase (not the next step's)
+    assert lrs == pytest.approx([5e-4, 1e-3, 5e-4, 1e-3]), lrs

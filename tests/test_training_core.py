@@ -171,7 +171,7 @@ def test_lr_schedule_reaches_its_end_when_groups_are_filtered(tmp_path, gsm8k_di
     trainer = build_trainer(cfg, tmp_path)
     lrs = [trainer.train_step()["lr"] for _ in range(3)]
     trainer.close()
-    assert lrs == pytest.approx([1e-3 * 2 / 3, 1e-3 / 3, 0.0], abs=1e-12)
+    assert lrs == pytest.approx([1e-3, 1e-3 * 2 / 3, 1e-3 / 3], abs=1e-12)  # each step's own rate (issue 36.6)
 
 
 def test_lr_schedule_per_trainer_step_with_minibatches(tmp_path):
@@ -182,7 +182,23 @@ def test_lr_schedule_per_trainer_step_with_minibatches(tmp_path):
     trainer.close()
     assert [m["train/optimizer_steps"] for m in ms] == [4.0, 4.0]
     assert ms[-1]["train/optimizer_steps_total"] == 8.0
-    assert [m["lr"] for m in ms] == pytest.approx([5e-4, 0.0], abs=1e-12)
+    assert [m["lr"] for m in ms] == pytest.approx([1e-3, 5e-4], abs=1e-12)  # each step's own rate (issue 36.6)
+
+
+def test_logged_lr_is_the_rate_the_step_used(tmp_path):
+    """Issue 36.6: ``lr`` is the rate of the step's optimizer steps, not the next step's (it was read after
+    ``scheduler.step()``: logged [5e-4, 0.0] for steps that used [1e-3, 5e-4])."""
+    cfg = make_cfg(train={"steps": 3, "minibatch_size": 8}, optimizer={"lr": 1e-3, "scheduler": "linear"})
+    trainer = build_trainer(cfg, tmp_path)
+    used = []
+    trainer.optimizer.register_step_pre_hook(lambda opt, args, kw: used.append(opt.param_groups[0]["lr"]))
+    logged = []
+    for _ in range(3):
+        n = len(used)
+        logged.append(trainer.train_step()["lr"])
+        assert len(used) > n and set(used[n:]) == {logged[-1]}  # every optimizer step of the step used it
+    trainer.close()
+    assert logged == pytest.approx([1e-3, 1e-3 * 2 / 3, 1e-3 / 3], abs=1e-12)
 
 
 # ------------------------------------------------------------------------------ infrastructure failures (defect 9)

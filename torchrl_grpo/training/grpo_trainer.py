@@ -126,7 +126,6 @@ class GRPOTrainer:
         metrics["time/sync_s"] = time.perf_counter() - t_sync
         metrics.update(synced)
         metrics["time/step_s"] = time.perf_counter() - t0
-        metrics["lr"] = self.scheduler.get_last_lr()[0]
         self.step += 1
         return self.dp.mean_metrics(metrics)  # numeric values averaged over ranks (as is on one process)
 
@@ -184,6 +183,7 @@ class GRPOTrainer:
             metrics.update({"train/skipped": 1.0, "train/skip_reason": reason, "train/optimizer_steps": 0.0})
         else:
             metrics.update(self.updater(batch.exclude("task", "info"), step=self.step, stale=stale))
+        metrics["lr"] = self.scheduler.get_last_lr()[0]  # the rate this step's optimizer steps used (before the step)
         with warnings.catch_warnings():  # a step with no optimizer step still advances the schedule, on purpose
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
             self.scheduler.step()  # one schedule step per trainer step (see training.optimizer.make_scheduler)

@@ -196,11 +196,12 @@ class SFTTrainer:
     def _step(self, mb: _Minibatch) -> dict[str, float]:
         """One optimizer step on one minibatch; its ``sft/*`` metrics (no ESS / ratio: NaN for this loss)."""
         t0 = time.perf_counter()
+        lr = mb.scheduler.get_last_lr()[0]  # the rate this optimizer step uses (read before the schedule moves on)
         m = self.update(mb.data, step=self.step)
         mb.scheduler.step()
         self.step += 1
         out = {(k if "/" in k else f"sft/{k}"): v for k, v in m.items() if isinstance(v, float) and math.isfinite(v)}
-        out.update({"sft/epoch": float(mb.epoch), "sft/round": float(mb.round), "sft/lr": mb.scheduler.get_last_lr()[0],
+        out.update({"sft/epoch": float(mb.epoch), "sft/round": float(mb.round), "sft/lr": lr,
                     "time/step_s": time.perf_counter() - t0})
         return out
 
