@@ -61,10 +61,29 @@ def test_evaluation_at_start_every_k_but_the_last_and_at_end_merged_into_the_ste
     assert out["last"] == {"loss/total": 5.0} and "checkpoint" not in out
 
 
+def test_every_k_without_a_final_evaluation_still_evaluates_the_last_step():
+    """Issue 36.5: eval.every=2, eval.at_end=false over 5 steps evaluated after steps 2 and 4 only: the curve lacked
+    its last point. Now the last step is evaluated too (merged into its row), whether or not it is a multiple of k."""
+    f = Fake()
+    run(f, 5, last=5, evaluation=EvalSchedule(f.evaluate, every=2, at_end=False))
+    assert [e for e in f.events if e[0] == "eval"] == [("eval", 2), ("eval", 4), ("eval", 5)]
+    assert f.logger.rows[-1] == (5, {"loss/total": 5.0, "eval/accuracy": 0.5})  # one row: the step + its evaluation
+    f = Fake()
+    run(f, 4, last=4, evaluation=EvalSchedule(f.evaluate, every=2, at_end=False))  # a multiple of k: once, not twice
+    assert [e for e in f.events if e[0] == "eval"] == [("eval", 2), ("eval", 4)]
+    f = Fake()  # an iterable of unknown length (SFT's recipe): the last step is evaluated after the loop
+    run(f, iter(range(3)), evaluation=EvalSchedule(f.evaluate, every=2, at_end=False))
+    assert [e for e in f.events if e[0] == "eval"] == [("eval", 2), ("eval", 3)]
+    assert f.logger.rows[-1] == (3, {"eval/accuracy": 0.3})
+    f = Fake()  # a caller that scores the last step itself (the continual task boundary) opts out
+    run(f, 5, last=5, evaluation=EvalSchedule(f.evaluate, every=2, at_end=False, at_last=False))
+    assert [e for e in f.events if e[0] == "eval"] == [("eval", 2), ("eval", 4)]
+
+
 def test_schedules_count_from_origin():
     """The continual trainer's tasks: the schedule counts the task's own steps (global counter 10 -> n = 1, ...)."""
     f = Fake(start=10)
-    run(f, 4, last=4, origin=10, evaluation=EvalSchedule(f.evaluate, every=2),
+    run(f, 4, last=4, origin=10, evaluation=EvalSchedule(f.evaluate, every=2, at_last=False),  # the boundary scores
         checkpoints=CheckpointSchedule(f.save, every=3))
     assert f.events == [("step", 11), ("step", 12), ("eval", 12), ("step", 13), ("save", 13), ("step", 14)]
 

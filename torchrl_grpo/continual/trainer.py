@@ -180,7 +180,7 @@ class ContinualTrainer:
             return {}
 
         run_loop(step, steps, position=lambda: t.step, logger=t.logger, origin=t.step - done, last=n,
-                 evaluation=EvalSchedule(score_all, every=self.eval_interval),
+                 evaluation=EvalSchedule(score_all, every=self.eval_interval, at_last=False),  # the boundary scores n
                  on_interrupt=lambda e, completed: None, progress=Progress(desc, t.settings.progress_bar), log=log)
 
     def _task(self, k: int, domain: str, done: int = 0) -> None:

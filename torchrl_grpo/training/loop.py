@@ -5,8 +5,10 @@ the shell does the rest, once, for every trainer:
 
 - signals (:mod:`torchrl_grpo.training.interrupt`): the whole run under :func:`handle_signals`, each step (with
   the evaluation, logging and checkpoint after it) under :func:`finish_step`;
-- evaluation on a schedule (:class:`EvalSchedule`): at the start, every ``k`` steps (not after the last one: the
-  final evaluation follows), at the end; an evaluation after a step is merged into that step's logged metrics;
+- evaluation on a schedule (:class:`EvalSchedule`): at the start, every ``k`` steps, at the end; the curve always
+  ends at the last step: with a final evaluation (``at_end``) the ``every`` one is skipped after the last step, without
+  one the last step is evaluated by the ``every`` schedule whether or not it is a multiple of ``k`` (unless the caller
+  scores it itself: ``at_last=False``); an evaluation after a step is merged into that step's logged metrics;
 - one ``logger.log(metrics, step=position())`` per step;
 - a progress bar (tqdm) with the run's ETA (:func:`run_eta_s`), logged once after the first step;
 - checkpoints on a schedule (:class:`CheckpointSchedule`): every ``k`` steps, at the end (after the final
@@ -71,13 +73,20 @@ def minutes(seconds: float) -> str:
 @dataclass
 class EvalSchedule:
     """When :func:`run_loop` evaluates: ``evaluate()`` returns metrics (``{}`` allowed) at the start (logged at the
-    current position), after every ``every``-th step except the last (merged into the step's metrics; 0: never), and
-    at the end (logged at the final position)."""
+    current position), after every ``every``-th step (merged into the step's metrics; 0: never), and at the end
+    (``at_end``: after ``on_end``, logged at the final position).
+
+    The curve ends at the last step: with ``at_end`` the ``every`` evaluation is skipped after the last step (the
+    final one follows); without it, and ``every > 0``, the last step is evaluated as part of the ``every`` schedule
+    even when it is not a multiple of ``every`` (merged into its row when :func:`run_loop` knows ``last``; else after
+    the loop, logged at the final position, unless the loop's last step was just evaluated). ``at_last=False``: not
+    that one (a caller that scores the last step itself, e.g. the continual trainer's task boundary)."""
 
     evaluate: Callable[[], dict[str, Any]]
     at_start: bool = False
     every: int = 0
     at_end: bool = False
+    at_last: bool = True
 
 
 @dataclass
@@ -121,7 +130,8 @@ def run_loop(step: Callable[[Any], dict[str, Any]], steps: int | Iterable[Any], 
         logger: has ``log(metrics, step=)`` (:class:`torchrl_grpo.reporting.StatsLogger`).
         origin: the schedules count ``n = position() - origin`` (default: the counter itself; the continual trainer
             counts each task's steps from 1).
-        last: ``n`` of the final step, when known: ETA and the bar's total; an ``every`` evaluation is skipped there.
+        last: ``n`` of the final step, when known: ETA and the bar's total, and where the ``every`` evaluation
+            either gives way to the final one or closes the curve (:class:`EvalSchedule`).
         evaluation / checkpoints: the schedules (None: none).
         on_interrupt: ``(exc, completed) -> None`` replacing the default interrupt save (module docstring).
         on_end: run after the last step, before the final evaluation (e.g. SFT writes its model there, so a failed
@@ -158,13 +168,18 @@ def run_loop(step: Callable[[Any], dict[str, Any]], steps: int | Iterable[Any], 
                            disable=not progress.enabled)
             t_loop, done = time.perf_counter(), 0
             final_eval = ev is not None and ev.at_end
+            # no final evaluation: the `every` schedule evaluates the last step too (the curve ends there)
+            close_curve = ev is not None and bool(ev.every) and not ev.at_end and ev.at_last
+            evaluated_at = None  # position of the newest `every` evaluation
             for item in items:
                 began = position()
                 with finish_step():  # a signal in here lets the step finish (evaluation, log, checkpoint) first
                     last_metrics = step(item)
                     n = position() - origin
-                    if ev is not None and ev.every and n % ev.every == 0 and (last is None or n < last):
+                    if ev is not None and ev.every and (close_curve if last is not None and n == last
+                                                        else n % ev.every == 0):
                         last_metrics.update(ev.evaluate())
+                        evaluated_at = position()
                     logger.log(last_metrics, step=position())
                     done += 1
                     step_s = (time.perf_counter() - t_loop) / done
@@ -185,6 +200,9 @@ def run_loop(step: Callable[[Any], dict[str, Any]], steps: int | Iterable[Any], 
             if on_end is not None:
                 summary.update(on_end() or {})
             if final_eval:
+                summary["eval_end"] = m = ev.evaluate()
+                logger.log(m, step=position())
+            elif close_curve and done and evaluated_at != position():  # an iterable's last step (``last`` unknown)
                 summary["eval_end"] = m = ev.evaluate()
                 logger.log(m, step=position())
             if ck is not None and ck.at_end and (not saved_at or saved_at[-1] != position()):
