@@ -21,7 +21,7 @@ def make_backend(kind: str, model: torch.nn.Module, tokenizer, *, own_copy: bool
                  device: torch.device | str | None = None,
                  model_path: str | None = None, seed: int = 0, vllm_dtype: str = "auto", max_model_len: int = 2048,
                  check_sync_every: int = 0, gpu_memory_utilization: float | None = None,
-                 push_weights: bool = False) -> RolloutBackend:
+                 push_weights: bool = False, decode: str = "auto") -> RolloutBackend:
     """A rollout backend for ``model``.
 
     Args:
@@ -35,6 +35,7 @@ def make_backend(kind: str, model: torch.nn.Module, tokenizer, *, own_copy: bool
             (``load_weights``: ``Tensor.copy_``). vLLM: not used (the in-process engine takes the first visible GPU;
             :func:`torchrl_grpo.distributed.placement.placement_for` refuses a plan that puts it elsewhere).
         max_batch_size: ``transformers``: most sequences per generate call.
+        decode: ``transformers``: the decode loop (:data:`~torchrl_grpo.config.choices.DECODE_MODES`).
         model_path: vLLM: the resolved model folder the engine loads.
         seed, vllm_dtype, max_model_len, check_sync_every, gpu_memory_utilization: vLLM engine settings
             (:class:`~torchrl_grpo.backends.vllm_backend.VLLMBackend`); ``gpu_memory_utilization`` only on CUDA.
@@ -52,7 +53,7 @@ def make_backend(kind: str, model: torch.nn.Module, tokenizer, *, own_copy: bool
 
         if not own_copy:
             return TransformersBackend(model, pad_token_id=tokenizer.pad_token_id, share_module=True,
-                                       max_batch_size=max_batch_size)
+                                       max_batch_size=max_batch_size, decode=decode)
         gen_model = copy.deepcopy(model)
         if hasattr(gen_model, "peft_config"):
             gen_model = gen_model.merge_and_unload()
@@ -60,7 +61,7 @@ def make_backend(kind: str, model: torch.nn.Module, tokenizer, *, own_copy: bool
         if device is not None:
             gen_model.to(device)
         return TransformersBackend(gen_model, pad_token_id=tokenizer.pad_token_id, share_module=False,
-                                   max_batch_size=max_batch_size)
+                                   max_batch_size=max_batch_size, decode=decode)
     if model_path is None:
         raise ValueError("the vllm backend needs model_path (the model folder the engine loads)")
     from torchrl_grpo.backends.vllm_backend import VLLMBackend

@@ -33,12 +33,19 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from torchrl_grpo.config.choices import DECODE_MODES
 from torchrl_grpo.objectives.sampling import processed_logits
 from torchrl_grpo.backends.base import Generation, RolloutBackend, SamplingConfig, iter_named_weights
 from torchrl_grpo.backends.decode_attention import decode_attention
+from torchrl_grpo.backends.graph_decode import STOP_CHECK_EVERY, StaticDecoder
 from torchrl_grpo.backends.kv_cache import PreallocatedCache, supports_preallocation
 
-__all__ = ["TransformersBackend", "sample_next_token"]
+__all__ = ["DECODE_MODES", "TransformersBackend", "sample_next_token"]
+
+# decode loops (TransformersBackend ``decode``, :data:`~torchrl_grpo.config.choices.DECODE_MODES`): "eager" drops
+# finished rows and reads each step's tokens on the host (best on CPU, where a step's arithmetic dominates); "static"
+# decodes fixed shapes with no per-step host read; "graph" is "static" with each step replayed as a CUDA graph (CUDA
+# only; :mod:`torchrl_grpo.backends.graph_decode`); "auto": "graph" on CUDA, "eager" elsewhere.
 
 
 def sample_next_token(
@@ -87,6 +94,10 @@ class TransformersBackend(RolloutBackend):
             (:mod:`torchrl_grpo.backends.decode_attention`; same attention, less copying).
         preallocate_kv: decode into a preallocated KV cache (:class:`~torchrl_grpo.backends.kv_cache.PreallocatedCache`;
             same keys/values, no per-step concatenation) when the model has full-attention layers only.
+        decode: one of :data:`DECODE_MODES`. Partial rollouts (a ``weight_update_hook``) always decode eagerly.
+
+    Raises:
+        ValueError: ``decode`` not in :data:`DECODE_MODES`.
     """
 
     def __init__(
@@ -99,8 +110,13 @@ class TransformersBackend(RolloutBackend):
         prefix_cache_min_tokens: int = 256,
         gqa_decode: bool = True,
         preallocate_kv: bool = True,
+        decode: str = "auto",
     ) -> None:
+        if decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
         self.model = model
+        self.decode = decode
+        self._static: StaticDecoder | None = None
         self.pad_token_id = int(pad_token_id)
         self.share_module = share_module
         self.max_batch_size = int(max_batch_size)
@@ -248,8 +264,23 @@ class TransformersBackend(RolloutBackend):
         self.stats["partial_interrupts"] = self.stats.get("partial_interrupts", 0) + 1
         return True
 
+    def decode_mode(self) -> str:
+        """The decode loop the next call uses: ``decode`` with ``auto`` resolved for the model's device; "eager"
+        while a partial-rollout hook is set (re-prefilling under new weights needs the row-dropping loop)."""
+        if self.weight_update_hook is not None and self.partial_rollout_chunk > 0:
+            return "eager"
+        mode = self.decode
+        if mode == "auto":
+            mode = "graph" if self.device.type == "cuda" else "eager"
+        if mode == "graph" and self.device.type != "cuda":
+            mode = "static"
+        return mode
+
     @torch.no_grad()
     def _generate_chunk(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
+        mode = self.decode_mode()
+        if mode != "eager":
+            return self._generate_chunk_static(prompts, sampling, graphs=mode == "graph")
         model, dev = self.model, self.device
         was_training = model.training
         model.eval()
@@ -297,6 +328,58 @@ class TransformersBackend(RolloutBackend):
                 next_pos = next_pos + 1
             return [Generation(token_ids=toks[r], logprobs=lps[r], finish_reason=finish[r], versions=vers[r])
                     for r in range(B)]
+        finally:
+            if was_training:
+                model.train()
+
+    @torch.no_grad()
+    def _generate_chunk_static(self, prompts: list[list[int]], sampling: SamplingConfig, *, graphs: bool
+                               ) -> list[Generation]:
+        """Fixed-shape decode (:mod:`torchrl_grpo.backends.graph_decode`): no row is dropped, tokens and log-probs
+        stay on the device until the end, "every row stopped" is read every ``STOP_CHECK_EVERY`` steps; on CUDA with
+        ``graphs`` each step's forward is a replayed CUDA graph."""
+        model, dev = self.model, self.device
+        was_training = model.training
+        model.eval()
+        try:
+            logits, cache, am, next_pos = self._prefill(prompts, 0)
+            B, T = len(prompts), sampling.max_new_tokens
+            if self._static is None or self._static.model is not model:
+                self._static = StaticDecoder(model, use_graphs=graphs)
+            self._static.use_graphs = graphs
+            stop_t = torch.tensor(sorted(set(sampling.stop_token_ids)), dtype=torch.long, device=dev) \
+                if sampling.stop_token_ids else None
+            toks = torch.zeros((B, T), dtype=torch.long, device=dev)
+            lps = torch.zeros((B, T), dtype=torch.float32, device=dev)
+            done = torch.zeros(B, dtype=torch.bool, device=dev)
+            slot = self._static.start(cache, am, next_pos, T) if T > 1 else None
+            del cache
+            gen = self._generator if dev.type == "cpu" else None
+            n = 0
+            for step in range(T):
+                tok, lp = sample_next_token(logits, sampling, gen)
+                toks[:, step], lps[:, step] = tok, lp
+                n = step + 1
+                if stop_t is not None:
+                    done |= torch.isin(tok, stop_t)
+                    if n % STOP_CHECK_EVERY == 0 and bool(done.all()):
+                        break
+                if n == T:
+                    break
+                logits = self._static.step(slot, tok)
+            tok_rows, lp_rows = toks[:, :n].tolist(), lps[:, :n].tolist()  # the one read of the whole generation
+            stop = set(sampling.stop_token_ids)
+            v = self.policy_version
+            out = []
+            for r in range(B):
+                t_r, reason = tok_rows[r], "length"
+                for j, t in enumerate(t_r):
+                    if t in stop:
+                        t_r, reason = t_r[: j + 1], "stop"
+                        break
+                out.append(Generation(token_ids=t_r, logprobs=lp_rows[r][: len(t_r)], finish_reason=reason,
+                                      versions=[v] * len(t_r)))
+            return out
         finally:
             if was_training:
                 model.train()

@@ -51,7 +51,8 @@ def loss_sampling(sampling: SamplingConfig) -> SamplingConfig:
 def backend_from_config(cfg, model: torch.nn.Module, tokenizer, *, own_copy: bool,
                         device: torch.device | str | None = None) -> RolloutBackend:
     """:func:`~torchrl_grpo.backends.factory.make_backend` with the settings of a run config: ``rollout.backend``,
-    ``rollout.max_batch_size``, ``rollout.vllm.*``, ``seed``, ``actor.path`` (resolved: the folder vLLM loads) and
+    ``rollout.max_batch_size``, ``rollout.decode``, ``rollout.vllm.*``, ``seed``, ``actor.path`` (resolved: the
+    folder vLLM loads) and
     ``actor.peft.enable`` (vLLM takes the LoRA policy's weights at once). ``own_copy`` and ``device`` as in
     ``make_backend`` (the build's placement decides them). Moved here from ``torchrl_grpo.backends.factory``
     (issue 27: only build/ reads the config).
@@ -66,7 +67,8 @@ def backend_from_config(cfg, model: torch.nn.Module, tokenizer, *, own_copy: boo
     return make_backend(r.backend, model, tokenizer, own_copy=own_copy, device=device, max_batch_size=r.max_batch_size,
                         model_path=path, seed=cfg.seed, vllm_dtype=r.vllm.dtype, max_model_len=r.vllm.max_model_len,
                         check_sync_every=r.vllm.check_sync_every,
-                        gpu_memory_utilization=r.vllm.gpu_memory_utilization, push_weights=cfg.actor.peft.enable)
+                        gpu_memory_utilization=r.vllm.gpu_memory_utilization, push_weights=cfg.actor.peft.enable,
+                        decode=r.decode)
 
 
 def worker_rollout(config: dict, sampling: SamplingConfig, device: str):

@@ -13,7 +13,7 @@ tuples, not one object (``tests/test_reasoning_gym_imports.py`` keeps them equal
 from __future__ import annotations
 
 __all__ = [
-    "MODES", "DTYPES", "BACKENDS", "AGGREGATIONS", "SCALES", "BASELINES", "BEHAVIOUR_WEIGHT_MODES", "ANCHORS",
+    "MODES", "DTYPES", "BACKENDS", "DECODE_MODES", "AGGREGATIONS", "SCALES", "BASELINES", "BEHAVIOUR_WEIGHT_MODES", "ANCHORS",
     "SHARED_PREFIX_MODES", "SCHEDULERS", "WANDB_MODES", "DEVICES", "STRATEGIES", "LAUNCHERS", "SFT_SOURCES", "USERS",
     "INFERENCE_ENGINES", "TRAIN_ENGINES", "FOREIGN_ENGINES", "CL_METRICS", "CL_ALGORITHMS", "TAU2_REWARD_KINDS",
 ]
@@ -27,6 +27,8 @@ DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 #: ``rollout.backend``: the colocated transformers backend, or vLLM (:func:`torchrl_grpo.backends.factory.make_backend`).
 BACKENDS = ("transformers", "vllm")
+# rollout.decode: the transformers backend's decode loop (torchrl_grpo/backends/transformers_backend.py)
+DECODE_MODES = ("auto", "eager", "static", "graph")
 
 #: ``loss.aggregation`` (:func:`torchrl_grpo.objectives.loss.masked_aggregate`).
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from torchrl_grpo.config.allocation_mode import train_strategy
 from torchrl_grpo.config.choices import (
-    AGGREGATIONS, ANCHORS, BACKENDS, BASELINES, BEHAVIOUR_WEIGHT_MODES, DEVICES, DTYPES, LAUNCHERS, MODES, SCALES,
+    AGGREGATIONS, ANCHORS, BACKENDS, DECODE_MODES, BASELINES, BEHAVIOUR_WEIGHT_MODES, DEVICES, DTYPES, LAUNCHERS, MODES, SCALES,
     SCHEDULERS, SFT_SOURCES, SHARED_PREFIX_MODES, STRATEGIES, TAU2_REWARD_KINDS, WANDB_MODES,
 )
 from torchrl_grpo.config.continual import validate_cl_settings
@@ -40,6 +40,7 @@ def _choices() -> dict[str, tuple]:
         "mode": MODES,
         "actor.dtype": DTYPES,
         "rollout.backend": BACKENDS,
+        "rollout.decode": DECODE_MODES,
         "loss.aggregation": AGGREGATIONS,
         "loss.adv_scale": SCALES,
         "loss.adv_baseline": BASELINES,
