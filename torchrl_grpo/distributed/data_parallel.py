@@ -408,5 +408,8 @@ class NullLogger:
     def log_samples(self, samples: list, step: int, name: str = "samples.jsonl") -> None:
         pass
 
+    def rewind(self, step: int) -> dict:
+        return {}
+
     def close(self) -> None:
         pass
