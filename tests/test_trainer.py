@@ -107,6 +107,40 @@ def test_resume_matches_uninterrupted(tmp_path, peft):
         assert m[key] == pytest.approx(ref[2][key], rel=1e-5, abs=1e-7), key
 
 
+def test_resume_into_the_same_run_dir_continues_each_log_without_duplicate_rows(tmp_path):
+    """Issue 36.7: a run resumed from its step-2 checkpoint into its own run dir appended steps 3, 4 after the first
+    run's 3, 4 (metrics.jsonl, samples.jsonl, eval_episodes.jsonl; the curve plotted x = 1, 2, 3, 4, 3, 4). Each log
+    is cut to the checkpoint's step on resume."""
+    import json
+
+    over = {"train": {"steps": 4, "batch_size": 1}, "gconfig": {"n_samples": 2, "max_new_tokens": 4},
+            "checkpoint": {"every": 2, "save_final": False}, "eval": {"every": 2, "n_problems": 1},
+            "stats_logger": {"samples_per_step": 1}}
+    run = tmp_path / "run"
+    a = build_trainer(make_cfg(**over), run)
+    try:
+        a.fit()
+    finally:
+        a.close()
+
+    def steps(name):
+        return [json.loads(x)["step"] for x in (run / name).read_text().splitlines()]
+
+    first = {name: steps(name) for name in ("metrics.jsonl", "samples.jsonl", "eval_episodes.jsonl")}
+    assert first["metrics.jsonl"] == [1, 2, 3, 4] and first["eval_episodes.jsonl"] == [2, 4]
+    resumed = make_cfg(**over)
+    resumed.train.resume_from = str(run / "checkpoints" / "step_000002")
+    b = build_trainer(resumed, run)
+    try:
+        assert b.step == 2
+        b.fit()
+    finally:
+        b.close()
+    for name, before in first.items():
+        assert steps(name) == before, name  # the same steps once each, in order
+    assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
+
+
 def test_zero_variance_filter_skips_with_reason(tmp_path, gsm8k_dir):
     # GSM8K with format reward 0: a random tiny model is never right -> every group has zero variance
     cfg = make_cfg(econfig={"env_id": "GSM8K-v1", "format_reward": 0.0},

@@ -194,12 +194,14 @@ class TaskCheckpoints:
 
     def resume(self, state: dict) -> tuple[int, int]:
         """Restore the run from the checked ``state`` (:func:`read_resume_state`): trainer and algorithm state
-        (:func:`load_task_checkpoint`), the metrics so far, the trajectory buffer, and a KL anchor that a checkpoint
-        without algorithm state lacks (the loaded weights). Returns ``(task, step in it)`` to continue with: the next
+        (:func:`load_task_checkpoint`), the run dir's logs cut to the checkpoint's step
+        (:meth:`~torchrl_grpo.reporting.stats_logger.StatsLogger.rewind`), the metrics so far, the trajectory
+        buffer, and a KL anchor that a checkpoint without algorithm state lacks (the loaded weights). Returns ``(task, step in it)`` to continue with: the next
         task from 0 after a finished one, else the interrupted task after its ``task_step`` steps."""
         r, path = self.run, Path(state["path"])
         t = r.trainer
         ck, algo_state = load_task_checkpoint(path, t, r.hooks)
+        t.logger.rewind(t.step)  # resumed into the same run dir: its logs continue from the checkpoint's step
         r.metrics = state["metrics"]
         if (path / TRAJECTORIES_JSONL).is_file():
             r.buffer = TrajectoryBuffer.load(path / TRAJECTORIES_JSONL, r.settings.buffer_size)

@@ -73,6 +73,8 @@ class GRPOTrainer:
         self.collector, self.eval_collector, self.train_tasks = c.collector, c.eval_collector, c.train_tasks
         self.loss_fn, self.optimizer, self.scheduler, self.updater = c.loss_fn, c.optimizer, c.scheduler, c.update
         self.logger, self.load_time_s, self.step = c.logger, c.load_time_s, c.start_step
+        if self.step:  # resumed (train.resume_from): the logs continue from the checkpoint's step, rows after it cut
+            self.logger.rewind(self.step)
         self.dp = c.dp or SINGLE  # data parallel (torchrl_grpo.distributed.data_parallel): this rank's share, rank 0 writes
         # a disjoint CPU plan (torchrl_grpo.distributed.placement): this thread trains on the train cores, collects on the
         # inference cores; a colocated plan pins nothing
