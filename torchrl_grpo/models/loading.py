@@ -2,16 +2,18 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 
 from torchrl_grpo.config.choices import DTYPES
 from torchrl_grpo.models.errors import ModelResolutionError
+from torchrl_grpo.models.gguf import convert_gguf_cached
 from torchrl_grpo.models.packaged import KNOWN_ALIASES
 from torchrl_grpo.models.resolve import resolve_model_path
 from torchrl_grpo.models.tokenizer import _set_pad_ids, prepare_tokenizer
 
-__all__ = ["load_model_and_tokenizer", "DTYPES"]
+__all__ = ["load_model_and_tokenizer", "hf_model_dir", "DTYPES"]
 
 # DTYPES (:mod:`torchrl_grpo.config.choices`): dtype names accepted everywhere (config ``actor.dtype``);
 # :func:`load_model_and_tokenizer` also takes the short aliases ``fp32`` / ``bf16`` / ``fp16`` and a ``torch.dtype``.
@@ -84,6 +86,23 @@ def load_model_and_tokenizer(
     model.to(device)
     model.eval()
     return model, tokenizer
+
+
+def hf_model_dir(spec: str, allow_download: bool = True) -> str:
+    """What to hand two systems that must load the same weights: a Hugging Face directory for ``spec``.
+
+    A packaged alias or ``tiny-random`` gives its cache directory, a local HF directory itself, a ``.gguf`` file (or
+    a directory holding exactly one) its cached float32 conversion (:func:`~torchrl_grpo.models.gguf.convert_gguf_cached`:
+    converted once, as a packaged alias is; TRL refuses a model loaded from a GGUF file), and a hub id is returned
+    unchanged (transformers loads it from its own cache).
+
+    Raises:
+        ModelResolutionError (and subclasses): see :func:`resolve_model_path`.
+    """
+    source = resolve_model_path(spec, allow_download=allow_download)
+    if source.gguf_file is not None:
+        return str(convert_gguf_cached(Path(source.path) / source.gguf_file))
+    return source.path
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
