@@ -25,6 +25,12 @@ Each backend runs ``--repeats`` times after one warm-up; the median is reported.
 ``benchmarks/results/rollout_bench.{json,md}``.
 
     GSM8K_DATA_DIR=<folder with train.jsonl/test.jsonl> python benchmarks/rollout_bench.py
+    ... python benchmarks/rollout_bench.py --device cuda --dtype bfloat16 --workloads gsm8k --no-vllm --out <stem>
+
+Device (issue 35): ``--device auto|cpu|cuda`` (auto: cuda when available) and ``--dtype float32|bfloat16``: HF
+``generate`` and our backend sample on that device with weights in that dtype (no autocast for either); the results
+record the device name, dtype, versions, load and command (``harness.instrument_meta``). A ``--model`` given as a
+``.gguf`` file is converted once to a cached HF directory (the same weights as the trainers' benchmarks load).
 """
 from __future__ import annotations
 
@@ -40,6 +46,9 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks" / "experiments"))  # the instruments' shared harness (device, metadata)
+
+from harness import add_device_args, instrument_meta, meta_line, resolve_device, same_weights  # noqa: E402
 
 from torchrl_grpo.backends.base import SamplingConfig  # noqa: E402
 from torchrl_grpo.backends.transformers_backend import TransformersBackend  # noqa: E402
@@ -125,7 +134,7 @@ def hf_generate_tokens(model, tok, prompts, sampling: SamplingConfig) -> tuple[i
     stops = set(sampling.stop_token_ids)
     for grp in groups:
         P = len(grp[0])
-        ids = torch.tensor(grp, dtype=torch.long)
+        ids = torch.tensor(grp, dtype=torch.long, device=model.device)
         with torch.no_grad():
             out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
                                  temperature=sampling.temperature, top_p=sampling.top_p, top_k=0,
@@ -147,7 +156,7 @@ def run_telecom(args) -> None:
     import transformers
 
     t_load = time.perf_counter()
-    model, tok = load_model_and_tokenizer(args.telecom_model, dtype=args.telecom_dtype)
+    model, tok = load_model_and_tokenizer(args.telecom_model, dtype=args.telecom_dtype, device=args.device)
     print(f"loaded {args.telecom_model} ({args.telecom_dtype}) in {time.perf_counter() - t_load:.1f} s", flush=True)
     stop = sorted(ChatRenderer(tok).end_of_turn_ids())
     sampling = SamplingConfig(max_new_tokens=args.telecom_max_new_tokens, temperature=1.0, top_p=1.0,
@@ -166,6 +175,7 @@ def run_telecom(args) -> None:
         "prompt_tokens": [len(p) for p in base_prompts],
         "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
         "nproc": os.cpu_count(), "threads": torch.get_num_threads(), "loadavg_before": os.getloadavg(),
+        **instrument_meta(args.device, args.telecom_dtype),
     }
     rows: list[dict] = []
 
@@ -252,10 +262,10 @@ def run_telecom(args) -> None:
 
 def run_hf_generate(model, tok, prompts, sampling: SamplingConfig) -> int:
     P = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), P), tok.pad_token_id, dtype=torch.long)
+    ids = torch.full((len(prompts), P), tok.pad_token_id, dtype=torch.long, device=model.device)
     am = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
-        ids[i, P - len(p):] = torch.tensor(p)
+        ids[i, P - len(p):] = torch.tensor(p, device=model.device)
         am[i, P - len(p):] = 1
     torch.manual_seed(sampling.seed or 0)
     with torch.no_grad():
@@ -285,9 +295,10 @@ def timed(fn, repeats: int) -> tuple[float, float, int]:
     return statistics.median(rates), statistics.median(times), toks
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
+    add_device_args(ap)
     ap.add_argument("--gsm8k-prompts", type=int, default=8)
     ap.add_argument("--tau2-tasks", type=int, default=2)
     ap.add_argument("--samples", type=int, default=8)
@@ -303,7 +314,9 @@ def main() -> int:
     ap.add_argument("--telecom-backends", default="hf_generate,transformers,vllm",
                     help="subset of hf_generate,transformers,vllm (ours always generates turn 1 for turn 2's prompts)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rollout_bench"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    args.device = resolve_device(args.device)
+    args.model = same_weights(args.model)  # a .gguf: its cached HF conversion (the trainers' benchmarks load it too)
 
     wls = args.workloads.split(",")
     if "telecom" in wls:
@@ -311,7 +324,7 @@ def main() -> int:
         wls = [w for w in wls if w != "telecom"]
         if not wls:
             return 0
-    model, tok = load_model_and_tokenizer(args.model, dtype="float32")
+    model, tok = load_model_and_tokenizer(args.model, dtype=args.dtype, device=args.device)
     stop = sorted(ChatRenderer(tok).end_of_turn_ids())
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=1.0, top_p=1.0, stop_token_ids=stop, seed=0)
     vllm_engines = {}
@@ -320,7 +333,7 @@ def main() -> int:
             from torchrl_grpo.backends.vllm_backend import VLLMBackend
 
             path = resolve_model_path(args.model).path
-            for dt in ("float32", "bfloat16"):
+            for dt in ("float32", "bfloat16"):  # vLLM: its own engine and device placement
                 t0 = time.perf_counter()
                 vllm_engines[f"vllm_{'fp32' if dt == 'float32' else 'bf16'}"] = (VLLMBackend(path, tokenizer=tok, dtype=dt, max_model_len=4096, seed=0), time.perf_counter() - t0)
         except ImportError as exc:
@@ -354,18 +367,20 @@ def main() -> int:
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "model": args.model, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
         "torch": torch.__version__, "python": platform.python_version(), "nproc": os.cpu_count(),
-        "loadavg": os.getloadavg(), "threads": torch.get_num_threads(),
+        "loadavg": os.getloadavg(), "threads": torch.get_num_threads(), **instrument_meta(args.device, args.dtype),
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     lines = ["# Rollout throughput vs HF generate", "", f"`{meta['command']}` — model {args.model}, "
              f"{args.max_new_tokens} new tokens, temperature 1.0, torch {meta['torch']}, {meta['nproc']} cores, "
-             f"load avg {', '.join(f'{x:.1f}' for x in meta['loadavg'])}", "",
-             "| workload | prompts x samples | prompt tokens | backend | tokens/s | x HF generate |", "|---|---|---|---|---|---|"]
+             f"load avg {', '.join(f'{x:.1f}' for x in meta['loadavg'])}", "", meta_line(meta), "",
+             "| workload | prompts x samples | prompt tokens | device | backend | tokens/s | x HF generate |",
+             "|---|---|---|---|---|---|---|"]
     for r in results:
         for name, b in r["backends"].items():
-            lines.append(f"| {r['workload']} | {r['prompts']} x {r['samples']} | {r['prompt_tokens_mean']:.0f} | {name} | "
+            lines.append(f"| {r['workload']} | {r['prompts']} x {r['samples']} | {r['prompt_tokens_mean']:.0f} | "
+                         f"{meta['device_name']} ({args.dtype}) | {name} | "
                          f"{b['tokens_per_s']:.1f} | {b['ratio_vs_hf_generate']:.2f} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")

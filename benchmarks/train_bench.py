@@ -4,8 +4,15 @@
     # in the project venv (``pip install -e ".[bench]"``), GSM8K from $GSM8K_DATA_DIR or --data-dir:
     python benchmarks/train_bench.py --data-dir $GSM8K_DATA_DIR                        # 2 warm-up + 4 timed steps each
     python benchmarks/train_bench.py --warmup 1 --steps 2 --no-write                  # quick smoke run
+    python benchmarks/train_bench.py --device cuda --dtype float32 --out-dir <dir>      # both trainers on the GPU
 
-Settings shared by both trainers (the project issue's): SmolLM2-135M-Instruct, fp32, CPU, GSM8K train prompts rendered
+Device (issue 35): ``--device auto|cpu|cuda`` (auto: cuda when available) and ``--dtype float32|bfloat16`` put both
+trainers on one device with one weights' dtype (ours ``train.device`` / ``actor.dtype``, bf16 autocast in its update
+on CUDA; TRL the model loaded there, ``use_cpu`` only on CPU, ``bf16=True`` on CUDA: ``harness.precision``); the
+results record the device name, dtype, versions, load and command (``harness.instrument_meta``). A ``--model`` given as
+a ``.gguf`` file is converted once to a cached HF directory that both trainers load (TRL refuses GGUF-loaded models).
+
+Settings shared by both trainers (the project issue's): SmolLM2-135M-Instruct, fp32, CPU by default, GSM8K train prompts rendered
 with the model's chat template (system + user message exactly as ``GSM8K-v1`` produces them), 2 prompts x 8 samples
 per step, 128 new tokens, temperature 1.0 (top_p 1, top_k 0), KL/beta 0, one optimizer step per 16 completions
 (micro-batches of ``--micro-batch``: ours ``train.micro_batch_size``, TRL ``per_device_train_batch_size`` with
@@ -54,8 +61,10 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks" / "experiments"))  # the instruments' shared harness (device, metadata)
 
 import torch  # noqa: E402
+from harness import add_device_args, instrument_meta, meta_line, precision, resolve_device, same_weights  # noqa: E402
 
 
 def _loadavg() -> list[float]:
@@ -105,7 +114,7 @@ def build_ours_config(args, total_steps: int, backend: str = "transformers"):
 
     register_configs()
     overrides = [
-        f"actor.path={args.model}", "actor.dtype=float32", "actor.gradient_checkpointing=false", "actor.peft.enable=false",
+        f"actor.path={args.model_path}", f"actor.dtype={args.dtype}", "actor.gradient_checkpointing=false", "actor.peft.enable=false",
         f"train_dataset.path={os.environ['GSM8K_DATA_DIR']}", "train_dataset.split=train",
         f"seed={args.seed}", f"train.steps={total_steps}", f"train.batch_size={args.prompts}",
         f"gconfig.n_samples={args.samples}", f"gconfig.max_new_tokens={args.max_new_tokens}",
@@ -115,7 +124,7 @@ def build_ours_config(args, total_steps: int, backend: str = "transformers"):
         f"optimizer.lr={args.lr}", "optimizer.scheduler=constant", "optimizer.warmup_steps=0",
         "optimizer.weight_decay=0.0", "optimizer.max_grad_norm=1.0",
         "train.minibatch_size=0", f"train.micro_batch_size={args.micro_batch}", "train.ppo_epochs=1",
-        "train.device=cpu", f"rollout.backend={backend}",
+        f"train.device={args.device}", f"rollout.backend={backend}",
         "eval.at_start=false", "eval.at_end=false", "eval.every=0", "eval.n_problems=0",
         "checkpoint.every=0", "checkpoint.save_final=false",
         "stats_logger.wandb.mode=disabled", "stats_logger.console=false", "stats_logger.progress_bar=false",
@@ -135,6 +144,8 @@ class OursRunner:
         args, k = self.args, len(self.steps)
         t0 = time.perf_counter()
         m = self.trainer.train_step()
+        if args.device == "cuda":
+            torch.cuda.synchronize()
         wall = time.perf_counter() - t0
         rec = {
             "step": k, "warmup": k < args.warmup, "wall_s": wall,
@@ -180,7 +191,8 @@ def run_trl(args, model, tokenizer, prompts: list[dict], out_dir: Path, between_
         learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
         beta=0.0, num_iterations=1, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", scale_rewards="group",
         max_steps=total, shuffle_dataset=False,
-        use_vllm=False, bf16=False, fp16=False, gradient_checkpointing=False, use_cpu=True,
+        use_vllm=False, bf16=precision(args.device, args.dtype)["trl_bf16"], fp16=False, gradient_checkpointing=False,
+        use_cpu=args.device == "cpu",
         report_to="none", save_strategy="no", eval_strategy="no", logging_steps=1, disable_tqdm=True,
         log_completions=False, dataloader_num_workers=0,
     )
@@ -216,6 +228,8 @@ def run_trl(args, model, tokenizer, prompts: list[dict], out_dir: Path, between_
             rec["step_begin"].append(time.perf_counter())
 
         def on_step_end(self, a, state, control, **kw):
+            if args.device == "cuda":
+                torch.cuda.synchronize()
             rec["step_end"].append(time.perf_counter())
             if between_steps is not None:  # interleaved mode: one step of ours between two TRL steps (not timed as TRL)
                 between_steps()
@@ -292,12 +306,13 @@ def to_markdown(res: dict) -> str:
         "",
         f"Command: `{res['command']}`  ",
         f"Date: {res['date']}  ",
+        meta_line(res["meta"]) + "  ",
         f"Machine: {res['machine']['nproc']} CPU cores ({res['machine']['cpu']}), {res['machine']['mem_gib']} GiB, "
         f"torch threads {res['machine']['torch_threads']}; load average before {res['loadavg_before']}, "
         f"during (sampled between steps) {[x[0] for x in res['loadavg_between']]}, after {res['loadavg_after']}  ",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in res["versions"].items()),
         "",
-        f"Settings: {s['model']} fp32 on CPU; {s['prompts']} GSM8K train prompts x {s['samples']} samples per step; "
+        f"Settings: {s['model']} {s['dtype']} on {s['device']}; {s['prompts']} GSM8K train prompts x {s['samples']} samples per step; "
         f"{s['max_new_tokens']} new tokens; temperature {s['temperature']}; lr {s['lr']} constant; beta/KL 0; "
         f"one optimizer step per {s['prompts'] * s['samples']} completions in micro-batches of {s['micro_batch']}; "
         f"token-mean loss (TRL `dapo`), clip 0.2/0.28; reward `gsm8k_reward` (format 0.1); seed {s['seed']}; "
@@ -361,6 +376,7 @@ def to_markdown(res: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct")
+    add_device_args(p)
     p.add_argument("--data-dir", default=os.environ.get("GSM8K_DATA_DIR"),
                    help="GSM8K folder with train.jsonl/test.jsonl (default: $GSM8K_DATA_DIR)")
     p.add_argument("--prompts", type=int, default=2, help="prompts per step")
@@ -391,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.data_dir:
         raise SystemExit("no GSM8K data: pass --data-dir <folder with train.jsonl/test.jsonl> or set GSM8K_DATA_DIR")
     os.environ["GSM8K_DATA_DIR"] = args.data_dir  # read by build_ours_config, the GSM8K env and the results record
+    args.device = resolve_device(args.device)
+    args.model_path = same_weights(args.model)  # a .gguf: converted once, both trainers load that HF directory
     order = ["interleave"] if args.order == "interleave" else [x.strip() for x in args.order.split(",") if x.strip()]
     if order != ["interleave"] and sorted(order) != ["ours", "trl"]:
         raise SystemExit("--order must be interleave or name ours and trl once each")
@@ -412,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
 
     total = args.warmup + args.steps
     cfg, overrides = build_ours_config(args, total)
-    src = resolve_model_path(args.model)
+    src = resolve_model_path(args.model_path)
     from torchrl_grpo.seeding import seed_everything
     from torchrl_grpo.build import build_trainer
     from torchrl_grpo.training.grpo_trainer import GRPOTrainer
@@ -421,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         # our trainer is built first (each trainer gets its own freshly loaded copy of the same weights); it also
         # picks the prompts of every step, which TRL then gets unshuffled in the same order
         t0 = time.perf_counter()
-        model_ours, tok_ours = load_model_and_tokenizer(args.model, dtype="float32", device="cpu")
+        model_ours, tok_ours = load_model_and_tokenizer(args.model_path, dtype=args.dtype, device=args.device)
         print(f"model {src.path} loaded in {time.perf_counter() - t0:.1f}s", flush=True)
         seed_everything(args.seed)
         ours = build_trainer(cfg, Path(tmp) / "ours", trainer_cls=GRPOTrainer, model=model_ours, tokenizer=tok_ours)
@@ -450,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         ours_v = runner_v = None
         if args.ours_vllm:
             cfg_v, overrides_v = build_ours_config(args, total, backend="vllm")
-            model_v, tok_v = load_model_and_tokenizer(args.model, dtype="float32", device="cpu")
+            model_v, tok_v = load_model_and_tokenizer(args.model_path, dtype=args.dtype, device=args.device)
             seed_everything(args.seed)
             ours_v = build_trainer(cfg_v, Path(tmp) / "ours_vllm", trainer_cls=GRPOTrainer, model=model_v, tokenizer=tok_v)
             runner_v = OursRunner(args, ours_v, name="ours_vllm")
@@ -462,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             if order == ["interleave"]:
-                model, tok = load_model_and_tokenizer(args.model, dtype="float32", device="cpu")
+                model, tok = load_model_and_tokenizer(args.model_path, dtype=args.dtype, device=args.device)
                 torch.manual_seed(args.seed)
                 t0 = time.perf_counter()
                 results["trl"] = run_trl(args, model, tok, prompts, Path(tmp) / "trl", between_steps=between_steps)
@@ -482,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
                         runner.step()
                     results["ours"] = {"steps": runner.steps}
                 else:
-                    model, tok = load_model_and_tokenizer(args.model, dtype="float32", device="cpu")
+                    model, tok = load_model_and_tokenizer(args.model_path, dtype=args.dtype, device=args.device)
                     torch.manual_seed(args.seed)
                     t0 = time.perf_counter()
                     results["trl"] = run_trl(args, model, tok, prompts, Path(tmp) / "trl")
@@ -524,9 +542,10 @@ def main(argv: list[str] | None = None) -> int:
         "command": "GSM8K_DATA_DIR=" + os.environ["GSM8K_DATA_DIR"] + " python " + " ".join(
             shlex.quote(x) for x in [os.path.relpath(__file__, REPO)] + (sys.argv[1:] if argv is None else argv)),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "machine": _machine(), "versions": _versions(),
+        "machine": _machine(), "versions": _versions(), "meta": instrument_meta(args.device, args.dtype),
         "loadavg_before": load_before, "loadavg_between": loads_between, "loadavg_after": load_after,
-        "settings": {"model": args.model, "model_path": src.path, "dtype": "float32", "device": "cpu",
+        "settings": {"model": args.model, "model_path": src.path, "dtype": args.dtype, "device": args.device,
+                     "device_name": instrument_meta(args.device, args.dtype)["device_name"],
                      "prompts": args.prompts, "samples": args.samples, "max_new_tokens": args.max_new_tokens,
                      "temperature": args.temperature, "lr": args.lr, "micro_batch": args.micro_batch,
                      "format_reward": args.format_reward, "threads": torch.get_num_threads(), "seed": args.seed, "warmup": args.warmup, "steps": args.steps,

@@ -12,6 +12,12 @@ A driver (``gsm8k_vs_trl.py``, ``tau2_sft_table.py``, ``time_to_accuracy.py``, `
 3. **summary**: a markdown table with the intervals of :mod:`stats`, its numbers as JSON and a PNG
    (:func:`write_outputs`, :func:`pyplot`).
 
+The instruments that compare two systems (``benchmarks/train_bench.py``, ``rollout_bench.py``,
+``experiments/time_to_accuracy.py``) share where they run: :func:`add_device_args` (``--device auto|cpu|cuda``,
+``--dtype float32|bfloat16``), :func:`resolve_device`, :func:`precision` (what each arm runs at on that device),
+:func:`instrument_meta` (device name, dtype, versions, load, command: recorded in every results file) and
+:func:`same_weights` (a ``.gguf`` converted once, so both arms load the same Hugging Face directory).
+
 Import it as ``from harness import ...``: ``python benchmarks/experiments/<driver>.py`` puts this folder first on
 ``sys.path``; the package itself is installed (``pip install -e .``). ``grpo.py`` children get the checkout first
 on ``PYTHONPATH`` (:func:`child_env`), so that ``--py`` another interpreter (the vLLM venv) runs this checkout's code.
@@ -152,6 +158,109 @@ def device() -> str:
     import torch
 
     return "cuda: " + torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu x{os.cpu_count()}"
+
+
+# ------------------------------------------------------------------------------------------------ where an instrument runs
+#: ``--dtype``: the weights' dtype of both arms
+DTYPES = ("float32", "bfloat16")
+#: ``--device``: ``auto`` = cuda when available, else cpu
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def add_device_args(parser) -> None:
+    """``--device`` (:data:`DEVICES`, default ``auto``) and ``--dtype`` (:data:`DTYPES`, default ``float32``) on an
+    ``argparse`` parser: both arms of the instrument run on that device with weights in that dtype."""
+    parser.add_argument("--device", default="auto", choices=DEVICES,
+                        help="device of both arms (auto: cuda when available, else cpu)")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES, help="weights' dtype of both arms")
+
+
+def resolve_device(name: str) -> str:
+    """``"cpu"`` or ``"cuda"`` for ``--device`` ``name`` (imports torch).
+
+    Raises:
+        SystemExit: ``name`` is not in :data:`DEVICES`, or ``cuda`` was asked and CUDA is not available.
+    """
+    import torch
+
+    if name not in DEVICES:
+        raise SystemExit(f"--device must be one of {DEVICES}, got {name!r}")
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: CUDA is not available here (torch.cuda.is_available() is False)")
+    return name
+
+
+def precision(device: str, dtype: str) -> dict:
+    """What both arms run at on ``device`` (``cpu`` / ``cuda``) with ``dtype`` weights (:data:`DTYPES`).
+
+    Our trainer loads the weights in ``actor.dtype`` and, on CUDA only, runs the update's forward passes under bf16
+    autocast (:func:`torchrl_grpo.build.autocast_for`); its rollout backend samples at the weights' dtype. TRL gets the
+    same weights' dtype and, on CUDA, ``bf16=True`` (accelerate's bf16 autocast: its mixed-precision mode, the one a
+    TRL user runs on a GPU); on CPU ``bf16=False`` (no autocast, as ours). HF ``generate`` baselines sample at the
+    weights' dtype, as our backend. Returns ``{"weights": dtype, "ours_autocast": "bf16" | None, "trl_bf16": bool}``.
+
+    Raises:
+        ValueError: ``dtype`` not in :data:`DTYPES` or ``device`` not ``cpu`` / ``cuda``.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu or cuda (resolve_device first), got {device!r}")
+    cuda = device == "cuda"
+    return {"weights": dtype, "ours_autocast": "bf16" if cuda else None, "trl_bf16": cuda}
+
+
+def device_name(device: str) -> str:
+    """``torch.cuda.get_device_name()`` on ``cuda``, else the CPU model from ``/proc/cpuinfo`` (``"cpu"`` when
+    unreadable), with the core count."""
+    import torch
+
+    if device == "cuda":
+        return torch.cuda.get_device_name(torch.cuda.current_device())
+    cpu = "cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu} x{os.cpu_count()}"
+
+
+def instrument_meta(device: str, dtype: str) -> dict:
+    """What every results file of a two-arm instrument records: ``device`` (cpu / cuda), ``device_name``,
+    ``dtype``, ``precision`` (:func:`precision`), torch / transformers / trl / accelerate / torchrl-grpo versions,
+    the 1/5/15-min load average now, this command line, the date and the commit."""
+    return {"device": device, "device_name": device_name(device), "dtype": dtype, "precision": precision(device, dtype),
+            "versions": package_versions(("torch", "transformers", "trl", "accelerate", "torchrl-grpo")),
+            "loadavg": list(os.getloadavg()), "command": shlex.join([sys.executable, *sys.argv]), "date": utc_date(),
+            "commit": git_commit(), "cpus": os.cpu_count()}
+
+
+def meta_line(meta: dict) -> str:
+    """One markdown line of :func:`instrument_meta`'s record (the line every ``.md`` result starts with)."""
+    v = meta["versions"]
+    return (f"Device: **{meta['device']}** ({meta['device_name']}), weights {meta['dtype']}, autocast ours "
+            f"{meta['precision']['ours_autocast'] or 'none'} / TRL {'bf16' if meta['precision']['trl_bf16'] else 'none'}; "
+            f"torch {v['torch']}, transformers {v['transformers']}, trl {v['trl']}; load {meta['loadavg'][0]:.2f}; "
+            f"`{meta['command']}`")
+
+
+def same_weights(spec: str) -> str:
+    """The model spec both arms load for ``spec``: a ``.gguf`` file (or a directory holding one) becomes its cached
+    Hugging Face conversion, made once (:func:`torchrl_grpo.models.loading.hf_model_dir`; TRL refuses a model loaded
+    from a GGUF file); any other spec (alias, HF directory, hub id) is returned unchanged.
+
+    Raises:
+        ModelResolutionError: see :func:`torchrl_grpo.models.resolve_model_path`.
+    """
+    from torchrl_grpo.models.loading import hf_model_dir
+    from torchrl_grpo.models.resolve import resolve_model_path
+
+    return hf_model_dir(spec) if resolve_model_path(spec).gguf_file is not None else spec
 
 
 def process_meta(cores: str | None, threads: int, backend: str | None) -> dict:

@@ -5,6 +5,7 @@
     python benchmarks/experiments/time_to_accuracy.py base --out-root $R                   # step 0 of every run (once)
     python benchmarks/experiments/time_to_accuracy.py run --arm ours --seed 1 --out-root $R
     python benchmarks/experiments/time_to_accuracy.py run --arm trl  --seed 1 --out-root $R
+    python benchmarks/experiments/time_to_accuracy.py run --arm trl_same_mb --seed 1 --out-root $R   # optional
     ...                                                                        # seeds 2, 3; arms interleaved
     python benchmarks/experiments/time_to_accuracy.py summary $R --write benchmarks/results/time_to_accuracy
 
@@ -44,6 +45,21 @@ over seeds; the ratio TRL / ours of the median times to target; accuracy at equa
 last evaluation at or before ``T`` = the smallest final training clock over all runs); Wilson 95% intervals (Wilson
 1927) for every accuracy; the PNG: accuracy vs training minutes, one line per run, both arms.
 
+**Device** (issue 35): ``--device auto|cpu|cuda`` (auto: cuda when available) and ``--dtype float32|bfloat16`` put
+both arms, the base evaluation and the scoring of TRL's checkpoints on one device with one weights' dtype (ours
+``train.device`` / ``actor.dtype``; TRL the model loaded there, ``use_cpu`` only on CPU, bf16 autocast on CUDA as
+ours: :func:`harness.precision`); both are part of the budget, so ``summary`` refuses to mix devices, and every
+``result.json`` records the device name, dtype, versions, load and command (:func:`harness.instrument_meta`). A
+``--model`` given as a ``.gguf`` file is converted once to a cached HF directory that both arms load
+(:func:`harness.same_weights`).
+
+**The same micro-batch budget** (arm ``trl_same_mb``): TRL's ``per_device_train_batch_size`` /
+``gradient_accumulation_steps`` chosen so that it runs a step's sequences in as many forward/backward passes as our
+trainer does (:func:`our_passes`), so that a step-time ratio measures the two systems rather than a micro-batch
+setting. ``--micro-batch 0`` lets our arm use its config's own micro-batching (``train.micro_batch_size`` and, when
+the config has it, the ``train.micro_batch_tokens`` token budget) instead of ``--micro-batch`` sequences per pass;
+the ``trl`` arm needs ``--micro-batch`` >= 1 (identical settings).
+
 Run one process at a time on an idle machine (``uptime``; two OpenMP processes on 2 cores collapse decode speed);
 interleave the arms (ours 1, trl 1, ours 2, ...) so a drift of the machine hits both.
 
@@ -60,8 +76,9 @@ import sys
 import time
 from pathlib import Path
 
-from harness import (REPO, evaluations, git_commit, load_json, package_versions, pyplot, read_metrics, run_logged,
-                     trl_prompt_order, utc_date, write_outputs)
+from harness import (REPO, add_device_args, evaluations, git_commit, instrument_meta, load_json, meta_line,
+                     package_versions, precision, pyplot, read_metrics, resolve_device, run_logged, same_weights, trl_prompt_order,
+                     utc_date, write_outputs)
 
 from torchrl_grpo.reporting.learning_curve import wilson_interval
 
@@ -71,22 +88,26 @@ TARGET = 0.36
 TASK = {"task": "chain_sum", "task_config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2},
         "train_seed": 11, "test_seed": 22, "train_size": 1000, "test_size": 200}
 #: the budget both arms train with (recorded in every result; ``summary`` refuses to mix budgets)
-BUDGET_KEYS = ("model", "steps", "prompts", "samples", "max_new_tokens", "lr", "micro_batch", "eval_every", "n_eval")
+BUDGET_KEYS = ("model", "steps", "prompts", "samples", "max_new_tokens", "lr", "micro_batch", "eval_every", "n_eval",
+               "device", "dtype")
+#: the arms: ours, TRL at identical settings, TRL with our trainer's number of forward/backward passes per step
+ARMS = ("ours", "trl", "trl_same_mb")
 
 
 def _budget(a) -> dict:
     return {k: getattr(a, k) for k in BUDGET_KEYS}
 
 
-def _meta() -> dict:
-    return {"commit": git_commit(), "command": " ".join([sys.executable, *sys.argv]),
-            "versions": package_versions(("torch", "transformers", "trl", "reasoning-gym")),
+def _meta(a) -> dict:
+    return {**instrument_meta(a.device, a.dtype), "commit": git_commit(), "command": " ".join([sys.executable, *sys.argv]),
+            "versions": package_versions(("torch", "transformers", "trl", "accelerate", "reasoning-gym")),
             "date": utc_date(), "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()}
 
 
 def _grpo(a, overrides: list[str], run_dir: Path, log: Path) -> float:
     """``python grpo.py`` (the default config) with ``overrides`` into ``run_dir``; returns wall seconds."""
-    common = [f"actor.path={a.model}", f"gconfig.max_new_tokens={a.max_new_tokens}", f"eval.n_problems={a.n_eval}",
+    common = [f"actor.path={a.model_path}", f"actor.dtype={a.dtype}", f"train.device={a.device}",
+              f"gconfig.max_new_tokens={a.max_new_tokens}", f"eval.n_problems={a.n_eval}",
               "eval.greedy=true", "checkpoint.every=0", "checkpoint.save_final=false",
               "stats_logger.progress_bar=false", "stats_logger.wandb.mode=disabled"]
     cmd = [sys.executable, str(REPO / "grpo.py"), *common, *overrides, f"hydra.run.dir={run_dir}"]
@@ -96,7 +117,7 @@ def _grpo(a, overrides: list[str], run_dir: Path, log: Path) -> float:
 def cmd_base(a) -> dict:
     d = Path(a.out_root) / "base"
     d.mkdir(parents=True, exist_ok=True)
-    meta = _meta()
+    meta = _meta(a)
     wall = _grpo(a, ["eval_only=true", "seed=1"], d, d / "run.log")
     ev = evaluations(read_metrics(d))
     if not ev:
@@ -107,26 +128,90 @@ def cmd_base(a) -> dict:
     return res
 
 
-def _ours(a, d: Path) -> dict:
-    over = [f"seed={a.seed}", f"train.steps={a.steps}", f"train.batch_size={a.prompts}", f"gconfig.n_samples={a.samples}",
-            f"optimizer.lr={a.lr}", f"train.micro_batch_size={a.micro_batch}", "gconfig.temperature=1.0",
-            "gconfig.top_p=1.0", "loss.kl_coef=0.0", "loss.aggregation=token_mean", "loss.adv_scale=group",
-            "loss.clip_eps_low=0.2", "loss.clip_eps_high=0.28", "optimizer.max_grad_norm=1.0",
+def _ours_overrides(a) -> list[str]:
+    """Our arm's ``grpo.py`` overrides beyond :func:`_grpo`'s (``--micro-batch 0``: the config's own micro-batching)."""
+    return [f"seed={a.seed}", f"train.steps={a.steps}", f"train.batch_size={a.prompts}", f"gconfig.n_samples={a.samples}",
+            f"optimizer.lr={a.lr}", *([f"train.micro_batch_size={a.micro_batch}"] if a.micro_batch else []),
+            "gconfig.temperature=1.0", "gconfig.top_p=1.0", "loss.kl_coef=0.0", "loss.aggregation=token_mean",
+            "loss.adv_scale=group", "loss.clip_eps_low=0.2", "loss.clip_eps_high=0.28", "optimizer.max_grad_norm=1.0",
             f"eval.every={a.eval_every}", "eval.at_start=false", "eval.at_end=true"]
+
+
+#: metrics keys under which our trainer may log its forward/backward passes of a step (read when present)
+PASSES_KEYS = ("train/micro_batches", "train/micro_batches_per_step")
+
+
+def our_passes(a, max_prompt_tokens: int, out_root: Path | None = None) -> dict:
+    """Forward/backward passes our trainer runs per step at this budget: ``{"passes", "source", ...}``.
+
+    Measured when our run of this seed under ``out_root`` logged them (:data:`PASSES_KEYS`; the median over its
+    steps); otherwise computed from our composed config (``configs/grpo_reasoning.yaml`` + our arm's overrides):
+    :func:`torchrl_grpo.training.micro_batch.split_micro_batches` over the step's ``prompts x samples`` sequences, each
+    at the worst-case length ``max_prompt_tokens + max_new_tokens``, with ``train.micro_batch_size`` sequences per
+    pass (<= 0: all) and the token budget ``train.micro_batch_tokens`` when the config has that key (an int > 0;
+    anything else: no token cap), else ``train.max_tokens_per_mb``. Worst-case lengths make this an upper bound of
+    the passes (a pass's padded size never exceeds it).
+    """
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from torchrl_grpo.config import register_configs
+    from torchrl_grpo.training.micro_batch import split_micro_batches
+
+    per_step = a.prompts * a.samples
+    res = Path(out_root or a.out_root) / "ours" / f"seed{a.seed}" / "result.json"
+    if res.is_file():
+        measured = [s["passes"] for s in json.loads(res.read_text()).get("steps", []) if s.get("passes")]
+        if measured:
+            return {"passes": int(round(statistics.median(measured))), "source": f"measured ({res})"}
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        cfg = compose(config_name="grpo_reasoning", overrides=[
+            f"actor.dtype={a.dtype}", f"train.device={a.device}", f"gconfig.max_new_tokens={a.max_new_tokens}",
+            *_ours_overrides(a)])
+    count = int(cfg.train.micro_batch_size)
+    tokens = OmegaConf.select(cfg, "train.micro_batch_tokens", default=None)
+    key = "train.micro_batch_tokens"
+    if tokens is None:
+        tokens, key = OmegaConf.select(cfg, "train.max_tokens_per_mb", default=0), "train.max_tokens_per_mb"
+    budget = tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0 else 0
+    length = max_prompt_tokens + a.max_new_tokens
+    mbs = split_micro_batches([length] * per_step, count if count > 0 else per_step, budget)
+    return {"passes": len(mbs), "source": "config", "micro_batch_size": count, "token_key": key,
+            "token_budget": tokens, "worst_case_tokens": length}
+
+
+def trl_micro_batch(per_step: int, passes: int) -> int:
+    """TRL's ``per_device_train_batch_size`` for ``passes`` passes over ``per_step`` sequences: the smallest divisor of
+    ``per_step`` that is >= ``per_step / passes`` (TRL needs whole micro-batches), so TRL runs at most ``passes``.
+
+    Raises:
+        ValueError: ``per_step < 1`` or ``passes < 1``.
+    """
+    if per_step < 1 or passes < 1:
+        raise ValueError(f"per_step and passes must be >= 1, got {per_step}, {passes}")
+    need = -(-per_step // passes)
+    return min(d for d in range(need, per_step + 1) if per_step % d == 0)
+
+
+def _ours(a, d: Path) -> dict:
+    over = _ours_overrides(a)
     wall = _grpo(a, over, d, d / "run.log")
     rows = read_metrics(d)
     clock, steps = 0.0, []
     for r in rows:
         if "time/step_s" in r:
             clock += float(r["time/step_s"])
+            passes = next((r[k] for k in PASSES_KEYS if k in r), None)
             steps.append({"step": int(r["step"]), "step_s": float(r["time/step_s"]), "clock_s": clock,
-                          "reward": float(r["reward/mean"]), "response_tokens": r.get("episode/response_tokens")})
+                          "reward": float(r["reward/mean"]), "response_tokens": r.get("episode/response_tokens"),
+                          "passes": passes})
     clock_at = {s["step"]: s["clock_s"] for s in steps}
     evals = [{**e, "clock_s": clock_at[e["step"]]} for e in evaluations(rows) if e["step"] in clock_at]
     return {"steps": steps, "evals": evals, "wall_s": wall, "overrides": over}
 
 
-def _trl(a, d: Path) -> dict:
+def _trl(a, d: Path, same_mb: bool = False) -> dict:
     import gymnasium as gym
     import torch
     from transformers import TrainerCallback
@@ -140,22 +225,33 @@ def _trl(a, d: Path) -> dict:
     torch.manual_seed(a.seed)
     gym.register_envs(envs)
     per_step = a.prompts * a.samples
-    if per_step % a.micro_batch:
-        raise SystemExit(f"--micro-batch {a.micro_batch} must divide prompts x samples = {per_step}")
     full = dataset("ReasoningGym-v1", "train", **TASK)
     order = trl_prompt_order(a.seed, len(full), a.steps * a.prompts)
     ds = full.select(order)
     reward = reward_function("ReasoningGym-v1", split="train", **TASK)
-    model, tok = load_model_and_tokenizer(a.model, dtype="float32", device="cpu")
+    model, tok = load_model_and_tokenizer(a.model_path, dtype=a.dtype, device=a.device)
+    passes = None
+    if same_mb:
+        longest = max(len(tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True,
+                                                  return_dict=True)["input_ids"]) for row in ds)
+        passes = our_passes(a, longest)
+        micro = trl_micro_batch(per_step, passes["passes"])
+        print(f"[trl_same_mb] our passes per step {passes}: TRL micro-batch {micro} x {per_step // micro}", flush=True)
+    else:
+        micro = a.micro_batch
+        if micro < 1 or per_step % micro:
+            raise SystemExit(f"--micro-batch {micro} must be >= 1 and divide prompts x samples = {per_step} for the trl "
+                             f"arm (--micro-batch 0, our config's own micro-batching, pairs with arm trl_same_mb)")
+    prec = precision(a.device, a.dtype)
     out_dir = d / "trl"
     targs = GRPOConfig(
         output_dir=str(out_dir), seed=a.seed, data_seed=a.seed,
-        per_device_train_batch_size=a.micro_batch, gradient_accumulation_steps=per_step // a.micro_batch,
+        per_device_train_batch_size=micro, gradient_accumulation_steps=per_step // micro,
         num_generations=a.samples, max_completion_length=a.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
         learning_rate=a.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
         beta=0.0, num_iterations=1, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", scale_rewards="group",
-        max_steps=a.steps, shuffle_dataset=False, use_vllm=False, bf16=False, fp16=False,
-        gradient_checkpointing=False, use_cpu=True, report_to="none", save_strategy="steps", save_steps=a.eval_every,
+        max_steps=a.steps, shuffle_dataset=False, use_vllm=False, bf16=prec["trl_bf16"], fp16=False,
+        gradient_checkpointing=False, use_cpu=a.device == "cpu", report_to="none", save_strategy="steps", save_steps=a.eval_every,
         save_only_model=True, eval_strategy="no", logging_steps=1, disable_tqdm=True, log_completions=False,
         dataloader_num_workers=0,
     )
@@ -196,7 +292,7 @@ def _trl(a, d: Path) -> dict:
         evals.append({**ev[-1], "step": step, "clock_s": clock_at[step]})
         shutil.rmtree(ck)  # 0.5 GB each; the accuracy is what is kept
     return {"steps": steps, "evals": evals, "wall_s": time.time() - t_start, "train_process_s": train_wall,
-            "trl_args": {k: str(getattr(targs, k)) for k in (
+            "our_passes": passes, "trl_args": {k: str(getattr(targs, k)) for k in (
                 "per_device_train_batch_size", "gradient_accumulation_steps", "generation_batch_size",
                 "num_generations", "max_completion_length", "temperature", "top_p", "top_k", "learning_rate",
                 "lr_scheduler_type", "beta", "num_iterations", "epsilon", "epsilon_high", "loss_type",
@@ -206,8 +302,8 @@ def _trl(a, d: Path) -> dict:
 def cmd_run(a) -> dict:
     d = Path(a.out_root) / a.arm / f"seed{a.seed}"
     d.mkdir(parents=True, exist_ok=True)
-    meta = _meta()
-    out = _ours(a, d) if a.arm == "ours" else _trl(a, d)
+    meta = _meta(a)
+    out = _ours(a, d) if a.arm == "ours" else _trl(a, d, same_mb=a.arm == "trl_same_mb")
     res = {"arm": a.arm, "seed": a.seed, "budget": _budget(a), **out, **meta, "loadavg_end": os.getloadavg()}
     (d / "result.json").write_text(json.dumps(res, indent=1))
     print(json.dumps({"arm": a.arm, "seed": a.seed, "evals": [(e["step"], e["accuracy"]) for e in res["evals"]],
@@ -264,21 +360,32 @@ def summarise(root: Path, target: float) -> dict:
                      "final": fin["accuracy"], "final_ci": wilson_interval(fin["accuracy"], fin["n"]),
                      "at_equal_time": at["accuracy"], "at_equal_time_step": at["step"],
                      "evals": [(e["step"], round(e["clock_s"] / 60, 3), e["accuracy"]) for e in r["evals"]],
-                     "load": [r["loadavg_start"][0], r["loadavg_end"][0]]})
+                     "load": [r["loadavg_start"][0], r["loadavg_end"][0]],
+                     "device": r.get("device_name", r.get("device", "cpu (not recorded)")), "dtype": r.get("dtype")})
     arms = {}
-    for arm in ("ours", "trl"):
+    for arm in ARMS:
         xs = [x for x in rows if x["arm"] == arm]
+        if not xs and arm != "ours":
+            continue
         reached = [x["time_to_target_min"] for x in xs if x["time_to_target_min"] is not None]
         arms[arm] = {"runs": len(xs), "reached": len(reached), "time_to_target_min": _median_range(reached),
                      "step_s": _median_range([x["step_s_median"] for x in xs]),
                      "final": _median_range([x["final"] for x in xs]),
                      "at_equal_time": _median_range([x["at_equal_time"] for x in xs]),
                      "train_min": _median_range([x["train_min"] for x in xs])}
-    ratio = None
-    if arms["ours"]["reached"] and arms["trl"]["reached"] and arms["ours"]["time_to_target_min"]["median"] > 0:
-        ratio = arms["trl"]["time_to_target_min"]["median"] / arms["ours"]["time_to_target_min"]["median"]
+    ratios, step_ratios = {}, {}
+    o = arms["ours"]
+    for arm in ARMS[1:]:
+        t = arms.get(arm)
+        if t is None:
+            continue
+        ratios[arm] = (t["time_to_target_min"]["median"] / o["time_to_target_min"]["median"]
+                       if o["reached"] and t["reached"] and o["time_to_target_min"]["median"] > 0 else None)
+        step_ratios[arm] = (t["step_s"]["median"] / o["step_s"]["median"]
+                            if o["step_s"] and t["step_s"] and o["step_s"]["median"] > 0 else None)
     return {"target": target, "base": base["eval"], "equal_time_min": t_eq / 60, "runs": rows, "arms": arms,
-            "ratio_trl_over_ours": ratio, "budget": base["budget"]}
+            "ratio_trl_over_ours": ratios.get("trl"), "ratios_time_to_target": ratios, "ratios_step_s": step_ratios,
+            "budget": base["budget"], "device": base.get("device_name", base.get("device"))}
 
 
 def _mr(d: dict, fmt: str = "{:.2f}") -> str:
@@ -291,14 +398,15 @@ def to_markdown(s: dict) -> str:
     b = s["base"]
     lo, hi = wilson_interval(b["accuracy"], b["n"])
     out = [f"Target accuracy {s['target']:.2f} (fixed before the runs); base {b['accuracy']:.3f} [{lo:.3f}, {hi:.3f}] "
-           f"on {b['n']} held-out problems; equal training time T = {s['equal_time_min']:.2f} min.\n",
-           "| arm | seed | time to target (train min) | median step (s) | train min, all steps | accuracy at T | "
+           f"on {b['n']} held-out problems; equal training time T = {s['equal_time_min']:.2f} min; device "
+           f"{s.get('device') or 'cpu (not recorded)'}.\n",
+           "| arm | seed | device | time to target (train min) | median step (s) | train min, all steps | accuracy at T | "
            "final [Wilson 95%] | evals (step, train min, acc.) | load start/end |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for x in s["runs"]:
         ttt = "not reached" if x["time_to_target_min"] is None else f"{x['time_to_target_min']:.2f}"
         ev = "; ".join(f"{st}: {m:.1f} → {acc:.3f}" for st, m, acc in x["evals"])
-        out.append(f"| {x['arm']} | {x['seed']} | {ttt} | {x['step_s_median']:.1f} | {x['train_min']:.2f} | "
+        out.append(f"| {x['arm']} | {x['seed']} | {x['device']} | {ttt} | {x['step_s_median']:.1f} | {x['train_min']:.2f} | "
                    f"{x['at_equal_time']:.3f} (step {x['at_equal_time_step']}) | {x['final']:.3f} "
                    f"[{x['final_ci'][0]:.3f}, {x['final_ci'][1]:.3f}] | {ev} | {x['load'][0]:.2f} / {x['load'][1]:.2f} |")
     out += ["", "| arm | runs reaching target | time to target, median [range] (min) | step (s) | accuracy at T | "
@@ -306,8 +414,11 @@ def to_markdown(s: dict) -> str:
     for arm, v in s["arms"].items():
         out.append(f"| {arm} | {v['reached']}/{v['runs']} | {_mr(v['time_to_target_min'])} | {_mr(v['step_s'], '{:.1f}')} "
                    f"| {_mr(v['at_equal_time'], '{:.3f}')} | {_mr(v['final'], '{:.3f}')} |")
-    r = s["ratio_trl_over_ours"]
-    out.append("\nTime to target, TRL / ours (medians): " + ("n/a (an arm never reached it)" if r is None else f"**{r:.2f}x**"))
+    for arm, r in s.get("ratios_time_to_target", {"trl": s["ratio_trl_over_ours"]}).items():
+        st = s.get("ratios_step_s", {}).get(arm)
+        out.append(f"\nTime to target, {arm} / ours (medians): "
+                   + ("n/a (an arm never reached it)" if r is None else f"**{r:.2f}x**")
+                   + ("" if st is None else f"; median step time {arm} / ours: **{st:.2f}x**"))
     return "\n".join(out) + "\n"
 
 
@@ -315,14 +426,14 @@ def plot(s: dict, root: Path, png: Path) -> Path:
     plt = pyplot()
     _, runs = load(Path(root))
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    colors = {"ours": "tab:blue", "trl": "tab:orange"}
+    colors = {"ours": "tab:blue", "trl": "tab:orange", "trl_same_mb": "tab:green"}
     for r in runs:
         xs = [e["clock_s"] / 60 for e in r["evals"]]
         ys = [e["accuracy"] for e in r["evals"]]
         ax.plot(xs, ys, marker="o", color=colors.get(r["arm"]), alpha=0.8,
                 label=f"{r['arm']} seed {r['seed']}", linestyle=["-", "--", ":"][(r["seed"] - 1) % 3])
     ax.axhline(s["target"], color="grey", linestyle="--", linewidth=1, label=f"target {s['target']:.2f}")
-    ax.set(xlabel="training wall-clock (minutes, 2 CPU cores; evaluation and saving excluded)",
+    ax.set(xlabel=f"training wall-clock (minutes on {s.get('device') or 'CPU'}; evaluation and saving excluded)",
            ylabel="greedy accuracy, 200 held-out problems",
            title="chain_sum, SmolLM2-135M: ours vs TRL GRPOTrainer")
     ax.grid(alpha=0.3)
@@ -353,17 +464,23 @@ def main(argv: list[str] | None = None) -> int:
         q.add_argument("--samples", type=int, default=8)
         q.add_argument("--max-new-tokens", type=int, default=48)
         q.add_argument("--lr", type=float, default=1e-5)
-        q.add_argument("--micro-batch", type=int, default=4)
+        q.add_argument("--micro-batch", type=int, default=4,
+                       help="sequences per forward/backward of both arms (0: our config's own micro-batching; pairs "
+                            "with arm trl_same_mb)")
         q.add_argument("--eval-every", type=int, default=4)
         q.add_argument("--n-eval", type=int, default=200)
+        add_device_args(q)
         if name == "run":
-            q.add_argument("--arm", required=True, choices=("ours", "trl"))
+            q.add_argument("--arm", required=True, choices=ARMS)
             q.add_argument("--seed", type=int, required=True)
     q = sub.add_parser("summary")
     q.add_argument("root")
     q.add_argument("--target", type=float, default=TARGET)
     q.add_argument("--write", default="", help="output stem: STEM.md, STEM.json, STEM.png")
     a = p.parse_args(argv)
+    if a.cmd != "summary":
+        a.device = resolve_device(a.device)
+        a.model_path = same_weights(a.model)  # a .gguf: converted once, both arms load that HF directory
     {"base": cmd_base, "run": cmd_run, "summary": cmd_summary}[a.cmd](a)
     return 0
 
