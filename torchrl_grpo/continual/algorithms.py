@@ -373,12 +373,19 @@ class KLAnchor(CLAlgorithm):
     """k3 KL to the previous task's policy: at each task's end, the update's KL reference becomes a frozen copy of
     the policy (a second copy of the model in memory, LoRA included). Needs ``loss.kl_coef > 0``
     (:func:`torchrl_grpo.config.continual.domain_config` sets it from ``cl.kl_coef``). The anchor becomes the update's
-    reference through :meth:`GRPOUpdate.set_reference`."""
+    reference through :meth:`GRPOUpdate.set_reference`.
+
+    Resuming (:meth:`state_dict` / :meth:`load_state_dict`, then :meth:`pre_task`): the anchor is rebuilt from a copy
+    of the resumed model, with the saved weights loaded, the adapters the anchor did not have removed and, with LoRA,
+    the adapter it ran with made active again. That copy is taken after the other hooks' ``pre_task``: with
+    ``lora_per_domain`` the model then already trains the new domain's (zero-initialised) adapter, which the anchor
+    of the uninterrupted run never had, so the adapter it ran with is part of the saved state (issue 36: the resumed
+    anchor was the untrained model)."""
 
     name = "kl_anchor"
 
     anchor = None
-    _pending: dict | None = None  # saved anchor weights, applied when the resumed task starts
+    _pending: dict | None = None  # saved anchor state, applied when the resumed task starts
 
     def post_task(self, trainer, domain: str) -> None:
         self._set(trainer, copy.deepcopy(trainer.model).eval().requires_grad_(False))
@@ -389,22 +396,45 @@ class KLAnchor(CLAlgorithm):
 
     def state_dict(self) -> dict:
         """``anchor``: the anchor's weights that can differ from the untrained model's (with LoRA the ``lora_``
-        tensors; else every tensor, a full copy of the model), or None during the first task."""
+        tensors of every adapter it has; else every tensor, a full copy of the model), or None during the first
+        task. With LoRA also ``adapters`` (the anchor's adapter names) and ``active_adapter`` (the one it runs)."""
         if self.anchor is None:
             return {"anchor": None}
         lora = hasattr(self.anchor, "peft_config")
-        return {"anchor": {k: v.detach().cpu() for k, v in self.anchor.state_dict().items()
-                           if not lora or "lora_" in k}}
+        out = {"anchor": {k: v.detach().cpu() for k, v in self.anchor.state_dict().items()
+                          if not lora or "lora_" in k}}
+        if lora:
+            out.update(adapters=list(self.anchor.peft_config), active_adapter=self.anchor.active_adapter)
+        return out
 
     def load_state_dict(self, trainer, state: dict) -> None:
-        self._pending = state["anchor"]  # applied in pre_task, once the checkpoint's weights are loaded
+        """Keep ``state`` (:meth:`state_dict`) for :meth:`pre_task` of the resumed task, which builds the anchor from
+        it once the checkpoint's weights are loaded and the other hooks have set the model up.
+
+        Raises (from that :meth:`pre_task`):
+            ValueError: the state names an adapter the model lacks, or holds tensors the model does not have."""
+        self._pending = state
 
     def pre_task(self, trainer, domain: str) -> None:
-        if self._pending is not None:
-            frozen = copy.deepcopy(trainer.model)
-            frozen.load_state_dict(self._pending, strict=False)
-            self._set(trainer, frozen.eval().requires_grad_(False))
+        if self._pending is None or self._pending.get("anchor") is None:
             self._pending = None
+            return
+        state, self._pending = self._pending, None
+        frozen = copy.deepcopy(trainer.model)
+        adapters, active = state.get("adapters"), state.get("active_adapter")
+        if adapters is not None and hasattr(frozen, "peft_config"):
+            missing = [a for a in adapters if a not in frozen.peft_config]
+            if missing:
+                raise ValueError(f"KL anchor state names adapters {missing} that the resumed model lacks "
+                                 f"(it has {list(frozen.peft_config)})")
+            if active is not None:
+                frozen.set_adapter(active)  # before deleting: peft refuses to delete the active adapter
+            for name in [a for a in frozen.peft_config if a not in adapters]:  # added after the anchor was taken
+                frozen.delete_adapter(name)
+        res = frozen.load_state_dict(state["anchor"], strict=False)  # LoRA: the lora_ tensors only
+        if res.unexpected_keys:
+            raise ValueError(f"KL anchor state does not fit the model: unexpected keys, e.g. {res.unexpected_keys[:3]}")
+        self._set(trainer, frozen.eval().requires_grad_(False))
 
 
 #: ``cl.algorithm`` name -> class; the names are :data:`torchrl_grpo.config.choices.CL_ALGORITHMS` (each class's
