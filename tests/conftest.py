@@ -1,7 +1,9 @@
-"""Shared fixtures: real GSM8K data location, a tiny random model, a temporary model cache."""
+"""Shared fixtures: real GSM8K data location, a tiny random model, a temporary model cache; and a session-end
+check that the tests left no new git-ignored files in the checkout (:func:`pytest_sessionfinish`)."""
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -49,3 +51,53 @@ def tiny_llama():
         return m
 
     return make
+
+
+# ----------------------------------------------------------------------------- the checkout stays clean (issue 36)
+REPO = Path(__file__).resolve().parents[1]
+#: caches of Python and pytest themselves (bytecode, --lf data), not test outputs: never reported
+_CACHE_NAMES = ("__pycache__", ".pytest_cache")
+
+
+def checkout_ignored_paths(repo: Path = REPO) -> set[str] | None:
+    """The git-ignored files of ``repo``, one path each (``git ls-files --others --ignored --exclude-standard``:
+    ``"outputs/2026-11-26/16-22-00/sft.log"``, ...), caches (:data:`_CACHE_NAMES`) left out; None when ``repo`` is
+    not a git checkout or git is not installed.
+
+    Ignored files are the ones that pile up unseen (plain ``git status`` does not show them); new untracked source
+    files are not counted: in a checkout shared with other people they appear during any session."""
+    try:
+        p = subprocess.run(["git", "ls-files", "-z", "--others", "--ignored", "--exclude-standard"], cwd=repo,
+                           capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if p.returncode != 0:
+        return None
+    return {x for x in p.stdout.split("\0") if x and not any(part in _CACHE_NAMES for part in Path(x).parts)}
+
+
+def pytest_sessionstart(session) -> None:
+    session.config._checkout_ignored_before = checkout_ignored_paths()
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """Fail the session when the tests left new git-ignored files in the checkout (a run dir under ``outputs/``,
+    ``multirun/``, ``wandb/``, ...): tests write only under their tmp dirs (issue 36)."""
+    before = getattr(session.config, "_checkout_ignored_before", None)
+    if before is None or hasattr(session.config, "workerinput"):
+        return
+    after = checkout_ignored_paths()
+    new = sorted((after or set()) - before)
+    if not new:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    msg = (f"the tests left {len(new)} new git-ignored path(s) in the checkout {REPO}: {', '.join(new[:20])} -- "
+           "tests must write only under their tmp dirs (tmp_path; a subprocess of grpo.py / sft.py with "
+           "cwd=tmp_path or hydra.run.dir=...); remove them and fix the test that wrote them")
+    if reporter is not None:
+        reporter.ensure_newline()
+        reporter.write_line(msg, red=True)
+    else:
+        print(msg)
+    if session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

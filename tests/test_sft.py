@@ -278,7 +278,8 @@ def test_sft_py_command_line_writes_a_model_grpo_py_can_start_from(tmp_path):
             "gconfig.max_new_tokens=4", "rollout.max_context_tokens=4096", "sft.epochs=1",
             "stats_logger.wandb.mode=disabled", "stats_logger.progress_bar=false", f"output_dir={tmp_path}"]
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    p = subprocess.run([sys.executable, str(repo / "sft.py"), *args], cwd=repo, env=env, capture_output=True,
+    # cwd=tmp_path: Hydra's own run dir (outputs/<date>/<time>/.hydra, sft.log) lands there, not in the checkout
+    p = subprocess.run([sys.executable, str(repo / "sft.py"), *args], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     assert (tmp_path / "sft_model" / "config.json").is_file() and (tmp_path / "learning_curve.png").is_file()
