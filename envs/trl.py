@@ -67,18 +67,22 @@ Where a TRL episode differs from ours, and why (see also README, "Use these envs
 """
 from __future__ import annotations
 
+import asyncio
 import copy
+import copyreg
 import inspect
 import json
 import keyword
 import re
-from typing import Any, Callable, Literal, Optional, Union
+import threading
+from typing import Any, Callable, Literal, NamedTuple, Optional, Union
 
 import gymnasium as gym
 
 import envs as _envs
 
-__all__ = ["TRLToolEnv", "dataset", "environment_factory", "reward_function", "SEND_MESSAGE_TOOL"]
+__all__ = ["EnvReward", "MultiEnvironment", "RemoteEnv", "RemoteEnvError", "TRLOneTurnEnv", "TRLToolEnv", "dataset",
+           "environment_factory", "multi_environment", "reward_function", "SEND_MESSAGE_TOOL"]
 
 gym.register_envs(_envs)
 
@@ -158,8 +162,9 @@ def _one_line(text: Any) -> str:
     return re.sub(r"\s+", " ", str(text or "")).strip()
 
 
-def _tool_method(schema: dict) -> tuple[str, Callable]:
-    """``(name, function)`` for one OpenAI tool schema; the function forwards ``**kwargs`` to ``self._call_tool``.
+def _tool_method(schema: dict, asynchronous: bool = False) -> tuple[str, Callable]:
+    """``(name, function)`` for one OpenAI tool schema; the function forwards ``**kwargs`` to ``self._call_tool``
+    (``asynchronous``: an ``async def`` that runs it in a worker thread, ``asyncio.to_thread``).
 
     ``__signature__``/``__annotations__``/``__doc__`` are set so that ``transformers.utils.get_json_schema`` gives
     back the tool's name, description, parameters (types, required ones, enums) and their descriptions.
@@ -195,8 +200,12 @@ def _tool_method(schema: dict) -> tuple[str, Callable]:
         annotations[pname] = hint
         arg_docs.append(f"    {pname}: {desc}")
 
-    def tool(self, **kwargs):
-        return self._call_tool(name, kwargs)
+    if asynchronous:
+        async def tool(self, **kwargs):
+            return await asyncio.to_thread(self._call_tool, name, kwargs)
+    else:
+        def tool(self, **kwargs):
+            return self._call_tool(name, kwargs)
 
     description = _one_line(fn_schema.get("description") or name)
     doc = description + ("\n\nArgs:\n" + "\n".join(arg_docs) if arg_docs else "")
@@ -211,21 +220,153 @@ def _tool_method(schema: dict) -> tuple[str, Callable]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# pickling: a factory-made class travels as the call that makes it
+# ---------------------------------------------------------------------------------------------------------------
+class _FactoryClass(type):
+    """Metaclass of the classes this module makes. A class made by :func:`environment_factory` (or for a one-turn
+    env by :func:`multi_environment`) pickles as the call that makes it (its ``_recipe``): TRL's asynchronous
+    rollout worker spawns a process and pickles the factory. Unpickling in a process that has the class already
+    gives that same class (one class per recipe and process), so TRL's ``type(env) is cls`` reward routing holds.
+    A subclass written in a module (no ``_recipe`` of its own) pickles by reference, as any class."""
+
+
+def _reduce_class(cls: type) -> Any:
+    recipe = cls.__dict__.get("_recipe")
+    if recipe is None:
+        return cls.__qualname__  # pickle's global lookup, <module>.<qualname>
+    return _rebuild, recipe
+
+
+copyreg.pickle(_FactoryClass, _reduce_class)
+_CLASSES: dict[str, type] = {}
+_CLASSES_LOCK = threading.Lock()
+
+
+def _recipe_key(recipe: tuple) -> str:
+    return json.dumps(recipe, sort_keys=True, default=repr)
+
+
+def _rebuild(kind: str, env_id: str | None, url: str | None, asynchronous: bool, make_kwargs: dict) -> type:
+    """The class of a pickled recipe (see :class:`_FactoryClass`)."""
+    if kind == "one_turn":
+        return _one_turn_class(env_id, make_kwargs)
+    return environment_factory(env_id, url=url, asynchronous=asynchronous, **make_kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a served env (python -m envs.serve) with the Gymnasium reset / step of the env it serves
+# ---------------------------------------------------------------------------------------------------------------
+class RemoteEnvError(RuntimeError):
+    """The server answered an ``error`` message (``code``: OpenEnv's, e.g. ``VALIDATION_ERROR``, ``EXECUTION_ERROR``,
+    ``CAPACITY_REACHED``)."""
+
+    def __init__(self, message: str, code: str | None = None):
+        super().__init__(f"{code}: {message}" if code else message)
+        self.code = code
+
+
+def _ws_url(url: str) -> str:
+    """``ws[s]://host:port/ws`` of a server URL given as ``http[s]://host:port`` or ``ws[s]://host:port[/ws]``."""
+    if not isinstance(url, str) or "://" not in url:
+        raise ValueError(f"url must look like http://host:port or ws://host:port, got {url!r:.100}")
+    scheme, rest = url.split("://", 1)
+    scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(scheme.lower())
+    if scheme is None:
+        raise ValueError(f"url scheme must be http, https, ws or wss, got {url!r:.100}")
+    rest = rest.rstrip("/")
+    return f"{scheme}://{rest}" + ("" if rest.endswith("/ws") else "/ws")
+
+
+class RemoteEnv:
+    """One session of an env served by ``python -m envs.serve`` (its OpenEnv WebSocket ``/ws``: one socket, one env
+    instance on the server), with the Gymnasium ``reset`` / ``step`` / ``close`` of the env it serves.
+
+    Args:
+        url: the server, ``http://host:port`` or ``ws://host:port`` (``/ws`` is added).
+        timeout_s: seconds to wait for the connection and for each reply (> 0).
+
+    ``reset(seed=None, options=None) -> (obs, info)`` and ``step(action) -> (obs, reward, terminated, truncated,
+    info)`` as the served env's (``obs`` the new messages; ``info`` without ``messages``, and on ``step`` without
+    ``tools``, as the server sends it). An action is an assistant message dict or raw text; a dict without tool
+    calls is sent with an empty ``tool_calls`` list, so its text reaches the customer as is (never parsed for tool
+    calls), as with ``gym.make``.
+
+    Raises:
+        ValueError: a malformed ``url`` or ``timeout_s``.
+        RemoteEnvError: the server answered an error (bad task id, session cap reached, ...).
+        OSError, websockets.exceptions.WebSocketException, TimeoutError: the connection failed or timed out.
+    """
+
+    #: Largest reply accepted (bytes): an opening with a domain policy and tool schemas is ~100 KB.
+    MAX_REPLY_BYTES = 64 << 20
+
+    def __init__(self, url: str, timeout_s: float = 300.0):
+        from websockets.sync.client import connect
+
+        if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        self.url, self.timeout_s = _ws_url(url), float(timeout_s)
+        self._ws = connect(self.url, open_timeout=self.timeout_s, close_timeout=5, max_size=self.MAX_REPLY_BYTES)
+
+    def _call(self, kind: str, data: Any = None) -> dict:
+        self._ws.send(json.dumps({"type": kind, "data": data}))
+        reply = json.loads(self._ws.recv(timeout=self.timeout_s))
+        if not isinstance(reply, dict):
+            raise RemoteEnvError(f"unexpected reply {reply!r:.200}")
+        if reply.get("type") == "error":
+            err = reply.get("data") or {}
+            raise RemoteEnvError(str(err.get("message", "error")), err.get("code"))
+        return reply.get("data") or {}
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[list[dict], dict]:
+        data = dict(options or {})
+        if seed is not None:
+            data["seed"] = seed
+        out = self._call("reset", data).get("observation") or {}
+        return list(out.get("messages") or []), dict(out.get("info") or {})
+
+    def step(self, action: dict | str) -> tuple[list[dict], float, bool, bool, dict]:
+        if isinstance(action, str):
+            payload: dict = {"content": action}
+        else:
+            payload = {"content": action.get("content"), "tool_calls": list(action.get("tool_calls") or [])}
+        data = self._call("step", payload)
+        out = data.get("observation") or {}
+        reward = data.get("reward")
+        return (list(out.get("messages") or []), float(reward or 0.0), bool(out.get("terminated")),
+                bool(out.get("truncated")), dict(out.get("info") or {}))
+
+    def state(self) -> dict:
+        """The session's state (``env_id``, ``task_id``, whole conversation, ``db_hash`` for tau2)."""
+        return self._call("state")
+
+    def close(self) -> None:
+        self._ws.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # the environment class TRL instantiates
 # ---------------------------------------------------------------------------------------------------------------
-class TRLToolEnv:
+#: tau2's agent stop (:data:`envs.tau2.env.DO_NOTHING_ACTION`): how ``get_reward`` ends an unfinished episode.
+_DONE_CALL = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "done", "arguments": {}}}]}
+
+
+class TRLToolEnv(metaclass=_FactoryClass):
     """Base of the classes :func:`environment_factory` returns (see the module docstring); not used alone.
 
-    Subclasses set ``_env_id``, ``_make_kwargs`` and ``_has_user`` and add one method per tool. Only ``reset`` and
-    ``get_reward`` are public functions here: TRL makes every other public function a tool.
+    Subclasses set ``_env_id``, ``_url`` (a served env), ``_make_kwargs``, ``_has_user`` and ``_do_nothing_action``
+    and add one method per tool. Only ``reset`` and ``get_reward`` are public functions here: TRL makes every other
+    public function a tool.
     """
 
     _env_id: str = ""
+    _url: str | None = None
     _make_kwargs: dict = {}
     _has_user: bool = False
+    _do_nothing_action: dict = _DONE_CALL
 
     def __init__(self):
-        self.env = _make(self._env_id, self._make_kwargs)
+        self.env = RemoteEnv(self._url) if self._url else _make(self._env_id, self._make_kwargs)
         self.actions: list[dict] = []
         self.info: dict = {}
         self.reward: float | None = None
@@ -258,6 +399,10 @@ class TRLToolEnv:
             obs, info = self.env.reset(options=options)
         except KeyError as e:  # the contract allows KeyError for an unknown task id; one error type for TRL users
             raise ValueError(str(e)) from e
+        except RemoteEnvError as e:  # the server refused the task (its 400): the same ValueError
+            if e.code == "VALIDATION_ERROR":
+                raise ValueError(str(e)) from e
+            raise
         self.actions, self.info, self.reward, self.ended, self._started = [], info, None, False, True
         opening = obs[-1]["content"] if obs and obs[-1].get("role") == "user" else None
         prompt = row.get("prompt")
@@ -283,7 +428,7 @@ class TRLToolEnv:
         if not self._started:
             raise RuntimeError("get_reward() before reset()")
         if not self.ended:
-            self._step(copy.deepcopy(self.env.unwrapped.do_nothing_action))
+            self._step(copy.deepcopy(self._do_nothing_action))
         return float(self.reward)
 
     # -- internals (private: TRL would make any public function a tool) -----------------------------------------
@@ -338,7 +483,19 @@ def _send_message_to_user(self, content: str) -> str:
     return self._send_message(content)
 
 
-_send_message_to_user.__name__ = _send_message_to_user.__qualname__ = SEND_MESSAGE_TOOL
+async def _send_message_to_user_async(self, content: str) -> str:
+    return await asyncio.to_thread(self._send_message, content)
+
+
+async def _get_reward_async(self) -> float:
+    return await asyncio.to_thread(TRLToolEnv.get_reward, self)
+
+
+for _f in (_send_message_to_user, _send_message_to_user_async):
+    _f.__name__ = _f.__qualname__ = SEND_MESSAGE_TOOL
+_send_message_to_user_async.__doc__ = _send_message_to_user.__doc__
+_get_reward_async.__name__ = _get_reward_async.__qualname__ = "get_reward"
+_get_reward_async.__doc__ = TRLToolEnv.get_reward.__doc__
 
 
 def _class_name(env_id: str) -> str:
@@ -346,11 +503,24 @@ def _class_name(env_id: str) -> str:
     return "".join(p[:1].upper() + p[1:] for p in parts if p) + "Env"
 
 
-def environment_factory(env_id: str, **make_kwargs: Any) -> type[TRLToolEnv]:
-    """A class for ``GRPOTrainer(environment_factory=...)`` over ``gym.make(env_id, **make_kwargs)``.
+def environment_factory(env_id: str | None = None, *, url: str | None = None, asynchronous: bool = False,
+                        **make_kwargs: Any) -> type[TRLToolEnv]:
+    """A class for ``GRPOTrainer(environment_factory=...)`` over ``gym.make(env_id, **make_kwargs)``, or over a
+    served env (``url``).
 
     Args:
-        env_id: a registered id whose env has tools (``tau2/{airline,retail,telecom,mock}-v0``).
+        env_id: a registered id whose env has tools (``tau2/{airline,retail,telecom,mock}-v0``). With ``url``: the
+            id the server serves (checked), or ``None`` to take it from the server.
+        url: a server started with ``python -m envs.serve <env_id> ...`` (``http://host:port`` or
+            ``ws://host:port``): each instance opens one WebSocket session (one env on the server); the tools,
+            their schemas, ``reset`` and ``get_reward`` are the same as a local class's, the rewards the server's
+            env's. The server's ``--env-kwargs`` set split and customer; ``make_kwargs`` must be empty.
+        asynchronous: tool methods, ``send_message_to_user`` and ``get_reward`` are ``async def`` (each runs the
+            env step in a worker thread, ``asyncio.to_thread``; the env itself is synchronous). TRL 1.16 awaits
+            them: ``GRPOTrainer`` gathers one rollout's calls at a time (rollouts still run one after another),
+            the experimental async rollout worker (``trl.experimental.async_grpo``) runs every in-flight rollout's
+            calls concurrently on its event loop (its sync tools go to a thread pool: also concurrent). ``reset``
+            stays synchronous: TRL calls it so.
         **make_kwargs: forwarded to every ``gym.make`` (``split``, ``user``, ``max_steps``, ``reward``, ...). The
             class is built from one probe env reset on the first usable task, never with an LLM customer
             (``user="llm"`` is probed as ``"scripted"``: same tools); its instances use ``make_kwargs`` as given.
@@ -358,34 +528,88 @@ def environment_factory(env_id: str, **make_kwargs: Any) -> type[TRLToolEnv]:
     Returns:
         A no-argument class (see the module docstring): one method per tool, ``send_message_to_user`` where a
         customer is present, ``reset(**row)``, ``get_reward()``. Its name (TRL's reward column) is the id in
-        CamelCase, e.g. ``Tau2MockV0Env``.
+        CamelCase, e.g. ``Tau2MockV0Env``. The class pickles (as this call; TRL's async worker needs it) and one
+        call with the same arguments returns the same class.
 
     Raises:
-        ValueError: an env without tools (use :func:`reward_function`), a tool name that cannot be a method.
+        ValueError: an env without tools (use :func:`reward_function`), a tool name that cannot be a method;
+            ``url`` with ``make_kwargs``, a malformed ``url``, or a server serving another id than ``env_id``.
         gymnasium.error.Error: unknown id.
+        RemoteEnvError, OSError: the server refused or could not be reached.
     """
-    probe = _make(env_id, _offline(make_kwargs))
-    try:
-        obs, info = _probe(probe)
-    finally:
-        probe.close()
+    if url is None and env_id is None:
+        raise ValueError("environment_factory needs an env id or a url")
+    if url is not None and make_kwargs:
+        raise ValueError(f"with url=..., the server's --env-kwargs configure the env; got make_kwargs {sorted(make_kwargs)}")
+    recipe = ("tool", env_id, url, bool(asynchronous), dict(make_kwargs))
+    key = _recipe_key(recipe)
+    with _CLASSES_LOCK:
+        if key in _CLASSES:
+            return _CLASSES[key]
+    if url is not None:
+        probe = RemoteEnv(url)
+        try:
+            obs, info = probe.reset(seed=0)
+            served = probe.state().get("env_id")
+        finally:
+            probe.close()
+        if env_id is not None and served != env_id:
+            raise ValueError(f"the server at {url} serves {served!r}, not {env_id!r}")
+        env_id, do_nothing = served, _DONE_CALL
+    else:
+        probe = _make(env_id, _offline(make_kwargs))
+        try:
+            obs, info = _probe(probe)
+            do_nothing = copy.deepcopy(probe.unwrapped.do_nothing_action)
+        finally:
+            probe.close()
     tools = info.get("tools") or []
     if not tools:
         raise ValueError(f"{env_id} has no tools: a one-turn env is trained with reward_funcs=reward_function({env_id!r})")
     has_user = any(m.get("role") == "user" for m in obs)
-    members: dict[str, Any] = {"_env_id": env_id, "_make_kwargs": dict(make_kwargs), "_has_user": has_user,
-                               "__module__": __name__}
+    members: dict[str, Any] = {"_env_id": env_id, "_url": url, "_make_kwargs": dict(make_kwargs), "_has_user": has_user,
+                               "_do_nothing_action": do_nothing, "_recipe": recipe, "__module__": __name__}
     for schema in tools:
-        name, fn = _tool_method(schema)
+        name, fn = _tool_method(schema, asynchronous)
         if name in members:
             raise ValueError(f"{env_id}: tool {name!r} listed twice")
         members[name] = fn
     if has_user:
-        members[SEND_MESSAGE_TOOL] = _send_message_to_user
-    cls = type(_class_name(env_id), (TRLToolEnv,), members)
-    cls.__doc__ = (f"{env_id} ({make_kwargs or 'default arguments'}) as a TRL environment: "
-                   f"{len(tools)} tools{', send_message_to_user' if has_user else ''} (envs.trl).")
-    return cls
+        members[SEND_MESSAGE_TOOL] = _send_message_to_user_async if asynchronous else _send_message_to_user
+    if asynchronous:
+        members["get_reward"] = _get_reward_async
+    name = _class_name(env_id) if url is None else "Remote" + _class_name(env_id)
+    cls = _FactoryClass(name, (TRLToolEnv,), members)
+    where = f"served at {url}" if url else f"({make_kwargs or 'default arguments'})"
+    cls.__doc__ = (f"{env_id} {where} as a TRL environment: {len(tools)} {'async ' if asynchronous else ''}tools"
+                   f"{', send_message_to_user' if has_user else ''} (envs.trl).")
+    with _CLASSES_LOCK:
+        return _CLASSES.setdefault(key, cls)
+
+
+class TRLOneTurnEnv(metaclass=_FactoryClass):
+    """A one-turn env (GSM8K-v1, IFEval-v0, ReasoningGym-v1, ...) in TRL's multi-environment mode, made by
+    :func:`multi_environment`: no tools and no ``get_reward`` (TRL's ``get_reward`` does not see the completion);
+    the row's prompt already holds the question, so ``reset`` returns ``None``; the env's own grader scores the
+    completion through an :class:`EnvReward` restricted to this environment's rows."""
+
+    _env_id: str = ""
+    _make_kwargs: dict = {}
+
+    def reset(self, **row: Any) -> None:
+        """Nothing to do: the row's prompt is the env's opening (question included). Returns ``None``."""
+        return None
+
+
+def _one_turn_class(env_id: str, make_kwargs: dict) -> type[TRLOneTurnEnv]:
+    recipe = ("one_turn", env_id, None, False, dict(make_kwargs))
+    key = _recipe_key(recipe)
+    with _CLASSES_LOCK:
+        if key not in _CLASSES:
+            _CLASSES[key] = _FactoryClass(_class_name(env_id), (TRLOneTurnEnv,), {
+                "_env_id": env_id, "_make_kwargs": dict(make_kwargs), "_recipe": recipe, "__module__": __name__,
+                "__doc__": f"{env_id} ({make_kwargs or 'default arguments'}): a one-turn env for TRL's multi-environment mode."})
+        return _CLASSES[key]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -420,29 +644,39 @@ def _comparable(messages: Any) -> list:
     return [(m.get("role"), m.get("content") or "") for m in messages]
 
 
-def dataset(env_id: str, split: str | None = None, *, limit: int | None = None, **make_kwargs: Any):
+def dataset(env_id: str, split: str | None = None, *, limit: int | None = None, environment: str | None = None,
+            **make_kwargs: Any):
     """The rows TRL needs for ``env_id``, as a ``datasets.Dataset`` (``datasets`` is a TRL dependency).
 
     Columns: ``prompt`` (the env's opening messages, OpenAI format: for an env with tools the system prompt with
     the domain policy, any prior history and the greeting, with the customer's opening message left empty --
     :meth:`TRLToolEnv.reset` returns it; for a one-turn env the whole opening, question included), ``task_id``
-    (``str``) and ``index`` (``int``).
+    (``str``) and ``index`` (``int``); with ``environment``, an ``environment`` column (``str``) holding it: the key
+    of TRL's multi-environment mode (``environment_factory={name: cls, ...}``; :func:`multi_environment` builds
+    the whole mix).
 
     Args:
         env_id: any registered id.
         split: the split (``None``: the env's default).
         limit: only the first ``limit`` usable tasks (``None``: all).
+        environment: the name of this env in a multi-environment run (``None``: no ``environment`` column).
         **make_kwargs: forwarded to ``gym.make`` (use the same as for :func:`environment_factory`); building
             the rows never calls an LLM customer (``user="llm"`` is built as ``"scripted"``: same prompts).
 
     Raises:
-        ValueError: ``limit < 1``.
+        ValueError: ``limit < 1``; ``environment`` not a non-empty string.
         gymnasium.error.Error: unknown id.
     """
     from datasets import Dataset
 
+    return Dataset.from_list(_rows(env_id, split, limit, environment, make_kwargs))
+
+
+def _rows(env_id: str, split: str | None, limit: int | None, environment: str | None, make_kwargs: dict) -> list[dict]:
     if limit is not None and int(limit) < 1:
         raise ValueError(f"limit must be >= 1 or None, got {limit}")
+    if environment is not None and not (isinstance(environment, str) and environment):
+        raise ValueError(f"environment must be a non-empty string or None, got {environment!r:.80}")
     kwargs = dict(make_kwargs)
     if split is not None:
         kwargs["split"] = split
@@ -454,9 +688,11 @@ def dataset(env_id: str, split: str | None = None, *, limit: int | None = None, 
             tools = bool(info.get("tools"))
             rows.append({"prompt": _row_prompt(obs, blank_last_user=tools), "task_id": str(info["task_id"]),
                          "index": int(info["index"])})
+            if environment is not None:
+                rows[-1]["environment"] = environment
     finally:
         env.close()
-    return Dataset.from_list(rows)
+    return rows
 
 
 def _completion_text(completion: Any) -> str:
@@ -478,48 +714,166 @@ def _completion_text(completion: Any) -> str:
     raise TypeError(f"a completion must be text or a list of messages, got {type(completion).__name__}")
 
 
-def reward_function(env_id: str, **make_kwargs: Any) -> Callable[..., list[float]]:
-    """A TRL reward function (``reward_funcs=``) scoring a one-turn env's completions with the env's own grader.
+class EnvReward:
+    """A TRL reward function (``reward_funcs=``) scoring a one-turn env's completions with the env's own grader; a
+    picklable callable (TRL's async rollout worker pickles its reward functions). Made by :func:`reward_function`
+    and :func:`multi_environment`.
 
     For each completion: ``env.reset(options={"task_id": task_id})`` then ``env.step(text)``; the reward is
     ``env.step``'s. ``text`` is the completion (standard format) or the last assistant message's content
-    (conversational format). The function's ``__name__`` (TRL's reward column) is the id.
+    (conversational format). ``__name__`` (TRL's reward column) is the id, or ``environment`` when given.
 
-    Signature (TRL 1.16): ``fn(prompts, completions, completion_ids=None, task_id=None, index=None, **kwargs)
-    -> list[float]``; ``task_id`` / ``index`` are the dataset's columns (:func:`dataset`), one per completion.
+    Call signature (TRL 1.16): ``fn(prompts, completions, completion_ids=None, task_id=None, index=None,
+    environment=None, **kwargs) -> list[float | None]``; ``task_id`` / ``index`` / ``environment`` are the
+    dataset's columns (:func:`dataset`), one per completion. With ``environment`` set, rows of another environment
+    get ``None`` (TRL: not applicable; ignored in the sum).
+
+    Args:
+        env_id: a registered one-turn id (no tools): ``GSM8K-v1``, ``IFEval-v0``, ``ReasoningGym-v1``, ...
+        environment: the name of this env in a multi-environment run (``None``: score every row).
+        **make_kwargs: forwarded to ``gym.make`` (``split`` must be the dataset's).
+
+    Raises:
+        ValueError: an env with tools (use :func:`environment_factory`); at call time, neither a ``task_id``
+            nor an ``index`` column, or lengths that do not match.
+        RuntimeError: the env did not end after one step.
+    """
+
+    def __init__(self, env_id: str, *, environment: str | None = None, **make_kwargs: Any):
+        self.env_id, self.environment, self.make_kwargs = env_id, environment, dict(make_kwargs)
+        self.__name__ = self.__qualname__ = environment or env_id
+        self._lock = threading.Lock()
+        self._env = _make(env_id, make_kwargs)
+        _, info = _probe(self._env)
+        if info.get("tools"):
+            self._env.close()
+            raise ValueError(f"{env_id} has tools: a multi-turn env is trained with environment_factory({env_id!r})")
+
+    @property
+    def env(self) -> gym.Env:
+        """The env that grades (made again after unpickling)."""
+        if self._env is None:
+            self._env = _make(self.env_id, self.make_kwargs)
+        return self._env
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_env", "_lock")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._env, self._lock = None, threading.Lock()
+
+    def __call__(self, prompts=None, completions=None, completion_ids=None, task_id=None, index=None,
+                 environment=None, **kwargs) -> list[float | None]:
+        if completions is None:
+            raise ValueError("reward function called without completions")
+        keys = task_id if task_id is not None else index
+        if keys is None:
+            raise ValueError("the dataset needs a 'task_id' or 'index' column (build it with envs.trl.dataset)")
+        if len(keys) != len(completions) or (environment is not None and len(environment) != len(completions)):
+            raise ValueError(f"{len(completions)} completions but {len(keys)} task ids"
+                             + (f" and {len(environment)} environment names" if environment is not None else ""))
+        mine = [True] * len(completions)
+        if self.environment is not None and environment is not None:
+            mine = [e == self.environment for e in environment]
+        out: list[float | None] = []
+        with self._lock:
+            env = self.env
+            for key, completion, own in zip(keys, completions, mine):
+                if not own:
+                    out.append(None)
+                    continue
+                option = {"task_id": str(key)} if task_id is not None else {"index": int(key)}
+                env.reset(options=option)
+                _, r, terminated, truncated, _ = env.step(_completion_text(completion))
+                if not (terminated or truncated):
+                    raise RuntimeError(f"{self.env_id} did not end after one step: not a one-turn env")
+                out.append(float(r))
+        return out
+
+
+def reward_function(env_id: str, **make_kwargs: Any) -> EnvReward:
+    """A TRL reward function (``reward_funcs=``) scoring a one-turn env's completions with the env's own grader:
+    ``EnvReward(env_id, **make_kwargs)`` (see :class:`EnvReward`: signature, rows, errors; it pickles).
 
     Args:
         env_id: a registered one-turn id (no tools): ``GSM8K-v1``, ``IFEval-v0``, ``ReasoningGym-v1``, ...
         **make_kwargs: forwarded to ``gym.make`` (``split`` must be the dataset's).
 
     Raises:
-        ValueError: an env with tools (use :func:`environment_factory`); at call time, neither a ``task_id``
-            nor an ``index`` column, or lengths that do not match.
+        ValueError: an env with tools (use :func:`environment_factory`).
     """
-    env = _make(env_id, make_kwargs)
-    _, info = _probe(env)
-    if info.get("tools"):
-        env.close()
-        raise ValueError(f"{env_id} has tools: a multi-turn env is trained with environment_factory({env_id!r})")
+    return EnvReward(env_id, **make_kwargs)
 
-    def reward(prompts=None, completions=None, completion_ids=None, task_id=None, index=None, **kwargs) -> list[float]:
-        if completions is None:
-            raise ValueError("reward function called without completions")
-        keys = task_id if task_id is not None else index
-        if keys is None:
-            raise ValueError("the dataset needs a 'task_id' or 'index' column (build it with envs.trl.dataset)")
-        if len(keys) != len(completions):
-            raise ValueError(f"{len(completions)} completions but {len(keys)} task ids")
-        out = []
-        for key, completion in zip(keys, completions):
-            option = {"task_id": str(key)} if task_id is not None else {"index": int(key)}
-            env.reset(options=option)
-            _, r, terminated, truncated, _ = env.step(_completion_text(completion))
-            if not (terminated or truncated):
-                raise RuntimeError(f"{env_id} did not end after one step: not a one-turn env")
-            out.append(float(r))
-        return out
 
-    reward.__name__ = reward.__qualname__ = env_id
-    reward.env = env
-    return reward
+# ---------------------------------------------------------------------------------------------------------------
+# TRL's multi-environment mode
+# ---------------------------------------------------------------------------------------------------------------
+class MultiEnvironment(NamedTuple):
+    """What ``GRPOTrainer(**mix._asdict())`` needs for a run over several envs (see :func:`multi_environment`)."""
+
+    #: ``{name: class}``: tool envs' :func:`environment_factory` classes, one-turn envs' :class:`TRLOneTurnEnv`.
+    environment_factory: dict
+    #: rows of every env (:func:`dataset` columns plus ``environment``), interleaved env by env.
+    train_dataset: Any
+    #: one :class:`EnvReward` per one-turn env, each scoring only its own rows (tool envs own their reward).
+    reward_funcs: list
+
+
+def multi_environment(envs_by_name: dict[str, str | tuple[str, dict]], split: str | None = None, *,
+                      limit: int | None = None, asynchronous: bool = False) -> MultiEnvironment:
+    """Several envs in one TRL run (TRL 1.16's multi-environment mode: a ``dict`` ``environment_factory`` and an
+    ``environment`` column; each prompt shows only its own env's tools)::
+
+        mix = multi_environment({"airline": "tau2/airline-v0", "retail": "tau2/retail-v0",
+                                 "telecom": "tau2/telecom-v0", "chain_sum": ("ReasoningGym-v1", {"task": "chain_sum"})},
+                                split="train", limit=64)
+        trainer = GRPOTrainer(model, args=GRPOConfig(...), **mix._asdict())
+
+    Tool envs own their reward (``get_reward``, logged as ``rewards/<class name>/mean``); a one-turn env is a
+    :class:`TRLOneTurnEnv` whose rows an :class:`EnvReward` named after the entry scores (``rewards/<name>/mean``).
+    Every other column of a row gets ``None`` from the reward sources of other envs, which TRL ignores.
+
+    Args:
+        envs_by_name: ``{name: env_id}`` or ``{name: (env_id, make_kwargs)}``; at least one entry.
+        split: the split of every env whose ``make_kwargs`` name none (``None``: each env's default).
+        limit: at most ``limit`` rows per env (``None``: all usable tasks).
+        asynchronous: async tool classes (see :func:`environment_factory`).
+
+    Returns:
+        :class:`MultiEnvironment` ``(environment_factory, train_dataset, reward_funcs)``; rows are interleaved
+        (first row of each env, then the second, ...).
+
+    Raises:
+        ValueError: no entry, a name that is not a non-empty string, an entry that is not an id or
+            ``(id, kwargs)``; as :func:`environment_factory`, :func:`dataset`.
+    """
+    from datasets import Dataset
+
+    if not envs_by_name:
+        raise ValueError("multi_environment needs at least one {name: env_id} entry")
+    factories: dict[str, type] = {}
+    reward_funcs: list = []
+    per_env: list[list[dict]] = []
+    for name, spec in envs_by_name.items():
+        if not (isinstance(name, str) and name):
+            raise ValueError(f"environment names must be non-empty strings, got {name!r:.80}")
+        env_id, kwargs = (spec, {}) if isinstance(spec, str) else (tuple(spec) if isinstance(spec, (tuple, list)) else (None, None))
+        if not isinstance(env_id, str) or not isinstance(kwargs, dict):
+            raise ValueError(f"entry {name!r}: expected an env id or (env_id, make_kwargs), got {spec!r:.120}")
+        kwargs = dict(kwargs)
+        if split is not None:
+            kwargs.setdefault("split", split)
+        probe = _make(env_id, _offline(kwargs))
+        try:
+            has_tools = bool(_probe(probe)[1].get("tools"))
+        finally:
+            probe.close()
+        if has_tools:
+            factories[name] = environment_factory(env_id, asynchronous=asynchronous, **kwargs)
+        else:
+            factories[name] = _one_turn_class(env_id, kwargs)
+            reward_funcs.append(EnvReward(env_id, environment=name, **kwargs))
+        per_env.append(_rows(env_id, None, limit, name, kwargs))
+    rows = [r for i in range(max(map(len, per_env))) for env_rows in per_env if i < len(env_rows) for r in [env_rows[i]]]
+    return MultiEnvironment(factories, Dataset.from_list(rows), reward_funcs)
