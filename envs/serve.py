@@ -99,6 +99,7 @@ import functools
 import json
 import math
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -106,6 +107,7 @@ from typing import Any
 import gymnasium as gym
 
 import envs as _envs
+from envs.action_text import json_depth
 from envs.contract import check_action
 
 __all__ = ["GymTextEnvironment", "TextAction", "TextObservation", "TextState", "build_app", "main", "uvicorn_config"]
@@ -127,7 +129,9 @@ try:  # the optional extra [serve]
     )
     from pydantic import Field, ValidationError
     from starlette.websockets import WebSocket, WebSocketDisconnect
+    import uvicorn
     from uvicorn.protocols.http.h11_impl import H11Protocol
+    from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("envs.serve needs the [serve] extra: pip install -e '.[serve]' (openenv-core)") from e
 
@@ -140,6 +144,16 @@ DEFAULT_MAX_SESSION_BYTES = 8 << 20
 #: Default seconds a client has to send a request's headers / its body.
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_BODY_TIMEOUT_S = 30.0
+#: Default seconds a reply may take to reach the client once the connection's send buffer is full (then the connection
+#: is dropped: a client that does not read holds nothing past this).
+DEFAULT_SEND_TIMEOUT_S = 30.0
+#: Deepest nesting of ``[``/``{`` a request body / WebSocket message may hold (checked before parsing, in linear time).
+MAX_JSON_NESTING = 100
+#: Most digits an integer literal in a request body / WebSocket message may have.
+MAX_JSON_INT_DIGITS = 100
+#: An HTTP reply is handed to the connection in pieces of this many bytes, so that an unread reply waits in the app
+#: (where it is counted against its session) rather than in the transport's buffer.
+REPLY_CHUNK_BYTES = 256 * 1024
 #: Longest ``episode_id`` accepted by ``reset``.
 MAX_EPISODE_ID_CHARS = 256
 #: ``Host`` names always served (loopback).
@@ -175,9 +189,20 @@ class SessionClosedError(ClientError, RuntimeError):
 
 
 class SessionBytesExceeded(ClientError):
-    """The step would bring the session's conversation over ``max_session_bytes`` (the episode is kept)."""
+    """The session's conversation would go over ``max_session_bytes``: an action (refused before the step; the
+    episode is kept) or an env output (the step ran; ``ends_session``: the session is closed after the reply)."""
 
     status, code = 413, "SESSION_BYTES_EXCEEDED"
+
+    def __init__(self, message: str, ends_session: bool = False):
+        super().__init__(message)
+        self.ends_session = ends_session
+
+
+class UnsentRepliesExceeded(ClientError):
+    """The session's conversation plus its replies not yet taken by the client are over ``max_session_bytes``."""
+
+    status, code = 429, "SESSION_BYTES_EXCEEDED"
 
 
 class TextAction(Action):
@@ -246,6 +271,20 @@ def _nbytes(x: Any) -> int:
     return len(json.dumps(x, ensure_ascii=False, default=str).encode("utf-8", "replace"))
 
 
+def _nbytes_within(messages: Any, budget: int | None) -> int | None:
+    """UTF-8 JSON size of a list of messages, or ``None`` as soon as it is known to exceed ``budget`` (bytes; ``None``:
+    no budget). Sized one message at a time, so a flood of 7,300 tool messages is not serialised whole to be refused."""
+    if budget is None or not isinstance(messages, list):
+        n = _nbytes(messages)
+        return None if budget is not None and n > budget else n
+    total = 2 + max(len(messages) - 1, 0)  # [ , ]
+    for m in messages:
+        total += _nbytes(m)
+        if total > budget:
+            return None
+    return total
+
+
 class GymTextEnvironment(Environment):
     """One session's env: ``gym.make(env_id, **env_kwargs)`` behind OpenEnv's ``Environment`` API.
 
@@ -276,6 +315,8 @@ class GymTextEnvironment(Environment):
         self._episode_id: str | None = None
         self._steps = 0
         self.session_bytes = 0  # UTF-8 JSON bytes of this episode's conversation (reset messages, actions, obs)
+        self.unsent_bytes = 0  # bytes of this session's replies not yet handed to the client's connection
+        self._unsent_lock = threading.Lock()
         self._episode_no = 0  # counts resets: with the step count, the key of the cached db hash
         self._hash_key: tuple | None = None
         self._db_hash: str | None = None
@@ -305,8 +346,13 @@ class GymTextEnvironment(Environment):
         self._started, self._done, self._reward, self._steps = True, False, None, 0
         self._info, self._episode_id = info, episode_id
         self._episode_no += 1
+        opening = _nbytes_within(obs, self.max_session_bytes)
+        if opening is None:
+            self._done = True
+            raise SessionBytesExceeded(f"reset refused: the episode's opening messages are over max_session_bytes="
+                                       f"{self.max_session_bytes}; this session is closed", ends_session=True)
         messages = _jsonable(obs)
-        self.session_bytes = _nbytes(messages)
+        self.session_bytes = opening
         return TextObservation(messages=messages, info=_jsonable(_without(info, "messages")), done=False, reward=None)
 
     def reset_request(self, data: Any) -> TextObservation:
@@ -346,10 +392,39 @@ class GymTextEnvironment(Environment):
         self._steps += 1
         self._done = bool(terminated or truncated)
         self._reward, self._info = float(reward), info
-        messages = _jsonable(obs)
-        self.session_bytes += action_bytes + _nbytes(messages)
-        return TextObservation(messages=messages, info=_jsonable(_without(info, "messages", "tools")), done=self._done,
+        room = None if self.max_session_bytes is None else self.max_session_bytes - self.session_bytes - action_bytes
+        out_bytes = _nbytes_within(obs, room)
+        step_info = _without(info, "messages", "tools")
+        if out_bytes is not None and room is not None and _nbytes_within([step_info], room - out_bytes) is None:
+            out_bytes = None  # the reply (messages + info) would be over the cap too
+        if out_bytes is None:
+            self._done = True
+            raise SessionBytesExceeded(
+                f"step output withheld: the env answered this action with more than the {room} bytes left under "
+                f"max_session_bytes={self.max_session_bytes} (the conversation holds {self.session_bytes} bytes, the action "
+                f"{action_bytes}); the step ran, the episode has ended and this session is closed: open a new session",
+                ends_session=True)
+        self.session_bytes += action_bytes + out_bytes
+        return TextObservation(messages=_jsonable(obs), info=_jsonable(step_info), done=self._done,
                                reward=float(reward), terminated=bool(terminated), truncated=bool(truncated))
+
+    def hold_unsent(self, n: int) -> None:
+        """Count ``n`` bytes of a reply being sent (thread-safe; :meth:`release_unsent` when handed over)."""
+        with self._unsent_lock:
+            self.unsent_bytes += n
+
+    def release_unsent(self, n: int) -> None:
+        with self._unsent_lock:
+            self.unsent_bytes -= n
+
+    def check_unsent(self) -> None:
+        """Raise :class:`UnsentRepliesExceeded` when the conversation plus the unsent replies are over the cap."""
+        if self.max_session_bytes is not None and self.unsent_bytes and \
+                self.session_bytes + self.unsent_bytes > self.max_session_bytes:
+            raise UnsentRepliesExceeded(
+                f"request refused: this session's conversation ({self.session_bytes} bytes) plus its replies not yet read "
+                f"by the client ({self.unsent_bytes} bytes) are over max_session_bytes={self.max_session_bytes}; read "
+                "them first (a reply not taken within the send timeout drops its connection)")
 
     @property
     def state(self) -> TextState:
@@ -393,12 +468,37 @@ def _metadata(env_id: str) -> EnvironmentMetadata:
 # ------------------------------------------------------------------ one request, on the session's thread
 
 
+def _bounded_int(text: str) -> int:
+    """``parse_int`` of :func:`_parse`: an integer literal of more than :data:`MAX_JSON_INT_DIGITS` digits is refused
+    before conversion (Python refuses over 4,300 digits with a ``ValueError``, and converting is quadratic)."""
+    digits = len(text) - text.startswith("-")
+    if digits > MAX_JSON_INT_DIGITS:
+        raise ClientError(f"invalid JSON: an integer literal of {digits} digits, over the limit of {MAX_JSON_INT_DIGITS} "
+                          "digits", status=422, code="INVALID_JSON")
+    return int(text)
+
+
 def _parse(raw: bytes | str | None, empty: Any = None) -> Any:
+    """A request body / WebSocket message as JSON, within the server's limits.
+
+    Raises:
+        ClientError: 422 / ``INVALID_JSON``: not JSON (or not UTF-8/16/32), nested deeper than
+            :data:`MAX_JSON_NESTING` (checked before parsing, in linear time), or an integer literal of more than
+            :data:`MAX_JSON_INT_DIGITS` digits. The message names the limit.
+    """
     if raw is None or (not raw.strip() if isinstance(raw, (str, bytes)) else False):
         return empty
     try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        text = raw.decode(json.detect_encoding(raw), "surrogatepass") if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError as e:
+        raise ClientError(f"invalid JSON: {e}", status=422, code="INVALID_JSON") from e
+    depth = json_depth(text)
+    if depth > MAX_JSON_NESTING:
+        raise ClientError(f"invalid JSON: nested {depth} levels deep, over the limit of {MAX_JSON_NESTING} levels",
+                          status=422, code="INVALID_JSON")
+    try:
+        return json.loads(text, parse_int=_bounded_int)
+    except json.JSONDecodeError as e:
         raise ClientError(f"invalid JSON: {e}", status=422, code="INVALID_JSON") from e
 
 
@@ -421,9 +521,14 @@ def _run(env: GymTextEnvironment, op: str, payload: Any) -> tuple[str, dict]:
     return "state", env.state.model_dump()
 
 
-def _http_call(env: GymTextEnvironment, op: str, raw: bytes) -> tuple[int, str]:
-    """An HTTP route's work, on the session's thread: parse ``raw``, run ``op``, encode. ``(status, JSON text)``."""
+def _http_call(env: GymTextEnvironment, op: str, raw: bytes) -> tuple[int, bytes, bool]:
+    """An HTTP route's work, on the session's thread: parse ``raw``, run ``op``, encode.
+
+    Returns ``(status, UTF-8 JSON body, end the session)``; the body's bytes are counted as unsent on ``env``
+    (:meth:`GymTextEnvironment.hold_unsent`) until the route has handed them to the connection."""
+    end = False
     try:
+        env.check_unsent()
         if op == "reset":
             payload = _parse(raw, empty={})
         elif op == "step":
@@ -433,36 +538,108 @@ def _http_call(env: GymTextEnvironment, op: str, raw: bytes) -> tuple[int, str]:
             payload = body["action"]
         else:
             payload = None
-        return 200, _dumps(_run(env, op, payload)[1])
+        status, text = 200, _dumps(_run(env, op, payload)[1])
     except ClientError as e:
-        return e.status, _dumps({"detail": str(e)})
+        status, text, end = e.status, _dumps({"detail": str(e)}), getattr(e, "ends_session", False)
     except Exception as e:  # noqa: BLE001 - an env failure: 500 for this session only
-        return 500, _dumps({"detail": f"env raised {type(e).__name__}: {e}"})
+        status, text = 500, _dumps({"detail": f"env raised {type(e).__name__}: {e}"})
+    body = text.encode("utf-8")
+    del text
+    env.hold_unsent(len(body))
+    return status, body, end
 
 
 def _ws_error(message: str, code: str) -> str:
     return _dumps({"type": "error", "data": {"message": message, "code": code}})
 
 
-def _ws_call(env: GymTextEnvironment, text: str) -> tuple[str, bool]:
-    """A WebSocket message's work, on the session's thread: ``(reply text, close the socket)``."""
+def _ws_call(env: GymTextEnvironment, text: str) -> tuple[str, str | None]:
+    """A WebSocket message's work, on the session's thread: ``(reply text, then)``, ``then`` being ``None`` (serve on),
+    ``"close"`` (the client asked; no reply) or ``"end"`` (send the reply, then close: the session is over). The
+    reply's length is counted as unsent on ``env`` until the socket has taken it."""
+    then = None
     try:
+        env.check_unsent()
         msg = _parse(text)
         if not isinstance(msg, dict):
             raise ClientError(f'a message must be a JSON object {{"type": ..., "data": ...}}, got {type(msg).__name__}',
                               code="INVALID_JSON")
         kind = msg.get("type")
         if kind == "close":
-            return "", True
+            return "", "close"
         if kind not in ("reset", "step", "state"):
             raise ClientError(f"unknown message type {kind!r:.80}; accepted: reset, step, state, close", code="UNKNOWN_TYPE")
         payload = msg.get("data", {} if kind == "reset" else None)
         out_kind, data = _run(env, kind, payload)
-        return _dumps({"type": out_kind, "data": data}), False
+        reply = _dumps({"type": out_kind, "data": data})
     except ClientError as e:
-        return _ws_error(str(e), e.code), False
+        reply, then = _ws_error(str(e), e.code), ("end" if getattr(e, "ends_session", False) else None)
     except Exception as e:  # noqa: BLE001 - an env failure: reported, the socket keeps serving
-        return _ws_error(f"env raised {type(e).__name__}: {e}", "EXECUTION_ERROR"), False
+        reply = _ws_error(f"env raised {type(e).__name__}: {e}", "EXECUTION_ERROR")
+    env.hold_unsent(len(reply))
+    return reply, then
+
+
+class _ChunkedReply(Response):
+    """A JSON reply handed to the connection :data:`REPLY_CHUNK_BYTES` at a time; ``on_done()`` runs once the last piece
+    is handed over (or the client is gone). uvicorn waits before each piece while the connection's buffer is full, so
+    an unread reply waits here, counted against its session, and the transport buffers at most about one piece."""
+
+    media_type = "application/json"
+
+    def __init__(self, body: bytes, status_code: int, on_done: Callable[[], None]):
+        super().__init__(content=body, status_code=status_code)
+        self._on_done = on_done
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            body, n = memoryview(self.body), len(self.body)
+            for i in range(0, max(n, 1), REPLY_CHUNK_BYTES):
+                await send({"type": "http.response.body", "body": bytes(body[i:i + REPLY_CHUNK_BYTES]),
+                            "more_body": i + REPLY_CHUNK_BYTES < n})
+        finally:
+            self.body = b""
+            self._on_done()
+
+
+class _WriteDeadline:
+    """A send timeout for an asyncio protocol: once the transport's buffer is full (``pause_writing``), the client has
+    ``send_timeout_s`` to take what is pending (``resume_writing`` -- for HTTP, after the reply's last piece) or the
+    connection is aborted, which frees its buffer at once (``close`` would wait for it to drain)."""
+
+    send_timeout_s = DEFAULT_SEND_TIMEOUT_S
+    _write_timer = None
+
+    def _arm_write(self) -> None:
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.send_timeout_s, self._write_expired)
+
+    def _disarm_write(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_expired(self) -> None:
+        self._write_timer = None
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class _TimedWSProtocol(_WriteDeadline, WebSocketsSansIOProtocol):
+    """uvicorn's WebSocket protocol with :class:`_WriteDeadline` (one reply is written whole: taken = resumed)."""
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._arm_write()
+
+    def resume_writing(self) -> None:
+        self._disarm_write()
+        super().resume_writing()
+
+    def connection_lost(self, exc) -> None:
+        self._disarm_write()
+        super().connection_lost(exc)
 
 
 # ------------------------------------------------------------------ ASGI guard: origin / host, body size and time
@@ -556,10 +733,21 @@ async def _reply(send, status: int, detail: str, close: bool = False) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-class _TimedH11Protocol(H11Protocol):
+class _TimedH11Protocol(_WriteDeadline, H11Protocol):
     """uvicorn's h11 protocol with a header deadline: a connection that has not sent a complete request head
     within ``header_timeout_s`` of opening (or of its last response) is closed. uvicorn has no such timer
-    (its keep-alive timer stops at the first byte), so half-open connections were held forever."""
+    (its keep-alive timer stops at the first byte), so half-open connections were held forever. And with a send
+    deadline (:class:`_WriteDeadline`): a reply must be taken within ``send_timeout_s`` of the connection's buffer
+    filling up (the timer runs from the first stall to the reply's last piece leaving the buffer)."""
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._arm_write()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self.cycle is None or self.cycle.response_complete:
+            self._disarm_write()
 
     header_timeout_s = DEFAULT_HEADER_TIMEOUT_S
     _head_timer = None
@@ -584,6 +772,7 @@ class _TimedH11Protocol(H11Protocol):
 
     def connection_lost(self, exc) -> None:
         self._disarm()
+        self._disarm_write()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -597,20 +786,30 @@ class _TimedH11Protocol(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if not self.flow.write_paused:
+            self._disarm_write()
         if not self.transport.is_closing():
             self._arm()
 
 
 def uvicorn_config(app, *, host: str = "127.0.0.1", port: int = 8000, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                   header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, log_level: str = "warning", **kwargs):
+                   header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S,
+                   log_level: str = "warning", **kwargs):
     """The ``uvicorn.Config`` that serves ``app``: WebSocket messages capped at ``max_body_bytes``, the h11
-    protocol with a ``header_timeout_s`` head deadline (:class:`_TimedH11Protocol`)."""
-    import uvicorn
+    protocol with a ``header_timeout_s`` head deadline (:class:`_TimedH11Protocol`), HTTP and WebSocket connections
+    dropped when a reply is not taken within ``send_timeout_s`` seconds of their send buffer filling up.
 
-    if header_timeout_s <= 0:
-        raise ValueError(f"header_timeout_s must be > 0, got {header_timeout_s}")
-    proto = type("TimedH11Protocol", (_TimedH11Protocol,), {"header_timeout_s": float(header_timeout_s)})
-    return uvicorn.Config(app, host=host, port=port, http=proto, ws_max_size=max_body_bytes, log_level=log_level, **kwargs)
+    Raises:
+        ValueError: a non-positive timeout.
+    """
+    for name, v in (("header_timeout_s", header_timeout_s), ("send_timeout_s", send_timeout_s)):
+        if v <= 0:
+            raise ValueError(f"{name} must be > 0, got {v}")
+    timers = {"header_timeout_s": float(header_timeout_s), "send_timeout_s": float(send_timeout_s)}
+    http = type("TimedH11Protocol", (_TimedH11Protocol,), timers)
+    ws = type("TimedWSProtocol", (_TimedWSProtocol,), {"send_timeout_s": float(send_timeout_s)})
+    return uvicorn.Config(app, host=host, port=port, http=http, ws=ws, ws_max_size=max_body_bytes, log_level=log_level,
+                          **kwargs)
 
 
 def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int = 64, idle_timeout_s: float | None = 600.0,
@@ -713,10 +912,12 @@ def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int 
             return _json(404, _dumps({"detail": f"unknown session {session_id!r:.80} (never opened, deleted or idle-expired)"}))
         touch(session_id)
         try:
-            status, text = await server._run_in_session_executor(session_id, _http_call, env, op, raw)
+            status, body, end = await server._run_in_session_executor(session_id, _http_call, env, op, raw)
         finally:
             touch(session_id)
-        return _json(status, text)
+        if end:  # the session is over (its output went over the cap): free its env before answering
+            await destroy(session_id)
+        return _ChunkedReply(body, status, functools.partial(env.release_unsent, len(body)))
 
     @app.post("/sessions", status_code=201, tags=["Sessions"])
     async def http_open_session() -> Response:
@@ -750,7 +951,8 @@ def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int 
     @app.get("/sessions", tags=["Sessions"])
     async def sessions() -> dict:
         return {"active": server.active_sessions, "max": server.max_concurrent_envs, "idle_timeout_s": idle_timeout_s,
-                "max_session_bytes": max_session_bytes}
+                "max_session_bytes": max_session_bytes,
+                "unsent_bytes": sum(e.unsent_bytes for e in list(server._sessions.values()))}
 
     @app.get("/health")
     async def health() -> dict:
@@ -778,6 +980,7 @@ def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int 
             await websocket.send_text(_ws_error(f"could not create env {env_id}: {e.__cause__ or e}", "FACTORY_ERROR"))
             return await websocket.close()
         sockets[sid] = websocket
+        close_code = 1000
         try:
             while True:
                 msg = await websocket.receive()
@@ -789,20 +992,29 @@ def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int 
                 touch(sid)
                 text = msg.get("text")
                 if text is None:
-                    reply, close = _ws_error("binary frames are not served: send JSON text", "INVALID_JSON"), False
+                    reply, then = _ws_error("binary frames are not served: send JSON text", "INVALID_JSON"), None
+                    env.hold_unsent(len(reply))
                 else:
-                    reply, close = await server._run_in_session_executor(sid, _ws_call, env, text)
+                    reply, then = await server._run_in_session_executor(sid, _ws_call, env, text)
                 touch(sid)
-                if close:
+                try:
+                    if then == "close":
+                        break
+                    if then == "end":  # free the env before answering
+                        await destroy(sid)
+                        close_code = 1008
+                    await websocket.send_text(reply)  # waits while the client does not read (dropped after send_timeout_s)
+                finally:
+                    env.release_unsent(len(reply))
+                if then == "end":
                     break
-                await websocket.send_text(reply)
         except (WebSocketDisconnect, RuntimeError):  # client gone / socket closed by the reaper
             pass
         finally:
             sockets.pop(sid, None)
             await destroy(sid)
             try:
-                await websocket.close()
+                await websocket.close(code=close_code, reason="session over: max_session_bytes" if close_code == 1008 else None)
             except RuntimeError:
                 pass
 
@@ -810,10 +1022,26 @@ def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int 
                   allowed_origins=list(allowed_origins))
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server that prints one ``envs.serve: ENV_ID listening on http://HOST:PORT (WebSocket ...)`` line on
+    stdout once its sockets are bound (the bound port: ``--port 0`` picks a free one)."""
+
+    def __init__(self, config, env_id: str):
+        super().__init__(config)
+        self.env_id = env_id
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets=sockets)
+        for server in getattr(self, "servers", []):
+            for sock in server.sockets:
+                host, port = sock.getsockname()[:2]
+                host = f"[{host}]" if ":" in host else host
+                print(f"envs.serve: {self.env_id} listening on http://{host}:{port} (WebSocket ws://{host}:{port}/ws)",
+                      flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     """CLI: ``python -m envs.serve ENV_ID [--host 127.0.0.1] [--port 8000] [--max-sessions 64] ...``."""
-    import uvicorn
-
     p = argparse.ArgumentParser(prog="python -m envs.serve", description="Serve a registered env id over OpenEnv (HTTP + WebSocket).")
     p.add_argument("env_id", help="registered id, e.g. tau2/telecom-v0, GSM8K-v1")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1, loopback only)")
@@ -825,6 +1053,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="cap on one session's conversation (UTF-8 JSON bytes; default 8 MiB); 0 = none")
     p.add_argument("--header-timeout", type=float, default=DEFAULT_HEADER_TIMEOUT_S, help="seconds to send request headers")
     p.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT_S, help="seconds to send a request body")
+    p.add_argument("--send-timeout", type=float, default=DEFAULT_SEND_TIMEOUT_S,
+                   help="seconds a client has to take a reply once its connection's send buffer is full, else dropped")
     p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
                    help="a browser Origin to serve, e.g. http://localhost:3000 (repeatable; default: none)")
     p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
@@ -852,8 +1082,8 @@ def main(argv: list[str] | None = None) -> None:
     app = build_app(a.env_id, env_kwargs, max_sessions=a.max_sessions, idle_timeout_s=a.idle_timeout or None,
                     max_body_bytes=a.max_body_bytes, max_session_bytes=a.max_session_bytes or None,
                     body_timeout_s=a.body_timeout, allowed_origins=a.allow_origin, allowed_hosts=hosts)
-    uvicorn.Server(uvicorn_config(app, host=a.host, port=a.port, max_body_bytes=a.max_body_bytes,
-                                  header_timeout_s=a.header_timeout, log_level=a.log_level)).run()
+    _Server(uvicorn_config(app, host=a.host, port=a.port, max_body_bytes=a.max_body_bytes, header_timeout_s=a.header_timeout,
+                           send_timeout_s=a.send_timeout, log_level=a.log_level), env_id=a.env_id).run()
 
 
 if __name__ == "__main__":

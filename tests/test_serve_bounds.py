@@ -1,0 +1,318 @@
+"""envs.serve's own bounds (issue 34, item 3, server parts; issue 36's missing "listening on" line).
+
+One test per defect, each failing on the code before its fix, against a real server on 127.0.0.1 (in-thread uvicorn,
+toy envs: fast):
+
+* a step's *output* was never checked against the session byte cap (only the action was): a 1 MiB action of 7,300
+  airline tool calls returned a 23 MB response and grew the conversation to 2.9x the cap. Now the cap holds on every
+  append and every reply: an output over it is answered 413 / ``SESSION_BYTES_EXCEEDED`` and the session ends;
+* the server's own JSON parsing had no depth or digit limit: a 50,000-deep body -> 500 ``RecursionError``, a
+  5,000-digit integer -> 500 ``ValueError`` (over WebSocket: the env's error). Now 422 / ``INVALID_JSON`` naming the
+  limit (:data:`envs.serve.MAX_JSON_NESTING`, :data:`envs.serve.MAX_JSON_INT_DIGITS`);
+* no write timeout: clients that asked for a big ``state`` and never read held its bytes until they disconnected.
+  Now a reply not taken within ``send_timeout_s`` drops the connection, and a session's unsent replies count with its
+  conversation against ``max_session_bytes`` (more requests are refused with 429 until they are read);
+* ``python -m envs.serve`` printed nothing when it started serving: now one ``listening on http://HOST:PORT`` line.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("openenv", reason="envs.serve needs the optional extra [serve] (pip install -e '.[serve]': openenv-core)")
+
+import gymnasium as gym
+import httpx
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect as ws_connect
+
+from envs import serve
+from envs.serve import build_app
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIMIT = 256 * 1024
+
+
+class FloodEnv(gym.Env):
+    """Never-ending toy chat whose output size the action picks: ``"flood N"`` answers with N tool messages of ~100
+    bytes (a flood of tool calls, as tau2 answers 7,300 calls in one action), ``"big N"`` with one user message of N
+    bytes, anything else with an echo."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Text(100)
+        self.action_space = gym.spaces.Text(100)
+        self.conv: list[dict] = []
+
+    def _info(self):
+        return {"messages": list(self.conv), "task_id": "0", "index": 0, "tools": []}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.conv = [{"role": "user", "content": "go"}]
+        return list(self.conv), self._info()
+
+    def step(self, action):
+        text = action if isinstance(action, str) else (action.get("content") or "")
+        word, _, n = text.partition(" ")
+        if word == "flood":
+            new = [{"role": "tool", "tool_call_id": f"call_{i}", "content": "Error: unknown tool " + "z" * 60}
+                   for i in range(int(n))]
+        elif word == "big":
+            new = [{"role": "user", "content": "b" * int(n)}]
+        else:
+            new = [{"role": "user", "content": "you said: " + text}]
+        self.conv += [{"role": "assistant", "content": text}] + new
+        return new, 0.0, False, False, self._info()
+
+
+if "ServeBounds/Flood-v0" not in gym.registry:
+    gym.register("ServeBounds/Flood-v0", entry_point=FloodEnv, disable_env_checker=True)
+
+
+@contextlib.contextmanager
+def _serve(app, sndbuf: int | None = None, **config):
+    """Serve ``app`` in a thread on a loopback socket bound here; ``sndbuf`` shrinks the kernel send buffer of every
+    accepted connection (Linux: accepted sockets inherit it) so that a reply of a few hundred kB stalls on a client
+    that does not read. Yields ``(url, server)``."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if sndbuf:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    srv = uvicorn.Server(serve.uvicorn_config(app, host="127.0.0.1", port=port, log_level="error", max_body_bytes=LIMIT,
+                                              **config))
+    th = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    th.start()
+    t0 = time.time()
+    while not srv.started:
+        assert th.is_alive() and time.time() - t0 < 20, "server did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}", srv
+    finally:
+        srv.should_exit = True
+        th.join(15)
+        sock.close()
+        assert not th.is_alive(), "server did not shut down"
+
+
+def _app(**kw):
+    return build_app("ServeBounds/Flood-v0", **{"max_sessions": 8, "idle_timeout_s": 600, "max_body_bytes": LIMIT, **kw})
+
+
+def _open(c: httpx.Client) -> str:
+    r = c.post("/sessions")
+    assert r.status_code == 201, r.text
+    return r.json()["session_id"]
+
+
+def _ask(ws, msg) -> dict:
+    ws.send(msg if isinstance(msg, (str, bytes)) else json.dumps(msg))
+    return json.loads(ws.recv(timeout=20))
+
+
+# ---------------------------------------------------------------- 1. the cap on every append and every reply
+
+
+def test_step_output_over_the_session_cap_is_refused_and_ends_the_session():
+    """Defect: the cap was checked on the action only; a flood of tool calls in one small action returned
+    ~640 kB (3x this cap) and grew the conversation past the cap."""
+    cap = 200_000
+    with _serve(_app(max_session_bytes=cap)) as (url, _), httpx.Client(base_url=url, timeout=30) as c:
+        sid = _open(c)
+        assert c.post(f"/sessions/{sid}/reset", json={}).status_code == 200
+        assert c.post(f"/sessions/{sid}/step", json={"action": {"content": "flood 100"}}).status_code == 200  # ~10 kB: fits
+        r = c.post(f"/sessions/{sid}/step", json={"action": {"content": "flood 6000"}})
+        assert r.status_code == 413, (r.status_code, len(r.content))
+        assert len(r.content) < 2000 and "max_session_bytes" in r.json()["detail"] and "session" in r.json()["detail"]
+        assert c.get(f"/sessions/{sid}/state").status_code == 404  # the session ended: its env and conversation freed
+        assert c.get("/sessions").json()["active"] == 0
+        sid = _open(c)  # the client can start again
+        assert c.post(f"/sessions/{sid}/reset", json={}).status_code == 200
+        with ws_connect(url.replace("http", "ws") + "/ws") as ws:
+            assert _ask(ws, {"type": "reset", "data": {}})["type"] == "observation"
+            ws.send(json.dumps({"type": "step", "data": {"content": "big 300000"}}))  # one message over the cap
+            raw = ws.recv(timeout=20)
+            msg = json.loads(raw)
+            assert len(raw) < 2000 and msg["type"] == "error" and msg["data"]["code"] == "SESSION_BYTES_EXCEEDED", raw[:300]
+            with pytest.raises(ConnectionClosed) as e:  # then the socket (the session) is closed
+                ws.recv(timeout=20)
+            assert e.value.rcvd is not None and e.value.rcvd.code == 1008
+        t0 = time.time()
+        while c.get("/sessions").json()["active"] != 1:  # only the HTTP session is left
+            assert time.time() - t0 < 10
+            time.sleep(0.02)
+
+
+def test_the_cap_still_lets_an_episode_grow_up_to_it():
+    """The output check refuses only what goes over: outputs that keep the conversation under the cap are served."""
+    cap = 200_000
+    with _serve(_app(max_session_bytes=cap)) as (url, _), httpx.Client(base_url=url, timeout=30) as c:
+        sid = _open(c)
+        c.post(f"/sessions/{sid}/reset", json={})
+        for _ in range(4):
+            r = c.post(f"/sessions/{sid}/step", json={"action": {"content": "big 40000"}})
+            assert r.status_code == 200, r.text[:200]
+        st = c.get(f"/sessions/{sid}/state").json()
+        assert st["step_count"] == 4 and len(json.dumps(st["messages"])) <= cap
+        r = c.post(f"/sessions/{sid}/step", json={"action": {"content": "big 40000"}})  # 5 x 40 kB > 200 kB - the rest
+        assert r.status_code == 413
+
+
+# ---------------------------------------------------------------- 2. JSON depth and digits
+
+
+def test_deep_and_long_number_bodies_are_422_naming_the_limit():
+    """Defect: a 50,000-deep body -> 500 RecursionError; a 5,000-digit integer -> 500 ValueError."""
+    deep = "[" * 50_000 + "]" * 50_000
+    big = "9" * 5000
+    with _serve(_app()) as (url, _), httpx.Client(base_url=url, timeout=30) as c:
+        sid = _open(c)
+        cases = [
+            (f"/sessions/{sid}/reset", deep, "nest"),
+            (f"/sessions/{sid}/reset", '{"seed": ' + big + "}", "digit"),
+            (f"/sessions/{sid}/reset", '{"index": -' + big + "}", "digit"),
+            (f"/sessions/{sid}/step", '{"action": {"tool_calls": [{"function": {"name": "f", "arguments": ' + deep[:20_000] + "}}]}}",
+             "nest"),
+            (f"/sessions/{sid}/step", '{"action": {"tool_calls": [{"id": ' + big + "}]}}", "digit"),
+        ]
+        for path, body, word in cases:
+            r = c.post(path, content=body.encode(), headers={"content-type": "application/json"})
+            assert r.status_code == 422, (path, body[:40], r.status_code, r.text[:200])
+            detail = r.json()["detail"]
+            limit = serve.MAX_JSON_NESTING if word == "nest" else serve.MAX_JSON_INT_DIGITS
+            assert word in detail and str(limit) in detail, detail
+        assert c.post(f"/sessions/{sid}/reset", json={"seed": 10 ** 30}).status_code == 200  # under the limits: served
+        nested = {"a": 1}
+        for _ in range(serve.MAX_JSON_NESTING - 8):
+            nested = {"a": nested}
+        r = c.post(f"/sessions/{sid}/step", json={"action": {"tool_calls": [{"function": {"name": "f", "arguments": nested}}]}})
+        assert r.status_code == 200, r.text[:300]
+        with ws_connect(url.replace("http", "ws") + "/ws", max_size=None) as ws:
+            for raw, word in ((deep, "nest"), ('{"type": "reset", "data": {"seed": ' + big + "}}", "digit"),
+                              ('{"type": "step", "data": ' + "[" * 5000 + "]" * 5000 + "}", "nest")):
+                msg = _ask(ws, raw)
+                assert msg["type"] == "error" and msg["data"]["code"] == "INVALID_JSON", msg
+                assert word in msg["data"]["message"] and "env raised" not in msg["data"]["message"], msg
+            assert _ask(ws, {"type": "reset", "data": {}})["type"] == "observation"  # the socket keeps serving
+
+
+# ---------------------------------------------------------------- 3. slow readers
+
+
+def _slow_request(port: int, path: str) -> socket.socket:
+    """A client that sends ``GET path`` and then never reads (a 4 kB receive window)."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    return s
+
+
+def test_slow_readers_are_counted_against_the_cap_and_dropped_after_the_send_timeout():
+    """Defect: 20 clients that requested a 14 MB state and never read held +264 MB until they disconnected."""
+    cap = 3_000_000
+    with _serve(_app(max_session_bytes=cap), sndbuf=16_384, send_timeout_s=4.0) as (url, srv), \
+            httpx.Client(base_url=url, timeout=30) as c:
+        port = int(url.rsplit(":", 1)[1])
+        sid = _open(c)
+        c.post(f"/sessions/{sid}/reset", json={})
+        for _ in range(4):  # a ~1 MB conversation
+            assert c.post(f"/sessions/{sid}/step", json={"action": {"content": "big 250000"}}).status_code == 200
+        slow = []
+        for _ in range(5):
+            slow.append(_slow_request(port, f"/sessions/{sid}/state"))
+            time.sleep(0.2)  # each reply is built and stalls before the next request comes
+        heads = []
+        for s in slow:
+            s.settimeout(10)
+            heads.append(s.recv(12))  # the status line only: the rest stays unread
+        codes = [h.split()[1] for h in heads]
+        # conversation ~1 MB + unsent replies of ~1 MB each: the third and later would go over the 3 MB cap
+        assert codes.count(b"200") == 2 and codes.count(b"429") == 3, heads
+        assert 2_000_000 < c.get("/sessions").json()["unsent_bytes"] <= cap, c.get("/sessions").json()
+        assert c.get("/health").status_code == 200  # the server serves on meanwhile
+        t0 = time.time()
+        while c.get("/sessions").json()["unsent_bytes"]:  # dropped after the send timeout: nothing held for them
+            assert time.time() - t0 < 15, c.get("/sessions").json()
+            time.sleep(0.1)
+        for s, code in zip(slow, codes):
+            if code != b"200":
+                continue
+            got, t0 = 0, time.time()
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := s.recv(65536):  # what was already on its way, then the reset
+                    got += len(chunk)
+                    assert time.time() - t0 < 15
+            assert got < 1_000_000  # never the whole reply: the connection was cut
+        for s in slow:
+            s.close()
+        r = c.get(f"/sessions/{sid}/state")  # a reader that reads is served the same state
+        assert r.status_code == 200 and r.json()["step_count"] == 4
+
+
+def test_a_slow_websocket_reader_is_dropped_after_the_send_timeout():
+    cap = 8_000_000
+    with _serve(_app(max_session_bytes=cap), sndbuf=16_384, send_timeout_s=1.0) as (url, srv), \
+            httpx.Client(base_url=url, timeout=30) as c:
+        port = int(url.rsplit(":", 1)[1])
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                  b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+        s.settimeout(10)
+        assert s.recv(12).startswith(b"HTTP/1.1 101")
+
+        def frame(text: str) -> bytes:  # a masked client text frame
+            data = text.encode()
+            head = bytes([0x81]) + (bytes([0x80 | 126]) + len(data).to_bytes(2, "big") if len(data) >= 126
+                                     else bytes([0x80 | len(data)]))
+            return head + b"\0\0\0\0" + data  # mask 0: the payload as is
+
+        s.sendall(frame(json.dumps({"type": "reset", "data": {}})))
+        for _ in range(3):
+            s.sendall(frame(json.dumps({"type": "step", "data": {"content": "big 500000"}})))
+        t0 = time.time()
+        while c.get("/sessions").json()["active"] != 0:  # dropped: the session (and its env) closed
+            assert time.time() - t0 < 15, c.get("/sessions").json()
+            time.sleep(0.1)
+        s.close()
+        assert c.get("/health").status_code == 200
+
+
+# ---------------------------------------------------------------- 4. the CLI says where it listens
+
+
+def test_cli_prints_a_listening_line_with_the_bound_port():
+    """Issue 36: ``python -m envs.serve`` printed no 'listening on ...' line (and --port 0's port was unknowable)."""
+    env = dict(os.environ, PYTHONPATH=REPO)
+    p = subprocess.Popen([sys.executable, "-m", "envs.serve", "GSM8K-v1", "--port", "0", "--max-sessions", "1"], cwd=REPO,
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, "")), daemon=True)
+        reader.start()
+        t0 = time.time()
+        while not any("listening on" in ln for ln in lines):
+            assert time.time() - t0 < 60 and p.poll() is None, "".join(lines)
+            time.sleep(0.1)
+        line = next(ln for ln in lines if "listening on" in ln)
+        url = line.split("listening on ", 1)[1].split()[0]
+        assert url.startswith("http://127.0.0.1:") and int(url.rsplit(":", 1)[1]) > 0, line
+        assert "GSM8K-v1" in line
+        assert httpx.get(url + "/health", timeout=10).json()["status"] == "healthy"  # serving when it says so
+    finally:
+        p.terminate()
+        p.wait(15)
