@@ -10,8 +10,9 @@ Stages, in this order (the most informative first, so a budget cut loses the lea
 own timeout (a failed or timed-out stage is a row saying so; the others still run), the table rewritten after each:
 
 1. ``train_bench``: ``benchmarks/train_bench.py`` ours vs TRL at identical settings (GSM8K, interleaved steps);
-2. ``time_to_accuracy`` base evaluation, then for seed 1: arms ``ours``, ``trl`` (identical settings, micro-batches
-   of ``--micro-batch``) and ``trl_same_mb`` (TRL with as many forward/backward passes per step as ours);
+2. ``time_to_accuracy`` base evaluation, then for seed 1: arms ``ours`` (its config's own micro-batching,
+   ``--tta-micro-batch 0``: one pass per step on CUDA when it fits), ``trl`` (micro-batches of ``--micro-batch``, the
+   earlier results' setting) and ``trl_same_mb`` (TRL with as many forward/backward passes per step as ours);
 3. the default run: ``python grpo.py actor.path=<model>`` (its own config, ``--default-steps`` steps);
 4. ``time_to_accuracy`` seeds 2 .. ``--seeds`` (all three arms), then its ``summary``.
 
@@ -125,7 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tta-steps", type=int, default=8, help="time_to_accuracy steps per run")
     p.add_argument("--tta-eval-every", type=int, default=4)
     p.add_argument("--n-eval", type=int, default=200, help="held-out problems per evaluation")
-    p.add_argument("--micro-batch", type=int, default=4, help="identical-settings micro-batch of both arms")
+    p.add_argument("--micro-batch", type=int, default=4,
+                   help="train_bench: both arms' micro-batch (identical settings); time_to_accuracy: the trl arm's")
+    p.add_argument("--tta-micro-batch", type=int, default=0,
+                   help="time_to_accuracy: our arm's micro-batch (0: our config's own micro-batching)")
     p.add_argument("--default-steps", type=int, default=16, help="steps of the default grpo.py run")
     p.add_argument("--bench-steps", type=int, default=3, help="train_bench timed steps (after 1 warm-up)")
     p.add_argument("--stage-timeout-s", type=float, default=240.0, help="timeout of any one stage (s)")
@@ -180,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     root = out / "tta"
     tta_args = ["--out-root", str(root), "--model", model, *dev]
     tta_args += TINY["tta"] if a.tiny else ["--steps", str(a.tta_steps), "--eval-every", str(a.tta_eval_every),
-                                            "--n-eval", str(a.n_eval), "--micro-batch", str(a.micro_batch)]
+                                            "--n-eval", str(a.n_eval), "--micro-batch", str(a.tta_micro_batch)]
     tlog = out / "logs" / "time_to_accuracy.log"
     base_ok = False
     t = budget("time_to_accuracy base")
@@ -203,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
             if not base_ok:
                 table.add(stage=f"time_to_accuracy {arm} seed {seed}", status="not run (no base evaluation)")
                 continue
-            st, wall = run_stage(f"tta {arm} {seed}", [py, str(TTA), "run", "--arm", arm, "--seed", str(seed), *tta_args],
-                                 tlog, t, env)
+            st, wall = run_stage(f"tta {arm} {seed}", [py, str(TTA), "run", "--arm", arm, "--seed", str(seed), *tta_args,
+                                                       "--trl-micro-batch", str(a.micro_batch)], tlog, t, env)
             row = {"stage": f"time_to_accuracy {arm} seed {seed}", "status": st, "wall_s": wall}
             res = root / arm / f"seed{seed}" / "result.json"
             if st == "ok" and res.is_file():
@@ -215,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
                 if arm == "trl_same_mb" and r.get("our_passes"):
                     row["notes"] = (f"our passes/step {r['our_passes']['passes']} ({r['our_passes']['source']}): TRL "
                                     f"micro-batch {r['trl_args']['per_device_train_batch_size']}")
+                elif arm == "trl":
+                    row["notes"] = f"TRL micro-batch {r['trl_args']['per_device_train_batch_size']}"
             else:
                 row["notes"] = _tail(tlog)
             table.add(**row)

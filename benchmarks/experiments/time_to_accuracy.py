@@ -56,9 +56,10 @@ ours: :func:`harness.precision`); both are part of the budget, so ``summary`` re
 **The same micro-batch budget** (arm ``trl_same_mb``): TRL's ``per_device_train_batch_size`` /
 ``gradient_accumulation_steps`` chosen so that it runs a step's sequences in as many forward/backward passes as our
 trainer does (:func:`our_passes`), so that a step-time ratio measures the two systems rather than a micro-batch
-setting. ``--micro-batch 0`` lets our arm use its config's own micro-batching (``train.micro_batch_size`` and, when
-the config has it, the ``train.micro_batch_tokens`` token budget) instead of ``--micro-batch`` sequences per pass;
-the ``trl`` arm needs ``--micro-batch`` >= 1 (identical settings).
+setting. ``--micro-batch 0`` lets our arm use its config's own micro-batching (``train.micro_batch_size`` and the
+``train.max_tokens_per_mb`` token budget, ``auto`` by default: one pass per step on CUDA when it fits) instead of
+``--micro-batch`` sequences per pass; the ``trl`` arm then runs ``--trl-micro-batch`` sequences per pass (default 4,
+the identical-settings value of the earlier results), and ``trl_same_mb`` is the like-for-like pairing.
 
 Run one process at a time on an idle machine (``uptime``; two OpenMP processes on 2 cores collapse decode speed);
 interleave the arms (ours 1, trl 1, ours 2, ...) so a drift of the machine hits both.
@@ -148,9 +149,11 @@ def our_passes(a, max_prompt_tokens: int, out_root: Path | None = None) -> dict:
     steps); otherwise computed from our composed config (``configs/grpo_reasoning.yaml`` + our arm's overrides):
     :func:`torchrl_grpo.training.micro_batch.split_micro_batches` over the step's ``prompts x samples`` sequences, each
     at the worst-case length ``max_prompt_tokens + max_new_tokens``, with ``train.micro_batch_size`` sequences per
-    pass (<= 0: all) and the token budget ``train.micro_batch_tokens`` when the config has that key (an int > 0;
-    anything else: no token cap), else ``train.max_tokens_per_mb``. Worst-case lengths make this an upper bound of
-    the passes (a pass's padded size never exceeds it).
+    pass (<= 0: all) and the token budget ``train.micro_batch_tokens`` when the config has that key, else
+    ``train.max_tokens_per_mb``: an int > 0 caps each pass's padded tokens; ``auto`` (one pass when the step fits the
+    activation allowance: on CUDA half the free memory, always the case for this task's ~150-token episodes of a
+    135M model) and 0 add no cap. Worst-case lengths make an int budget's count an upper bound of the passes; on CPU
+    ``auto`` may run more passes than counted here (its allowance is a fixed 4 GiB), so TRL then gets fewer.
     """
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
@@ -238,10 +241,10 @@ def _trl(a, d: Path, same_mb: bool = False) -> dict:
         micro = trl_micro_batch(per_step, passes["passes"])
         print(f"[trl_same_mb] our passes per step {passes}: TRL micro-batch {micro} x {per_step // micro}", flush=True)
     else:
-        micro = a.micro_batch
+        micro = a.micro_batch if a.micro_batch >= 1 else a.trl_micro_batch
         if micro < 1 or per_step % micro:
-            raise SystemExit(f"--micro-batch {micro} must be >= 1 and divide prompts x samples = {per_step} for the trl "
-                             f"arm (--micro-batch 0, our config's own micro-batching, pairs with arm trl_same_mb)")
+            raise SystemExit(f"TRL's micro-batch {micro} (--micro-batch, or --trl-micro-batch when it is 0) must be >= 1 "
+                             f"and divide prompts x samples = {per_step}")
     prec = precision(a.device, a.dtype)
     out_dir = d / "trl"
     targs = GRPOConfig(
@@ -472,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
         add_device_args(q)
         if name == "run":
             q.add_argument("--arm", required=True, choices=ARMS)
+            q.add_argument("--trl-micro-batch", type=int, default=4,
+                           help="the trl arm's sequences per pass when --micro-batch is 0 (recorded in trl_args)")
             q.add_argument("--seed", type=int, required=True)
     q = sub.add_parser("summary")
     q.add_argument("root")
