@@ -263,3 +263,31 @@ def test_update_methods_the_algorithms_change_the_training_through():
     out = u.loss_fn(None)
     assert float(out["loss_kl"]) == 2.75 and float(out["ewc_penalty"]) == 2.0 and float(out["other"]) == 0.5
     assert u.loss_fn.temperature == 0.7
+
+
+class _PicklableBase:  # module level: pickle finds it by name
+    temperature = 0.7
+
+    def __call__(self, td, **kw):
+        return TensorDict({"loss_objective": torch.tensor(1.0), "loss_kl": torch.tensor(0.25)}, [])
+
+
+def _two():
+    return torch.tensor(2.0)
+
+
+def test_penalised_loss_copies_and_pickles():
+    """Issue 36: copy.copy / deepcopy / unpickling build the wrapper without ``base`` in its ``__dict__`` and probe it
+    for ``__setstate__``; ``__getattr__`` raised KeyError there instead of AttributeError, so each of them failed."""
+    import copy
+    import pickle
+
+    wrapped = PenalisedLoss(_PicklableBase(), _two, "ewc_penalty")
+    for clone in (copy.copy(wrapped), copy.deepcopy(wrapped), pickle.loads(pickle.dumps(wrapped))):
+        assert clone.name == "ewc_penalty" and clone.temperature == 0.7
+        out = clone(None)
+        assert float(out["loss_kl"]) == 2.25 and float(out["ewc_penalty"]) == 2.0
+    bare = PenalisedLoss.__new__(PenalisedLoss)  # no base yet: a missing attribute is an AttributeError
+    with pytest.raises(AttributeError):
+        bare.temperature
+    assert not hasattr(bare, "anything")

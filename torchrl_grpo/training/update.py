@@ -463,8 +463,12 @@ class PenalisedLoss:
         object.__setattr__(self, "penalty", penalty)
         object.__setattr__(self, "name", name)
 
-    def __getattr__(self, attr):
-        return getattr(self.__dict__["base"], attr)
+    def __getattr__(self, attr):  # only for names not found normally: the wrapped loss's
+        try:
+            base = self.__dict__["base"]
+        except KeyError:  # copy / unpickle probe a bare instance (no base yet): a missing attribute, not a crash
+            raise AttributeError(f"{type(self).__name__} has no attribute {attr!r} (no wrapped loss yet)") from None
+        return getattr(base, attr)
 
     def __setattr__(self, attr, value) -> None:
         if attr in self._OWN:
