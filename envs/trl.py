@@ -528,7 +528,8 @@ def environment_factory(env_id: str | None = None, *, url: str | None = None, as
     Returns:
         A no-argument class (see the module docstring): one method per tool, ``send_message_to_user`` where a
         customer is present, ``reset(**row)``, ``get_reward()``. Its name (TRL's reward column) is the id in
-        CamelCase, e.g. ``Tau2MockV0Env``. The class pickles (as this call; TRL's async worker needs it) and one
+        CamelCase, e.g. ``Tau2MockV0Env`` (``Tau2MockV0AsyncEnv`` with ``asynchronous``, ``RemoteTau2MockV0Env``
+        with ``url``). The class pickles (as this call; TRL's async worker needs it) and one
         call with the same arguments returns the same class.
 
     Raises:
@@ -578,7 +579,9 @@ def environment_factory(env_id: str | None = None, *, url: str | None = None, as
         members[SEND_MESSAGE_TOOL] = _send_message_to_user_async if asynchronous else _send_message_to_user
     if asynchronous:
         members["get_reward"] = _get_reward_async
-    name = _class_name(env_id) if url is None else "Remote" + _class_name(env_id)
+    name = ("Remote" if url else "") + _class_name(env_id)
+    if asynchronous:  # a reward column of its own (TRL names it after the class)
+        name = name[:-3] + "AsyncEnv"
     cls = _FactoryClass(name, (TRLToolEnv,), members)
     where = f"served at {url}" if url else f"({make_kwargs or 'default arguments'})"
     cls.__doc__ = (f"{env_id} {where} as a TRL environment: {len(tools)} {'async ' if asynchronous else ''}tools"
