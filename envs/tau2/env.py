@@ -291,7 +291,7 @@ class Tau2Env(gym.Env):
         self._tool_names = self.domain.agent_tool_set(self.solo)
         self._parse_names = self._tool_names | {STOP_TOOL}
         self.observation_space = ChatMessages()
-        self.action_space = AssistantAction()
+        self.action_space = AssistantAction(tools=self.tools)  # sample(): a schema-valid tool call, or a message
         self._task = None
         self._done = True
         self._reset_called = False

@@ -33,13 +33,15 @@ it can. Its log-prob is then reported as :data:`MASKED_LOG_PROB` instead of ``-i
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
 from torchrl_grpo.objectives.sampling import check_processing, processed_logits
 from torchrl_grpo.objectives.shared_prefix import SharedPrefix, cache_under_checkpointing
 
-__all__ = ["token_log_probs", "HEAD_CHUNK", "MASKED_LOG_PROB"]
+__all__ = ["token_log_probs", "Window", "HEAD_CHUNK", "MASKED_LOG_PROB"]
 
 #: positions per LM-head chunk (see :func:`_selected_log_probs`): 1024 x 151k fp32 logits = 0.6 GB transient.
 #: With top-k/top-p truncation the chunk is halved: the mask and masked copies raise the measured peak of one
@@ -58,6 +60,14 @@ HEAD_KEEP_BYTES = 256 * 2**20
 #: -29), which the clipped surrogate handles (no gradient either way), while ``exp(50 + ref) <= 5.2e21`` stays far
 #: from float32 overflow (3.4e38). The token gets no gradient (it has no logit to push inside the support).
 MASKED_LOG_PROB = -50.0
+
+
+class Window(NamedTuple):
+    """What :func:`token_log_probs` would otherwise read back from the device about its rows (``window=``)."""
+
+    start: int  # the first column holding a scored token in any row (>= 1)
+    scored: int  # scored tokens (response_mask & attention_mask) in all rows
+    right_padded: bool = False  # every row's real tokens come first (attention_mask[i] = 1 for exactly its first n)
 
 
 def _uses_grad_checkpointing(model: torch.nn.Module) -> bool:
@@ -89,12 +99,16 @@ def _decoder_and_head(model: torch.nn.Module):
 
 
 def _window_outputs(model, dec_head, tokens, am, pos, start: int, share_prefix: bool,
-                   prefix: SharedPrefix | None = None) -> tuple[torch.Tensor, bool]:
+                   prefix: SharedPrefix | None = None, causal_only: bool = False) -> tuple[torch.Tensor, bool]:
     """Outputs at positions ``start-1 .. T-2`` (those predicting ``tokens[:, start:]``): final hidden states
     [b, T-start, H] when ``dec_head`` is given, else logits [b, T-start, V]. Also returns whether a shared-prefix
     path ran. With ``prefix`` (checked by the caller: every row starts with it, ``prefix.length < start``, and
-    ``dec_head`` is given) only ``tokens[:, P:]`` run, against the prefix's keys/values."""
+    ``dec_head`` is given) only ``tokens[:, P:]`` run, against the prefix's keys/values. ``causal_only``: the rows
+    are right-padded (real tokens first), so the model gets no padding mask: with causal attention a real token never
+    sees the padding after it (the padding's own outputs are never read), and the attention needs no mask
+    (transformers then reads none back to decide that; SDPA takes its causal kernel)."""
     b, T = tokens.shape
+    mask = None if causal_only else am
     net = dec_head[0] if dec_head is not None else model
 
     def run(**kw):
@@ -104,7 +118,7 @@ def _window_outputs(model, dec_head, tokens, am, pos, start: int, share_prefix: 
     if prefix is not None:  # cross-micro-batch shared prefix (torchrl_grpo.objectives.shared_prefix): remainders only
         Pp = prefix.length
         with cache_under_checkpointing(model):
-            out = dec_head[0](input_ids=tokens[:, Pp:], attention_mask=am, position_ids=pos[:, Pp:],
+            out = dec_head[0](input_ids=tokens[:, Pp:], attention_mask=mask, position_ids=pos[:, Pp:],
                               past_key_values=prefix.cache(), use_cache=False).last_hidden_state
         return out[:, start - 1 - Pp : -1], True
     P = start - 1  # columns [0, P) need no outputs: candidates for the shared prefix
@@ -116,17 +130,18 @@ def _window_outputs(model, dec_head, tokens, am, pos, start: int, share_prefix: 
             rep = torch.empty(U, dtype=torch.long, device=tokens.device).scatter_(
                 0, inv, torch.arange(b, device=tokens.device))
             kw = {} if dec_head is not None else {"logits_to_keep": 1}
-            pre = net(input_ids=tokens[rep, :P], attention_mask=am[rep, :P], position_ids=pos[rep, :P],
+            pre = net(input_ids=tokens[rep, :P], attention_mask=None if mask is None else mask[rep, :P],
+                      position_ids=pos[rep, :P],
                       use_cache=True, **kw)
             cache = getattr(pre, "past_key_values", None)
             if cache is not None and hasattr(cache, "batch_select_indices"):
                 cache.batch_select_indices(inv)  # [U, ...] -> [b, ...], differentiable gather
-                out = run(input_ids=tokens[:, P:], attention_mask=am, position_ids=pos[:, P:],
+                out = run(input_ids=tokens[:, P:], attention_mask=mask, position_ids=pos[:, P:],
                           past_key_values=cache, use_cache=True)
                 return out[:, :-1], True
     if dec_head is not None:
-        return run(input_ids=tokens, attention_mask=am, position_ids=pos)[:, start - 1 : -1], False
-    return _forward_logits(model, tokens, am, pos, T - start + 1)[:, :-1], False
+        return run(input_ids=tokens, attention_mask=mask, position_ids=pos)[:, start - 1 : -1], False
+    return _forward_logits(model, tokens, mask, pos, T - start + 1)[:, :-1], False
 
 
 def _forward_logits(model, tokens, am, pos, keep: int) -> torch.Tensor:
@@ -253,6 +268,7 @@ def token_log_probs(
     response_mask: torch.Tensor | None = None,
     share_prefix: bool = True,
     prefix: SharedPrefix | None = None,
+    window: Window | tuple | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs of ``tokens`` under a causal LM.
 
@@ -275,6 +291,12 @@ def token_log_probs(
         prefix: a :class:`~torchrl_grpo.objectives.shared_prefix.SharedPrefix` every row starts with, computed once for several
             calls (micro-batches); only the columns after it run here, against its keys/values. Its gradients
             accumulate on its leaves: call its ``backward()`` after the last backward pass that reads it.
+        window: a :class:`Window` of these rows (first scored column, scored tokens, right-padded) when the caller
+            knows it on the host (the update reads it once per minibatch, :class:`torchrl_grpo.training.update.GRPOUpdate`):
+            then the call reads nothing back from the device (no ``nonzero``/boolean indexing: a device sync each on
+            CUDA; the ``prefix`` check becomes a device-side assert; right-padded rows run without a padding mask,
+            which transformers would read back each forward). Scored tokens are ``response_mask & attention_mask``
+            (all real tokens without ``response_mask``); a wrong count is an indexing error. None: derived here.
 
     Returns:
         ``(log_probs, entropy)``: float32 [B, T] each; position ``t`` holds ``log pi(tokens[t] | tokens[<t])``;
@@ -296,8 +318,13 @@ def token_log_probs(
     # positions count only real tokens, so left padding does not shift rotary positions
     position_ids = (am.cumsum(-1) - 1).clamp_min(0)
     B, T = tokens.shape
-    start = 1
-    if response_mask is not None:
+    start, n_scored, right_padded = 1, None, False
+    if window is not None:
+        window = Window(*window)
+        start, n_scored, right_padded = max(1, int(window.start)), int(window.scored), bool(window.right_padded)
+        if n_scored < 0:
+            raise ValueError(f"window's scored-token count must be >= 0, got {n_scored}")
+    elif response_mask is not None:
         cols = response_mask.bool().any(0).nonzero()
         if cols.numel():
             start = max(1, int(cols[0]))
@@ -308,25 +335,38 @@ def token_log_probs(
     step = logits_chunk if logits_chunk > 0 else B
     score = (response_mask.bool() if response_mask is not None else torch.ones_like(am, dtype=torch.bool)) & am.bool()
     dec_head = _decoder_and_head(model)
-    if prefix is not None and (dec_head is None or not prefix.matches(tokens, am) or prefix.length >= start):
-        raise ValueError(f"prefix of {prefix.length} tokens does not apply: rows must start with it (real tokens), "
-                         f"end it before column {start - 1} (the output predicting the first scored token), and the "
-                         "model's logits must be lm_head(decoder(...))")
+    if prefix is not None:
+        why = (f"prefix of {prefix.length} tokens does not apply: rows must start with it (real tokens), end it before "
+               f"column {start - 1} (the output predicting the first scored token), and the model's logits must be "
+               "lm_head(decoder(...))")
+        if dec_head is None or prefix.length >= start or T <= prefix.length:
+            raise ValueError(why)
+        if window is None and not prefix.matches(tokens, am):
+            raise ValueError(why)
+        if window is not None:  # checked on the device, read by no one unless it fails
+            torch._assert_async(prefix.matches_on_device(tokens, am), why)
     lps, ents = [], []
     for s in range(0, B, step):
         sl = slice(s, s + step)
-        out, _ = _window_outputs(model, dec_head, tokens[sl], am[sl], position_ids[sl], start, share_prefix, prefix)
+        out, _ = _window_outputs(model, dec_head, tokens[sl], am[sl], position_ids[sl], start, share_prefix, prefix,
+                                 causal_only=right_padded)
         sel = score[sl, start:]  # [b, T-start]: positions whose log-prob is needed
-        targets = tokens[sl, start:][sel]
+        zeros = torch.zeros(sel.shape, dtype=torch.float32, device=tokens.device)
+        if n_scored is not None and step == B:  # the count is known: static-size indices, no device sync
+            row, col = torch.nonzero_static(sel, size=n_scored, fill_value=sel.shape[0]).unbind(-1)
+            picked, targets = out[row, col], tokens[sl, start:][row, col]
+            put = lambda v: zeros.index_put((row, col), v)  # noqa: E731
+        else:
+            picked, targets = out[sel], tokens[sl, start:][sel]
+            put = lambda v: zeros.masked_scatter(sel, v)  # noqa: E731
         if dec_head is not None:
-            lp_sel, ent_sel = _selected_log_probs(dec_head[1], out[sel], targets, temperature, with_entropy,
+            lp_sel, ent_sel = _selected_log_probs(dec_head[1], picked, targets, temperature, with_entropy,
                                                   chunk=HEAD_CHUNK, top_p=top_p, top_k=top_k)
         else:
-            lp_sel, ent_sel = _head_log_probs(lambda x: x, out[sel], targets, temperature, with_entropy, top_p, top_k)
-        zeros = torch.zeros(sel.shape, dtype=torch.float32, device=tokens.device)
-        lps.append(F.pad(zeros.masked_scatter(sel, lp_sel), (start, 0)))
+            lp_sel, ent_sel = _head_log_probs(lambda x: x, picked, targets, temperature, with_entropy, top_p, top_k)
+        lps.append(F.pad(put(lp_sel), (start, 0)))
         if with_entropy:
-            ents.append(F.pad(zeros.masked_scatter(sel, ent_sel), (start, 0)))
+            ents.append(F.pad(put(ent_sel), (start, 0)))
     lp = torch.cat(lps)
     ent = torch.cat(ents) if with_entropy else None
     return lp, ent

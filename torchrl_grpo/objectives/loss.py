@@ -106,6 +106,9 @@ class GRPOLoss(LossModule):
     * optional ``old_log_probs`` float [B, T] — proximal policy log-probs recomputed by the trainer (PPO anchor
       for several updates per batch, and the decoupled correction); defaults to ``sample_log_probs``.
     * optional ``ref_log_probs`` float [B, T] — frozen reference log-probs (needed when ``kl_coef > 0``).
+    * optional ``window`` (non-tensor) :class:`~torchrl_grpo.objectives.log_probs.Window` of the rows (first scored
+      column, scored tokens, right-padded), when the caller knows them on the host (:func:`~torchrl_grpo.objectives.log_probs.token_log_probs`'s ``window``): the forward then
+      reads nothing back from the device. Set by :class:`~torchrl_grpo.training.update.GRPOUpdate`.
 
     Output TensorDict (scalars): ``loss_objective``, ``loss_kl``, ``loss_entropy`` (sum them to get the loss to
     backpropagate; :func:`total_loss` does it), and metrics ``ess``, ``clip_fraction``, ``clip_fraction_low``,
@@ -144,6 +147,7 @@ class GRPOLoss(LossModule):
         old_log_probs: str = "old_log_probs"
         ref_log_probs: str = "ref_log_probs"
         advantage: str = "advantage"
+        window: str = "window"
 
     default_keys = _AcceptedKeys
 
@@ -241,6 +245,7 @@ class GRPOLoss(LossModule):
             self.actor, tokens, attn, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
             with_entropy=need_entropy,
             logits_chunk=self.logits_chunk, response_mask=mask, prefix=prefix,
+            window=tensordict.get_non_tensor(k.window, None) if k.window in tensordict.keys() else None,
         )
         if self.anchor_current and k.old_log_probs not in tensordict.keys():
             old = logp.detach()
@@ -284,13 +289,14 @@ class GRPOLoss(LossModule):
             below = (r < 1.0 - self.clip_eps_low) & mask
             above = (r > 1.0 + self.clip_eps_high) & mask
             n_tok = mask.sum()
-            lw = (logp.detach() - behav)[mask]  # log importance weights vs behaviour policy
-            if lw.numel():
-                log_sw, log_sw2 = torch.logsumexp(lw, 0), torch.logsumexp(2 * lw, 0)
-                ess = (2 * log_sw - log_sw2).exp() / lw.numel()
-            else:
-                log_sw = log_sw2 = torch.tensor(float("-inf"))
-                ess = torch.tensor(float("nan"))
+            # log importance weights vs the behaviour policy, -inf off the mask (a zero weight): no boolean indexing,
+            # no host read (a device sync each); no token gives log Σw = -inf and ESS = NaN
+            lw = torch.where(mask, logp.detach() - behav, torch.full_like(logp, float("-inf"))).flatten()
+            log_sw, log_sw2 = torch.logsumexp(lw, 0), torch.logsumexp(2 * lw, 0)
+            ess = (2 * log_sw - log_sw2).exp() / n_tok
+            nan = torch.full_like(ess, float("nan"))
+            ess = torch.where(n_tok > 0, ess, nan)
+            ratio_max = torch.where(n_tok > 0, torch.where(mask, r, torch.zeros_like(r) - 1).max(), nan)
             out = {
                 "loss_objective": loss_objective,
                 "loss_kl": loss_kl,
@@ -301,12 +307,12 @@ class GRPOLoss(LossModule):
                 "clip_fraction_high": _masked_mean(above.float(), mask),
                 "kl_behaviour": _masked_mean(behav - logp.detach(), mask),
                 "ratio_mean": _masked_mean(r, mask),
-                "ratio_max": r[mask].max() if n_tok > 0 else torch.tensor(float("nan")),
+                "ratio_max": ratio_max,
                 "num_tokens": n_tok.float(),
-                "kl_ref": kl_ref.detach() if kl_ref is not None else torch.tensor(float("nan")),
-                "entropy": entropy.detach() if entropy is not None else torch.tensor(float("nan")),
-                "behaviour_weight_mean": _masked_mean(behaviour_weight, mask) if behaviour_weight is not None else torch.tensor(1.0),
-                "behaviour_weight_masked": _masked_mean(weight_masked.float(), mask) if weight_masked is not None else torch.tensor(0.0),
+                "kl_ref": kl_ref.detach() if kl_ref is not None else nan,
+                "entropy": entropy.detach() if entropy is not None else nan,
+                "behaviour_weight_mean": _masked_mean(behaviour_weight, mask) if behaviour_weight is not None else torch.ones_like(ess),
+                "behaviour_weight_masked": _masked_mean(weight_masked.float(), mask) if weight_masked is not None else torch.zeros_like(ess),
                 "ess_log_sum_w": log_sw,
                 "ess_log_sum_w2": log_sw2,
             }
@@ -328,9 +334,15 @@ def combine_ess(log_sum_w: list[float], log_sum_w2: list[float], n_tokens: float
     """
     if n_tokens <= 0 or not log_sum_w:
         return float("nan")
-    a = torch.logsumexp(torch.tensor(log_sum_w, dtype=torch.float64), 0)
-    b = torch.logsumexp(torch.tensor(log_sum_w2, dtype=torch.float64), 0)
-    return float((2 * a - b).exp() / n_tokens)
+
+    def lse(xs: list[float]) -> float:  # log Σ exp(x) on the host (the inputs are host floats already)
+        m = max(xs)
+        return m if math.isinf(m) else m + math.log(sum(math.exp(x - m) for x in xs))
+
+    a, b = lse([float(x) for x in log_sum_w]), lse([float(x) for x in log_sum_w2])
+    if math.isinf(a) and math.isinf(b):
+        return float("nan")
+    return math.exp(2 * a - b) / n_tokens
 
 
 #: How each :class:`GRPOLoss` output combines over the micro-batches of one step into a batch-level number
@@ -351,71 +363,122 @@ class LossMetrics:
     reduced as :data:`REDUCTIONS` declares, plus ``loss/total``: the mean over minibatches of the backpropagated
     loss (micro-batch losses weighted by their share of the minibatch, summed).
 
-    Usage: :meth:`add` once per micro-batch that was backpropagated, :meth:`finish` at the end of the step.
+    Usage: :meth:`add` once per micro-batch that was backpropagated, :meth:`finish` at the end of the step. The
+    accumulators stay tensors on the loss's device (a micro-batch reads nothing back: no device sync in the
+    micro-batch loop); :meth:`finish` reads them all in one transfer.
     """
 
     def __init__(self) -> None:
-        self._sum: dict[str, float] = {}
-        self._weight: dict[str, float] = {}
-        self._log_sw: list[float] = []
-        self._log_sw2: list[float] = []
-        self._max: dict[str, float] = {}
-        self._added: dict[str, float] = {}
-        self._total: float | None = None
-        self._tokens = 0.0
+        self._vec: dict[tuple[str, ...], list[torch.Tensor]] = {}  # token-mean keys -> [Σ value x tokens, Σ tokens]
+        self._max: dict[str, torch.Tensor] = {}
+        self._added: dict[str, torch.Tensor] = {}
+        self._log_sw: list[torch.Tensor] = []
+        self._log_sw2: list[torch.Tensor] = []
+        self._total: torch.Tensor | None = None
+        self._tokens: torch.Tensor | float = 0.0
+        self._host: dict | None = None  # the accumulators read back (:meth:`_read`), plain floats
 
-    def add(self, losses: TensorDictBase, tokens: float, scaled_loss: float) -> None:
+    def add(self, losses: TensorDictBase, tokens: float, scaled_loss: torch.Tensor | float,
+            finite: torch.Tensor | None = None) -> None:
         """Record one micro-batch.
 
         Args:
             losses: its :class:`GRPOLoss` output.
-            tokens: its number of response tokens (the weight of its token means; N of the batch ESS).
-            scaled_loss: the loss backpropagated for it (total loss times its share of the minibatch).
+            tokens: its number of response tokens (the weight of its token means; N of the batch ESS), a host number.
+            scaled_loss: the loss backpropagated for it (total loss times its share of the minibatch), detached.
+            finite: optional bool 0-d tensor: where False (a non-finite loss) the micro-batch adds nothing, decided on
+                the device. Token-mean metrics that are themselves non-finite (``kl_ref`` without a KL term) are left
+                out either way.
         """
-        for k, v in losses.items():
-            how = REDUCTIONS.get(k, "token_mean")
-            if how != "token_mean":
-                continue
-            v = float(v.detach())
-            if math.isfinite(v):
-                self._sum[k] = self._sum.get(k, 0.0) + v * tokens
-                self._weight[k] = self._weight.get(k, 0.0) + tokens
+        keys = tuple(k for k in losses.keys() if isinstance(k, str) and REDUCTIONS.get(k, "token_mean") == "token_mean")
+        ok_mb = finite
+        if keys:
+            vals = torch.stack([losses[k].detach().double().reshape(()) for k in keys])
+            ok = torch.isfinite(vals) if ok_mb is None else torch.isfinite(vals) & ok_mb
+            zero = torch.zeros_like(vals)
+            acc = self._vec.setdefault(keys, [zero, zero])
+            acc[0] = acc[0] + torch.where(ok, vals * tokens, zero)
+            acc[1] = acc[1] + torch.where(ok, zero + tokens, zero)
+        gate = (lambda v, off: v) if ok_mb is None else (lambda v, off: torch.where(ok_mb, v, torch.full_like(v, off)))
         if tokens > 0:  # a micro-batch without response tokens has no importance weights
             for k, how in REDUCTIONS.items():
                 if how == "max" and k in losses.keys():
-                    self._max[k] = max(self._max.get(k, float("-inf")), float(losses[k]))
+                    v = gate(losses[k].detach().float(), float("-inf"))
+                    self._max[k] = v if k not in self._max else torch.maximum(self._max[k], v)
                 elif how == "sum" and k in losses.keys():
-                    self._added[k] = self._added.get(k, 0.0) + float(losses[k])
+                    v = gate(losses[k].detach().float(), 0.0)
+                    self._added[k] = v if k not in self._added else self._added[k] + v
             if "ess_log_sum_w" in losses.keys():  # a loss without importance weights (SFT) has no ESS
-                self._log_sw.append(float(losses["ess_log_sum_w"]))
-                self._log_sw2.append(float(losses["ess_log_sum_w2"]))
-            self._tokens += tokens
-        self._total = (self._total or 0.0) + scaled_loss
+                self._log_sw.append(gate(losses["ess_log_sum_w"].detach().double(), float("-inf")))
+                self._log_sw2.append(gate(losses["ess_log_sum_w2"].detach().double(), float("-inf")))
+            self._tokens = self._tokens + (float(tokens) if ok_mb is None else ok_mb.double() * float(tokens))
+        t = torch.as_tensor(scaled_loss, dtype=torch.float64,
+                            device=ok_mb.device if ok_mb is not None else None).detach()
+        if ok_mb is not None:
+            t = torch.where(ok_mb, t, torch.zeros_like(t))
+        self._total = t if self._total is None else self._total + t
+        self._host = None
+
+    def _read(self) -> dict:
+        """Every accumulator as plain floats, read back from the device in one transfer (cached until :meth:`add`)."""
+        if self._host is not None:
+            return self._host
+        pieces: list[torch.Tensor] = []
+        for s_, w_ in self._vec.values():
+            pieces += [s_, w_]
+        scalars = [*self._max.values(), *self._added.values(), *self._log_sw, *self._log_sw2]
+        if self._total is not None:
+            scalars.append(self._total)
+        if isinstance(self._tokens, torch.Tensor):
+            scalars.append(self._tokens)
+        dev = pieces[0].device if pieces else (scalars[0].device if scalars else torch.device("cpu"))
+        flat = (torch.cat([p.reshape(-1).to(dev, torch.float64) for p in pieces + scalars]).tolist()
+                if pieces or scalars else [])
+        it = iter(flat)
+        sums: dict[str, float] = {}
+        weights: dict[str, float] = {}
+        for keys in self._vec:
+            vs = [next(it) for _ in keys]
+            ws = [next(it) for _ in keys]
+            for k, v, w in zip(keys, vs, ws):
+                sums[k] = sums.get(k, 0.0) + v
+                weights[k] = weights.get(k, 0.0) + w
+        mx = {k: next(it) for k in self._max}
+        added = {k: next(it) for k in self._added}
+        log_sw = [next(it) for _ in self._log_sw]
+        log_sw2 = [next(it) for _ in self._log_sw2]
+        total = next(it) if self._total is not None else None
+        tokens = next(it) if isinstance(self._tokens, torch.Tensor) else float(self._tokens)
+        self._host = {"sum": sums, "weight": weights, "log_sw": log_sw, "log_sw2": log_sw2, "max": mx,
+                      "added": added, "total": total, "tokens": tokens}
+        return self._host
 
     def _state(self) -> dict:
-        return {"sum": self._sum, "weight": self._weight, "log_sw": self._log_sw, "log_sw2": self._log_sw2,
-                "max": self._max, "added": self._added, "total": self._total, "tokens": self._tokens}
+        return dict(self._read())
 
-    def _merge(self, states: list[dict]) -> None:
-        """Replace the accumulators by the union of ``states`` (one per rank, in rank order): sums and token
-        weights added, maxima maxed, ESS accumulators concatenated (so ``log Σw`` is over every rank's tokens)."""
-        self._sum, self._weight, self._max, self._added = {}, {}, {}, {}
-        self._log_sw, self._log_sw2, self._total, self._tokens = [], [], None, 0.0
+    @staticmethod
+    def _merged(states: list[dict]) -> dict:
+        """The union of ``states`` (one per rank, in rank order): sums and token weights added, maxima maxed, ESS
+        accumulators concatenated (so ``log Σw`` is over every rank's tokens)."""
+        out = {"sum": {}, "weight": {}, "log_sw": [], "log_sw2": [], "max": {}, "added": {}, "total": None,
+               "tokens": 0.0}
         for st in states:
-            for mine, theirs in ((self._sum, st["sum"]), (self._weight, st["weight"]), (self._added, st["added"])):
-                for k, v in theirs.items():
-                    mine[k] = mine.get(k, 0.0) + v
+            for key in ("sum", "weight", "added"):
+                for k, v in st[key].items():
+                    out[key][k] = out[key].get(k, 0.0) + v
             for k, v in st["max"].items():
-                self._max[k] = max(self._max.get(k, float("-inf")), v)
-            self._log_sw += st["log_sw"]
-            self._log_sw2 += st["log_sw2"]
+                out["max"][k] = max(out["max"].get(k, float("-inf")), v)
+            out["log_sw"] += st["log_sw"]
+            out["log_sw2"] += st["log_sw2"]
             if st["total"] is not None:
-                self._total = (self._total or 0.0) + st["total"]
-            self._tokens += st["tokens"]
+                out["total"] = (out["total"] or 0.0) + st["total"]
+            out["tokens"] += st["tokens"]
+        return out
 
     def finish(self, n_minibatches: int, dp=None) -> dict[str, float]:
         """The step's metrics; ``n_minibatches``: minibatches attempted (stepped or skipped), the ``loss/total``
-        denominator. ``ess`` and ``ratio_max`` are NaN when no micro-batch had response tokens.
+        denominator. ``ess`` and ``ratio_max`` are NaN when no micro-batch had response tokens. Reads the
+        accumulators back once (the step's one device sync for its metrics).
 
         ``dp``: the data-parallel group (:class:`torchrl_grpo.distributed.data_parallel.DataParallel`; None or one process: this
         process's micro-batches). Under data parallelism every rank's accumulators are gathered first (a
@@ -426,17 +489,19 @@ class LossMetrics:
         (each rank's micro-batch losses are already scaled by the all-ranks normaliser,
         :class:`torchrl_grpo.training.update.GRPOUpdate`), ``ratio_max`` maxed, ``ess`` over every rank's tokens
         (:func:`combine_ess`)."""
+        st = self._read()
         if dp is not None and dp.enabled:
-            self._merge(dp.all_gather_object(self._state()))
-        out = {k: self._sum[k] / w for k, w in self._weight.items() if w > 0}
-        if self._total is not None:
-            out["loss/total"] = self._total / max(1, n_minibatches)
-        out["ess"] = combine_ess(self._log_sw, self._log_sw2, self._tokens)
+            st = self._merged(dp.all_gather_object(self._state()))
+        out = {k: st["sum"][k] / w for k, w in st["weight"].items() if w > 0}
+        if st["total"] is not None:
+            out["loss/total"] = st["total"] / max(1, n_minibatches)
+        out["ess"] = combine_ess(st["log_sw"], st["log_sw2"], st["tokens"])
         for k, how in REDUCTIONS.items():
             if how == "max":
-                out[k] = self._max.get(k, float("nan")) if self._log_sw else float("nan")
+                v = st["max"].get(k, float("nan")) if st["log_sw"] else float("nan")
+                out[k] = v if v != float("-inf") else float("nan")
             elif how == "sum":
-                out[k] = self._added.get(k, 0.0)
+                out[k] = st["added"].get(k, 0.0)
         return out
 
 

@@ -170,10 +170,17 @@ class SharedPrefix:
         return Cache(layers=[view(k, v) for k, v in zip(self.keys, self.values)])
 
     def matches(self, tokens: torch.Tensor, attention_mask: torch.Tensor) -> bool:
-        """Whether every row of ``tokens`` [b, T] starts with the prefix, all real tokens."""
+        """Whether every row of ``tokens`` [b, T] starts with the prefix, all real tokens (a host read)."""
+        return tokens.shape[1] > self.length and bool(self.matches_on_device(tokens, attention_mask))
+
+    def matches_on_device(self, tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """:meth:`matches` as a bool 0-d tensor on ``tokens``' device, read by nobody (no sync); rows of at most
+        ``length`` tokens give False."""
         P = self.length
-        return (tokens.shape[1] > P and bool((tokens[:, :P] == self.tokens.to(tokens.device)).all())
-                and bool(attention_mask[:, :P].bool().all()))
+        if tokens.shape[1] <= P:
+            return torch.zeros((), dtype=torch.bool, device=tokens.device)
+        same = (tokens[:, :P] == self.tokens.to(tokens.device, non_blocking=True)).all()
+        return same & attention_mask[:, :P].bool().all()
 
     def backward(self) -> None:
         """Push the leaves' accumulated gradients through the prefix pass (once, after the last micro-batch that

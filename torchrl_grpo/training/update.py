@@ -6,10 +6,19 @@ Input: the collector's batch TensorDict [B] (see :mod:`torchrl_grpo.rollout.coll
 reduced over micro-batches (and, data-parallel, over every rank's micro-batches: the same values on every rank) as
 :data:`torchrl_grpo.objectives.loss.REDUCTIONS` declares (:class:`~torchrl_grpo.objectives.loss.LossMetrics`), plus ``train/*`` counters
 and ``grad_norm``.
+
+No host-device synchronisation inside the micro-batch loop: what the plan needs of a minibatch (each row's length,
+first scored column, scored tokens, normaliser count, prompt identity, the common prefix) is read back in one
+transfer (:meth:`GRPOUpdate.row_facts`); micro-batches carry their ``window`` (first scored column, scored tokens) so
+the log-prob pass reads nothing back (:func:`~torchrl_grpo.objectives.log_probs.token_log_probs`); losses are
+backpropagated without a finiteness read, and metrics are accumulated as tensors
+(:class:`~torchrl_grpo.objectives.loss.LossMetrics`) read once per step. Per minibatch the update reads the finite
+flag and the gradient norm (two reads), whatever the number of micro-batches (tests/test_update_syncs.py).
 """
 from __future__ import annotations
 
 import logging
+import math
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, NamedTuple
@@ -18,11 +27,11 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from torchrl_grpo.objectives.log_probs import _decoder_and_head, _uses_grad_checkpointing, token_log_probs
+from torchrl_grpo.objectives.log_probs import Window, _decoder_and_head, _uses_grad_checkpointing, token_log_probs
 from torchrl_grpo.objectives.loss import GRPOLoss, LossMetrics, total_loss
 from torchrl_grpo.distributed.data_parallel import SINGLE, is_fsdp
-from torchrl_grpo.training.micro_batch import has_scored_token, split_micro_batches
-from torchrl_grpo.objectives.shared_prefix import SharedPrefix, build_shared_prefix, shared_prefix_length
+from torchrl_grpo.training.micro_batch import auto_token_budget, plan_micro_batches
+from torchrl_grpo.objectives.shared_prefix import SharedPrefix, build_shared_prefix
 
 __all__ = ["GRPOUpdate", "PenalisedLoss", "ANCHORS", "SHARED_PREFIX_MODES"]
 
@@ -83,6 +92,18 @@ from torchrl_grpo.config.choices import ANCHORS, SHARED_PREFIX_MODES  # noqa: E4
 log = logging.getLogger(__name__)
 
 
+class RowFacts(NamedTuple):
+    """What the micro-batch plan needs of a minibatch's rows, on the host (:meth:`GRPOUpdate.row_facts`)."""
+
+    length: list[int]  # real tokens of each row
+    first: list[int]  # each row's first scored column (response & real token); T when it has none
+    scored: list[int]  # scored tokens of each row
+    norm: list[int]  # each row's share of the loss normaliser (response tokens, or 1 per episode with one)
+    prompt: list[int]  # rows with equal keys hold the same tokens before the output predicting their first scored one
+    common: int  # columns of real tokens common to every row (the minibatch prefix bound; 0 for fewer than 2 rows)
+    right_padded: list[bool]  # each row's real tokens come first (the collector's layout)
+
+
 class _Plan(NamedTuple):
     """How one update cuts the batch into minibatches (:meth:`GRPOUpdate._plan`)."""
 
@@ -116,7 +137,12 @@ class GRPOUpdate:
         device: where the forward passes run.
         autocast: returns the autocast context of the forward passes (bf16 on CUDA, a null context on CPU).
         ppo_epochs / minibatch_size: passes over the batch and episodes per optimizer step (0: the whole batch).
-        micro_batch_size / max_tokens_per_mb: gradient-accumulation chunks, by episodes and by a token budget.
+        micro_batch_size: at most this many episodes per forward/backward (0: no count limit).
+        max_tokens_per_mb: padded-token budget per forward/backward (rows x longest row, after a shared prefix): an
+            int >= 0 (0: no budget) or ``"auto"`` (:func:`~torchrl_grpo.training.micro_batch.auto_token_budget`: the
+            device's activation allowance over the model's bytes per token; on CUDA every episode of a step in one
+            pass when that fits). Within both, episodes may be sorted by length so that less padding is computed
+            (:func:`~torchrl_grpo.training.micro_batch.plan_micro_batches`); the gradient is the same.
         max_grad_norm: gradient-norm clip per optimizer step.
         anchor: ``loss.anchor``: ``auto`` | ``recompute`` | ``behaviour`` (see :meth:`needs_anchor_recompute`).
         exact_log_probs: the rollout backend's behaviour log-probs are the trainer's own numerics
@@ -140,13 +166,18 @@ class GRPOUpdate:
     def __init__(self, model: torch.nn.Module, loss_fn: GRPOLoss, optimizer: torch.optim.Optimizer, *,
                  reference: Callable[[], AbstractContextManager] | None, device: torch.device,
                  autocast: Callable[[], AbstractContextManager], ppo_epochs: int, minibatch_size: int,
-                 micro_batch_size: int, max_tokens_per_mb: int, max_grad_norm: float, anchor: str,
+                 micro_batch_size: int, max_tokens_per_mb: int | str, max_grad_norm: float, anchor: str,
                  exact_log_probs: bool, seed: int, optimizer_steps: int = 0, dp=None, shared_prefix: str = "auto"
                  ) -> None:
         if anchor not in ANCHORS:
             raise ValueError(f"anchor must be one of {ANCHORS}, got {anchor!r}")
         if shared_prefix not in SHARED_PREFIX_MODES:
             raise ValueError(f"shared_prefix must be one of {SHARED_PREFIX_MODES}, got {shared_prefix!r}")
+        if micro_batch_size < 0:
+            raise ValueError(f"micro_batch_size must be >= 0 (0: no count limit), got {micro_batch_size}")
+        if max_tokens_per_mb != "auto" and (isinstance(max_tokens_per_mb, bool) or not isinstance(max_tokens_per_mb, int)
+                                            or max_tokens_per_mb < 0):
+            raise ValueError(f"max_tokens_per_mb must be an int >= 0 or 'auto', got {max_tokens_per_mb!r}")
         self.shared_prefix = shared_prefix
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
         self.reference, self.device, self.autocast = reference, device, autocast
@@ -156,51 +187,106 @@ class GRPOUpdate:
         self.optimizer_steps = optimizer_steps
         self.dp = dp or SINGLE
 
-    def micro_batches(self, td: TensorDict, prefix_len: int = 0):
-        """Micro-batches of ``td`` by ``micro_batch_size`` and the ``max_tokens_per_mb`` token budget
-        (:func:`~torchrl_grpo.training.micro_batch.split_micro_batches`), each cut to its own longest episode. With a shared
-        prefix of ``prefix_len`` tokens (run once, outside the micro-batches) the budget counts remainder tokens only,
-        ``rows x longest remainder``: what a micro-batch's forward stores (each remainder also reads the prefix's
-        keys/values, [layers x 2 x kv_heads x P x head_dim] held once for all micro-batches)."""
-        lengths = td["attention_mask"].sum(-1)
+    @torch.no_grad()
+    def row_facts(self, td: TensorDict) -> RowFacts:
+        """:class:`RowFacts` of ``td``'s rows, computed where ``td`` lives and read back in one transfer (on a CPU
+        batch, the collector's, no device sync at all). The prompt key compares each row's tokens (and mask) before
+        ``first - 1``, the columns the per-micro-batch prompt sharing of
+        :mod:`torchrl_grpo.objectives.log_probs` may run once."""
+        tokens, am = td["tokens"], td["attention_mask"].bool()
+        sc = td["response_mask"].bool() & am
+        n, T = tokens.shape
+        cols = torch.arange(T, device=tokens.device)
+        has = sc.any(-1)
+        first = torch.where(has, sc.long().argmax(-1), torch.full_like(has, T, dtype=torch.long))
+        if getattr(self.loss_fn, "aggregation", "token_mean") == "token_mean":  # (a loss-less update: planning only)
+            norm = td["response_mask"].sum(-1)
+        else:
+            norm = (td["response_tokens"] > 0).long()
+        before = cols[None, :] < (first[:, None] - 1)
+        key = torch.cat([torch.where(before, tokens, -1), torch.where(before, am.long(), -1)], 1)
+        prompt = (torch.unique(key, dim=0, return_inverse=True)[1] if n > 1 else torch.zeros(n, dtype=torch.long,
+                                                                                             device=tokens.device))
+        same = (tokens == tokens[:1]).all(0) & am.all(0) if n > 1 else torch.zeros(T, dtype=torch.bool,
+                                                                                    device=tokens.device)
+        common = same.long().cumprod(0).sum().expand(n)
+        length = am.sum(-1)
+        right = (am == (cols[None, :] < length[:, None])).all(-1)
+        stats = (torch.stack([length, first, sc.sum(-1), norm.long(), prompt, common, right.long()]).tolist() if n
+                 else [[]] * 7)
+        length_l, first_l, scored, norm_l, prompt_l, common_l, right_l = stats
+        return RowFacts(length_l, first_l, scored, norm_l, prompt_l, int(common_l[0]) if n > 1 else 0,
+                        [bool(r) for r in right_l])
+
+    def token_budget(self, facts: RowFacts, prefix_len: int = 0, model=None, device: torch.device | None = None) -> int:
+        """The padded-token budget per micro-batch (0: none): ``max_tokens_per_mb``, or with ``"auto"``
+        :func:`~torchrl_grpo.training.micro_batch.auto_token_budget` of ``model`` (None: the policy) on ``device``
+        (None: the training device) for the minibatch's longest row after the prefix."""
+        if self.max_tokens_per_mb != "auto":
+            return int(self.max_tokens_per_mb)
+        longest = max((n - prefix_len for n in facts.length), default=1)
+        return auto_token_budget(model if model is not None else self.model, device or self.device, longest)
+
+    def micro_batches(self, td: TensorDict, prefix_len: int = 0, *, facts: RowFacts | None = None, model=None,
+                      device: torch.device | None = None):
+        """Micro-batches of ``td`` by ``micro_batch_size`` and the token budget (:meth:`token_budget`), planned by
+        :func:`~torchrl_grpo.training.micro_batch.plan_micro_batches` (consecutive rows, or sorted by length when that
+        computes fewer positions), each cut to its own longest episode and carrying its ``window`` (first scored
+        column, scored tokens: a non-tensor entry the loss passes to
+        :func:`~torchrl_grpo.objectives.log_probs.token_log_probs`). Yields ``(rows, micro_batch)``; ``rows``: the
+        indices into ``td``. With a shared prefix of ``prefix_len`` tokens (run once, outside the micro-batches) the
+        budget counts remainder tokens only, ``rows x longest remainder``: what a micro-batch's forward stores (each
+        remainder also reads the prefix's keys/values, [layers x 2 x kv_heads x P x head_dim] held once for all
+        micro-batches); the per-micro-batch prompt sharing then does not apply either. ``facts``: :meth:`row_facts`
+        of ``td`` when the caller has them; ``model`` / ``device``: whose budget (default: the policy's)."""
+        f = facts if facts is not None else self.row_facts(td)
         full_T = td["tokens"].shape[-1]
-        budget = (lengths - prefix_len).clamp_min(1).tolist()
-        for rows in split_micro_batches(budget, self.micro_batch_size, self.max_tokens_per_mb):
-            mb = td[torch.tensor(rows)] if len(rows) != td.shape[0] else td
-            T = int(lengths[rows].max().item())
-            yield rows, mb.apply(lambda x: x[:, :T] if x.ndim == 2 and x.shape[-1] == full_T else x,
-                                 batch_size=mb.batch_size)
+        remainder = [max(1, n - prefix_len) for n in f.length]
+        shareable = [max(0, c - 1) for c in f.first]
+        plan = plan_micro_batches(remainder, self.micro_batch_size, self.token_budget(f, prefix_len, model, device),
+                                  None if prefix_len else f.prompt, None if prefix_len else shareable)
+        for rows in plan:
+            mb = td[torch.tensor(rows)] if rows != list(range(td.shape[0])) else td
+            T = max(f.length[r] for r in rows)
+            mb = mb.apply(lambda x: x[:, :T] if x.ndim == 2 and x.shape[-1] == full_T else x, batch_size=mb.batch_size)
+            mb.set_non_tensor("window", Window(max(1, min(f.first[r] for r in rows)), sum(f.scored[r] for r in rows),
+                                               all(f.right_padded[r] for r in rows)))
+            yield rows, mb
 
     @torch.no_grad()
     def fill_log_probs(self, td: TensorDict, key: str, model, device: torch.device | None = None) -> None:
         """``td[key]`` = no-grad log-probs of the sampled tokens under ``model``, in eval mode (dropout off, the
         same network the sampler ran), with the loss's processed distribution (temperature, top-k, top-p).
-        ``device``: where ``model`` lives (None: the training device); the result is on ``td``'s device (CPU).
+        ``device``: where ``model`` lives (None: the training device); the result is on ``td``'s device (CPU),
+        gathered on ``device`` and copied back once.
 
         A micro-batch without a scored token (e.g. an episode whose prompt reached ``rollout.max_context_tokens``
         and was collected with 0 response tokens) is not run: its log-probs are 0 by definition, and the minibatch's
         shared prefix does not apply to it (it must end before the first scored column, and there is none). As in
         :meth:`__call__`, which trains only micro-batches with response tokens."""
         dev = device or self.device
-        out = torch.zeros_like(td["sample_log_probs"])
+        ref = td["sample_log_probs"]
+        out = torch.zeros(ref.shape, dtype=torch.float32, device=dev)
+        facts = self.row_facts(td)
         was_training = model.training
         model.eval()
         try:
             with self.autocast():
-                prefix = self.shared_prefix_for(td, model, dev)
-            micros = [(rows, mb) for rows, mb in self.micro_batches(td, prefix.length if prefix is not None else 0)
-                      if has_scored_token(mb)]
+                prefix = self.shared_prefix_for(td, model, dev, facts=facts)
+            micros = [(rows, mb) for rows, mb in self.micro_batches(td, prefix.length if prefix is not None else 0,
+                                                                    facts=facts, model=model, device=dev)
+                      if sum(facts.scored[r] for r in rows) > 0]
             for rows, mb in self._lockstep(micros, model, backward=False, device=dev):
                 with self.autocast():
                     lp, _ = token_log_probs(model, mb["tokens"].to(dev), mb["attention_mask"].to(dev),
                                             temperature=self.loss_fn.temperature,
                                             top_p=self.loss_fn.top_p, top_k=self.loss_fn.top_k,
-                                            response_mask=mb["response_mask"].to(dev), prefix=prefix)
-                T = lp.shape[-1]
-                out[torch.tensor(rows), :T] = lp.float().cpu()
+                                            response_mask=mb["response_mask"].to(dev), prefix=prefix,
+                                            window=mb.get_non_tensor("window"))
+                out[torch.tensor(rows, device=dev), : lp.shape[-1]] = lp.float()
         finally:
             model.train(was_training)
-        td[key] = out
+        td[key] = out.to(ref.device)
 
     def idle_pass(self, model, *, backward: bool, device: torch.device | None = None) -> None:
         """One forward (and with ``backward``, one backward) of ``model`` on a one-token input, its output times 0:
@@ -227,36 +313,40 @@ class GRPOUpdate:
             else:
                 return
 
-    def shared_prefix_for(self, td: TensorDict, model, device: torch.device | None = None) -> SharedPrefix | None:
+    def shared_prefix_for(self, td: TensorDict, model, device: torch.device | None = None, *,
+                          facts: RowFacts | None = None) -> SharedPrefix | None:
         """The :class:`~torchrl_grpo.objectives.shared_prefix.SharedPrefix` of ``td``'s episodes under ``model`` (with a graph
         when gradients are on), or None for the plain path: ``shared_prefix="off"``, fewer than 2 episodes, no common
         real-token prefix before the first response column, a model without the decoder/LM-head split or KV cache
         support, or no saving (:meth:`prefix_tokens_saved`). Call under the forward passes' autocast. ``device``:
-        where ``model`` lives (None: the training device)."""
+        where ``model`` lives (None: the training device); ``facts``: :meth:`row_facts` of ``td`` if known."""
         if self.shared_prefix == "off" or td.shape[0] < 2:
             return None
-        P = shared_prefix_length(td["tokens"], td["attention_mask"], td["response_mask"])
+        f = facts if facts is not None else self.row_facts(td)
+        P = max(0, min(f.common, min(f.first) - 1))  # = shared_prefix_length(tokens, attention, scored tokens)
         dec_head = _decoder_and_head(model)
-        if P < 1 or dec_head is None or self.prefix_tokens_saved(td, P, model) <= 0:
+        if P < 1 or dec_head is None or self.prefix_tokens_saved(td, P, model, facts=f, device=device) <= 0:
             return None
         return build_shared_prefix(model, dec_head[0], td["tokens"][0, :P].to(device or self.device))
 
-    def prefix_tokens_saved(self, td: TensorDict, P: int, model) -> int:
+    def prefix_tokens_saved(self, td: TensorDict, P: int, model, *, facts: RowFacts | None = None,
+                            device: torch.device | None = None) -> int:
         """Decoder tokens the minibatch prefix of ``P`` tokens saves over today's path, which (without gradient
         checkpointing) still shares each micro-batch's distinct prompts (:mod:`torchrl_grpo.objectives.log_probs`): a batch of
         several groups with a short common prefix (GSM8K: the system prompt) and micro-batches holding whole groups
-        runs fewer tokens that way. Token counts, not FLOPs (attention over the prefix is the same either way)."""
-        lengths = td["attention_mask"].sum(-1)
-        shared = P + int((lengths - P).sum())
+        runs fewer tokens that way. Token counts, not FLOPs (attention over the prefix is the same either way).
+        Computed from :meth:`row_facts` (``facts``, if known) on the host: no device read."""
+        f = facts if facts is not None else self.row_facts(td)
+        shared = P + sum(n - P for n in f.length)
         if _uses_grad_checkpointing(model):
-            return int(lengths.sum()) - shared
+            return sum(f.length) - shared
         plain = 0
-        for rows, mb in self.micro_batches(td):
-            cols = mb["response_mask"].bool().any(0).nonzero()
-            s = max(0, int(cols[0]) - 1) if cols.numel() else 0  # columns the per-micro-batch sharing may dedupe
-            key = torch.cat([mb["tokens"][:, :s], mb["attention_mask"][:, :s].long()], 1)
-            n_distinct = torch.unique(key, dim=0).shape[0] if len(rows) > 1 and s > 0 else len(rows)
-            plain += n_distinct * s + int((lengths[rows] - s).sum())
+        for rows in plan_micro_batches(f.length, self.micro_batch_size, self.token_budget(f, 0, model, device),
+                                       f.prompt, [max(0, c - 1) for c in f.first]):
+            s = max(0, min(f.first[r] for r in rows) - 1)  # columns the per-micro-batch sharing may dedupe
+            s = min(s, min(f.length[r] for r in rows))
+            n_distinct = len({f.prompt[r] for r in rows}) if len(rows) > 1 and s > 0 else len(rows)
+            plain += n_distinct * s + sum(f.length[r] - s for r in rows)
         return plain - shared
 
     def needs_anchor_recompute(self, multi_update: bool, stale: bool) -> bool:
@@ -287,16 +377,16 @@ class GRPOUpdate:
             for _epoch, mini in self._minibatches(batch, plan, step):
                 self.optimizer.zero_grad(set_to_none=True)
                 finite = self._accumulate_gradients(mini, tally)  # loss over micro-batches, backward of each
-                if not self.dp.all(finite):  # every rank skips, or none
+                if not self.dp.all(finite is None or bool(finite)):  # every rank skips, or none (one read)
                     self._skip(tally, step, "non-finite loss")
                     continue
                 densify()  # a no-op unless a tied embedding's gradient ended up sparse
                 self.dp.all_reduce_grads(params)  # summed over ranks; a no-op on one process
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
-                if not torch.isfinite(grad_norm):
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))  # one read
+                if not math.isfinite(grad_norm):
                     self._skip(tally, step, "non-finite gradient norm")
                     continue
-                tally.grad_norms.append(float(grad_norm))
+                tally.grad_norms.append(grad_norm)
                 self.optimizer.step()
                 tally.steps += 1
         self.optimizer_steps += tally.steps
@@ -386,46 +476,41 @@ class GRPOUpdate:
         self.loss_fn.anchor_current = current
         return current
 
-    def _normaliser(self, td: TensorDict) -> float:
-        """The loss's normaliser count in ``td``: response tokens (``token_mean``), else episodes with one."""
-        if self.loss_fn.aggregation == "token_mean":
-            return float(td["response_mask"].sum())
-        return float((td["response_tokens"] > 0).sum())
-
-    def _accumulate_gradients(self, mini: TensorDict, tally: _Tally) -> bool:
+    def _accumulate_gradients(self, mini: TensorDict, tally: _Tally) -> torch.Tensor | None:
         """Backward of the loss of each micro-batch of ``mini`` that has a scored token (gradient accumulation),
         against one shared-prefix forward when there is one (:meth:`shared_prefix_for`) and that prefix's backward
-        after them. Returns whether every loss was finite; after a non-finite one the rest do not run (under FSDP
-        they run as idle passes, :meth:`_lockstep`) and the prefix gets no backward."""
-        denom = self.dp.sum(self._normaliser(mini))  # the whole minibatch's normaliser, over all ranks
+        after them. Returns whether every loss was finite, as a bool 0-d tensor not yet read (None: no micro-batch
+        ran). Nothing is read back in the loop: every micro-batch runs and is backpropagated, a non-finite one adds
+        no metrics (decided on the device), and the caller skips the whole minibatch's gradient after one read."""
+        facts = self.row_facts(mini)  # the minibatch's one read
+        denom = max(self.dp.sum(float(sum(facts.norm))), 1.0)  # the whole minibatch's normaliser, over all ranks
         with self.autocast():
-            prefix = self.shared_prefix_for(mini, self.model)  # one prefix forward for all micro-batches
+            prefix = self.shared_prefix_for(mini, self.model, facts=facts)  # one prefix forward for all micro-batches
         tally.prefix_tokens.append(prefix.length if prefix is not None else 0)
-        micros = [micro for _rows, micro in self.micro_batches(mini, tally.prefix_tokens[-1])
-                  if has_scored_token(micro)]
-        finite = True
-        for micro in self._lockstep(micros, self.model, backward=True, stop=lambda: not finite):
-            finite = self._micro_backward(micro, denom, prefix, tally.acc)
-        if finite and prefix is not None:
+        micros = [(rows, micro) for rows, micro in self.micro_batches(mini, tally.prefix_tokens[-1], facts=facts)
+                  if sum(facts.scored[r] for r in rows) > 0]
+        finite = None
+        for rows, micro in self._lockstep(micros, self.model, backward=True):
+            ok = self._micro_backward(micro, sum(facts.norm[r] for r in rows) / denom, prefix, tally.acc,
+                                      tokens=float(sum(facts.scored[r] for r in rows)))
+            finite = ok if finite is None else finite & ok
+        if prefix is not None:
             prefix.backward()  # the remainders' summed gradient through the one prefix pass
         return finite
 
-    def _micro_backward(self, micro: TensorDict, denom: float, prefix: SharedPrefix | None, acc: LossMetrics) -> bool:
-        """Backward of one micro-batch's loss weighted by its share ``num / denom`` of the minibatch's normaliser
-        (the micro-batches' gradients then sum to the minibatch loss's), and its metrics into ``acc``. Returns
-        whether the loss was finite: a non-finite loss gets no metrics, and a backward only under FSDP (a
-        collective; the minibatch's gradient is then discarded)."""
-        num = self._normaliser(micro)
+    def _micro_backward(self, micro: TensorDict, share: float, prefix: SharedPrefix | None, acc: LossMetrics, *,
+                        tokens: float) -> torch.Tensor:
+        """Backward of one micro-batch's loss weighted by its ``share`` of the minibatch's normaliser (the
+        micro-batches' gradients then sum to the minibatch loss's), and its metrics (``tokens``: its scored tokens)
+        into ``acc``. Returns whether the loss was finite, a bool 0-d tensor, unread: a non-finite loss is
+        backpropagated too (the caller then discards the minibatch's gradient) and adds no metrics."""
         micro = micro.to(self.device)
         with self.autocast():
             losses = self.loss_fn(micro, prefix=prefix)
         loss = total_loss(losses)
-        finite = bool(torch.isfinite(loss))
-        if finite or is_fsdp(self.model):
-            (loss * (num / max(denom, 1.0))).backward()
-        if finite:
-            acc.add(losses, tokens=float(micro["response_mask"].sum()),
-                    scaled_loss=float(loss.detach()) * num / max(denom, 1.0))
+        finite = torch.isfinite(loss.detach())
+        (loss * share).backward()
+        acc.add(losses, tokens=tokens, scaled_loss=loss.detach() * share, finite=finite)
         return finite
 
     def _skip(self, tally: _Tally, step: int, why: str) -> None:
