@@ -146,8 +146,13 @@ class TrainConfig:
     steps: int = 4
     batch_size: int = 2  # prompts (tasks) per step; episodes per step = batch_size * n_samples
     minibatch_size: int = 0  # episodes per optimizer step (0: the whole batch, one optimizer step per batch)
-    micro_batch_size: int = 4  # episodes per forward/backward (gradient accumulation inside a minibatch)
-    max_tokens_per_mb: int = 0  # padded-token budget per micro-batch (rows x longest row; 0: no budget), AReaL mb_spec
+    micro_batch_size: int = 0  # at most this many episodes per forward/backward (0: no count limit, the budget decides)
+    # padded-token budget per forward/backward (rows x longest row; AReaL mb_spec): an int (0: none) or auto = an
+    # activation allowance over the model's estimated bytes per token (training/micro_batch.py): on CUDA half the
+    # free device memory, so a step's episodes run in one pass when they fit (fewer, larger passes keep the GPU
+    # busy); on CPU a fixed 4 GiB (RAM is shared with rollout, reference and optimizer state, and bigger CPU passes
+    # are not faster). Episodes are sorted by length within it when that computes less padding; gradients exact
+    max_tokens_per_mb: Any = "auto"
     # auto | off: run the token prefix common to a minibatch's episodes (prompt; policy + tools across tasks) once for
     # all its micro-batches, remainders against its keys/values (exact; gc and LoRA too; torchrl_grpo/objectives/shared_prefix.py)
     # and count only remainder tokens against max_tokens_per_mb; off: whole episodes per micro-batch

@@ -67,7 +67,7 @@ def validate_config(cfg) -> None:
         if val not in allowed:
             raise ValueError(f"config {key}={val!r} is not one of {allowed}")
     tau2_user(cfg.econfig)  # econfig.solo_mode / user / user_llm agree (tau2 envs only)
-    positive = ["train.steps", "train.batch_size", "train.micro_batch_size", "train.ppo_epochs", "gconfig.n_samples",
+    positive = ["train.steps", "train.batch_size", "train.ppo_epochs", "gconfig.n_samples",
                 "gconfig.max_new_tokens", "rollout.max_batch_size", "rollout.max_context_tokens", "econfig.max_turns"]
     for key in positive:
         if OmegaConf.select(cfg, key) < 1:
@@ -80,8 +80,11 @@ def validate_config(cfg) -> None:
     if cfg.train.shared_prefix not in SHARED_PREFIX_MODES:
         raise ValueError(f"config train.shared_prefix must be {' | '.join(SHARED_PREFIX_MODES)}, got "
                          f"{cfg.train.shared_prefix!r}")
-    if cfg.train.max_tokens_per_mb < 0:
-        raise ValueError(f"config train.max_tokens_per_mb must be >= 0 (0: no budget), got {cfg.train.max_tokens_per_mb}")
+    if cfg.train.micro_batch_size < 0:
+        raise ValueError(f"config train.micro_batch_size must be >= 0 (0: no count limit), got {cfg.train.micro_batch_size}")
+    budget = cfg.train.max_tokens_per_mb
+    if budget != "auto" and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+        raise ValueError(f"config train.max_tokens_per_mb must be auto or an int >= 0 (0: no budget), got {budget!r}")
     if cfg.loss.behaviour_weight_cap is not None and cfg.loss.behaviour_weight_cap <= 0:
         raise ValueError(f"config loss.behaviour_weight_cap must be > 0 or null, got {cfg.loss.behaviour_weight_cap}")
     if cfg.train.max_staleness is not None and cfg.train.max_staleness < 0:
