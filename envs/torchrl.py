@@ -49,8 +49,11 @@ policy input in ``("history", "prompt")``; text in :class:`~torchrl.modules.llm.
 ``attention_mask_key`` of ``TransformersWrapper``). Verified in the tests: a
 ``TransformersWrapper(input_mode="text")`` drives single- and multi-turn batches through
 ``rollout``; ``input_mode="history"`` works while all conversations in the batch have the same
-length (torchrl 0.14's wrapper cannot extend ragged histories); ``input_mode="tokens"`` is not
-supported (the wrapper re-derives the padding by value and re-pads prompts in place).
+length: torchrl 0.14's wrapper cannot extend ragged histories (``History.extend`` fails inside it
+with ``zip() argument 2 is shorter than argument 1``), so :meth:`TextEnv.rollout` checks the lengths
+before each call of such a policy and raises a ``ValueError`` naming them and the way out
+(``input_mode="text"``); ``input_mode="tokens"`` is not supported (the wrapper re-derives the
+padding by value and re-pads prompts in place).
 
 Where we diverge from ``ChatEnv``, and why:
 
@@ -90,14 +93,43 @@ from tensordict import (
     TensorDictBase,
     lazy_stack,
 )
+from tensordict.nn import TensorDictModuleBase
 from torchrl.data import Bounded, Categorical, Composite, NonTensor, Unbounded
 from torchrl.data.llm import History
 from torchrl.envs import EnvBase
 from torchrl.modules.llm.policies import ChatHistory, Text, Tokens
 
 from envs.chat_template import template_messages
+from envs.spaces import register_torchrl_conversions
 
-__all__ = ["TextEnv", "make_torchrl_env"]
+__all__ = ["TextEnv", "make_torchrl_env", "check_history_policy_input"]
+
+register_torchrl_conversions()  # torchrl.envs.GymEnv("GSM8K-v1") converts our spaces (envs.spaces)
+
+
+def check_history_policy_input(td: TensorDictBase) -> None:
+    """Refuse a batch that a TorchRL LLM wrapper with ``input_mode="history"`` cannot extend.
+
+    torchrl 0.14's ``TransformersWrapper`` / ``vLLMWrapper`` in history mode extend ``("history",
+    "prompt")`` with the response along the time dimension, which fails on a batch of conversations
+    of different lengths with ``ValueError: zip() argument 2 is shorter than argument 1``.
+
+    Raises:
+        ValueError: the ``B`` conversations of ``td`` do not all have the same number of messages;
+            the message gives the lengths and the alternatives.
+    """
+    if "messages" not in td.keys():
+        return
+    messages = td.get("messages")
+    messages = messages.tolist() if isinstance(messages, NonTensorStack) else [messages.data]
+    lengths = [len(m) for m in messages]
+    if len(set(lengths)) > 1:
+        raise ValueError(
+            f"the conversations of this batch have different lengths ({lengths} messages): TorchRL's LLM "
+            "wrappers with input_mode='history' (torchrl 0.14) cannot extend them (inside the wrapper: 'zip() "
+            "argument 2 is shorter than argument 1'). Use input_mode='text' (TextEnv emits ('text', 'prompt') "
+            "when given a tokenizer), or envs whose conversations stay the same length (e.g. batch_size=1)"
+        )
 
 def _to_history(messages: list[dict]) -> History:
     """``History`` of shape ``[T]`` (role, content, is_complete) from OpenAI messages.
@@ -506,6 +538,17 @@ class TextEnv(EnvBase):
             rewards[b] = float(reward)
         return self._batch_td(rewards)
 
+    def rollout(self, max_steps: int, policy: Callable | None = None, *args, **kwargs):
+        """``EnvBase.rollout``; a TorchRL LLM wrapper with ``input_mode="history"`` as ``policy`` is called only on
+        batches it can extend (:func:`check_history_policy_input`: conversations of equal length).
+
+        Raises:
+            ValueError: a history-mode wrapper met conversations of different lengths.
+        """
+        if policy is not None and getattr(policy, "input_mode", None) == "history":
+            policy = _HistoryChecked(policy)
+        return super().rollout(max_steps, policy, *args, **kwargs)
+
     def _set_seed(self, seed: int | None) -> None:
         """Env ``b`` resets next with seed ``seed + b`` (as ``gymnasium.vector``)."""
         n = self.batch_size[0]
@@ -517,6 +560,20 @@ class TextEnv(EnvBase):
         for env in getattr(self, "envs", []):
             env.close()
         super().close(raise_if_closed=raise_if_closed)
+
+
+class _HistoryChecked(TensorDictModuleBase):
+    """A history-mode LLM wrapper, called only after :func:`check_history_policy_input` (same keys)."""
+
+    def __init__(self, policy: Callable):
+        super().__init__()
+        self.policy = policy
+        self.in_keys = list(getattr(policy, "in_keys", []))
+        self.out_keys = list(getattr(policy, "out_keys", []))
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        check_history_policy_input(tensordict)
+        return self.policy(tensordict)
 
 
 def _run_in_order(fns: list[Callable[[], Any]]) -> list[Any]:
