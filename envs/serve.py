@@ -27,16 +27,22 @@ Protocol (OpenEnv 0.3's session protocol, ``openenv.core.env_server``; the route
 * ``/sessions`` -- the same sessions over plain HTTP for clients without WebSockets:
   ``POST /sessions`` -> ``201 {"session_id"}``; ``POST /sessions/{id}/reset`` (body: the reset
   data), ``POST /sessions/{id}/step`` (body ``{"action": ...}``), ``GET /sessions/{id}/state``,
-  ``DELETE /sessions/{id}``, ``GET /sessions`` (counts). Errors: 400 bad reset options (unknown
+  ``DELETE /sessions/{id}``, ``GET /sessions`` (counts, and ``unsent_bytes``: replies not yet taken by
+  clients). Errors: 400 bad reset options (unknown
   option, task id or index the env rejects, ``episode_id`` not a string of at most
   ``MAX_EPISODE_ID_CHARS``), 403 a cross-origin request or a foreign ``Host`` (below), 404 unknown /
   expired session, 408 a body not received within ``body_timeout_s``, 409 step before reset or after
-  the episode ended, 413 body over ``max_body_bytes`` (also when sent chunked) or a step that would
-  bring the session's conversation over ``max_session_bytes``, 422 invalid JSON or wrong types, 429
-  session cap reached, 500 the env raised (that session only; it stays usable, e.g. by ``reset``).
+  the episode ended, 413 body over ``max_body_bytes`` (also when sent chunked), an action that would
+  bring the session's conversation over ``max_session_bytes`` (refused; the episode is kept) or an env
+  output that would (the step ran; its output is withheld and the session is closed), 422 invalid JSON,
+  JSON nested deeper than :data:`MAX_JSON_NESTING` or holding an integer of more than
+  :data:`MAX_JSON_INT_DIGITS` digits (the detail names the limit), or wrong types, 429 session cap
+  reached or the session's unsent replies over its cap (below), 500 the env raised (that session only;
+  it stays usable, e.g. by ``reset``).
   Every error body is ``{"detail": msg}``; the WebSocket error codes are OpenEnv's
   (``INVALID_JSON``, ``UNKNOWN_TYPE``, ``VALIDATION_ERROR``, ``EXECUTION_ERROR``, ``CAPACITY_REACHED``,
-  ``FACTORY_ERROR``, ``SESSION_ERROR``) plus ``SESSION_BYTES_EXCEEDED`` (the 413 above).
+  ``FACTORY_ERROR``, ``SESSION_ERROR``) plus ``SESSION_BYTES_EXCEEDED`` (the 413s and the unsent-replies 429
+  above); an env output over the cap is answered by that error and the socket is then closed (code 1008).
 * ``/health``, ``/schema``, ``/metadata`` -- as OpenEnv's, but none builds an env (OpenEnv's
   ``/metadata`` builds one per request, outside the session cap).
 
@@ -62,19 +68,31 @@ happens past it):
 
 * sessions: 64 (``--max-sessions``) -> 429 / ``CAPACITY_REACHED``;
 * request body / WebSocket message: 1 MiB (``--max-body-bytes``) -> 413 / socket closed (1009);
-* conversation per session: 8 MiB (``--max-session-bytes``; 0 = none) -> the step is refused (413 /
-  ``SESSION_BYTES_EXCEEDED``) and the episode kept; ``reset`` starts again from zero;
+* conversation per session: 8 MiB (``--max-session-bytes``; 0 = none), checked on every append and every
+  reply: an action over it -> the step is refused (413 / ``SESSION_BYTES_EXCEEDED``) and the episode kept
+  (``reset`` starts again from zero); an env output over it (a flood of tool calls, a reset opening) -> 413 /
+  ``SESSION_BYTES_EXCEEDED``, the output withheld and the session closed (WebSocket close code 1008);
+* replies a client has not taken (``unsent_bytes``) count with the conversation: while a session's conversation
+  plus its unsent replies are over ``max_session_bytes``, its requests are refused (429 /
+  ``SESSION_BYTES_EXCEEDED``); HTTP replies are handed to the connection in :data:`REPLY_CHUNK_BYTES` pieces, so an
+  unread reply waits, counted, in the server rather than in the transport's buffer;
+* sending: 30 s (``--send-timeout``) from a connection's send buffer filling up to the client taking the reply ->
+  the connection is aborted (its buffer freed at once; a WebSocket's session closed);
+* JSON of a body / message: nesting :data:`MAX_JSON_NESTING` (100, checked in linear time before parsing),
+  integer literals :data:`MAX_JSON_INT_DIGITS` (100) digits -> 422 / ``INVALID_JSON`` naming the limit;
 * idle session: 600 s (``--idle-timeout``) -> session closed, id forgotten, its socket closed;
 * request head: 10 s from the connection's opening or its last response (``--header-timeout``) -> connection
   closed (uvicorn has no such timer: half-open connections were held forever);
 * request body: 30 s (``--body-timeout``) -> 408, connection closed.
 
 The conversation size is counted as UTF-8 JSON bytes of the reset messages, every action and every
-observation's messages. The server holds several bytes of memory per counted byte (issue 25 measured +197
+observation's messages (and, for the 429 above, the replies not yet sent). The server holds several bytes of
+memory per counted byte (issue 25 measured +197
 MB RSS for 40 steps of 1 MB on tau2, ~5x; ``benchmarks/openenv_serve_load.py`` saw +105 MB after 4 airline
 sessions filled to ~7 MiB each, ~4x), so 64 sessions at the 8 MiB cap need ~2-3 GB. A step is refused
-when the action would bring the count over the cap, so the cap is exceeded at most by one step's env
-output.
+when the action would bring the count over the cap, and an env output that would is withheld (the session
+ends), so the count never exceeds the cap; a session holds at most its conversation plus about one cap of unsent replies (plus one reply in
+a WebSocket's buffer), each for at most the send timeout once its client stops reading.
 
 Browsers: a request carrying an ``Origin`` header not in ``allowed_origins`` (``--allow-origin``;
 none by default) is refused with 403 -- HTTP and WebSocket handshakes alike -- and so is a ``Host``
@@ -764,7 +782,10 @@ class _TimedH11Protocol(_WriteDeadline, H11Protocol):
     def _head_expired(self) -> None:
         self._head_timer = None
         if not self.transport.is_closing() and self.conn.their_state in (h11.IDLE,):
-            self.transport.close()
+            if self.transport.get_write_buffer_size():  # it has not even read our last reply: close() would wait on it
+                self.transport.abort()
+            else:
+                self.transport.close()
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
