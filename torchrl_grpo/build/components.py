@@ -93,7 +93,7 @@ def loop_settings(cfg, sampling: SamplingConfig) -> LoopSettings:
         eval_n_problems=e.n_problems, eval_greedy=e.greedy, eval_pass_k=e.pass_k, checkpoint_every=c.every,
         checkpoint_keep_last=c.keep_last, checkpoint_save_final=c.save_final, checkpoint_on_interrupt=c.on_interrupt,
         progress_bar=s.progress_bar, max_staleness=max_staleness(cfg), partial_rollout_chunk=t.partial_rollout_chunk,
-        config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
+        config_yaml=OmegaConf.to_yaml(cfg, resolve=True), final_model=c.final_model,
     )
 
 

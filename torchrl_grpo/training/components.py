@@ -42,6 +42,7 @@ class LoopSettings:
     max_staleness: int  # async only (build.max_staleness)
     config_yaml: str  # the resolved config, stored with every checkpoint
     partial_rollout_chunk: int = 0  # async only: tokens between checks for new weights (0: off)
+    final_model: bool = False  # checkpoint.final_model: <run_dir>/final_model (weights + tokenizer, no optimizer) at the end
 
 
 @dataclass

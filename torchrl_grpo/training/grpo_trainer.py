@@ -28,7 +28,7 @@ from torchrl_grpo.distributed.data_parallel import SINGLE, full_state_dicts, is_
 from torchrl_grpo.distributed.placement import Placement
 from torchrl_grpo.objectives.advantage import group_advantages, group_reward_std
 from torchrl_grpo.rollout.episode_stats import LengthGuard, episode_metrics, sample_rows
-from torchrl_grpo.training.checkpoint import save_checkpoint
+from torchrl_grpo.training.checkpoint import save_checkpoint, save_final_model
 from torchrl_grpo.training.components import Components
 from torchrl_grpo.training.evaluator import Evaluator
 from torchrl_grpo.training.loop import CheckpointSchedule, EvalSchedule, Progress, draw_learning_curve, run_loop
@@ -242,8 +242,21 @@ class GRPOTrainer:
             checkpoints=CheckpointSchedule(lambda: self.save(), every=s.checkpoint_every, at_end=s.checkpoint_save_final,
                                            on_interrupt=s.checkpoint_on_interrupt,
                                            exists=lambda: self._checkpoint_dir().is_dir()),
+            on_end=self._save_final_model if s.final_model else None,
             progress=Progress("GRPO", s.progress_bar), learning_curve=self._draw_learning_curve,
             summary={"load_time_s": self.load_time_s})
+
+    def _save_final_model(self) -> dict[str, str]:
+        """``<run_dir>/final_model`` (``checkpoint.final_model``; :func:`~torchrl_grpo.training.checkpoint.
+        save_final_model`: the trained weights and tokenizer, no optimizer), after the last step, before the final
+        evaluation; rank 0 writes (FSDP: every rank gathers first). Returns ``{"final_model": path}`` (``{}`` on other ranks)."""
+        model_sd = full_state_dicts(self.model, self.optimizer)[0] if is_fsdp(self.model) else None
+        if not self.dp.is_main:
+            return {}
+        out = save_final_model(self.run_dir / "final_model", model=self.model, tokenizer=self.tokenizer,
+                               model_state_dict=model_sd)
+        log.info("trained weights written to %s (python grpo.py actor.path=%s ...)", out, out)
+        return {"final_model": str(out)}
 
     def _draw_learning_curve(self) -> str | None:
         """``learning_curve.png`` in the run dir and wandb, on rank 0 (:func:`~torchrl_grpo.training.loop.draw_learning_curve`)."""
