@@ -18,9 +18,19 @@ all on 127.0.0.1:
 * malformed frames: a session sending JSON arrays / strings / ``null`` / invalid JSON / unknown types /
   binary frames, then checking its episode is intact;
 * half-open connections: ``--half-open`` TCP connections that send part of a request head and stall;
-* state-hash loops: ``--state-loops`` sessions requesting ``state`` (tau2's database hash) back to back.
+* state-hash loops: ``--state-loops`` sessions requesting ``state`` (tau2's database hash) back to back;
+* code payloads (issue 34): a session stepping actions that would run code if a scorer evaluated model text
+  (each writes a marker file; the run fails if it appears);
+* regex killers: a session stepping the shapes that were superlinear in a backtracking pattern (``\\frac{`` +
+  spaces, a code fence + newlines, ...) and ~1 MB responses;
+* tool-call floods: ``--floods`` sessions stepping one action of as many tool calls as fit in the body limit;
+* deep / huge JSON: 50,000-deep bodies and 5,000-digit integers over HTTP and WebSocket (each must be a 4xx /
+  ``INVALID_JSON`` naming the limit);
+* slow readers: ``--slow-readers`` sessions filled towards the session cap whose ``state`` is requested on
+  connections that never read (the server's ``--send-timeout`` drops them).
 
-Reports per domain and phase: p50/p99 step latency (client-side, one ``step`` round trip), p50 reset
+Reports per domain and phase: the server's RSS before the phase and once every session of the phase has closed,
+p50/p99 step latency (client-side, one ``step`` round trip), p50 reset
 latency, sessions/s (sessions / wall time from the first connect -- which builds the session's env --
 to the last session closed), steps/s, ``/health`` latency (p50 / max, polled every 20 ms), the
 server's RSS after the phase, whether every honest reward equals the in-process one, and what each
@@ -35,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -42,6 +53,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -245,6 +257,131 @@ async def adv_state_loop(url: str, index: int, stop: asyncio.Event, n: int = 200
     return {"states": len(lat), "state_p50_ms": round(1e3 * _pct(lat, 50), 1) if lat else None}
 
 
+def _code_payloads(marker: str) -> list[str]:
+    e = f"__import__('pathlib').Path({marker!r}).write_text('pwned')"
+    return [e, f"<answer>{e}</answer>", f"#### {e}", f"\\boxed{{{e}}}", f"calculate(expression={e!r})",
+            "<tool_call>" + json.dumps({"name": "calculate", "arguments": {"expression": e}}) + "</tool_call>",
+            f"__import__('os').system('touch {marker}')"]
+
+
+KILLERS = ["\\frac{" + " " * 19_990 + "x", ("\\frac{1}{" + " " * 2_500) * 40 + "x", "```" + "\n" * 24_000 + "x",
+           "```json" + " " * 24_000 + "x", "<tool_call>```" + "\n" * 24_000 + "x", "<answer>" * 100_000,
+           "word " * 190_000, "\n" * 900_000 + "x"]
+
+
+def _flood(max_body: int) -> str:
+    call = "<tool_call>" + json.dumps({"name": "calculate", "arguments": {"expression": "1+1"}}) + "</tool_call>"
+    return call * ((max_body - 1024) // (len(json.dumps(call)) - 2))
+
+
+async def adv_steps(url: str, index: int, texts: list[str], stop: asyncio.Event, rounds: int = 3) -> dict:
+    """Steps each of ``texts`` (``rounds`` times, a fresh episode each): answers by kind, slowest step, largest reply."""
+    out = {"steps": 0, "observations": 0, "errors": {}, "slowest_step_s": 0.0, "max_reply_bytes": 0, "sessions_ended": 0}
+    ws = None
+    try:
+        for _ in range(rounds):
+            for text in texts:
+                if stop.is_set():
+                    return out
+                if ws is None:
+                    ws = await ws_connect(_ws_url(url), max_size=None)
+                await _ask(ws, {"type": "reset", "data": {"index": index}})
+                t0 = time.perf_counter()
+                await ws.send(json.dumps({"type": "step", "data": {"content": text}}))
+                try:
+                    raw = await asyncio.wait_for(ws.recv(), 120)
+                except ConnectionClosed:
+                    out["sessions_ended"] += 1
+                    ws = None
+                    continue
+                out["slowest_step_s"] = round(max(out["slowest_step_s"], time.perf_counter() - t0), 3)
+                out["steps"] += 1
+                out["max_reply_bytes"] = max(out["max_reply_bytes"], len(raw))
+                r = json.loads(raw)
+                if r["type"] == "observation":
+                    out["observations"] += 1
+                else:
+                    code = r["data"].get("code")
+                    out["errors"][code] = out["errors"].get(code, 0) + 1
+                    if code == "SESSION_BYTES_EXCEEDED":  # the output was over the cap: the server closes the session
+                        with contextlib.suppress(ConnectionClosed, asyncio.TimeoutError):
+                            await asyncio.wait_for(ws.recv(), 30)
+                        out["sessions_ended"] += 1
+                        ws = None
+    finally:
+        if ws is not None:
+            await ws.close()
+    return out
+
+
+async def adv_json_bodies(url: str, stop: asyncio.Event, n: int = 5) -> dict:
+    """Deep and long-number bodies over HTTP and WebSocket: every answer must be a 4xx / INVALID_JSON."""
+    deep, big = "[" * 50_000 + "]" * 50_000, "9" * 5_000
+    out = {"http": 0, "http_4xx": 0, "http_5xx": 0, "ws": 0, "ws_invalid_json": 0, "ws_other": 0}
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=NO_KEEPALIVE) as c:
+        sid = (await c.post("/sessions")).json()["session_id"]
+        try:
+            for _ in range(n):
+                if stop.is_set():
+                    break
+                for body in (deep, '{"seed": ' + big + "}"):
+                    r = await c.post(f"/sessions/{sid}/reset", content=body.encode(), headers={"content-type": "application/json"})
+                    out["http"] += 1
+                    out["http_4xx"] += 400 <= r.status_code < 500
+                    out["http_5xx"] += r.status_code >= 500
+                async with ws_connect(_ws_url(url), max_size=None) as ws:
+                    for raw in (deep, '{"type": "reset", "data": {"seed": ' + big + "}}"):
+                        r = await _ask(ws, raw)
+                        out["ws"] += 1
+                        ok = r["type"] == "error" and r["data"].get("code") == "INVALID_JSON"
+                        out["ws_invalid_json" if ok else "ws_other"] += 1
+                await asyncio.sleep(0.05)
+        finally:
+            await c.delete(f"/sessions/{sid}")
+    return out
+
+
+async def adv_slow_readers(url: str, port: int, index: int, n: int, stop: asyncio.Event, send_timeout: float) -> dict:
+    """A session filled towards the cap, then ``n`` requests for its ``state`` on connections that never read."""
+    out = {"fill_steps": 0, "requests": n, "peak_unsent_bytes": 0, "dropped_after_s": None}
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=NO_KEEPALIVE) as c:
+        sid = (await c.post("/sessions")).json()["session_id"]
+        try:
+            await c.post(f"/sessions/{sid}/reset", json={"index": index})
+            for _ in range(6):
+                r = await c.post(f"/sessions/{sid}/step", json={"action": {"content": "s" * 600_000}})
+                if r.status_code != 200:
+                    break
+                out["fill_steps"] += 1
+                if r.json()["done"]:
+                    break
+            if (await c.get(f"/sessions/{sid}/state")).status_code != 200:  # ended by the cap: a fresh one
+                sid = (await c.post("/sessions")).json()["session_id"]
+                await c.post(f"/sessions/{sid}/reset", json={"index": index})
+            writers = []
+            for _ in range(n):
+                sock = socket.socket()
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.setblocking(False)
+                await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+                await asyncio.get_running_loop().sock_sendall(
+                    sock, f"GET /sessions/{sid}/state HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+                writers.append(sock)
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < send_timeout + 30:
+                unsent = (await c.get("/sessions")).json()["unsent_bytes"]
+                out["peak_unsent_bytes"] = max(out["peak_unsent_bytes"], unsent)
+                if not unsent and time.perf_counter() - t0 > 0.5:
+                    out["dropped_after_s"] = round(time.perf_counter() - t0, 2)
+                    break
+                await asyncio.sleep(0.1)
+            for sock in writers:
+                sock.close()
+        finally:
+            await c.delete(f"/sessions/{sid}")
+    return out
+
+
 async def health_probe(url: str, stop: asyncio.Event) -> list[float]:
     lat = []
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=NO_KEEPALIVE) as c:
@@ -271,6 +408,14 @@ async def phase(url: str, port: int, episodes: list[dict], sessions: int, adv: d
         bad["half_open"] = asyncio.create_task(adv_half_open(port, adv["half_open"], stop, adv["header_timeout"]))
         for k in range(adv["state_loops"]):
             bad[f"state_loop_{k}"] = asyncio.create_task(adv_state_loop(url, ix[k % len(ix)], stop))
+        bad["code_payloads"] = asyncio.create_task(adv_steps(url, ix[0], _code_payloads(adv["marker"]), stop))
+        bad["regex_killers"] = asyncio.create_task(adv_steps(url, ix[0], KILLERS, stop, rounds=1))
+        for k in range(adv["floods"]):
+            bad[f"tool_call_flood_{k}"] = asyncio.create_task(adv_steps(url, ix[k % len(ix)], [_flood(adv["max_body"])], stop))
+        bad["json_bodies"] = asyncio.create_task(adv_json_bodies(url, stop))
+        for k in range(adv["slow_readers"]):
+            bad[f"slow_readers_{k}"] = asyncio.create_task(
+                adv_slow_readers(url, port, ix[k % len(ix)], 6, stop, adv["send_timeout"]))
         await asyncio.sleep(0.2)  # let them start first
     try:
         results, wall = await load(url, episodes, sessions)
@@ -291,7 +436,32 @@ def _rss_mb(pid: int) -> float | None:
     return None
 
 
-def _summary(domain: str, label: str, sessions: int, episodes: list[dict], ph: dict, rss: float | None) -> dict:
+def _idle_rss(url: str, pid: int, timeout: float = 60.0) -> float | None:
+    """The server's RSS once no session is open (the phase's adversaries have left)."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        st = httpx.get(url + "/sessions", timeout=30).json()
+        if not st["active"] and not st.get("unsent_bytes"):
+            break
+        time.sleep(0.2)
+    return _rss_mb(pid)
+
+
+def _violations(adversaries: dict, marker: str | None) -> list[str]:
+    """What an adversary got that it must not: a 5xx, an env error, a non-INVALID_JSON answer to a bad body, code run."""
+    out = []
+    for k, v in adversaries.items():
+        if v.get("http_5xx") or v.get("ws_other"):
+            out.append(f"{k}: {v}")
+        if "EXECUTION_ERROR" in v.get("errors", {}):
+            out.append(f"{k}: env error {v['errors']}")
+    if marker is not None and Path(marker).exists():
+        out.append(f"a code payload ran: {marker} was written")
+    return out
+
+
+def _summary(domain: str, label: str, sessions: int, episodes: list[dict], ph: dict, rss: float | None,
+             rss_before: float | None = None, rss_idle: float | None = None, marker: str | None = None) -> dict:
     results, wall = ph["results"], ph["wall"]
     steps = [s for r in results for s in r["step_s"]]
     mismatches = [r for r in results if r["reward"] != r["expected"] or not r["done"]]
@@ -310,6 +480,9 @@ def _summary(domain: str, label: str, sessions: int, episodes: list[dict], ph: d
         "health_p50_ms": 1e3 * _pct(ph["health"], 50),
         "health_max_ms": 1e3 * max(ph["health"]),
         "server_rss_mb": rss,
+        "server_rss_before_mb": rss_before,
+        "server_rss_idle_after_mb": rss_idle,
+        "violations": _violations(ph["adversaries"], marker),
         "mean_reward": statistics.mean(r["reward"] for r in results),
         "rewards_equal_in_process": not mismatches,
         "mismatches": mismatches[:5],
@@ -324,12 +497,13 @@ def _summary(domain: str, label: str, sessions: int, episodes: list[dict], ph: d
 def bench_domain(domain: str, sessions: int, n_tasks: int, timeout: float, adv: dict | None) -> list[dict]:
     episodes = gold_episodes(domain, n_tasks)
     port = _free_port()
-    extra = 0 if adv is None else adv["huge"] + adv["state_loops"] + 1  # adversarial sessions: inside the cap, beside the honest
+    # adversarial sessions: inside the cap, beside the honest
+    extra = 0 if adv is None else adv["huge"] + adv["state_loops"] + adv["floods"] + adv["slow_readers"] + 6
     cmd = [sys.executable, "-m", "envs.serve", f"tau2/{domain}-v0", "--port", str(port),
            "--max-sessions", str(sessions + extra), "--idle-timeout", "300"]
     if adv is not None:
         cmd += ["--max-body-bytes", str(adv["max_body"]), "--max-session-bytes", str(adv["max_session_bytes"]),
-                "--header-timeout", str(adv["header_timeout"])]
+                "--header-timeout", str(adv["header_timeout"]), "--send-timeout", str(adv["send_timeout"])]
     server = subprocess.Popen(cmd, cwd=ROOT)  # ``-m`` puts the cwd (this checkout) first on the server's sys.path
     url = f"http://127.0.0.1:{port}"
     out = []
@@ -346,11 +520,14 @@ def bench_domain(domain: str, sessions: int, n_tasks: int, timeout: float, adv: 
             time.sleep(0.2)
         # warm the server's domain (first env build: imports, database) so it is not timed as load
         asyncio.run(asyncio.wait_for(load(url, episodes[:1], 1), timeout))
+        rss0 = _idle_rss(url, server.pid)
         ph = asyncio.run(asyncio.wait_for(phase(url, port, episodes, sessions, None), timeout))
-        out.append(_summary(domain, "honest", sessions, episodes, ph, _rss_mb(server.pid)))
+        out.append(_summary(domain, "honest", sessions, episodes, ph, _rss_mb(server.pid), rss0, _idle_rss(url, server.pid)))
         if adv is not None:
+            rss0 = _idle_rss(url, server.pid)
             ph = asyncio.run(asyncio.wait_for(phase(url, port, episodes, sessions, adv), timeout))
-            out.append(_summary(domain, "honest + adversaries", sessions, episodes, ph, _rss_mb(server.pid)))
+            out.append(_summary(domain, "honest + adversaries", sessions, episodes, ph, _rss_mb(server.pid), rss0,
+                                _idle_rss(url, server.pid), adv["marker"]))
     finally:
         server.terminate()
         server.wait(30)
@@ -369,15 +546,18 @@ def to_markdown(rep: dict) -> str:
         f"Adversary settings: {rep['adversaries']}",
         "",
         ("| domain | phase | sessions | steps | wall s | sessions/s | steps/s | step p50 ms | step p99 ms | reset p50 ms "
-         "| /health p50 / max ms | server RSS MB | mean reward | rewards == in-process |"),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+         "| /health p50 / max ms | server RSS MB: before / end / idle after | mean reward | rewards == in-process "
+         "| adversary violations |"),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for d in rep["domains"]:
         lines.append(
             f"| {d['domain']} | {d['phase']} | {d['sessions']} | {d['steps']} | {d['wall_s']:.2f} | {d['sessions_per_s']:.1f} "
             f"| {d['steps_per_s']:.0f} | {d['step_p50_ms']:.1f} | {d['step_p99_ms']:.1f} | {d['reset_p50_ms']:.1f} "
-            f"| {d['health_p50_ms']:.1f} / {d['health_max_ms']:.1f} | {d['server_rss_mb']} | {d['mean_reward']:.2f} "
-            f"| {'yes' if d['rewards_equal_in_process'] else 'NO'} |"
+            f"| {d['health_p50_ms']:.1f} / {d['health_max_ms']:.1f} "
+            f"| {d.get('server_rss_before_mb')} / {d['server_rss_mb']} / {d.get('server_rss_idle_after_mb')} "
+            f"| {d['mean_reward']:.2f} | {'yes' if d['rewards_equal_in_process'] else 'NO'} "
+            f"| {len(d.get('violations', [])) or 'none'} |"
         )
     lines += ["", "What the adversaries got (per domain, 'honest + adversaries' phase):", ""]
     for d in rep["domains"]:
@@ -390,8 +570,12 @@ def to_markdown(rep: dict) -> str:
          "they include queueing behind the other sessions (and the adversaries) on the shared core. The server is warmed by "
          "one episode first (domain load not timed). Customer: the envs' default (airline/retail: deterministic "
          "`ScriptedUser`; telecom: solo). The machine was shared with other jobs (see the load average): compare the two "
-         "phases of one domain, not absolute numbers."),
+         "phases of one domain, not absolute numbers. RSS: before the phase (no session open), at its end, and once "
+         "every session of the phase has closed. Adversary violations: a 5xx, an env error (`EXECUTION_ERROR`), a bad "
+         "JSON body not answered 4xx / `INVALID_JSON`, or a code payload's marker file written."),
     ]
+    if rep.get("note"):
+        lines += ["", rep["note"]]
     return "\n".join(lines) + "\n"
 
 
@@ -408,13 +592,20 @@ def main(argv=None) -> dict:
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="server's --max-body-bytes in the adversarial run")
     p.add_argument("--max-session-bytes", type=int, default=8 << 20, help="server's --max-session-bytes")
     p.add_argument("--header-timeout", type=float, default=2.0, help="server's --header-timeout (s)")
+    p.add_argument("--send-timeout", type=float, default=5.0, help="server's --send-timeout (s) in the adversarial run")
+    p.add_argument("--floods", type=int, default=2, help="tool-call flood adversary sessions")
+    p.add_argument("--slow-readers", type=int, default=2, help="slow-reader adversary sessions (6 unread requests each)")
+    p.add_argument("--note", default="", help="a line added to the report (e.g. the machine's state)")
+    p.add_argument("--out", default="openenv_serve_load", help="results file stem under benchmarks/results/")
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
     from importlib.metadata import version
 
+    marker = str(Path(tempfile.mkdtemp(prefix="serve_load_")) / "code_payload_ran.txt")
     adv = None if args.no_adversaries else {
         "huge": args.huge, "state_loops": args.state_loops, "half_open": args.half_open, "max_body": args.max_body_bytes,
-        "max_session_bytes": args.max_session_bytes, "header_timeout": args.header_timeout}
+        "max_session_bytes": args.max_session_bytes, "header_timeout": args.header_timeout,
+        "send_timeout": args.send_timeout, "floods": args.floods, "slow_readers": args.slow_readers, "marker": marker}
 
     rep = {
         "command": "python benchmarks/openenv_serve_load.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -426,6 +617,7 @@ def main(argv=None) -> dict:
         "niceness": os.nice(0),
         "loadavg_before": [round(x, 2) for x in os.getloadavg()],
         "adversaries": adv,
+        "note": args.note,
         "domains": [],
     }
     for d in args.domains:
@@ -435,10 +627,12 @@ def main(argv=None) -> dict:
     print(md)
     if not args.no_write:
         RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "openenv_serve_load.json").write_text(json.dumps(rep, indent=2) + "\n")
-        (RESULTS / "openenv_serve_load.md").write_text(md)
+        (RESULTS / f"{args.out}.json").write_text(json.dumps(rep, indent=2) + "\n")
+        (RESULTS / f"{args.out}.md").write_text(md)
     if not all(d["rewards_equal_in_process"] for d in rep["domains"]):
         raise SystemExit("served rewards differ from the in-process env's")
+    if any(d.get("violations") for d in rep["domains"]):
+        raise SystemExit(f"adversary violations: {[d['violations'] for d in rep['domains'] if d.get('violations')]}")
     return rep
 
 
