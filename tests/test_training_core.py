@@ -220,6 +220,39 @@ def test_infrastructure_failures_drop_their_groups(tmp_path):
     assert m["num_tokens"] == float(batch["response_mask"][healthy].sum())
 
 
+@pytest.mark.parametrize("filtered", [True, False])
+def test_batch_std_leaves_out_the_groups_the_step_does_not_train(tmp_path, filtered):
+    """loss.adv_scale=batch with loss.filter_zero_variance_groups=true (issue 36): the batch std is that of the
+    episodes trained, so the zero-variance groups the filter drops are left out of it, as the infrastructure-failure
+    groups are (they used to enter it with advantage 0, shrinking the std: +-1.58 instead of +-0.71 below). Without
+    the filter they are trained (with advantage 0) and stay in it."""
+    from torchrl_grpo.objectives.advantage import group_advantages
+
+    cfg = make_cfg(train={"steps": 1, "batch_size": 3}, gconfig={"n_samples": 2, "max_new_tokens": 4},
+                   loss={"adv_scale": "batch", "filter_zero_variance_groups": filtered},
+                   stats_logger={"samples_per_step": 0})
+    trainer = build_trainer(cfg, tmp_path)
+    batch = trainer.collector.collect(trainer.tasks_for_step(0), 2)
+    batch["reward"] = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0])  # group 0 varies; groups 1, 2 do not
+    seen = []
+
+    class Recorder:  # the update: records the advantages it is given
+        optimizer_steps = 0
+
+        def __call__(self, b, **kw):
+            seen.append(b["advantage"].clone())
+            return {}
+
+    trainer.updater = Recorder()
+    m = trainer._learn(batch)
+    trainer.close()
+    kept = slice(0, 2) if filtered else slice(0, 6)
+    expected = group_advantages(batch["reward"][kept], batch["group_id"][kept], scale="batch")
+    assert m["groups/kept_episodes"] == (2.0 if filtered else 6.0)
+    torch.testing.assert_close(seen[0], expected)
+    assert seen[0][:2].abs().tolist() == pytest.approx([2 ** -0.5] * 2 if filtered else [1.5811] * 2, abs=1e-3)
+
+
 # ------------------------------------------------------------------------------------- token budget per micro-batch
 def test_split_micro_batches():
     from torchrl_grpo.training.micro_batch import split_micro_batches

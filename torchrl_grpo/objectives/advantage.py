@@ -14,8 +14,10 @@ Formulas (per episode ``i`` in group ``g`` with rewards ``r``):
   RL for LLM Reasoning", arXiv:2508.08221, Sec. 4.1; batch-level normalisation itself from REINFORCE++, Hu 2025,
   arXiv:2501.03262). The *batch* is the whole step's batch: under data parallelism
   (:mod:`torchrl_grpo.distributed.data_parallel`) the union of every rank's shard, its std from the all-reduced count, sum and
-  sum of squares of the centred advantages; episodes outside ``stats_mask`` (groups the trainer drops for an
-  infrastructure failure) do not enter it.
+  sum of squares of the centred advantages; episodes outside ``stats_mask`` do not enter it: the trainer passes
+  the episodes it trains, so the groups it drops (an infrastructure failure; zero reward variance under
+  ``loss.filter_zero_variance_groups``, as DAPO's dynamic sampling never puts them in the batch) are left out, and
+  unfiltered zero-variance groups (advantage 0, trained) count.
 * ``baseline="loo"`` — leave-one-out mean (RLOO, Ahmadian et al., 2024, arXiv:2402.14740, Eq. 5):
   ``mean_{g \\ i}(r)`` instead of ``mean_g(r)``.
 

@@ -161,10 +161,6 @@ class GRPOTrainer:
         # its reward 0 says nothing about the policy, and the rest of the group's advantages were computed against it
         infra = batch["infra_error"] if "infra_error" in batch.keys() else torch.zeros_like(reward, dtype=torch.bool)
         bad_groups = batch["group_id"][infra].unique()
-        # adv_scale=batch: the std of the step's whole batch, over every rank's shard, dropped groups left out
-        batch["advantage"] = group_advantages(reward, batch["group_id"], scale=s.adv_scale, baseline=s.adv_baseline,
-                                              stats_mask=~torch.isin(batch["group_id"], bad_groups),
-                                              sum_over_ranks=self.dp.sum_tensor)
         metrics["groups/dropped_infra"] = float(bad_groups.numel())
         if bad_groups.numel():
             log.warning("step %d: %d group(s) dropped for infrastructure failures (env_error/user_error), not trained",
@@ -174,6 +170,11 @@ class GRPOTrainer:
         keep = ~torch.isin(batch["group_id"], bad_groups)
         if s.filter_zero_variance_groups:
             keep &= ~zero_var
+        # adv_scale=batch: the std of the episodes this step trains, over every rank's shard: the dropped groups
+        # (infrastructure failures, and zero-variance ones when filtered) are left out, as if never collected (the
+        # DAPO dynamic-sampling batch); unfiltered zero-variance groups are trained (advantage 0) and count
+        batch["advantage"] = group_advantages(reward, batch["group_id"], scale=s.adv_scale, baseline=s.adv_baseline,
+                                              stats_mask=keep, sum_over_ranks=self.dp.sum_tensor)
         if not keep.all():
             batch = batch[keep]
         metrics["groups/kept_episodes"] = float(batch.shape[0])
