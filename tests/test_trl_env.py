@@ -10,6 +10,7 @@ import copy
 import inspect
 import json
 import os
+import pickle
 import warnings
 
 import pytest
@@ -346,3 +347,203 @@ def test_grpo_trainer_with_gsm8k_reward_function(tiny_dir, tmp_path):
         env.reset(options={"task_id": t})
         assert env.step(text)[1] == r
     assert _logged_means(trainer, "GSM8K-v1") == [pytest.approx(sum(out) / len(out))]
+
+
+# ------------------------------------------------------------------------------------------------ multi-environment
+def _gold_texts(task, solo: bool) -> list[str]:
+    """Hermes tool-call texts of a task's gold actions (the customer through send_message_to_user), then an answer."""
+    out = []
+    for msg in oracle_actions(task, solo)[:-1]:
+        for c in msg.get("tool_calls") or []:
+            args = c["function"]["arguments"]
+            args = json.loads(args) if isinstance(args, str) else args
+            out.append("<tool_call>\n" + json.dumps({"name": c["function"]["name"], "arguments": args}) + "\n</tool_call>")
+        if msg.get("content") and not solo:
+            out.append("<tool_call>\n" + json.dumps({"name": SEND_MESSAGE_TOOL, "arguments": {"content": msg["content"]}})
+                       + "\n</tool_call>")
+    return out + ["Done."]
+
+
+def _tagged_generate(tok, plans):
+    """A ``generate`` playing ``plans[k]`` for the k-th rollout of the batch: its first turn is tagged ``[k]`` (rows in
+    input order), later turns find the tag in the conversation; turn = number of tool responses so far."""
+
+    def generate(input_ids=None, attention_mask=None, **kwargs):
+        outs = []
+        for b in range(input_ids.shape[0]):
+            text = tok.decode(input_ids[b][attention_mask[b].bool()])
+            tail = text.rsplit("<|im_start|>system", 1)[-1]
+            if "<|im_start|>assistant\n[" in tail:
+                k = int(tail.split("<|im_start|>assistant\n[", 1)[1].split("]", 1)[0])
+                say = plans[k][text.count("<tool_response>")]
+            else:
+                k = generate.next_row
+                generate.next_row += 1
+                say = f"[{k}]" + plans[k][0]
+            outs.append(tok.encode(say + "<|im_end|>", add_special_tokens=False))
+        width = max(map(len, outs))
+        gen = torch.tensor([o + [tok.pad_token_id] * (width - len(o)) for o in outs])
+        return torch.cat([input_ids, gen], dim=1)
+
+    generate.next_row = 0
+    return generate
+
+
+@pytest.fixture(scope="module")
+def long_tiny_dir(tmp_path_factory):
+    """tiny-random with its 4096-position limit lifted (RoPE, random weights): tau2 prompts with their tool schemas
+    are ~10-25k tokens in its byte-level vocabulary, and TRL drops tool results past the model's limit."""
+    from trl.chat_template_utils import qwen3_template
+
+    from torchrl_grpo.models import load_model_and_tokenizer
+
+    model, tok = load_model_and_tokenizer("tiny-random")
+    model.config.max_position_embeddings = 1 << 16
+    tok.response_template = qwen3_template
+    out = tmp_path_factory.mktemp("tiny_long")
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def test_multi_environment_airline_retail_telecom_and_reasoning_gym_in_one_trl_batch(long_tiny_dir, tmp_path):
+    """TRL 1.16's multi-environment mode (dict environment_factory + ``environment`` column) over tau2 airline +
+    retail (scripted customer) + telecom (solo) + ReasoningGym chain_sum, one batch of TRL's rollout loop
+    (``_generate_and_score_completions``: per-row tool schemas, tool calls, get_reward, reward functions) with the
+    model scripted to play each task's gold actions / answer: every rollout scores 1.0; each tau2 rollout's reward
+    equals gym.make's replay of its actions; each reward column is its own env's mean (the others' rows are NaN)."""
+    import numpy as np
+
+    from envs.trl import MultiEnvironment, TRLOneTurnEnv, multi_environment
+
+    if "ReasoningGym-v1" not in gym.registry:
+        pytest.skip("ReasoningGym-v1 is not registered")
+    spec = {"airline": "tau2/airline-v0", "retail": "tau2/retail-v0", "telecom": "tau2/telecom-v0",
+            "chain_sum": ("ReasoningGym-v1", {"task": "chain_sum", "split": "test"})}
+    mix = multi_environment(spec, limit=1)
+    assert isinstance(mix, MultiEnvironment) and list(mix.environment_factory) == list(spec)
+    assert mix.train_dataset["environment"] == list(spec) and issubclass(mix.environment_factory["chain_sum"], TRLOneTurnEnv)
+    assert [f.__name__ for f in mix.reward_funcs] == ["chain_sum"]
+    back = pickle.loads(pickle.dumps(mix))  # what TRL's async worker needs (classes by recipe)
+    assert back.environment_factory == mix.environment_factory and back.train_dataset.to_list() == mix.train_dataset.to_list()
+    inputs = [dict(r) for r in mix.train_dataset for _ in range(2)]
+    plans = []
+    for r in inputs:
+        env_id = spec[r["environment"]] if isinstance(spec[r["environment"]], str) else spec[r["environment"]][0]
+        if env_id.startswith("tau2/"):
+            e = gym.make(env_id, disable_env_checker=True).unwrapped
+            plans.append(_gold_texts(e.tasks[e.tasks.index_of(r["task_id"])], e.solo))
+        else:
+            e = gym.make(env_id, disable_env_checker=True, **spec[r["environment"]][1])
+            _, info = e.reset(options={"task_id": r["task_id"]})
+            plans.append([f"Reasoning.\n{info['answer']}"])
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.chat_template_utils import qwen3_template
+
+    tok = AutoTokenizer.from_pretrained(long_tiny_dir)
+    tok.response_template = qwen3_template
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=len(inputs), num_generations=2, max_steps=1,
+                      max_completion_length=1 << 15, report_to=[], save_strategy="no", use_cpu=True, use_vllm=False,
+                      max_tool_calling_iterations=64, shuffle_dataset=False)  # (retail's order records are long)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(long_tiny_dir), processing_class=tok, args=args,
+                              **mix._asdict())
+    trainer.model.generate = _tagged_generate(tok, plans)
+    out = trainer._generate_and_score_completions(copy.deepcopy(inputs))
+    assert out["advantages"].shape == (len(inputs),)
+    for r, env in zip(inputs, trainer.environments):
+        assert type(env) is mix.environment_factory[r["environment"]]
+        if isinstance(env, TRLOneTurnEnv):
+            continue
+        assert env.reward == 1.0, (r["environment"], r["task_id"], env.info.get("reward_info"))
+        assert env.reward == _replay(spec[r["environment"]], {}, r["task_id"], env.actions)
+    metrics = trainer._metrics["train" if trainer.model.training else "eval"]
+    for name, cls in mix.environment_factory.items():
+        column = "chain_sum" if name == "chain_sum" else cls.__name__
+        assert metrics[f"rewards/{column}/mean"] == [1.0], column
+    assert np.allclose(metrics["reward"], [1.0])
+
+
+# ------------------------------------------------------------------------------------------------ a served env
+@pytest.fixture(scope="module")
+def served_mock():
+    """``python -m envs.serve tau2/mock-v0 --port 0`` in a subprocess (127.0.0.1): its URL."""
+    pytest.importorskip("openenv", reason="envs.serve needs the optional extra [serve]")
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    p = subprocess.Popen([sys.executable, "-m", "envs.serve", "tau2/mock-v0", "--port", "0", "--max-sessions", "16"],
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url, seen = None, []
+    try:
+        for line in p.stdout:  # the server prints its bound address once listening
+            seen.append(line)
+            if "listening on " in line:
+                url = line.split("listening on ", 1)[1].split()[0]
+                break
+        assert url, "".join(seen[-20:])
+        yield url
+    finally:
+        p.terminate()
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def test_remote_factory_has_the_same_tools_and_rewards(served_mock, mock_cls):
+    """environment_factory(url=...) over the served tau2/mock-v0: the same tool schemas (TRL's get_json_schema) as the
+    local class, the same replies and reward on every mock task's gold actions, errors as tool replies; the class
+    pickles by its recipe; a bad task id is a ValueError."""
+    from transformers.utils import get_json_schema
+
+    from envs.trl import RemoteEnv
+
+    remote_cls = environment_factory(url=served_mock)
+    assert remote_cls.__name__ == "RemoteTau2MockV0Env" and pickle.loads(pickle.dumps(remote_cls)) is remote_cls
+    with pytest.raises(ValueError, match="serves"):
+        environment_factory("tau2/airline-v0", url=served_mock)
+    with pytest.raises(ValueError, match="env-kwargs"):
+        environment_factory("tau2/mock-v0", url=served_mock, split="test")
+    assert set(_tool_methods(remote_cls)) == set(_tool_methods(mock_cls))
+    remote, local = remote_cls(), mock_cls()
+    assert isinstance(remote.env, RemoteEnv)
+    for name in _tool_methods(mock_cls):
+        assert get_json_schema(getattr(remote, name)) == get_json_schema(getattr(local, name))
+    for row in dataset("tau2/mock-v0"):
+        assert remote.reset(**row) == local.reset(**row)
+        task = local.env.unwrapped.task
+        for text in _gold_texts(task, solo=False)[:-1]:
+            c = json.loads(text.split("\n")[1])
+            assert getattr(remote, c["name"])(**c["arguments"]) == getattr(local, c["name"])(**c["arguments"])
+        assert remote.get_reward() == local.get_reward() == _replay("tau2/mock-v0", {}, row["task_id"], local.actions)
+        assert remote.actions == local.actions
+    row = dataset("tau2/mock-v0", limit=1)[0]
+    remote.reset(**row)
+    assert remote.create_task(user_id="user_1", title="x", bogus=3).startswith("Error")
+    with pytest.raises(ValueError):
+        remote.reset(task_id="no-such-task")
+    remote.env.close()
+
+
+def test_grpo_trainer_with_a_served_env(served_mock, tiny_dir, tmp_path):
+    """GRPOTrainer trains 1 step with environment_factory(url=...): each group plays the gold calls in one rollout
+    and answers at once in the other, every call a WebSocket step on the server; the logged reward mean equals
+    gym.make's replay of the recorded actions."""
+    cls, log = _recording(environment_factory(url=served_mock))
+    rows = dataset("tau2/mock-v0", limit=1)
+    trainer = _trainer(tiny_dir, tmp_path, train_dataset=rows, environment_factory=cls, max_steps=1,
+                       max_completion_length=400)
+    e = gym.make("tau2/mock-v0").unwrapped
+    plan = _gold_texts(e.tasks[e.tasks.index_of(rows[0]["task_id"])], solo=False)
+    trainer.model.generate = _tagged_generate(trainer.processing_class, [plan, ["I cannot help."]])
+    trainer.train()
+    assert len(log) == 2
+    assert sorted(r for *_, r in log)[-1] == 1.0
+    for task_id, actions, r in log:
+        assert r == _replay("tau2/mock-v0", {}, task_id, actions)
+    assert _logged_means(trainer, cls.__name__) == [pytest.approx(sum(r for *_, r in log) / 2)]
