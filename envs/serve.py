@@ -847,7 +847,8 @@ def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int 
         idle_timeout_s: seconds (of ``clock``) without a request after which a session is closed (``None``: never).
         max_body_bytes: largest HTTP body accepted (the WebSocket message limit is uvicorn's ``ws_max_size``:
             :func:`uvicorn_config`).
-        max_session_bytes: cap on one session's conversation in UTF-8 JSON bytes (``None``: none).
+        max_session_bytes: cap on one session's conversation in UTF-8 JSON bytes, checked on every append and reply,
+            with the session's unsent replies counted against it too (``None``: none; see the module docstring).
         body_timeout_s: seconds a client has to send a whole request body (else 408).
         allowed_origins: ``Origin`` values served (exact, e.g. ``"http://localhost:3000"``); a request with any
             other ``Origin`` is refused (403). Requests without ``Origin`` (non-browser clients) are served.
