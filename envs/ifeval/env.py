@@ -23,7 +23,8 @@ from envs.spaces import AssistantAction, ChatMessages
 from .data import load_prompts
 from .grading import instruction_available, score_response
 
-__all__ = ["IFEvalEnv", "REWARD_KINDS", "EMPTY_RESPONSE", "TOOL_CALL_IN_ANSWER"]
+__all__ = ["IFEvalEnv", "REWARD_KINDS", "EMPTY_RESPONSE", "TOOL_CALL_IN_ANSWER", "MAX_RESPONSE_CHARS",
+           "RESPONSE_TOO_LONG"]
 
 #: ``reward=`` choices: the fraction of the prompt's instructions followed, strictly or loosely (IFEval §2.2).
 REWARD_KINDS = ("strict", "loose")
@@ -31,6 +32,17 @@ REWARD_KINDS = ("strict", "loose")
 EMPTY_RESPONSE = "empty response: it follows no instruction"
 #: ``info["action_error"]`` of a response holding a ``<tool_call>`` block: this env has no tools.
 TOOL_CALL_IN_ANSWER = "the response holds a <tool_call> block, but IFEval-v0 has no tools; it was graded as text"
+
+#: Default ``max_response_chars``: the longest response that is graded (characters, after lone-surrogate cleaning).
+#: IFBench's longest length instruction asks for 443-478 words (~3,000 characters). Some if-verifiable checkers are
+#: superlinear in the response (``detectable_content:number_placeholders``'s ``\[.*?\]``,
+#: ``detectable_format:number_bullet_lists``, ``detectable_content:postscript``, ``detectable_format:title``,
+#: ``format:newline``) and IFBench's ``format:no_bullets_bullets`` splits sentences on every line, each run up to 9
+#: times (strict + 8 loose variants): at this bound the worst shape found costs ~0.7 s per instruction on a loaded
+#: 2-core machine (8,192: ~2.6 s; 100 KB: 5.8 s and 1 MiB ~60 s before the bound). Issue 34.
+MAX_RESPONSE_CHARS = 4096
+#: ``info["action_error"]`` of a response longer than ``max_response_chars`` (``{n}``, ``{bound}``): not graded.
+RESPONSE_TOO_LONG = "the response has {n} characters, more than the {bound} that are graded; it follows no instruction"
 
 _log = logging.getLogger(__name__)
 _warned_unavailable: set[tuple[str, str, int]] = set()  # (split, data path, prompts left out) already logged
@@ -55,7 +67,11 @@ class IFEvalEnv(gym.Env):
 
     :class:`~envs.spaces.AssistantAction`: the model's text, or ``{"role": "assistant", "content":
     text}`` (``tool_calls`` ignored). The whole text is the response. An empty response follows no
-    instruction (reward 0, ``info["action_error"]`` = :data:`EMPTY_RESPONSE`); a response holding a
+    instruction (reward 0, ``info["action_error"]`` = :data:`EMPTY_RESPONSE`); so does a response longer than
+    ``max_response_chars`` characters (default :data:`MAX_RESPONSE_CHARS`, 4,096): it is not graded (no checker
+    runs on it; ``info["action_error"]`` = :data:`RESPONSE_TOO_LONG` with its length, ``strict = loose = 0``),
+    which bounds the time of a step whatever the model writes (the checkers of if-verifiable are not all linear:
+    see :data:`MAX_RESPONSE_CHARS`); a response holding a
     ``<tool_call>`` block is graded as text and flagged (:data:`TOOL_CALL_IN_ANSWER`). An action
     outside the space (``12345``, ``None``, a list, a dict with another role or non-string content)
     is a caller's bug: ``step`` raises ``TypeError`` and the episode goes on unchanged. Lone UTF-16
@@ -107,6 +123,9 @@ class IFEvalEnv(gym.Env):
         reward: ``"strict"`` (default) or ``"loose"``.
         system_prompt: optional system message before the prompt.
         render_mode: ``None`` or ``"ansi"``.
+        max_response_chars: longest response graded (characters, >= 1; default :data:`MAX_RESPONSE_CHARS`);
+            longer ones score 0 with :data:`RESPONSE_TOO_LONG`. Raise it for data asking for long answers (IFEval's
+            own prompts ask for up to several hundred words), at the cost of slower worst-case steps.
 
     Raises:
         ValueError: bad ``split`` / ``reward`` / ``options``, a prompt that is not usable, a malformed
@@ -151,6 +170,9 @@ class IFEvalEnv(gym.Env):
           the data was missing and not fetched, so this version gives them the same prompt sets.
         - 15ec4c4 (2026-11-25): lone surrogates in the response become U+FFFD. Such a response raised
           ``UnicodeEncodeError`` before, so no episode was scored with one: rewards unchanged.
+        - issue 34 (2026-11-26): a response over ``max_response_chars`` (default 4,096 characters) is not graded
+          (reward 0, ``action_error``). Longer responses were graded before; no recorded run could produce one (the
+          IFEval configs generate at most 128 tokens), so recorded rewards are unchanged.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
@@ -162,7 +184,10 @@ class IFEvalEnv(gym.Env):
         reward: str = "strict",
         system_prompt: str | None = None,
         render_mode: str | None = None,
+        max_response_chars: int = MAX_RESPONSE_CHARS,
     ):
+        if isinstance(max_response_chars, bool) or not isinstance(max_response_chars, int) or max_response_chars < 1:
+            raise ValueError(f"max_response_chars must be an int >= 1, got {max_response_chars!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
         if reward not in REWARD_KINDS:
@@ -188,6 +213,7 @@ class IFEvalEnv(gym.Env):
         self.reward_kind = reward
         self.system_prompt = system_prompt or None
         self.render_mode = render_mode
+        self.max_response_chars = max_response_chars
         self.observation_space = ChatMessages()
         self.action_space = AssistantAction()
         self._index: int | None = None
@@ -264,13 +290,19 @@ class IFEvalEnv(gym.Env):
         check_action(action)  # TypeError before any state change
         text = clean_text(action if isinstance(action, str) else (action.get("content") or ""))  # lone surrogates
         p = self._prompts[self._index]
-        grade = score_response(text, p["instruction_id_list"], p["kwargs"], p["prompt"])
+        too_long = len(text) > self.max_response_chars
+        if too_long:  # not graded: no checker runs on it (bounds the step's time)
+            grade = _not_graded(p["instruction_id_list"])
+        else:
+            grade = score_response(text, p["instruction_id_list"], p["kwargs"], p["prompt"])
         self._done = True
         self._messages.append({"role": "assistant", "content": text})
         info = self._info()
         info.update(grade)
         info["termination_reason"] = "answered"
-        if "<tool_call>" in text:
+        if too_long:
+            info["action_error"] = RESPONSE_TOO_LONG.format(n=len(text), bound=self.max_response_chars)
+        elif "<tool_call>" in text:
             info["action_error"] = TOOL_CALL_IN_ANSWER
         elif _is_empty(text):
             info["action_error"] = EMPTY_RESPONSE
@@ -280,6 +312,12 @@ class IFEvalEnv(gym.Env):
         if self.render_mode != "ansi":
             return None
         return "\n\n".join(f"[{m['role']}]\n{m.get('content') or ''}" for m in self._messages)
+
+
+def _not_graded(instruction_id_list: list[str]) -> dict:
+    """:func:`score_response`'s result for a response that follows no instruction."""
+    per = [{"instruction_id": i, "strict": False, "loose": False} for i in instruction_id_list]
+    return {"strict": 0.0, "loose": 0.0, "prompt_strict": 0.0, "prompt_loose": 0.0, "instructions": per}
 
 
 def _is_empty(text: str) -> bool:

@@ -105,11 +105,14 @@ class ParsedAction:
         tool_calls: tool calls in the order written (possibly malformed ones).
         error: set when the action as a whole was unusable (e.g. neither ``str`` nor ``dict``);
             ``content`` and ``tool_calls`` are then empty.
+        too_many_tool_calls: the number of tool calls written when it exceeds ``parse_action``'s
+            ``max_tool_calls`` (``tool_calls`` is then empty: none was decoded); ``0`` otherwise.
     """
 
     content: str | None
     tool_calls: list[ToolCallRequest] = field(default_factory=list)
     error: str | None = None
+    too_many_tool_calls: int = 0
 
     @property
     def is_empty(self) -> bool:
@@ -229,13 +232,20 @@ def _functional(text: str, call_id: str, tool_names: set[str] | None) -> ToolCal
     return ToolCallRequest(call_id, tc.name, args, None, json.dumps(args, default=str))
 
 
-def _parse_text(text: str, id_prefix: str, tool_names: set[str] | None) -> ParsedAction:
+def _over(n: int, max_calls: int | None) -> bool:
+    return max_calls is not None and n > max_calls
+
+
+def _parse_text(text: str, id_prefix: str, tool_names: set[str] | None, max_calls: int | None = None) -> ParsedAction:
     text = _THINK_RE.sub("", text)
     # 1. Hermes / Qwen <tool_call> blocks
     blocks = _TOOL_CALL_RE.findall(text)
     if blocks:
+        content = _clean_text(_TOOL_CALL_RE.sub("", text))
+        if _over(len(blocks), max_calls):
+            return ParsedAction(content, too_many_tool_calls=len(blocks))
         calls = [_from_json_text(b, f"{id_prefix}_{i}") for i, b in enumerate(blocks)]
-        return ParsedAction(_clean_text(_TOOL_CALL_RE.sub("", text)), calls)
+        return ParsedAction(content, calls)
     stripped = text.strip()
     if not stripped:
         return ParsedAction(None)
@@ -252,9 +262,16 @@ def _parse_text(text: str, id_prefix: str, tool_names: set[str] | None) -> Parse
             obj = None
         items = obj if isinstance(obj, list) else [obj]
         if items and all(isinstance(o, dict) and ("name" in o or "function" in o) for o in items):
+            if _over(len(items), max_calls):
+                return ParsedAction(None, too_many_tool_calls=len(items))
             return ParsedAction(None, [_from_object(o, f"{id_prefix}_{i}") for i, o in enumerate(items)])
     # 3. tau2 functional syntax, one call per line
     lines = [ln.strip() for ln in stripped.splitlines() if ln.strip()]
+    if _over(len(lines), max_calls):  # too many if every line is a call of a known tool (checked without parsing)
+        heads = [_FUNCTIONAL_RE.match(ln) for ln in lines]
+        if all(m is not None and (tool_names is None or m.group(1) in tool_names) for m in heads):
+            return ParsedAction(None, too_many_tool_calls=len(lines))
+        return ParsedAction(stripped)
     calls = [_functional(ln, f"{id_prefix}_{i}", tool_names) for i, ln in enumerate(lines)]
     if calls and all(c is not None for c in calls):
         return ParsedAction(None, calls)  # type: ignore[arg-type]
@@ -262,7 +279,9 @@ def _parse_text(text: str, id_prefix: str, tool_names: set[str] | None) -> Parse
     return ParsedAction(stripped)
 
 
-def parse_action(action: Any, id_prefix: str = "call", tool_names: Iterable[str] | None = None) -> ParsedAction:
+def parse_action(
+    action: Any, id_prefix: str = "call", tool_names: Iterable[str] | None = None, max_tool_calls: int | None = None
+) -> ParsedAction:
     """Split an agent turn into content and tool calls (never raises).
 
     Args:
@@ -270,14 +289,19 @@ def parse_action(action: Any, id_prefix: str = "call", tool_names: Iterable[str]
         id_prefix: ids of calls without one are ``f"{id_prefix}_{i}"`` (``i`` = position).
         tool_names: known tool names; tau2's functional syntax is only recognised for these
             (``None``: any identifier).
+        max_tool_calls: most tool calls one action may hold (``None``: no bound). Beyond it no call is
+            decoded: the result has ``tool_calls == []`` and ``too_many_tool_calls`` = the number written
+            (counted as ``<tool_call>`` blocks, list items, functional lines or ``tool_calls`` entries).
 
     Returns:
         :class:`ParsedAction`; malformed calls carry ``error``; an unusable action has
         ``ParsedAction.error`` set.
+
+    Cost: linear in the length of the action (every pattern here is; ``tests/test_regex_linear_time.py``).
     """
     names = set(tool_names) if tool_names is not None else None
     if isinstance(action, str):
-        return _parse_text(clean_text(action), id_prefix, names)
+        return _parse_text(clean_text(action), id_prefix, names, max_tool_calls)
     if isinstance(action, dict):
         role = action.get("role", "assistant")
         if role != "assistant":
@@ -293,8 +317,10 @@ def parse_action(action: Any, id_prefix: str = "call", tool_names: Iterable[str]
         if tool_calls:
             if not isinstance(tool_calls, (list, tuple)):
                 return ParsedAction(None, error=f"'tool_calls' must be a list, got {type(tool_calls).__name__}")
+            text = _clean_text(_THINK_RE.sub("", content) if content else None)
+            if _over(len(tool_calls), max_tool_calls):
+                return ParsedAction(text, too_many_tool_calls=len(tool_calls))
             calls = [_from_object(tc, f"{id_prefix}_{i}") for i, tc in enumerate(tool_calls)]
-            text = _THINK_RE.sub("", content) if content else None
-            return ParsedAction(_clean_text(text), calls)
-        return _parse_text(content or "", id_prefix, names)
+            return ParsedAction(text, calls)
+        return _parse_text(content or "", id_prefix, names, max_tool_calls)
     return ParsedAction(None, error=f"the action must be a str or an assistant message dict, got {type(action).__name__}")

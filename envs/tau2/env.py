@@ -23,13 +23,20 @@ from .logs import set_tau2_logging, tau2_logging_default
 from .messages import openai_tool_call, openai_tool_message, tau2_to_openai
 from .tasks import DEFAULT_SPLIT, load_tasks
 
-__all__ = ["Tau2Env", "USER_KINDS", "REWARD_KINDS", "DO_NOTHING_ACTION"]
+__all__ = ["Tau2Env", "USER_KINDS", "REWARD_KINDS", "DO_NOTHING_ACTION", "MAX_TOOL_CALLS_PER_ACTION",
+           "MAX_TOOL_RESULT_CHARS"]
 
 #: Accepted values of ``user=`` (a callable is accepted too, like ``user_fn=``).
 USER_KINDS = ("solo", "scripted", "llm", "callable")
 #: Accepted values of ``reward=``.
 REWARD_KINDS = ("binary", "partial")
 _OPTION_KEYS = frozenset({"task_id", "index"})
+#: Default ``max_tool_calls_per_action``: most tool calls one action may make (tau2 sets no bound; its gold
+#: demonstrations make one call per message).
+MAX_TOOL_CALLS_PER_ACTION = 16
+#: Default ``max_tool_result_chars``: longest tool answer shown to the agent (characters). The longest answer in a
+#: gold replay is 3,370 characters (retail base; airline base 1,317, telecom small 384, mock 114).
+MAX_TOOL_RESULT_CHARS = 16_384
 #: The do-nothing agent: end the conversation at once with the ``done`` tool (a reward floor:
 #: some tasks need no change, ~0.38 on airline base). Read it as ``env.do_nothing_action``.
 DO_NOTHING_ACTION = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "done", "arguments": {}}}]}
@@ -52,7 +59,12 @@ class Tau2Env(gym.Env):
     :class:`~envs.spaces.AssistantAction` (:mod:`envs.tau2.actions`): an assistant message dict,
     or raw model text with Hermes / Qwen ``<tool_call>`` blocks, bare JSON, or tau2's
     ``name(arg=...)`` syntax; anything else is a message to the customer. Several calls in one
-    action run in order. A malformed call (bad JSON, no name, arguments not an object), a call with
+    action run in order, at most ``max_tool_calls_per_action`` of them (default
+    :data:`MAX_TOOL_CALLS_PER_ACTION`, 16): an action making more runs none (a ``done`` among them
+    included) and is answered with one tool error message (its id ``call_{step}_0`` stands for them all in
+    the recorded assistant message; the content says how many were written and the bound), counted in
+    ``num_errors`` and ``info["action_error"]``; the database is unchanged. A malformed call (bad JSON, no
+    name, arguments not an object), a call with
     arguments that fail the tool's parameter model (strict pydantic validation, unknown keys
     rejected) and a call to an unknown tool are answered with a tool message starting with
     ``"Error:"``; the first two are never executed, the last is answered by tau2 (``"Error: Tool
@@ -70,8 +82,13 @@ class Tau2Env(gym.Env):
     system message (tau2's agent instructions and domain policy; in solo mode the solo
     instructions, solo policy and the task's ticket), the task's prior history if it has one,
     then -- with a user -- tau2's greeting ``"Hi! How can I help you today?"`` and the customer's
-    opening message. After a tool-calling action: one ``tool`` message per call, in order. After a
-    message to the customer: the customer's reply.
+    opening message. After a tool-calling action: one ``tool`` message per call, in order, each cut to
+    ``max_tool_result_chars`` characters (default :data:`MAX_TOOL_RESULT_CHARS`) plus a note
+    ``"[... n more characters not shown]"`` (the trajectory tau2 grades keeps the whole answer). After a
+    message to the customer: the customer's reply. So one step appends to ``info["messages"]`` at most
+    the action itself, ``max_tool_calls_per_action`` tool messages of at most ``max_tool_result_chars``
+    characters plus the note, and the customer's reply (a session byte cap is the server's,
+    :mod:`envs.serve`).
 
     ## Rewards
 
@@ -132,11 +149,15 @@ class Tau2Env(gym.Env):
             before the customer is declared failed.
         tau2_logging: let tau2's loguru output through (default: ``$TAU2_LOG``, else off).
         render_mode: ``None`` or ``"ansi"``.
+        max_tool_calls_per_action: most tool calls one action may make (>= 1; default
+            :data:`MAX_TOOL_CALLS_PER_ACTION` = 16; tau2 sets none, its gold demonstrations make one per message).
+        max_tool_result_chars: longest tool answer shown to the agent, in characters (>= 1; default
+            :data:`MAX_TOOL_RESULT_CHARS` = 16,384; the longest answer of a gold replay is 3,370, retail).
 
     Raises:
         ValueError: unknown domain, split, user kind, reward kind or evaluator; solo mode for a
             domain without it; ``user="llm"`` without ``user_llm``; ``user="callable"`` without
-            ``user_fn``; ``max_steps < 1``.
+            ``user_fn``; ``max_steps < 1``; ``max_tool_calls_per_action`` or ``max_tool_result_chars`` < 1.
 
     ## Where we diverge from tau2, and why
 
@@ -172,6 +193,12 @@ class Tau2Env(gym.Env):
        nested deeper than :data:`~envs.action_text.MAX_JSON_DEPTH` levels is a malformed call
        (refused before ``json.loads``, which tau2 lets raise ``RecursionError``), and lone UTF-16
        surrogates in the action become U+FFFD on entry (a reply holding one cannot be encoded).
+    8. What one step may append is bounded (issue 34): tau2 runs every call of a message and shows every
+       answer whole, so a 1 MiB action of 7,300 airline calls took 3.9 s and grew the conversation to 24.1 MB
+       (``<tool_call></tool_call>`` x 45,588: 18.8 MB). Here an action of more than
+       ``max_tool_calls_per_action`` calls runs none (one error answer), and the agent reads each answer cut
+       to ``max_tool_result_chars`` characters. Every pattern that reads the action is linear-time
+       (``tests/test_regex_linear_time.py``).
 
     ## Example
 
@@ -223,6 +250,12 @@ class Tau2Env(gym.Env):
           :data:`~envs.tau2.users.READ_CHARS` (4,000) characters of an agent message, so a closing or
           confirmation phrase earlier in a longer message no longer ends the call or gets a "yes". Recorded
           runs generated at most 256 tokens a turn, and no stored agent message exceeds 4,000 characters.
+        - issue 34 (2026-11-26): an action of more than ``max_tool_calls_per_action`` (16) tool calls runs none and
+          is answered with one tool error; tool answers shown to the agent are cut to ``max_tool_result_chars``
+          (16,384) characters. Rewards are unchanged for every gold trajectory (one call per message, longest
+          answer 3,370 characters) and for the recorded episodes (``benchmarks/results/**/eval_episodes.jsonl``: 648
+          agent messages, at most 1 call each, longest tool answer 1,260 characters); the tau2 trajectory keeps
+          whole answers.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
@@ -244,6 +277,8 @@ class Tau2Env(gym.Env):
         max_user_tool_rounds: int = 20,
         tau2_logging: bool | None = None,
         render_mode: str | None = None,
+        max_tool_calls_per_action: int = MAX_TOOL_CALLS_PER_ACTION,
+        max_tool_result_chars: int = MAX_TOOL_RESULT_CHARS,
     ):
         set_tau2_logging(tau2_logging_default() if tau2_logging is None else bool(tau2_logging))
         if callable(user):
@@ -266,6 +301,10 @@ class Tau2Env(gym.Env):
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        if isinstance(max_tool_calls_per_action, bool) or int(max_tool_calls_per_action) < 1:
+            raise ValueError(f"max_tool_calls_per_action must be an int >= 1, got {max_tool_calls_per_action!r}")
+        if isinstance(max_tool_result_chars, bool) or int(max_tool_result_chars) < 1:
+            raise ValueError(f"max_tool_result_chars must be an int >= 1, got {max_tool_result_chars!r}")
 
         self.domain_name = domain
         self.split = split
@@ -286,6 +325,8 @@ class Tau2Env(gym.Env):
         self.scripted_max_turns = int(scripted_max_turns)
         self.max_user_tool_rounds = int(max_user_tool_rounds)
         self.render_mode = render_mode
+        self.max_tool_calls_per_action = int(max_tool_calls_per_action)
+        self.max_tool_result_chars = int(max_tool_result_chars)
 
         self.tools = self.domain.tool_schemas(self.solo)
         self._tool_names = self.domain.agent_tool_set(self.solo)
@@ -485,10 +526,17 @@ class Tau2Env(gym.Env):
             self._pending = None
             return self._finish([], reason, error=msg)
 
-        parsed = parse_action(action, id_prefix=f"call_{self._steps}", tool_names=self._parse_names)
+        parsed = parse_action(action, id_prefix=f"call_{self._steps}", tool_names=self._parse_names,
+                              max_tool_calls=self.max_tool_calls_per_action)
         if parsed.error is not None:
             self._last_action_error = parsed.error
             return self._after([], None)
+        if parsed.too_many_tool_calls:  # none is run: one malformed call stands for them all
+            n, bound = parsed.too_many_tool_calls, self.max_tool_calls_per_action
+            parsed.tool_calls = [ToolCallRequest(
+                f"call_{self._steps}_0", None, None,
+                f"the message makes {n} tool calls and at most {bound} are run per message, so none was run"
+                f"; make at most {bound} calls per message")]
         stop_at = next((i for i, c in enumerate(parsed.tool_calls) if c.name == STOP_TOOL), None)
         calls = parsed.tool_calls if stop_at is None else parsed.tool_calls[:stop_at]
         stop = stop_at is not None or (parsed.content is not None and STOP_TOKEN in parsed.content)
@@ -574,15 +622,22 @@ class Tau2Env(gym.Env):
                 if c.name == TRANSFER_TOOL and not tm.error and hasattr(self._user, "transferred"):
                     self._user.transferred = True
                 out = openai_tool_message(c.id, c.name, tm.content)
+            out["content"] = self._shown(out["content"])
             obs.append(out)
         if unusable:
-            self._last_action_error = "; ".join(unusable)
+            self._last_action_error = "; ".join(self._shown(u) for u in unusable)
         amsg.tool_calls = accepted or None
         if accepted or content is not None:
             self._trajectory.append(amsg)
             self._trajectory.extend(tool_msgs)
         self._messages.extend(obs)
         return obs
+
+    def _shown(self, text: str) -> str:
+        """``text`` cut to ``max_tool_result_chars`` characters, saying how many more there were."""
+        if len(text) <= self.max_tool_result_chars:
+            return text
+        return text[: self.max_tool_result_chars] + f"\n[... {len(text) - self.max_tool_result_chars} more characters not shown]"
 
     def _user_turn(self, incoming: Any) -> tuple[list[dict], tuple[str, str] | None]:
         """Let the customer answer ``incoming`` (running its tool calls); returns the new
