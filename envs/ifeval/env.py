@@ -170,7 +170,7 @@ class IFEvalEnv(gym.Env):
           the data was missing and not fetched, so this version gives them the same prompt sets.
         - 15ec4c4 (2026-11-25): lone surrogates in the response become U+FFFD. Such a response raised
           ``UnicodeEncodeError`` before, so no episode was scored with one: rewards unchanged.
-        - issue 34 (2026-11-26): a response over ``max_response_chars`` (default 4,096 characters) is not graded
+        - 5507ac0 (2026-11-26): a response over ``max_response_chars`` (default 4,096 characters) is not graded
           (reward 0, ``action_error``). Longer responses were graded before; no recorded run could produce one (the
           IFEval configs generate at most 128 tokens), so recorded rewards are unchanged.
     """

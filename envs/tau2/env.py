@@ -250,7 +250,7 @@ class Tau2Env(gym.Env):
           :data:`~envs.tau2.users.READ_CHARS` (4,000) characters of an agent message, so a closing or
           confirmation phrase earlier in a longer message no longer ends the call or gets a "yes". Recorded
           runs generated at most 256 tokens a turn, and no stored agent message exceeds 4,000 characters.
-        - issue 34 (2026-11-26): an action of more than ``max_tool_calls_per_action`` (16) tool calls runs none and
+        - 5507ac0 (2026-11-26): an action of more than ``max_tool_calls_per_action`` (16) tool calls runs none and
           is answered with one tool error; tool answers shown to the agent are cut to ``max_tool_result_chars``
           (16,384) characters. Rewards are unchanged for every gold trajectory (one call per message, longest
           answer 3,370 characters) and for the recorded episodes (``benchmarks/results/**/eval_episodes.jsonl``: 648
