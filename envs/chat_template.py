@@ -19,19 +19,26 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from envs.action_text import UnusableJSON, loads_bounded
+
 __all__ = ["template_messages"]
 
 
 def _template_arguments(args: Any) -> Any:
-    """A JSON-object string as a dict, ``""`` as ``{}``; anything else unchanged."""
+    """A JSON-object string as a dict, ``""`` as ``{}``; anything else unchanged.
+
+    The string is model text when the env recorded a malformed call as written: it is decoded with
+    :func:`envs.action_text.loads_bounded` (nesting and integer length checked first, linear time), so JSON nested
+    deeper than :data:`~envs.action_text.MAX_JSON_DEPTH` or holding a 4,300-digit integer is kept as a string
+    instead of raising ``RecursionError`` / ``ValueError`` in the renderer (issue 34)."""
     if not isinstance(args, str):
         return args
     if not args.strip():
         return {}
     try:
-        decoded = json.loads(args)
-    except json.JSONDecodeError:
-        return args  # malformed: shown as the model wrote it
+        decoded = loads_bounded(args)
+    except (json.JSONDecodeError, UnusableJSON):
+        return args  # malformed or unusable: shown as the model wrote it
     return decoded if isinstance(decoded, dict) else args
 
 
@@ -42,7 +49,11 @@ def template_messages(messages: Sequence[dict]) -> list[dict]:
     - each ``tool_calls`` entry becomes ``{"type": "function", "function": {"name", "arguments"},
       "id"?}`` (a bare ``{"name", "arguments"}`` entry is wrapped; other keys are dropped);
     - ``arguments`` given as a JSON string of an object becomes that dict, ``""`` becomes ``{}``;
-      any other string (malformed JSON, a JSON list or number) is kept as written.
+      any other string (malformed JSON, a JSON list or number, JSON nested deeper than
+      :data:`~envs.action_text.MAX_JSON_DEPTH` or with an over-long integer) is kept as written.
+      Lone surrogates in decoded strings become U+FFFD.
+
+    Cost: linear in the total length of the messages. Never raises on what a model wrote.
 
     Other message keys (``tool_call_id``, ``name``) are kept. Copies are shallow below the
     changed keys (a dict ``arguments`` is shared with the input).

@@ -249,3 +249,34 @@ def test_ifeval_slowest_checkers_at_the_bound(iid, kwargs, unit):
     score_response(text, [iid], [kwargs], "Write.")
     dt = time.perf_counter() - t0
     assert dt < IFEVAL_INSTRUCTION_BOUND_S, f"{iid} took {dt:.2f} s on {len(text)} characters"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# rendering what a step appended (envs.chat_template): the trainer renders every env message with the chat template
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("arguments", ["[" * 100_000, "[" * 5_000 + "]" * 5_000, "1" * 5_000,
+                                       '{"a": ' * 50_000, "\"\\ud800\""])
+def test_template_messages_never_raise_on_recorded_arguments(arguments):
+    """A malformed call is recorded as written (``arguments`` = the model's text); ``template_messages`` decoded it
+    with ``json.loads``, which raises ``RecursionError`` on deep nesting and ``ValueError`` on a 5,000-digit integer:
+    the trainer's renderer crashed on the env's own conversation."""
+    from envs.chat_template import template_messages
+
+    msg = {"role": "assistant", "content": None,
+           "tool_calls": [{"id": "c0", "type": "function", "function": {"name": "f", "arguments": arguments}}]}
+    t0 = time.perf_counter()
+    out = template_messages([msg])
+    assert time.perf_counter() - t0 < 0.5
+    args = out[0]["tool_calls"][0]["function"]["arguments"]
+    assert args == arguments or isinstance(args, dict)
+    json.dumps(out, ensure_ascii=False).encode("utf-8")
+
+
+def test_a_too_deep_tool_call_recorded_by_tau2_renders():
+    from envs.chat_template import template_messages
+
+    env = _airline()
+    deep = '<tool_call>{"name": "get_user_details", "arguments": ' + "[" * 5_000 + "]" * 5_000 + "}</tool_call>"
+    obs, *_, info = _timed_step(env, deep)
+    assert obs[0]["content"].startswith("Error:")
+    template_messages(info["messages"])  # raised RecursionError before
