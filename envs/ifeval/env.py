@@ -38,7 +38,7 @@ TOOL_CALL_IN_ANSWER = "the response holds a <tool_call> block, but IFEval-v0 has
 #: superlinear in the response (``detectable_content:number_placeholders``'s ``\[.*?\]``,
 #: ``detectable_format:number_bullet_lists``, ``detectable_content:postscript``, ``detectable_format:title``,
 #: ``format:newline``) and IFBench's ``format:no_bullets_bullets`` splits sentences on every line, each run up to 9
-#: times (strict + 8 loose variants): at this bound the worst shape found costs ~0.7 s per instruction on a loaded
+#: times (strict + 8 loose variants): at this bound the worst shape found costs 0.6-0.9 s per instruction on a loaded
 #: 2-core machine (8,192: ~2.6 s; 100 KB: 5.8 s and 1 MiB ~60 s before the bound). Issue 34.
 MAX_RESPONSE_CHARS = 4096
 #: ``info["action_error"]`` of a response longer than ``max_response_chars`` (``{n}``, ``{bound}``): not graded.

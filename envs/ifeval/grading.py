@@ -164,6 +164,11 @@ def score_response(response: str, instruction_id_list: list[str], kwargs: list[d
     Raises:
         LookupError: a checker's NLTK data is missing (see :func:`instruction_available`).
         KeyError: an unknown instruction id.
+
+    Cost: each checker runs up to 9 times (strict + 8 loose variants), and some of if-verifiable's checkers are
+    superlinear in ``len(response)`` (``\\[.*?\\]`` placeholders, bullet lists, postscript, ``<<title>>``,
+    ``format:newline``); nothing here bounds the length: :class:`envs.ifeval.env.IFEvalEnv` grades responses of at
+    most ``max_response_chars`` characters (issue 34; ``tests/test_step_bounds.py`` times the slowest checkers there).
     """
     from if_verifiable.common import evaluate_instructions
 
