@@ -280,3 +280,52 @@ def test_a_too_deep_tool_call_recorded_by_tau2_renders():
     obs, *_, info = _timed_step(env, deep)
     assert obs[0]["content"].startswith("Error:")
     template_messages(info["messages"])  # raised RecursionError before
+
+
+#: Units run to the response bound for :func:`test_every_ifeval_checker_at_the_response_bound`: single characters
+#: (spaces, newlines, tabs, brackets, braces, markdown, punctuation, letters, digits) and short units (words,
+#: sentences, bullet lines, titles, postscripts).
+CHECKER_UNITS = [" ", "\n", "\t", "*", "-", "#", "<", ">", "[", "{", "}", "^", "`", "0", "a", "A", ".", ",", '"',
+                 "a ", "a.", "a. ", "* a\n", "a\n", "a\n\n", "<<", "# a\n", "- a\n", "a, ", "Aa ", "P.S.", "a b c. "]
+
+
+@pytest.mark.slow
+def test_every_ifeval_checker_at_the_response_bound():
+    """Every IFEval and IFBench checker that runs here, on every unit run to ``MAX_RESPONSE_CHARS`` (a library
+    upgrade that adds a slow checker fails here): one ``check_following`` call must take less than
+    ``IFEVAL_INSTRUCTION_BOUND_S / 9`` (a step runs it up to 9 times per instruction)."""
+    pytest.importorskip("if_verifiable")
+    import random
+
+    from envs.ifeval.env import MAX_RESPONSE_CHARS
+    from envs.ifeval.grading import _registry, instruction_available
+
+    logging.disable(logging.CRITICAL)  # langdetect logs every text it cannot classify
+    try:
+        slow = []
+        for registry in ("ifeval", "ifbench"):
+            for iid, cls in _registry(registry).items():
+                if not instruction_available(iid):
+                    continue
+                random.seed(0)
+                checker = cls(iid)
+                try:
+                    checker.build_description()
+                except ValueError:  # combination:repeat_prompt needs its prompt
+                    checker.build_description(prompt_to_repeat="Write a poem about cats.")
+                args = checker.get_instruction_args()
+                if args and "prompt" in args:
+                    checker.build_description(prompt="Write a poem about cats.")
+                for unit in CHECKER_UNITS:
+                    text = ("a " + unit * MAX_RESPONSE_CHARS)[:MAX_RESPONSE_CHARS]
+                    t0 = time.perf_counter()
+                    try:
+                        checker.check_following(text)
+                    except Exception:  # noqa: BLE001 - a checker may reject a shape; only its time matters here
+                        pass
+                    dt = time.perf_counter() - t0
+                    if dt > IFEVAL_INSTRUCTION_BOUND_S / 9:
+                        slow.append((iid, repr(unit), round(dt, 3)))
+    finally:
+        logging.disable(logging.NOTSET)
+    assert not slow, slow
