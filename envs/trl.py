@@ -1,6 +1,7 @@
 """TRL glue: the envs of this package inside ``trl.GRPOTrainer`` (TRL 1.16, extra ``[trl]``).
 
-Three entry points, none of which imports TRL (``datasets`` is imported lazily by :func:`dataset`)::
+Three entry points, none of which imports TRL (``datasets`` is imported lazily by :func:`dataset`, ``websockets``
+by :class:`RemoteEnv`)::
 
     from trl import GRPOConfig, GRPOTrainer
     from envs.trl import dataset, environment_factory, reward_function
@@ -11,6 +12,26 @@ Three entry points, none of which imports TRL (``datasets`` is imported lazily b
     # one-turn envs (GSM8K-v1, IFEval-v0, ReasoningGym-v1, ...): the env's own grader as a reward function
     trainer = GRPOTrainer(model, reward_funcs=reward_function("GSM8K-v1", split="train"),
                           train_dataset=dataset("GSM8K-v1", "train"), args=GRPOConfig(...))
+
+TRL's advanced modes (TRL 1.16; tests: ``tests/test_trl_async.py``, ``tests/test_trl_env.py``)::
+
+    environment_factory("tau2/retail-v0", asynchronous=True)   # async tools / get_reward (Tau2RetailV0AsyncEnv)
+    environment_factory(url="http://host:8000")                 # over ``python -m envs.serve tau2/retail-v0``
+    mix = multi_environment({"airline": "tau2/airline-v0", "chain_sum": ("ReasoningGym-v1", {"task": "chain_sum"})})
+    GRPOTrainer(model, args=..., **mix._asdict())               # dict environment_factory + `environment` column
+
+* pickling: a factory class pickles as the call that makes it (:class:`_FactoryClass`; one class per arguments and
+  process), reward functions are :class:`EnvReward` objects: TRL's async rollout worker spawns a process and
+  pickles both;
+* ``asynchronous=True``: ``async def`` tools, ``send_message_to_user`` and ``get_reward`` (the env step runs in a
+  worker thread). TRL 1.16's ``GRPOTrainer`` awaits them one rollout at a time (no overlap across the batch);
+  ``trl.experimental.async_grpo``'s rollout worker runs all in-flight rollouts concurrently (sync tools too, in its
+  thread pool). ``reset`` stays synchronous: TRL calls it so;
+* multi-environment: :func:`dataset` ``environment=`` adds the column TRL routes on; :func:`multi_environment` builds
+  the classes (one-turn envs as :class:`TRLOneTurnEnv`, scored by an :class:`EnvReward` restricted to their rows),
+  rows and reward functions;
+* a served env: :class:`RemoteEnv` is one WebSocket session of ``python -m envs.serve`` with Gymnasium's
+  ``reset``/``step``; ``environment_factory(url=...)`` builds the same class over it.
 
 What TRL 1.16 does with an ``environment_factory`` (read from ``trl/trainer/grpo_trainer.py``): it calls the
 factory with no argument, once at start-up to probe it and then whenever a batch needs more instances (instances
