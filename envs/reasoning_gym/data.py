@@ -16,6 +16,10 @@ keeps both splits on the generator's own difficulty mix. A task whose problem sp
 empty raises ``ValueError``; with few distinct questions (1-digit products: 100, ~25 on the test side) a split
 repeats them: ``info["distinct_questions"]`` is not reported, count them with ``{p["question"] for p in env._problems}``.
 
+A task whose verifier can evaluate the answer as code (:func:`envs.reasoning_gym.verifier_audit.evaluating_calls`,
+read from the installed library's source) and has no answer grammar (:data:`envs.reasoning_gym.answer_formats.GRAMMARS`)
+is refused here with ``ValueError``.
+
 Where we diverge from the library: for a weighted mix we build the library's own ``"composite"`` dataset
 (``DatasetSpec``s), and a difficulty ``level`` is applied with the library's curriculum
 (``create_curriculum(name).set_global_level(level).generate_configuration()``, its default INCLUSIVE range mode);
@@ -33,6 +37,9 @@ from typing import Any
 import reasoning_gym
 from reasoning_gym.composite import DatasetSpec
 from reasoning_gym.factory import CURRICULA, DATASETS, create_curriculum
+
+from .answer_formats import GRAMMARS
+from .verifier_audit import evaluating_calls
 
 __all__ = ["TaskSpec", "resolve_spec", "split_items", "dataset_for", "valid_tasks", "DEFAULT_TRAIN_SEED",
            "DEFAULT_TEST_SEED", "DEFAULT_TRAIN_SIZE", "DEFAULT_TEST_SIZE", "MAX_TEST_DRAWS_FACTOR", "SPLITS",
@@ -87,6 +94,12 @@ def _resolve_one(name: Any, config: Any, level: Any) -> tuple[dict, str]:
     if not isinstance(name, str) or name not in DATASETS or name == "composite":
         raise ValueError(f"unknown reasoning_gym task {name!r}; valid tasks (the library's registry): "
                          f"{valid_tasks()}")
+    evaluators = evaluating_calls(name)
+    if evaluators and name not in GRAMMARS:
+        raise ValueError(f"reasoning_gym task {name!r} is refused: its verifier (score_answer, reasoning-gym "
+                         f"{reasoning_gym.__version__}) can evaluate the answer text as code ({', '.join(evaluators)}) "
+                         f"and envs.reasoning_gym.answer_formats has no grammar for its answers; a model's text "
+                         f"must not reach an evaluator (issue 34)")
     if config is None:
         config = {}
     if not isinstance(config, dict):
@@ -147,7 +160,8 @@ def resolve_spec(task: str | None, tasks: dict | None, task_config: dict | None,
 
     Raises:
         ValueError: both or neither of ``task`` / ``tasks``, an unknown task name or config key (naming the valid
-            ones), a bad weight or level, a config the library rejects.
+            ones), a bad weight or level, a config the library rejects, a task whose verifier evaluates text and
+            that has no answer grammar.
     """
     if (task is None) == (tasks is None):
         raise ValueError("give exactly one of task='chain_sum' or tasks={'chain_sum': 1.0, ...}")

@@ -278,7 +278,9 @@ class ReasoningGymEnv(gym.Env):
         text = clean_text(action if isinstance(action, str) else (action.get("content") or ""))  # JSON-safe log
         p = self._problems[self._index]
         entry = {"question": p["question"], "answer": p["answer"], "metadata": copy.deepcopy(p["metadata"])}
-        reward, grade = score(self._scorer, text, entry)
+        # the verifier that judges: the one task's, or the one a mix (the library's composite) dispatches the item to
+        task = self.spec_tasks.tasks[0][0] if len(self.spec_tasks.tasks) == 1 else p["metadata"]["source_dataset"]
+        reward, grade = score(self._scorer, text, entry, task)
         self._done = True
         self._messages.append({"role": "assistant", "content": text})
         info = self._info()

@@ -3,7 +3,8 @@
 Extraction (:func:`extract_answer`), on the last :data:`MAX_TEXT_CHARS` characters of the response only:
 
 1. the content of the last ``<answer>...</answer>`` block (stripped), if there is one -- the format of the
-   library's own prompts (``reasoning_gym.utils.extract_answer``, same regex);
+   library's own prompts (read as ``reasoning_gym.utils.extract_answer``'s regex reads it, by a linear scan:
+   :func:`last_answer_block`);
 2. else, when the gold answer is a number (``-12``, ``3.5``, ``1,000``), the last number in the text;
 3. else the last non-empty line (stripped);
 4. else (empty / whitespace text) nothing: ``None``, which scores 0.
@@ -13,13 +14,22 @@ line", answer-tag-only extraction scored 0 on every task tried, tag / last numbe
 on 1-digit ``products`` (a throwaway probe recorded in issue 26).
 
 Every model output is hostile, and some of the library's scorers convert or evaluate the answer (``Decimal``,
-``int(s, 0)``, ``eval``, sympy's ``parse_expr`` in countdown / puzzle24). So before any conversion
-(:func:`answer_guard`), an extracted answer scores 0 (with a reason) when it holds
+``int(s, 0)``, ``eval``, sympy's ``parse_expr``). So before any conversion (:func:`answer_guard`), an extracted
+answer scores 0 (with a reason) when it holds
 
+* more than :data:`MAX_TEXT_CHARS` characters;
 * a run of more than ``max(MAX_DIGITS, longest digit run of the gold answer)`` digits;
 * brackets nested deeper than ``max(MAX_NESTING, the gold answer's depth)``;
-* a scientific exponent (``1e100000000``) or a power exponent (``9**99999``, ``2^99999``) above
-  :data:`MAX_EXPONENT`, or a power of a power (``9**9**9``, ``(9**9)**9``) when the gold answer has none.
+* a scientific exponent (``1e100000000``; a decimal float literal: ``0x176b9e643680`` is a hexadecimal integer, not
+  ``9e643680``) or a power exponent (``9**99999``, ``2^99999``) above ``max(MAX_EXPONENT, the gold answer's
+  largest)``, or a power of a power (``9**9**9``, ``(9**9)**9``) when the gold answer has none.
+
+Each bound widens to the gold answer's own value, so a gold answer always passes (issue 36). Then, for a task whose
+verifier can evaluate text (:mod:`.verifier_audit`), the answer must match its task's grammar
+(:mod:`.answer_formats`) or it scores 0 (with a reason): no model text reaches ``eval`` or ``parse_expr`` unless
+it cannot name an attribute, a dunder, an import or a call (issue 34). Every scan of model text here is linear in
+its length (hand-written scans and regexes without nested or adjacent optional repeats; issue 34 measured the old
+exponent regexes at 6.5 s on 278 characters).
 
 The library's score is then taken as it is (never re-written): e.g. chain_sum / products compare with ``Decimal``
 after removing commas and give ``len(gold) / len(answer)`` partial credit when the gold string occurs inside a
@@ -31,9 +41,10 @@ import re
 from typing import Any
 
 from envs.action_text import clean_text
+from envs.reasoning_gym.answer_formats import check_format
 
-__all__ = ["MAX_TEXT_CHARS", "MAX_DIGITS", "MAX_NESTING", "MAX_EXPONENT", "extract_answer", "answer_guard",
-           "score"]
+__all__ = ["MAX_TEXT_CHARS", "MAX_DIGITS", "MAX_NESTING", "MAX_EXPONENT", "extract_answer", "last_answer_block",
+           "answer_guard", "score"]
 
 #: Only the last this many characters of a response are read (the final answer is at its end).
 MAX_TEXT_CHARS = 4096
@@ -44,13 +55,11 @@ MAX_NESTING = 32
 #: Largest exponent (scientific ``e`` or ``**`` / ``^``) an answer may write.
 MAX_EXPONENT = 100
 
-_ANSWER_TAG = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?![\w])")
 _NUMERIC_GOLD = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")
 _DIGIT_RUN = re.compile(r"\d+")
-_SCI_EXP = re.compile(r"\d\.?\s*[eE]\s*[-+]?\s*(\d+)")
-_POW_EXP = re.compile(r"(?:\*\*|\^)\s*[-+]?\s*\(?\s*[-+]?\s*(\d+)")
-_POW_OF_POW = re.compile(r"(?:\*\*|\^)\s*[-+]?\s*\(?\s*[-+]?\s*[\w.]+\s*\)?\s*(?:\*\*|\^)|\)\s*(?:\*\*|\^)")
+_OPEN_TAG, _CLOSE_TAG = "<answer>", "</answer>"
+_BASE_PREFIXES = ("0x", "0X", "0b", "0B", "0o", "0O")
 
 
 def is_numeric(gold: str) -> bool:
@@ -58,16 +67,32 @@ def is_numeric(gold: str) -> bool:
     return _NUMERIC_GOLD.fullmatch(gold.strip()) is not None
 
 
+def last_answer_block(window: str) -> str | None:
+    """The content of the last ``<answer>...</answer>`` block of ``window``, as ``re.findall(r"<answer>\s?(.*?)\s?
+    </answer>", window, re.DOTALL)[-1]`` reads it (the library's regex: blocks left to right, each closed by the
+    first ``</answer>`` after its opening, a nested ``<answer>`` part of the content), unstripped; ``None`` when there
+    is none. A scan with ``str.find``: linear in ``len(window)`` whatever it holds (the regex retried every later
+    opening when one was never closed: quadratic)."""
+    last, pos = None, 0
+    while True:
+        i = window.find(_OPEN_TAG, pos)
+        if i < 0:
+            return last
+        j = window.find(_CLOSE_TAG, i + len(_OPEN_TAG))
+        if j < 0:  # no closing after this opening, so none after any later one either
+            return last
+        last, pos = window[i + len(_OPEN_TAG):j], j + len(_CLOSE_TAG)
+
+
 def extract_answer(text: str, gold: str) -> str | None:
     """The answer read from a response (the rules in the module docstring); ``None`` when there is none.
 
-    Cost: linear in ``min(len(text), MAX_TEXT_CHARS)`` (the tag regex is quadratic in the number of ``<answer>``
-    openings within that window, at most ~500).
+    Cost: linear in ``min(len(text), MAX_TEXT_CHARS)``.
     """
     window = clean_text(text[-MAX_TEXT_CHARS:])
-    tags = _ANSWER_TAG.findall(window)
-    if tags:
-        return tags[-1].strip()
+    block = last_answer_block(window)
+    if block is not None:
+        return block.strip()
     if is_numeric(gold):
         numbers = _NUMBER.findall(window)
         if numbers:
@@ -91,27 +116,150 @@ def _longest_run(s: str) -> int:
     return max((len(m) for m in _DIGIT_RUN.findall(s)), default=0)
 
 
+def _is_word(ch: str) -> bool:
+    return ch.isalnum() or ch == "_"
+
+
+def _tokens(s: str) -> list[tuple[str, str]]:
+    """``s`` as ``(kind, text)`` tokens, white space dropped, in one left-to-right pass (linear): ``"num"`` a run of
+    word characters and dots that starts with a digit (``1.5e-3``, ``0x1f``; a sign right after its ``e``/``E`` and
+    the digits after it included, as Python's tokenizer reads a float), ``"word"`` a run of word characters and dots
+    that starts with another character (``x``, ``0x176b9e643680``'s tail is part of its number), ``"pow"`` for ``**``
+    or ``^``, else one character."""
+    out: list[tuple[str, str]] = []
+    i, n = 0, len(s)
+    while i < n:
+        ch = s[i]
+        if ch.isspace():
+            i += 1
+        elif _is_word(ch) or (ch == "." and i + 1 < n and s[i + 1].isdecimal()):
+            j = i + 1
+            numeric = ch.isdecimal() or ch == "."
+            decimal = numeric and not s.startswith(_BASE_PREFIXES, i)
+            while j < n:
+                c = s[j]
+                if _is_word(c) or c == ".":
+                    j += 1
+                elif decimal and c in "+-" and s[j - 1] in "eE" and j + 1 < n and s[j + 1].isdecimal():
+                    j += 2
+                else:
+                    break
+            out.append(("num" if numeric else "word", s[i:j]))
+            i = j
+        elif s.startswith("**", i):
+            out.append(("pow", "**"))
+            i += 2
+        elif ch == "^":
+            out.append(("pow", "^"))
+            i += 1
+        else:
+            out.append((ch, ch))
+            i += 1
+    return out
+
+
+def _sci_exponent(num: str) -> str | None:
+    """The exponent digits of a decimal float literal (``1.5e-300`` -> ``"300"``, underscores dropped); ``None`` when
+    ``num`` is not one (``0x1e5``, ``12``, ``1e``)."""
+    if num.lower().startswith(("0x", "0b", "0o")):
+        return None
+    k = max(num.rfind("e"), num.rfind("E"))
+    if k <= 0:
+        return None
+    mantissa, exp = num[:k].replace("_", ""), num[k + 1:].replace("_", "")
+    exp = exp[1:] if exp[:1] in ("+", "-") else exp
+    digits = mantissa.replace(".", "", 1)
+    if not digits or not digits.isdecimal() or not exp or not exp.isdecimal():
+        return None
+    return exp
+
+
+def _leading_digits(num: str) -> str:
+    """The exponent a power reads from a number token: its value for ``0x`` / ``0o`` / ``0b`` literals, else its
+    leading decimal digits."""
+    if num.lower().startswith(("0x", "0b", "0o")):
+        try:
+            return str(int(num, 0))
+        except ValueError:
+            return "0"
+    k = 0
+    while k < len(num) and (num[k].isdecimal() or num[k] == "_"):
+        k += 1
+    return num[:k].replace("_", "") or "0"
+
+
+def _scan(s: str) -> tuple[list[str], bool]:
+    """``(exponents, power_of_power)`` of ``s`` in one pass over its tokens: every scientific exponent and every
+    exponent of ``**`` / ``^`` (after any signs and opening parentheses) as a digit string, and whether a power is
+    raised to a power (``9**9**9``, ``2^(3)^4``, or a ``)`` followed by a power, as in ``(9**9)**9``)."""
+    toks = _tokens(s)
+    exps: list[str] = []
+    pow_of_pow = False
+    n = len(toks)
+    for k, (kind, text) in enumerate(toks):
+        if kind == "num":
+            e = _sci_exponent(text)
+            if e is not None:
+                exps.append(e)
+        elif kind == ")" and k + 1 < n and toks[k + 1][0] == "pow":
+            pow_of_pow = True
+        elif kind == "pow":
+            j = k + 1
+            while j < n and toks[j][0] in ("+", "-", "("):
+                j += 1
+            if j < n and toks[j][0] == "num":
+                exps.append(_leading_digits(toks[j][1]))
+            if j < n and toks[j][0] in ("num", "word"):
+                j += 1
+                while j < n and toks[j][0] == ")":
+                    j += 1
+                if j < n and toks[j][0] == "pow":
+                    pow_of_pow = True
+    return exps, pow_of_pow
+
+
+def _over(exp: str, bound: int) -> bool:
+    exp = exp.lstrip("0") or "0"
+    return len(exp) > len(str(bound)) or int(exp) > bound
+
+
 def answer_guard(answer: str, gold: str) -> str | None:
-    """Why ``answer`` is refused before scoring (a ``str``), or ``None`` when it may be scored. Linear in its length;
-    converts nothing longer than 4 digits (exponents are compared as digit strings first)."""
+    """Why ``answer`` is refused before scoring (a ``str``), or ``None`` when it may be scored.
+
+    Each bound is the larger of its constant and the gold answer's own value, so the gold answer always passes:
+    digit runs (:data:`MAX_DIGITS`), bracket nesting (:data:`MAX_NESTING`), exponents (:data:`MAX_EXPONENT`), a power
+    of a power (refused when the gold answer has none); an answer over :data:`MAX_TEXT_CHARS` characters is refused.
+    Linear in ``len(answer)`` (hand-written scans, no backtracking regex); converts no number longer than the
+    bound's own digits.
+    """
+    if len(answer) > MAX_TEXT_CHARS:
+        return f"answer is longer than {MAX_TEXT_CHARS} characters; scored 0 without reading it"
     digits = max(MAX_DIGITS, _longest_run(gold))
     if _longest_run(answer) > digits:
         return f"answer holds a number with more than {digits} digits; scored 0 without converting it"
     nesting = max(MAX_NESTING, _depth(gold))
     if _depth(answer) > nesting:
         return f"answer nests brackets deeper than {nesting}; scored 0 without parsing it"
-    for pattern in (_SCI_EXP, _POW_EXP):
-        for exp in pattern.findall(answer):
-            exp = exp.lstrip("0") or "0"
-            if len(exp) > 4 or int(exp) > MAX_EXPONENT:
-                return f"answer writes an exponent above {MAX_EXPONENT}; scored 0 without evaluating it"
-    if _POW_OF_POW.search(answer) and not _POW_OF_POW.search(gold):
+    gold_exps, gold_pow_of_pow = _scan(gold[:MAX_TEXT_CHARS * 4])
+    bound = max([MAX_EXPONENT] + [int(e) for e in gold_exps if not _over(e, 10**9)])
+    exps, pow_of_pow = _scan(answer)
+    if any(_over(e, bound) for e in exps):
+        return f"answer writes an exponent above {bound}; scored 0 without evaluating it"
+    if pow_of_pow and not gold_pow_of_pow:
         return "answer raises a power to a power; scored 0 without evaluating it"
     return None
 
 
-def score(dataset: Any, text: str, entry: dict) -> tuple[float, dict]:
-    """Grade a response with the library's ``dataset.score_answer(extracted, entry)``.
+def score(dataset: Any, text: str, entry: dict, task: str) -> tuple[float, dict]:
+    """Grade a response with the library's ``dataset.score_answer(extracted, entry)``: the answer is extracted, then
+    refused (0, with a reason) when it breaks the bounds (:func:`answer_guard`) or, for a task whose verifier evaluates
+    text, its grammar (:func:`envs.reasoning_gym.answer_formats.check_format`); else the library scores it.
+
+    Args:
+        dataset: the library dataset whose ``score_answer`` judges (a composite one dispatches on the item).
+        text: the model's response.
+        entry: the item (``answer``, ``metadata``).
+        task: the generator the item comes from (``metadata["source_dataset"]``): picks the grammar.
 
     Returns:
         ``(reward, grade)``: ``reward`` in ``[0, 1]``; ``grade`` holds ``extracted`` (``str | None``) and, when the
@@ -121,7 +269,7 @@ def score(dataset: Any, text: str, entry: dict) -> tuple[float, dict]:
     extracted = extract_answer(text, gold)
     if extracted is None:
         return 0.0, {"extracted": None, "error": "no answer could be read from the response (it is empty)"}
-    refused = answer_guard(extracted, gold)
+    refused = answer_guard(extracted, gold) or check_format(task, extracted, entry)
     if refused:
         return 0.0, {"extracted": extracted[:256], "error": refused}
     try:

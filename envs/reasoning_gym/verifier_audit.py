@@ -1,0 +1,147 @@
+"""A static audit of reasoning-gym's verifiers: which tasks' ``score_answer`` can evaluate text as code.
+
+Some of the library's verifiers hand the answer string to an evaluator: ``eval(answer)`` (string_insertion,
+spiral_matrix, binary_matrix, n_queens), sympy's ``parse_expr`` (countdown, puzzle24, polynomial_multiplication,
+simple_integration, intermediate_integration; ``parse_expr`` ends in ``eval``). An answer written by a model must
+not get there unless it first matches a grammar that cannot name an attribute, a dunder, an import or a call
+(:mod:`envs.reasoning_gym.answer_formats`). So that a library upgrade cannot silently add such a verifier, this
+module reads the installed library's source instead of trusting a list kept by hand:
+
+:func:`evaluating_calls` walks the AST of the task's ``score_answer`` and, recursively, of every function, method
+and class of ``reasoning_gym`` it names (called or passed on: ``map(eval, xs)`` counts), and reports every name that
+resolves to an evaluator (``self.method`` on the dataset class, a plugin's own package too): the builtins in :data:`EVALUATING_BUILTINS`, anything of the modules in
+:data:`EVALUATING_MODULES` (all of sympy: most of its functions ``sympify`` a string argument), and any function
+whose source cannot be read (the audit cannot clear what it cannot see). It over-approximates on purpose: it does
+not follow data flow, so a verifier that evaluates only the generator's own problem text (bitwise_arithmetic's
+``eval(entry["metadata"]["problem"])``, number_sorting's ``eval(entry["answer"])``) is reported too and gets a
+grammar like the others. :func:`envs.reasoning_gym.data.resolve_spec` refuses, at ``gym.make``, a task reported
+here that has no grammar; ``tests/test_reasoning_gym_safety.py`` checks every registered task.
+
+Cost: ~0.3 s for all ~100 tasks on first use (then cached per task).
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import dataclasses
+import functools
+import inspect
+import textwrap
+import types
+from typing import Any
+
+from reasoning_gym.factory import DATASETS
+
+__all__ = ["EVALUATING_BUILTINS", "EVALUATING_MODULES", "evaluating_calls"]
+
+#: Builtins that run, compile or import code, or open files, given a string.
+EVALUATING_BUILTINS = frozenset({"eval", "exec", "compile", "__import__", "open", "breakpoint"})
+#: Modules any of whose callables counts as an evaluator (module name, or its prefix before a dot).
+EVALUATING_MODULES = frozenset({"sympy", "mpmath", "os", "subprocess", "pickle", "marshal", "shelve", "importlib",
+                                "runpy", "code", "codeop", "ctypes", "numexpr", "pandas", "dill", "yaml"})
+_LIBRARY = "reasoning_gym"
+#: Methods ``dataclasses`` generates (from the fields, compiled from a string: no source file to read).
+_DATACLASS_METHODS = frozenset({"__init__", "__repr__", "__eq__", "__hash__", "__lt__", "__le__", "__gt__", "__ge__",
+                                "__setattr__", "__delattr__", "__getstate__", "__setstate__", "__match_args__"})
+
+
+def _generated(value: Any) -> bool:
+    code = getattr(inspect.unwrap(value), "__code__", None) if callable(value) else None
+    return code is not None and code.co_filename.startswith("<")
+
+
+def _module_of(obj: Any) -> str:
+    if isinstance(obj, types.ModuleType):
+        return obj.__name__
+    return getattr(obj, "__module__", None) or ""
+
+
+def _is_evaluator(obj: Any) -> str | None:
+    """The evaluator's name when ``obj`` is one, else ``None``."""
+    for name in EVALUATING_BUILTINS:
+        if obj is getattr(builtins, name):
+            return name
+    mod = _module_of(obj)
+    if mod.split(".")[0] in EVALUATING_MODULES and (callable(obj) or isinstance(obj, types.ModuleType)):
+        return f"{mod}.{getattr(obj, '__name__', type(obj).__name__)}"
+    return None
+
+
+def _resolve(node: ast.AST, scope: dict, cls: type | None) -> Any:
+    """The object a ``Name`` / dotted ``Attribute`` denotes in ``scope`` (``self.x`` / ``cls.x`` on ``cls``);
+    ``None`` when it is not statically known (a local, an attribute of a computed value)."""
+    if isinstance(node, ast.Name):
+        if node.id in scope:
+            return scope[node.id]
+        return getattr(builtins, node.id, None)
+    if isinstance(node, ast.Attribute):
+        if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls") and cls is not None:
+            return getattr(cls, node.attr, None)
+        base = _resolve(node.value, scope, cls)
+        if isinstance(base, (types.ModuleType, type)):
+            return getattr(base, node.attr, None)
+    return None
+
+
+def _walk(obj: Any, cls: type | None, seen: set, found: set, roots: tuple[str, ...]) -> None:
+    """Add to ``found`` every evaluator that ``obj`` (a function, method or class of the packages ``roots``) names,
+    recursively."""
+    if isinstance(obj, (staticmethod, classmethod)):
+        obj = obj.__func__
+    if isinstance(obj, functools.partial):
+        obj = obj.func
+    if isinstance(obj, type):
+        if not _module_of(obj).startswith(roots) or obj in seen:
+            return
+        seen.add(obj)
+        for attr, value in vars(obj).items():  # every method it defines: its instances' calls are not resolvable
+            if dataclasses.is_dataclass(obj) and attr in _DATACLASS_METHODS and _generated(value):
+                continue  # written by dataclasses from the fields: no source, and nothing that evaluates text
+            if isinstance(value, (types.FunctionType, staticmethod, classmethod, property)):
+                for f in ((value.fget, value.fset) if isinstance(value, property) else (value,)):
+                    if f is not None:
+                        _walk(f, obj, seen, found, roots)
+        return
+    if isinstance(obj, types.MethodType):
+        obj = obj.__func__
+    obj = inspect.unwrap(obj)
+    if not isinstance(obj, types.FunctionType) or obj.__code__ in seen:
+        return
+    seen.add(obj.__code__)
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(obj)))
+    except (OSError, TypeError, SyntaxError):
+        found.add(f"<unreadable source of {obj.__module__}.{obj.__qualname__}>")
+        return
+    scope = dict(obj.__globals__)
+    if obj.__closure__:
+        scope.update({n: c.cell_contents for n, c in zip(obj.__code__.co_freevars, obj.__closure__)
+                      if c.cell_contents is not None})
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Name, ast.Attribute)) or not isinstance(node.ctx, ast.Load):
+            continue
+        target = _resolve(node, scope, cls)
+        if target is None:
+            continue
+        evaluator = _is_evaluator(target)
+        on_self = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("self",
+                                                                                                           "cls")
+        if evaluator:
+            found.add(evaluator)
+        elif not isinstance(target, types.ModuleType) and (on_self or _module_of(target).startswith(roots)):
+            _walk(target, cls if on_self else None, seen, found, roots)
+
+
+@functools.lru_cache(maxsize=None)
+def evaluating_calls(task: str) -> tuple[str, ...]:
+    """The evaluators (sorted names, e.g. ``("eval",)`` or ``("sympy.parse_expr", ...)``) that the installed
+    library's verifier of ``task`` names, directly or through the library's own functions; ``()`` when none.
+
+    Raises:
+        KeyError: ``task`` is not in the library's registry.
+    """
+    dataset_cls = DATASETS[task][0]
+    found: set[str] = set()
+    roots = (_LIBRARY, _module_of(dataset_cls).split(".")[0])  # the library, and a plugin's own package
+    _walk(inspect.getattr_static(dataset_cls, "score_answer"), dataset_cls, set(), found, roots)
+    return tuple(sorted(found))
