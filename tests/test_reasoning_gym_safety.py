@@ -315,3 +315,32 @@ def test_gold_answers_pass_on_every_task():
     from envs.reasoning_gym.data import valid_tasks
 
     assert _gold_sweep([t for t in valid_tasks() if t not in NO_GOLD], 10) == []
+# ---------------------------------------------------------------------------------------------------- D: no gold
+@pytest.mark.parametrize("task", NO_GOLD)
+def test_a_task_without_gold_answers_has_no_demonstration(task):
+    env = _env(task)
+    u = env.unwrapped
+    assert u._problems[0]["answer"] is None  # the library's items carry none
+    with pytest.raises(ValueError, match=f"'{task}'.*no gold answer"):
+        u.demonstration({"index": 0})
+
+
+def test_sft_reports_which_tasks_have_no_demonstration(tok, caplog):
+    from torchrl_grpo.backends.base import SamplingConfig
+    from torchrl_grpo.rollout.collector import GroupCollector
+    from torchrl_grpo.rollout.demonstrations import ScriptedBackend, gold_demonstrations
+
+    def make_env():
+        return gym.make("ReasoningGym-v1", tasks={"chain_sum": 1.0, "rubiks_cube": 1.0, "boxnet": 1.0},
+                        task_config={"chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}},
+                        train_size=12, test_size=2)
+
+    collector = GroupCollector(make_env, ScriptedBackend(tok.eos_token_id), tok, SamplingConfig(max_new_tokens=16))
+    names = [p["metadata"]["source_dataset"] for p in collector.probe_env.unwrapped._problems]
+    with caplog.at_level(logging.WARNING, logger="torchrl_grpo.rollout.demonstrations"):
+        batch, stats = gold_demonstrations(collector, range(len(names)))
+    assert stats["demo/dropped_no_demo"] == names.count("rubiks_cube") + names.count("boxnet") > 0
+    assert stats["demo/kept"] == names.count("chain_sum") and batch.shape[0] == names.count("chain_sum")
+    report = [r.getMessage() for r in caplog.records if "no demonstration" in r.getMessage()]
+    assert len(report) == 1, report  # one summary, not a line per task
+    assert "'rubiks_cube'" in report[0] and "'boxnet'" in report[0] and str(names.count("boxnet")) in report[0]

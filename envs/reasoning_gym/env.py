@@ -223,10 +223,18 @@ class ReasoningGymEnv(gym.Env):
         ``[{"role": "assistant", "content": "<answer>{gold}</answer>"}]`` (scores 1.0 with the library's scorer).
 
         Raises:
-            ValueError: options that pick no problem, or bad options (as for ``reset``).
+            ValueError: options that pick no problem, or bad options (as for ``reset``); a problem whose task gives
+                its items no gold answer (boxnet, graph_color, propositional_logic, rubiks_cube, rush_hour in
+                reasoning-gym 0.1.25: their verifiers check a solution), which has no demonstration (the message
+                names the task and not the problem, so a caller can group them).
         """
         check_task_options(options)
-        return [{"role": "assistant", "content": f"<answer>{self._problems[self._pick_index(options)]['answer']}</answer>"}]
+        p = self._problems[self._pick_index(options)]
+        if p["answer"] is None:
+            name = p["metadata"].get("source_dataset", self.spec_tasks.tasks[0][0])
+            raise ValueError(f"reasoning_gym task {name!r} gives its items no gold answer (its verifier checks a "
+                             f"solution), so it has no demonstration")
+        return [{"role": "assistant", "content": f"<answer>{p['answer']}</answer>"}]
 
     def _pick_index(self, options: dict | None) -> int:
         options = {} if options is None else options

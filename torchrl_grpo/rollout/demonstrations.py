@@ -87,7 +87,9 @@ def gold_demonstrations(collector, task_indices: Iterable[int], *, min_reward: f
     Returns:
         ``(batch, stats)``: the kept episodes as one collector batch [K, T] (``None`` when none is kept), and
         ``demo/tasks``, ``demo/kept``, ``demo/reward_mean`` (of all replays), ``demo/dropped_no_demo`` (the env
-        raised for the task), ``demo/assistant_tokens`` (kept), ``demo/episode_tokens_mean`` (kept).
+        raised ``ValueError`` for the task: it has none), ``demo/assistant_tokens`` (kept),
+        ``demo/episode_tokens_mean`` (kept). The tasks without a demonstration are logged once, grouped by the
+        env's reason (e.g. ReasoningGym's "task 'rubiks_cube' gives its items no gold answer"), with their indices.
 
     Raises:
         TypeError: the env has no ``demonstration`` hook.
@@ -103,6 +105,7 @@ def gold_demonstrations(collector, task_indices: Iterable[int], *, min_reward: f
     renderer = ChatRenderer(tok)  # an assistant turn renders the same with or without tool schemas (system turn)
     indices = [int(i) for i in task_indices]
     kept, rewards, no_demo = [], [], 0
+    missing: dict[str, list[int]] = {}  # the env's reason -> the tasks it gave it for
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -113,7 +116,7 @@ def gold_demonstrations(collector, task_indices: Iterable[int], *, min_reward: f
             try:
                 messages = probe.demonstration({"index": i})
             except ValueError as exc:
-                log.warning("task %d has no demonstration: %s", i, exc)
+                missing.setdefault(str(exc), []).append(i)
                 no_demo += 1
                 continue
             scripted.play([renderer.assistant_ids(m) for m in messages])
@@ -137,6 +140,10 @@ def gold_demonstrations(collector, task_indices: Iterable[int], *, min_reward: f
         "demo/assistant_tokens": float(batch["response_mask"].sum()) if batch is not None else 0.0,
         "demo/episode_tokens_mean": float(batch["attention_mask"].sum(-1).float().mean()) if batch is not None else 0.0,
     }
+    if missing:
+        log.warning("gold demonstrations: %d of %d tasks have no demonstration: %s", no_demo, len(indices),
+                    "; ".join(f"{why} ({len(ix)} tasks: {', '.join(map(str, ix[:10]))}{', ...' if len(ix) > 10 else ''})"
+                              for why, ix in missing.items()))
     if len(kept) < len(indices):
         log.info("gold demonstrations: kept %d of %d tasks (replay reward >= %g)", len(kept), len(indices), min_reward)
     return batch, stats
