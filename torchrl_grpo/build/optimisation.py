@@ -88,8 +88,10 @@ def resume(cfg, model: torch.nn.Module, opt: Optimisation, backend: RolloutBacke
 
 def build_update(cfg, policy: Policy, opt: Optimisation, devices: Devices, backend: RolloutBackend,
                  optimizer_steps: int) -> GRPOUpdate:
-    """The update of a step (``train.ppo_epochs`` / ``minibatch_size`` / ``micro_batch_size`` /
-    ``max_tokens_per_mb`` / ``shared_prefix``, ``optimizer.max_grad_norm``, ``loss.anchor``, ``seed``); exact
+    """The update of a step (``train.ppo_epochs`` / ``minibatch_size`` / ``micro_batch_size`` (0: no count limit) /
+    ``max_tokens_per_mb`` (an int, or ``auto``: resolved per minibatch from the device's memory,
+    :func:`torchrl_grpo.training.micro_batch.auto_token_budget`) / ``shared_prefix``, ``optimizer.max_grad_norm``,
+    ``loss.anchor``, ``seed``); exact
     log-probs when the backend reports them; counting optimizer steps from ``optimizer_steps`` (resume)."""
     t = cfg.train
     return GRPOUpdate(policy.model, opt.loss_fn, opt.optimizer, reference=policy.reference, device=devices.device,
