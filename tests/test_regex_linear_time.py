@@ -45,8 +45,8 @@ envs/tau2/actions.py                   _THINK_RE _TOOL_CALL_RE _NAME_RE         
                                        a scanner, not a regex)
 envs/action_text.py                    _SURROGATE_RE _JSON_STRING_RE                the whole action (1 MiB)
 envs/tau2/users.py                     _CLOSING_RE _CONFIRM_RE                      READ_CHARS (4,000)
-envs/reasoning_gym/grading.py          _ANSWER_TAG _NUMBER _DIGIT_RUN _SCI_EXP      MAX_TEXT_CHARS (4,096)
-                                       _POW_EXP _POW_OF_POW
+envs/reasoning_gym/grading.py          _NUMBER _DIGIT_RUN (the answer tag and the   MAX_TEXT_CHARS (4,096)
+                                       power guards are scanners since 2d47f0a)
 library checkers (if-verifiable)       IFEval / IFBench ``check_following``         the IFEval env's
                                                                                     ``max_response_chars`` (tested
                                                                                     in tests/test_step_bounds.py)
@@ -113,15 +113,6 @@ def model_text_patterns() -> dict[tuple[str, str], int]:
     """(module, attribute) -> window, for every compiled pattern that sees model text."""
     return {(m, name): w for m, w in MODEL_TEXT_MODULES.items() for name in _module_patterns(m)}
 
-
-#: Patterns owned by another engineer (envs/reasoning_gym/*: the ``_POW_EXP`` / ``_POW_OF_POW`` guard is being made
-#: linear there); while they still fail, their cases are xfail(strict=False) rather than hidden.
-OTHER_OWNER_PENDING = {
-    ("envs.reasoning_gym.grading", "_ANSWER_TAG"): "ReasoningGym engineer (issue 34): quadratic in <answer> tags",
-    ("envs.reasoning_gym.grading", "_SCI_EXP"): "ReasoningGym engineer (issue 34): '0e' + spaces is quadratic",
-    ("envs.reasoning_gym.grading", "_POW_EXP"): "ReasoningGym engineer (issue 34): the power-exponent guard",
-    ("envs.reasoning_gym.grading", "_POW_OF_POW"): "ReasoningGym engineer (issue 34): the power-tower guard",
-}
 
 #: (file, the variable the pattern is assigned to, or its source when inline) -> why it never sees model text.
 NOT_MODEL_TEXT: dict[tuple[str, str], str] = {
@@ -355,10 +346,7 @@ def _check_pattern(pattern: re.Pattern, window: int) -> None:
 
 def _model_text_params():
     for key, window in model_text_patterns().items():
-        marks = []
-        if key in OTHER_OWNER_PENDING:
-            marks.append(pytest.mark.xfail(reason=f"owned by the {OTHER_OWNER_PENDING[key]}", strict=False))
-        yield pytest.param(key, window, id=f"{key[0].split('.')[-2]}.{key[1]}", marks=marks)
+        yield pytest.param(key, window, id=f"{key[0].split('.')[-2]}.{key[1]}")
 
 
 @pytest.mark.parametrize("key,window", list(_model_text_params()))
@@ -449,7 +437,6 @@ def test_scripted_customer_reply_at_any_length():
         _timed(lambda t: user.reply(t, 1), s, BOUND_S)
 
 
-@pytest.mark.xfail(reason="owned by the ReasoningGym engineer (issue 34): the power guard patterns", strict=False)
 def test_reasoning_gym_call_sites_at_the_window():
     from envs.reasoning_gym.grading import answer_guard, extract_answer
 
