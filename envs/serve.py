@@ -974,7 +974,7 @@ def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int 
     async def sessions() -> dict:
         return {"active": server.active_sessions, "max": server.max_concurrent_envs, "idle_timeout_s": idle_timeout_s,
                 "max_session_bytes": max_session_bytes,
-                "unsent_bytes": sum(e.unsent_bytes for e in list(server._sessions.values()))}
+                "unsent_bytes": sum(e.unsent_bytes for e in list(server._sessions.values()) if e is not None)}
 
     @app.get("/health")
     async def health() -> dict:

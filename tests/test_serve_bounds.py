@@ -73,8 +73,17 @@ class FloodEnv(gym.Env):
         return new, 0.0, False, False, self._info()
 
 
-if "ServeBounds/Flood-v0" not in gym.registry:
-    gym.register("ServeBounds/Flood-v0", entry_point=FloodEnv, disable_env_checker=True)
+class SlowMakeEnv(FloodEnv):
+    """FloodEnv that takes 1 s to build (a session is being created meanwhile)."""
+
+    def __init__(self):
+        time.sleep(1.0)
+        super().__init__()
+
+
+for _id, _cls in (("ServeBounds/Flood-v0", FloodEnv), ("ServeBounds/SlowMake-v0", SlowMakeEnv)):
+    if _id not in gym.registry:
+        gym.register(_id, entry_point=_cls, disable_env_checker=True)
 
 
 @contextlib.contextmanager
@@ -290,6 +299,19 @@ def test_a_slow_websocket_reader_is_dropped_after_the_send_timeout():
             time.sleep(0.1)
         s.close()
         assert c.get("/health").status_code == 200
+
+
+def test_session_counts_while_a_session_is_being_built():
+    """Found by the property test: ``GET /sessions`` summed the unsent bytes of every session, and a session being
+    built is a ``None`` placeholder in OpenEnv's registry: 500 during any session's construction."""
+    app = build_app("ServeBounds/SlowMake-v0", max_sessions=2, idle_timeout_s=600, max_body_bytes=LIMIT)
+    with _serve(app) as (url, _), httpx.Client(base_url=url, timeout=30) as c:
+        opener = threading.Thread(target=lambda: httpx.post(url + "/sessions", timeout=30))
+        opener.start()
+        time.sleep(0.3)  # the env is being built
+        r = c.get("/sessions")
+        opener.join()
+        assert r.status_code == 200 and r.json()["unsent_bytes"] == 0, r.text
 
 
 # ---------------------------------------------------------------- 4. the CLI says where it listens
