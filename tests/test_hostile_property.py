@@ -125,8 +125,8 @@ KILLERS = {
     "tau2_fence_in_call": "<tool_call>```" + "\n" * 24_000 + "x",
     "answer_tags_open": "<answer>" * 100_000,
     "long_response_words": "word " * 190_000,  # ~1 MB: IFEval's checkers
-    "long_response_lines": "* item\n" * 130_000,
-    "newlines": "\n" * 900_000 + "x",
+    "long_response_lines": "* item\n" * 100_000,
+    "newlines": "\n" * 450_000 + "x",  # 900 kB once JSON-escaped: each killer fits a step body of MAX_BODY
 }
 
 
@@ -341,6 +341,11 @@ def in_process_reward(env, index: int, actions: list) -> float:
     return float(reward)
 
 
+#: A fresh connection per request: a pooled connection left idle past the server's header timeout (re-armed after each
+#: response) may be closed by the server just as the client reuses it, on a loaded machine.
+NO_KEEPALIVE = httpx.Limits(max_keepalive_connections=0)
+
+
 class Honest(threading.Thread):
     """Plays the honest episode again and again over HTTP until stopped, timing every step."""
 
@@ -367,7 +372,7 @@ class Honest(threading.Thread):
 
     def run(self) -> None:
         try:
-            with httpx.Client(base_url=self.url, timeout=60) as c:
+            with httpx.Client(base_url=self.url, timeout=60, limits=NO_KEEPALIVE) as c:
                 while not self.stop.is_set() or not self.rewards:
                     self.rewards.append(self.episode(c))
         except Exception as e:  # noqa: BLE001 - reported by the test
@@ -380,7 +385,7 @@ class Prober(threading.Thread):
         self.url, self.stop, self.lat, self.errors = url, threading.Event(), [], []
 
     def run(self) -> None:
-        with httpx.Client(base_url=self.url, timeout=60, limits=httpx.Limits(max_keepalive_connections=0)) as c:
+        with httpx.Client(base_url=self.url, timeout=60, limits=NO_KEEPALIVE) as c:
             while not self.stop.is_set():
                 t0 = time.perf_counter()
                 try:
@@ -399,7 +404,7 @@ class Adversary:
 
     def __init__(self, url: str, port: int, index: int):
         self.url, self.port, self.index = url, port, index
-        self.c = httpx.Client(base_url=url, timeout=60)
+        self.c = httpx.Client(base_url=url, timeout=60, limits=NO_KEEPALIVE)
         self.violations: list[str] = []
         self.sid = None
 
@@ -425,10 +430,11 @@ class Adversary:
         return self.sid
 
     def step(self, name: str, text: str) -> None:
-        sid = self.session()
-        r = self._timed(name, lambda: self.c.post(f"/sessions/{sid}/step", json={"action": {"content": text}}))
-        if r.status_code == 413:  # the session ended (an output over the cap): a fresh one next time
-            self.sid = None
+        body = json.dumps({"action": {"content": text}}).encode()
+        assert len(body) <= MAX_BODY, f"{name}: a {len(body)}-byte body is refused before the env sees it"
+        sid = self.session()  # a fresh episode (the previous session is deleted, or was ended by the cap)
+        self._timed(name, lambda: self.c.post(f"/sessions/{sid}/step", content=body,
+                                              headers={"content-type": "application/json"}))
 
     def bodies(self) -> None:
         sid = self.session()
@@ -507,6 +513,8 @@ def run_served(cfg, gsm8k_dir, marker: Path, steps: dict[str, str], bodies: bool
         warm_adv = Adversary(url, port, index)  # one pass alone: the allocator's high-water mark (see RSS_SLACK_MB)
         for name, text in steps.items():
             warm_adv.step(name, text)
+        if bodies:
+            warm_adv.bodies()
         if slow:
             warm_adv.slow_readers()
         warm_adv.leave()
@@ -540,7 +548,7 @@ def run_served(cfg, gsm8k_dir, marker: Path, steps: dict[str, str], bodies: bool
         assert max(prober.lat) < HEALTH_BOUND_S, f"/health {max(prober.lat):.2f} s"
         t0 = time.time()
         while (st := c.get("/sessions").json())["active"] or st["unsent_bytes"]:
-            assert time.time() - t0 < 20, st
+            assert time.time() - t0 < 20, (st, honest.is_alive(), adv.sid)
             time.sleep(0.1)
         rss1 = _rss_mb()
         alive = [o for o in gc.get_objects() if isinstance(o, serve.GymTextEnvironment)]
