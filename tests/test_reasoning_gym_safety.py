@@ -287,6 +287,23 @@ def test_hexadecimal_answers_are_not_read_as_exponents():
     assert hexe > 0  # the train split holds such golds (the issue counted 4 of 300 with an 'e' before digits)
 
 
+def test_a_gold_answer_longer_than_the_window_is_read_whole():
+    """palindrome_partitioning's gold answers reach ~5,000 characters: the 4,096-character window cut the opening tag
+    off, so the gold scored 0 (found by the every-task sweep)."""
+    from envs.reasoning_gym.grading import MAX_TEXT_CHARS, answer_guard, extract_answer
+
+    gold = "[" + ", ".join(['["a", "b"]'] * 600) + "]"
+    assert len(gold) > MAX_TEXT_CHARS
+    assert extract_answer(f"reasoning...\n<answer>{gold}</answer>", gold) == gold and answer_guard(gold, gold) is None
+    assert answer_guard(gold, "5")  # the window widens for the gold's length only
+    env = _env("palindrome_partitioning", train_size=10)
+    longest = max(range(10), key=lambda i: len(env.unwrapped._problems[i]["answer"]))
+    _, info = env.reset(options={"index": longest})
+    assert len(info["answer"]) > MAX_TEXT_CHARS  # item 8 of the default train split: 4,904 characters
+    _, reward, *_ = env.step(f"<answer>{info['answer']}</answer>")
+    assert reward == 1.0
+
+
 def _gold_sweep(tasks, items):
     """Every item's gold answer through the env: scored as the library scores it, never refused."""
     failures = []

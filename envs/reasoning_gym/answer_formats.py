@@ -8,7 +8,7 @@ simple_integration and intermediate_integration; an answer ``__import__("os").sy
 (or the env server's) user (issue 34).
 
 The grammars (:data:`GRAMMARS`, by task), each checked in time linear in the answer (at most
-:data:`envs.reasoning_gym.grading.MAX_TEXT_CHARS` characters; Python's own parser for the AST ones, after the
+:func:`envs.reasoning_gym.grading.window_chars` characters; Python's own parser for the AST ones, after the
 bounds of :func:`envs.reasoning_gym.grading.answer_guard` on digits and nesting):
 
 * ``plain`` text in the gold answer's own format, which ``eval`` cannot run (a ``SyntaxError``, a number or a bare

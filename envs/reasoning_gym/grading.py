@@ -1,6 +1,8 @@
 """Answer extraction from model text, and the bounds put on it before the library's ``score_answer`` sees it.
 
-Extraction (:func:`extract_answer`), on the last :data:`MAX_TEXT_CHARS` characters of the response only:
+Extraction (:func:`extract_answer`), on the last :func:`window_chars` characters of the response only
+(:data:`MAX_TEXT_CHARS`, or the gold answer's length plus :data:`GOLD_MARGIN_CHARS` when that is more: a few tasks'
+gold answers are longer, e.g. palindrome_partitioning's reach ~5,000 characters):
 
 1. the content of the last ``<answer>...</answer>`` block (stripped), if there is one -- the format of the
    library's own prompts (read as ``reasoning_gym.utils.extract_answer``'s regex reads it, by a linear scan:
@@ -17,7 +19,7 @@ Every model output is hostile, and some of the library's scorers convert or eval
 ``int(s, 0)``, ``eval``, sympy's ``parse_expr``). So before any conversion (:func:`answer_guard`), an extracted
 answer scores 0 (with a reason) when it holds
 
-* more than :data:`MAX_TEXT_CHARS` characters;
+* more than :func:`window_chars` characters;
 * a run of more than ``max(MAX_DIGITS, longest digit run of the gold answer)`` digits;
 * brackets nested deeper than ``max(MAX_NESTING, the gold answer's depth)``;
 * a scientific exponent (``1e100000000``; a decimal float literal: ``0x176b9e643680`` is a hexadecimal integer, not
@@ -43,11 +45,14 @@ from typing import Any
 from envs.action_text import clean_text
 from envs.reasoning_gym.answer_formats import check_format
 
-__all__ = ["MAX_TEXT_CHARS", "MAX_DIGITS", "MAX_NESTING", "MAX_EXPONENT", "extract_answer", "last_answer_block",
+__all__ = ["MAX_TEXT_CHARS", "GOLD_MARGIN_CHARS", "window_chars", "MAX_DIGITS", "MAX_NESTING", "MAX_EXPONENT", "extract_answer", "last_answer_block",
            "answer_guard", "score"]
 
-#: Only the last this many characters of a response are read (the final answer is at its end).
+#: Only the last this many characters of a response are read (the final answer is at its end), unless the gold
+#: answer is longer (:func:`window_chars`).
 MAX_TEXT_CHARS = 4096
+#: Room for the tags and white space around a gold answer longer than :data:`MAX_TEXT_CHARS`.
+GOLD_MARGIN_CHARS = 256
 #: Longest run of digits an answer may hold (or the gold answer's longest run, if longer).
 MAX_DIGITS = 64
 #: Deepest bracket nesting an answer may hold (or the gold answer's, if deeper).
@@ -84,12 +89,18 @@ def last_answer_block(window: str) -> str | None:
         last, pos = window[i + len(_OPEN_TAG):j], j + len(_CLOSE_TAG)
 
 
+def window_chars(gold: str) -> int:
+    """How many characters at the end of a response are read: ``max(MAX_TEXT_CHARS, len(gold) + GOLD_MARGIN_CHARS)``,
+    so that the gold answer written in tags always fits."""
+    return max(MAX_TEXT_CHARS, len(gold) + GOLD_MARGIN_CHARS)
+
+
 def extract_answer(text: str, gold: str) -> str | None:
     """The answer read from a response (the rules in the module docstring); ``None`` when there is none.
 
-    Cost: linear in ``min(len(text), MAX_TEXT_CHARS)``.
+    Cost: linear in ``min(len(text), window_chars(gold))``.
     """
-    window = clean_text(text[-MAX_TEXT_CHARS:])
+    window = clean_text(text[-window_chars(gold):])
     block = last_answer_block(window)
     if block is not None:
         return block.strip()
@@ -228,19 +239,19 @@ def answer_guard(answer: str, gold: str) -> str | None:
 
     Each bound is the larger of its constant and the gold answer's own value, so the gold answer always passes:
     digit runs (:data:`MAX_DIGITS`), bracket nesting (:data:`MAX_NESTING`), exponents (:data:`MAX_EXPONENT`), a power
-    of a power (refused when the gold answer has none); an answer over :data:`MAX_TEXT_CHARS` characters is refused.
+    of a power (refused when the gold answer has none); an answer over :func:`window_chars` characters is refused.
     Linear in ``len(answer)`` (hand-written scans, no backtracking regex); converts no number longer than the
     bound's own digits.
     """
-    if len(answer) > MAX_TEXT_CHARS:
-        return f"answer is longer than {MAX_TEXT_CHARS} characters; scored 0 without reading it"
+    if len(answer) > window_chars(gold):
+        return f"answer is longer than {window_chars(gold)} characters; scored 0 without reading it"
     digits = max(MAX_DIGITS, _longest_run(gold))
     if _longest_run(answer) > digits:
         return f"answer holds a number with more than {digits} digits; scored 0 without converting it"
     nesting = max(MAX_NESTING, _depth(gold))
     if _depth(answer) > nesting:
         return f"answer nests brackets deeper than {nesting}; scored 0 without parsing it"
-    gold_exps, gold_pow_of_pow = _scan(gold[:MAX_TEXT_CHARS * 4])
+    gold_exps, gold_pow_of_pow = _scan(gold)
     bound = max([MAX_EXPONENT] + [int(e) for e in gold_exps if not _over(e, 10**9)])
     exps, pow_of_pow = _scan(answer)
     if any(_over(e, bound) for e in exps):
