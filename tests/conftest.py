@@ -12,6 +12,9 @@ from tests.gsm8k_data import DATA_DIR
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "disabled")
+# hypothesis keeps its example cache in ./.hypothesis by default, even with database=None: keep the checkout clean
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY",
+                      os.path.join(os.environ.get("TMPDIR", "/tmp"), f"torchrl-grpo-hypothesis-{os.getuid()}"))
 
 
 @pytest.fixture(scope="session")
