@@ -16,7 +16,7 @@ from torchrl_grpo.config import check_sft_run
 from torchrl_grpo.continual.trainer import ContinualTrainer
 from torchrl_grpo.training.async_trainer import AsyncGRPOTrainer
 from torchrl_grpo.training.grpo_trainer import GRPOTrainer
-from torchrl_grpo.training.sft_trainer import SFTSettings, SFTTrainer, sft_update
+from torchrl_grpo.training.sft_trainer import SFTSettings, SFTTrainer, read_sft_resume, sft_update
 
 __all__ = ["build_trainer", "trainer_class", "sft_settings"]
 
@@ -49,8 +49,11 @@ def build_trainer(cfg, run_dir: str | Path | None, *, trainer_cls: type | None =
         trainer_cls: the loop; default :func:`trainer_class` ``(cfg)``. A GRPO-style class (``GRPOTrainer`` and its
             subclasses) gets ``build(cfg, run_dir, own_backend_copy=trainer_cls.own_backend_copy)``; a
             ``ContinualTrainer`` is built by :func:`torchrl_grpo.build.continual.build_continual_trainer` (checks,
-            :func:`build` on the first domain's config, one env side per domain); ``SFTTrainer`` is refused Ray workers first (:func:`torchrl_grpo.config.check_sft_run`)
-            and gets :func:`sft_settings` and the SFT update (:func:`~torchrl_grpo.training.sft_trainer.sft_update`).
+            :func:`build` on the first domain's config, one env side per domain); ``SFTTrainer`` is refused Ray workers first (:func:`torchrl_grpo.config.check_sft_run`),
+            reads ``train.resume_from``'s SFT state before the model loads
+            (:func:`~torchrl_grpo.training.sft_trainer.read_sft_resume`: a non-SFT checkpoint is refused there) and
+            gets :func:`sft_settings`, the SFT update (:func:`~torchrl_grpo.training.sft_trainer.sft_update`) and
+            that state.
         model / tokenizer / backend: optional preloaded policy and rollout backend (tests, notebooks), passed to
             :func:`build`.
         **trainer_kw: further keyword arguments of the trainer class (``algorithm=`` of a continual run).
@@ -66,12 +69,16 @@ def build_trainer(cfg, run_dir: str | Path | None, *, trainer_cls: type | None =
     if issubclass(cls, ContinualTrainer):
         return build_continual_trainer(cfg, run_dir, trainer_cls=cls, model=model, tokenizer=tokenizer,
                                        backend=backend, **trainer_kw)
+    sft_resume = None
     if issubclass(cls, SFTTrainer):
         check_sft_run(cfg)  # before build(): it would start the Ray workers
+        if cfg.train.resume_from:  # before the model loads: an SFT checkpoint, where its recipe stands
+            sft_resume = read_sft_resume(cfg.train.resume_from)
     components = build(cfg, run_dir, model=model, tokenizer=tokenizer, backend=backend,
                        own_backend_copy=cls.own_backend_copy)
     if issubclass(cls, SFTTrainer):
-        trainer_kw = {"settings": sft_settings(cfg), "update": sft_update(components.update), **trainer_kw}
+        trainer_kw = {"settings": sft_settings(cfg), "update": sft_update(components.update), "resume": sft_resume,
+                      **trainer_kw}
     trainer = cls(components, **trainer_kw)
     trainer.cfg = cfg  # the config it was built from, for callers (the trainer itself never reads it)
     return trainer

@@ -9,6 +9,7 @@ Layout of ``<run_dir>/checkpoints/step_000010/``::
     scheduler.pt         LR scheduler state dict
     trainer_state.pt     {"step", "rng": {python, numpy, torch, cuda}, "extra", "peft"}
     config.yaml          the resolved run config
+    <payload files>      the trainer's own extra state, if any (``payload``; SFT: ``sft_phase_data.pt``)
     COMPLETE.json        completeness marker, written last: {"format": 1, "step", "files": {relative path: bytes}}
 
 Names in ``checkpoints/`` other than ``step_<n>`` (one writer per directory)::
@@ -67,6 +68,7 @@ log = logging.getLogger(__name__)
 #: completeness marker, the last file written into a checkpoint
 MARKER = "COMPLETE.json"
 _TMP = ".tmp_"  # disposable: unfinished saves and checkpoints being deleted
+_LAYOUT = ("model", "tokenizer", "optimizer.pt", "scheduler.pt", "trainer_state.pt", "config.yaml", MARKER)
 _STEP_RE = re.compile(r"step_(\d+)")
 _ASIDE_RE = re.compile(r"\.old_step_(\d+)_[0-9a-f]+")
 
@@ -223,6 +225,7 @@ def save_checkpoint(
     keep_last: int = 0,
     model_state_dict: dict | None = None,
     optimizer_state_dict: dict | None = None,
+    payload: dict[str, Any] | None = None,
 ) -> Path:
     """Write a checkpoint for ``step`` crash-safely (protocol in the module docstring) and prune old ones.
 
@@ -239,12 +242,16 @@ def save_checkpoint(
         model_state_dict / optimizer_state_dict: write these instead of ``model``'s and ``optimizer``'s own (an
             FSDP-sharded model: the full states of :func:`torchrl_grpo.distributed.data_parallel.full_state_dicts`, so the
             checkpoint is the single-process one).
+        payload: more files of the trainer's own, file name -> object (``torch.save``\ d inside the checkpoint, under
+            the same completeness marker; e.g. the SFT phase's data). Names must be plain file names that do not
+            clash with the layout's.
 
     Returns:
         Path of the final checkpoint directory.
 
     Raises:
         OSError: the filesystem failed (the temp dir is removed; earlier checkpoints are untouched).
+        ValueError: a ``payload`` name that is not a plain file name or clashes with the layout's.
     """
     root = Path(ckpt_root)
     root.mkdir(parents=True, exist_ok=True)
@@ -265,6 +272,10 @@ def save_checkpoint(
                    tmp / "trainer_state.pt")
         if config_yaml is not None:
             (tmp / "config.yaml").write_text(config_yaml)
+        for name, obj in (payload or {}).items():
+            if Path(name).name != name or name in _LAYOUT or name.startswith("."):
+                raise ValueError(f"checkpoint payload name {name!r} must be a plain file name outside {_LAYOUT}")
+            torch.save(obj, tmp / name)
         _seal(tmp, step)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
