@@ -29,7 +29,9 @@ answer scores 0 (with a reason) when it holds
 Each bound widens to the gold answer's own value, so a gold answer always passes (issue 36). Then, for a task whose
 verifier can evaluate text (:mod:`.verifier_audit`), the answer must match its task's grammar
 (:mod:`.answer_formats`) or it scores 0 (with a reason): no model text reaches ``eval`` or ``parse_expr`` unless
-it cannot name an attribute, a dunder, an import or a call (issue 34). Every scan of model text here is linear in
+it cannot name an attribute, a dunder, an import or a call (issue 34); and such a verifier gets
+:data:`VERIFIER_DEADLINE_S` seconds per answer (:func:`call_with_deadline`), past which the answer scores 0 (with a
+reason): sympy's ``simplify`` has no cost bound, even on expressions inside the grammar. Every scan of model text here is linear in
 its length (hand-written scans and regexes without nested or adjacent optional repeats; issue 34 measured the old
 exponent regexes at 6.5 s on 278 characters).
 
@@ -39,18 +41,25 @@ wrong answer (``"15"`` for gold ``"5"`` scores 0.5); an exception inside a score
 """
 from __future__ import annotations
 
+import ctypes
 import re
-from typing import Any
+import threading
+from typing import Any, Callable
 
 from envs.action_text import clean_text
-from envs.reasoning_gym.answer_formats import check_format
+from envs.reasoning_gym.answer_formats import GRAMMARS, check_format
 
-__all__ = ["MAX_TEXT_CHARS", "GOLD_MARGIN_CHARS", "window_chars", "MAX_DIGITS", "MAX_NESTING", "MAX_EXPONENT", "extract_answer", "last_answer_block",
+__all__ = ["MAX_TEXT_CHARS", "GOLD_MARGIN_CHARS", "VERIFIER_DEADLINE_S", "window_chars", "MAX_DIGITS", "MAX_NESTING", "MAX_EXPONENT", "extract_answer", "last_answer_block",
            "answer_guard", "score"]
 
 #: Only the last this many characters of a response are read (the final answer is at its end), unless the gold
 #: answer is longer (:func:`window_chars`).
 MAX_TEXT_CHARS = 4096
+#: Seconds a verifier that evaluates text (a task in :data:`~envs.reasoning_gym.answer_formats.GRAMMARS`) may run
+#: on one answer. sympy's ``simplify`` has no cost bound: answers inside the grammar such as
+#: ``(x+1)**3*(x+2)**3*(x+3)**3*(x+4)**3*sin(x)*cos(x)*exp(x)*log(x)*tan(x)*atan(x) + C`` took over 30 s in
+#: intermediate_integration's verifier here, while its gold answers take ~0.1 s.
+VERIFIER_DEADLINE_S = 1.5
 #: Room for the tags and white space around a gold answer longer than :data:`MAX_TEXT_CHARS`.
 GOLD_MARGIN_CHARS = 256
 #: Longest run of digits an answer may hold (or the gold answer's longest run, if longer).
@@ -261,6 +270,55 @@ def answer_guard(answer: str, gold: str) -> str | None:
     return None
 
 
+class VerifierDeadline(BaseException):
+    """Raised inside a verifier that ran past its deadline (a ``BaseException``: the library's ``except Exception``
+    handlers let it through)."""
+
+
+def call_with_deadline(fn: Callable[[], Any], seconds: float) -> tuple[Any, bool]:
+    """``(fn(), False)``, or ``(None, True)`` when ``fn`` ran past ``seconds``.
+
+    A watchdog thread raises :class:`VerifierDeadline` in the calling thread (CPython's
+    ``PyThreadState_SetAsyncExc``, delivered between bytecodes; any thread, e.g. envs.serve's session threads, where
+    a signal could not be used) once ``seconds`` have passed, and again every 50 ms while ``fn`` has not returned,
+    so a verifier that swallows it (simple_integration's bare ``except:``, a generator's ``__del__``) is stopped
+    too. A single C call is not interrupted (the grammars bound digits and exponents). A pending exception is
+    cleared when ``fn`` returns; the deadline counts as missed once it fired.
+    """
+    tid = threading.get_ident()
+    lock = threading.Lock()
+    state = {"done": False, "fired": False}
+    stop = threading.Event()
+
+    def watchdog() -> None:
+        wait = seconds
+        while not stop.wait(wait):
+            with lock:
+                if state["done"]:
+                    return
+                state["fired"] = True
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), ctypes.py_object(VerifierDeadline))
+            wait = 0.05
+
+    threading.Thread(target=watchdog, name="verifier-deadline", daemon=True).start()
+    try:
+        try:
+            result = fn()
+        finally:
+            while True:  # mark done (and clear a pending exception) even if one lands here
+                try:
+                    with lock:
+                        state["done"] = True
+                        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), None)
+                    break
+                except VerifierDeadline:
+                    continue
+            stop.set()
+    except VerifierDeadline:
+        return None, True
+    return (None, True) if state["fired"] else (result, False)
+
+
 def score(dataset: Any, text: str, entry: dict, task: str) -> tuple[float, dict]:
     """Grade a response with the library's ``dataset.score_answer(extracted, entry)``: the answer is extracted, then
     refused (0, with a reason) when it breaks the bounds (:func:`answer_guard`) or, for a task whose verifier evaluates
@@ -284,7 +342,14 @@ def score(dataset: Any, text: str, entry: dict, task: str) -> tuple[float, dict]
     if refused:
         return 0.0, {"extracted": extracted[:256], "error": refused}
     try:
-        reward = float(dataset.score_answer(extracted, entry))
+        if task in GRAMMARS:  # a verifier that evaluates text: sympy's simplify has no cost bound
+            reward, missed = call_with_deadline(lambda: dataset.score_answer(extracted, entry), VERIFIER_DEADLINE_S)
+            if missed:
+                return 0.0, {"extracted": extracted, "error": f"the library's verifier ran past {VERIFIER_DEADLINE_S} s "
+                                                              f"on this answer; scored 0"}
+        else:
+            reward = dataset.score_answer(extracted, entry)
+        reward = float(reward)
     except Exception as e:  # noqa: BLE001 -- a scorer's failure on a model's text is the model's 0, not a crash
         return 0.0, {"extracted": extracted, "error": f"the library's score_answer raised {type(e).__name__}: {e}"}
     if not 0.0 <= reward <= 1.0:  # every library scorer returns [0, 1]; anything else is a library bug
