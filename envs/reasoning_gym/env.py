@@ -48,15 +48,21 @@ class ReasoningGymEnv(gym.Env):
     ## Action Space
 
     :class:`~envs.spaces.AssistantAction`: the model's text, or ``{"role": "assistant", "content": text}``
-    (``tool_calls`` ignored). Only the last ``MAX_TEXT_CHARS`` (4096) characters are read, lone surrogates
-    replaced. The answer is the last ``<answer>...</answer>`` block, else (numeric gold answer) the last number,
-    else the last non-empty line (:func:`envs.reasoning_gym.grading.extract_answer`). An empty response, an
-    answer refused by the bounds (a number over 64 digits, brackets nested over 32 deep, an exponent over 100, a
-    power of a power: :func:`~envs.reasoning_gym.grading.answer_guard`), or a scorer that raises, scores 0 and
-    sets ``info["action_error"]``; a ``<tool_call>`` block is graded as text and flagged
-    (:data:`TOOL_CALL_IN_ANSWER`). An action outside the space (``12345``, ``None``, a list, a dict with another
-    role or non-string content) is a caller's bug: ``step`` raises ``TypeError`` and the episode goes on
-    unchanged.
+    (``tool_calls`` ignored). Only the last ``MAX_TEXT_CHARS`` (4096) characters are read (more when the gold
+    answer is longer: :func:`~envs.reasoning_gym.grading.window_chars`), lone surrogates replaced. The answer is the
+    last ``<answer>...</answer>`` block, else (numeric gold answer) the last number, else the last non-empty line
+    (:func:`envs.reasoning_gym.grading.extract_answer`). Scores 0 and sets ``info["action_error"]``: an empty
+    response; an answer refused by the bounds (:func:`~envs.reasoning_gym.grading.answer_guard`: a number over 64
+    digits, brackets nested over 32 deep, an exponent over 100, a power of a power -- each bound widened to the gold
+    answer's own value, so the gold answer always passes); for the 11 tasks whose verifier can evaluate text
+    (``eval`` / sympy's ``parse_expr``, found by :mod:`~envs.reasoning_gym.verifier_audit` in the installed
+    library's source), an answer outside the task's grammar (:mod:`~envs.reasoning_gym.answer_formats`: nothing
+    that can name an attribute, a dunder, an import or a call other than an allow-listed math function ever
+    reaches the evaluator) or whose verifier runs past
+    :data:`~envs.reasoning_gym.grading.VERIFIER_DEADLINE_S` (1.5 s); a scorer that raises. A ``<tool_call>``
+    block is graded as text and flagged (:data:`TOOL_CALL_IN_ANSWER`). An action outside the space (``12345``,
+    ``None``, a list, a dict with another role or non-string content) is a caller's bug: ``step`` raises
+    ``TypeError`` and the episode goes on unchanged. Every scan of the text is linear in its length.
 
     ## Observation Space
 
@@ -74,7 +80,9 @@ class ReasoningGymEnv(gym.Env):
     ``reset(options={"index": i})`` (or ``{"task_id": "i"}``: a problem's id is ``str(i)``) picks problem ``i``
     of the split; without options one is drawn from ``self.np_random`` (reproducible with ``seed``). Every
     problem is usable (:meth:`usable_task_indices`); ``do_nothing_action is None`` (an empty answer scores 0).
-    :meth:`demonstration` writes the gold answer as ``<answer>gold</answer>`` (scores 1).
+    :meth:`demonstration` writes the gold answer as ``<answer>gold</answer>`` (scores 1); it raises ``ValueError``
+    for a problem whose task gives no gold answer (boxnet, graph_color, propositional_logic, rubiks_cube,
+    rush_hour: their verifiers check a solution), which has no demonstration.
 
     ## Episode End
 
@@ -106,7 +114,8 @@ class ReasoningGymEnv(gym.Env):
 
     Raises:
         ValueError: an unknown task name or config key (the message lists the library's valid ones), a config the
-            library rejects, a bad weight / level / split / seed / size / ``options``, equal seeds, or a split
+            library rejects, a task whose verifier evaluates text and that has no answer grammar (none in
+            reasoning-gym 0.1.25; a library upgrade that adds one is refused until it gets one), a bad weight / level / split / seed / size / ``options``, equal seeds, or a split
             that cannot be filled from its side of the hash partition (a task with very few distinct questions).
         TypeError: ``step`` with an action outside the action space.
         RuntimeError: ``step`` before ``reset`` or after the episode ended.
@@ -156,6 +165,19 @@ class ReasoningGymEnv(gym.Env):
           file labels it "first version of the splits") are NOT comparable with later test-split numbers
           (``default_run.md``: greedy 0.195 -> 0.520-0.535 at commit d037548, hash partition). By the policy (a split
           change moves every recorded accuracy) this was ReasoningGym-v1 (renamed 2026-11-26).
+        - 2d47f0a (2026-11-26): **security fix, no id bump** (issue 34): on the 11 tasks whose verifier can evaluate
+          text, an answer outside its task's grammar scores 0 with ``action_error`` instead of reaching ``eval`` /
+          ``parse_expr`` (code such as ``__import__("os").system(...)`` ran as the trainer's or server's user).
+          Correct answers in the task's format score as before. What changes: code-like answers that the library
+          credited (e.g. ``list("ABC")`` 0.1 in string_insertion), and countdown / puzzle24's 0.01 floor for a
+          malformed expression, which a refused answer no longer gets (0; their 0.05 for wrong numbers stands).
+          The exponent / power-of-power checks became linear scans; a hexadecimal answer such as
+          ``0x176b9e643680`` is no longer read as ``9e643680`` (issue 36: 4 of 300 bitwise_arithmetic train golds
+          scored 0, now 1), and each bound widens to the gold answer's value.
+        - 6e69036 (2026-11-26): a gold answer longer than 4,096 characters is read whole (palindrome_partitioning:
+          a 4,904-character gold scored 0, now 1).
+        - eacccb9 (2026-11-26): a verifier that evaluates text stops after 1.5 s per answer (0 with
+          ``action_error``); sympy's ``simplify`` took over 30 s on an answer inside the grammar.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
