@@ -143,3 +143,150 @@ def test_kl_anchor_state_names_the_adapter_it_ran_with(tiny_llama):
     k2.load_state_dict(plain, copy.deepcopy(k.state_dict()))
     k2.pre_task(plain, "telecom")
     assert torch.equal(k2.anchor.weight, k.anchor.weight)
+
+
+# ------------------------------------------------------------------------------------------------ end to end (slow)
+def _e2e_cfg(algorithm: str, kl: float, **over):
+    from tests.test_continual_trainer import cl_cfg
+
+    c = cl_cfg(num_steps_per_task=2, algorithm=algorithm, kl_coef=kl, replay_ratio=1.0, ewc_lambda=1000.0, **over)
+    c.actor.peft.enable = algorithm == "lora_per_domain"
+    c.optimizer.lr = 1e-2  # each step moves the policy measurably
+    return c
+
+
+class _Rewarded:
+    """Mixin: alternate rewards 0/1 (a random tiny model earns none, and GRPO would not move it); in the run that is
+    not resumed, a mid-task checkpoint after step 3 (one telecom step), as an interrupt after that step writes it."""
+
+    mid_at = None
+
+    def augment_batch(self, batch, domain):
+        out = super().augment_batch(batch, domain)
+        out["reward"] = (torch.arange(out.shape[0]) % 2).float()
+        return out
+
+    def post_step(self, trainer, domain):
+        super().post_step(trainer, domain)
+        if trainer.step == self.mid_at:
+            self.cl.save_task_checkpoint(1, task_step=1, done=False, name="checkpoint_task_1_mid")
+
+
+def _algorithm(name: str, mid_at=None):
+    from torchrl_grpo.continual.algorithms import ALGORITHMS, EWC, Replay
+
+    base = ALGORITHMS[name]
+    cls = type(f"Rewarded{base.__name__}", (_Rewarded, base), {"mid_at": mid_at})
+    if base is Replay:
+        return cls(1.0, seed=0)
+    if base is EWC:
+        return cls(lam=1000.0)
+    return cls()
+
+
+def _run(cfg, run_dir, algo):
+    from torchrl_grpo.build import build_trainer
+
+    t = build_trainer(cfg, run_dir, algorithm=algo)
+    try:
+        t.train()
+    finally:
+        t.close()
+    return t, json.loads((run_dir / "metrics.json").read_text())
+
+
+def _jsonl_steps(run_dir):
+    return [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow  # end to end: three continual runs per case, ~1 min each case on 2 loaded cores
+@pytest.mark.parametrize("kl", [0.0, 0.1])
+@pytest.mark.parametrize("algorithm", ["sequential", "replay", "ewc", "lora_per_domain"])
+def test_every_algorithm_resumes_as_the_uninterrupted_run(tmp_path, algorithm, kl):
+    run = tmp_path / "run"
+    _, full = _run(_e2e_cfg(algorithm, kl), run, _algorithm(algorithm, mid_at=3))
+    full_steps = _jsonl_steps(run)
+    keys = ("loss", "reward_mean", "kl_ref", "ess", "ewc_penalty", "replayed_episodes")
+    if kl:
+        assert all(r["kl_ref"] > 1e-6 for r in full["task_1/train"][1:])  # the anchor is a trained policy
+    for ck, first in (("checkpoint_task_0", 0), ("checkpoint_task_1_mid", 1)):
+        t, res = _run(_e2e_cfg(algorithm, kl, resume_from=str(run / ck)), run, _algorithm(algorithm))
+        assert (t.start_task, t.start_task_step) == (1, first), ck
+        assert [r["step"] for r in res["task_1/train"]] == [3, 4], ck
+        for a, b in zip(full["task_1/train"][first:], res["task_1/train"][first:]):
+            for key in keys:
+                if a.get(key) is not None:
+                    assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (ck, a["step"], key)
+        flat = [x for row in res["R"] for x in row]
+        assert flat == pytest.approx([x for row in full["R"] for x in row], abs=1e-6), ck
+        assert res["boundaries"] == full["boundaries"], ck
+        assert _jsonl_steps(run) == full_steps, ck  # resumed into its own dir: every row once (issue 36.7)
+
+
+def test_a_joint_run_is_refused_as_a_resume_source(tmp_path):
+    from torchrl_grpo.continual.checkpoint import CL_STATE_JSON, read_resume_state
+
+    (tmp_path / CL_STATE_JSON).write_text(json.dumps({"task_order": ["mock", "telecom"], "task": 0, "joint": True}))
+    with pytest.raises(ValueError, match="joint run"):
+        read_resume_state(tmp_path, ["mock", "telecom"])
+
+
+class _SecondSignalWhileScoring(Sequential):
+    """Two SIGINTs while the step-3 scoring (cl.eval_interval=1) runs: after the step's last write, before its row is
+    logged. Rewards alternate so the step trains."""
+
+    def augment_batch(self, batch, domain):
+        batch["reward"] = (torch.arange(batch.shape[0]) % 2).float()
+        return batch
+
+    def eval_context(self, trainer, domain):
+        import os
+        import signal
+
+        if trainer.step == 3 and not getattr(self, "sent", False):
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        return super().eval_context(trainer, domain)
+
+
+@pytest.mark.slow  # end to end, ~1 min on 2 idle cores
+def test_a_second_signal_after_the_step_completed_saves_it_as_sync_grpo_does(tmp_path):
+    """One rule for a second signal (issue 36): the step is abandoned when the signal lands before the step's last
+    write, and saved when it lands after it (its scoring, logging), in sync GRPO (training/loop.py) and in the
+    continual trainer alike. The continual trainer used to abandon any step a second signal interrupted."""
+    from torchrl_grpo.build import build_trainer
+    from torchrl_grpo.training.interrupt import TrainingInterrupted
+
+    cfg = _e2e_cfg("sequential", 0.0, eval_interval=1)
+    t = build_trainer(cfg, tmp_path / "run", algorithm=_SecondSignalWhileScoring())
+    try:
+        with pytest.raises(TrainingInterrupted) as ei:
+            t.train()
+    finally:
+        t.close()
+    assert ei.value.mid_step  # the second signal, raised at once inside the scoring
+    ck = tmp_path / "run" / "checkpoint_task_1_interrupted"
+    st = json.loads((ck / "cl_state.json").read_text())
+    assert (st["task"], st["task_step"], st["task_done"], st["step"]) == (1, 1, False, 3)
+    assert [r["step"] for r in st["metrics"]["task_1/train"]] == [3]
+
+
+def test_task_checkpoints_follow_the_loop_shells_verdict_on_a_second_signal(tmp_path):
+    """The interrupt save of the continual run (TaskCheckpoints.on_interrupt) takes the loop shell's "completed"
+    verdict: a second signal (mid_step) after the step's last write saves it; before it, or at a boundary, not."""
+    from torchrl_grpo.continual.checkpoint import TaskCheckpoints
+    from torchrl_grpo.training.interrupt import TrainingInterrupted
+
+    run = SimpleNamespace(joint=False, settings=SimpleNamespace(save_checkpoints=True),
+                          trainer=SimpleNamespace(settings=SimpleNamespace(checkpoint_on_interrupt=True), step=3))
+    saved = []
+    tc = TaskCheckpoints(run)
+    tc.save = lambda k, task_step=None, done=True, name=None: saved.append((k, task_step, done, name)) or tmp_path
+    tc.progress = (1, 1, False)
+    second, first = TrainingInterrupted(2, mid_step=True), TrainingInterrupted(2, mid_step=False)
+    assert tc.on_interrupt(second, completed=False) is None and saved == []  # abandoned before the last write
+    assert tc.on_interrupt(second) is None and saved == []  # outside the steps (a boundary): abandoned
+    assert tc.on_interrupt(second, completed=True) == tmp_path  # after the last write: completed, saved
+    assert saved == [(1, 1, False, "checkpoint_task_1_interrupted")]
+    assert tc.on_interrupt(first) == tmp_path and len(saved) == 2

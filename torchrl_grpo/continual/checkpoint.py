@@ -24,7 +24,9 @@ finished after the last task checkpoint, ``checkpoint_task_{k}_interrupted/`` (s
 in task k, ``task_done`` false) is written (``checkpoint.on_interrupt``) and the exception re-raised. Resuming from it
 continues with step ``task_step + 1`` of task k: the same next step as the uninterrupted run (weights, optimizer,
 schedule, RNG, buffer, algorithm state and the metrics so far are restored; the step's task and sampling seeds derive
-from the step number). A second signal abandons the step in flight; nothing is saved then.
+from the step number). A second signal abandons the step in flight (nothing is saved) when it lands before the step's
+last write; after it (during the step's scoring or logging) the step is complete and saved: the loop shell's rule,
+the same as sync GRPO's (:func:`torchrl_grpo.training.loop.run_loop`).
 """
 from __future__ import annotations
 
@@ -173,13 +175,20 @@ class TaskCheckpoints:
         self.saved = (k, state["task_step"], done)
         return root
 
-    def on_interrupt(self, e) -> Path | None:
+    def on_interrupt(self, e, completed: bool | None = None) -> Path | None:
         """After a :class:`~torchrl_grpo.training.interrupt.TrainingInterrupted` ``e``: save
-        ``checkpoint_task_{k}_interrupted/`` when a step finished after the newest checkpoint (not after a second
-        signal, not in a joint run, only with the trainer's ``checkpoint_on_interrupt``); the caller writes the
-        metrics. Returns the directory, or None when nothing was saved (the reason is logged)."""
+        ``checkpoint_task_{k}_interrupted/`` when a step finished after the newest checkpoint and the state is that
+        of a completed step (not in a joint run, only with the trainer's ``checkpoint_on_interrupt``); the caller
+        writes the metrics. Returns the directory, or None when nothing was saved (the reason is logged).
+
+        ``completed``: the loop shell's verdict (:func:`~torchrl_grpo.training.loop.run_loop`, the rule sync GRPO
+        follows too: a second signal after the step's last write, e.g. during its scoring or logging, leaves a
+        completed step, saved; one before it abandons the step). None (a signal outside the steps, e.g. at a task
+        boundary): completed unless it was a second signal (``e.mid_step``)."""
         r, p = self.run, self.progress
-        if e.mid_step:
+        if completed is None:
+            completed = not e.mid_step
+        if not completed:
             _log.warning("%s: the step in flight is abandoned, not saved", e)
         elif p is None or p == self.saved or (p[2] and r.settings.save_checkpoints):
             _log.warning("%s: nothing to save since the last checkpoint", e)

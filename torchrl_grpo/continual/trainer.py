@@ -104,6 +104,7 @@ class ContinualTrainer:
         self.start_task, self.start_task_step = 0, 0  # first task, and its steps already done (resumed mid-task)
         self.checkpoints = ckpt.TaskCheckpoints(self)  # where the run stands, what its newest checkpoint holds
         self._domain_reward: float | None = None
+        self._interrupt_completed: bool | None = None  # run_loop's "step completed" on the interrupt in flight
         self._replayed = 0
         if resume is not None:
             self.start_task, self.start_task_step = self.checkpoints.resume(resume)
@@ -172,16 +173,31 @@ class ContinualTrainer:
     def _run_steps(self, step, steps, n: int, done: int, key: str, desc: str) -> None:
         """``step(i)`` for ``i`` in ``steps`` on the loop shell: each step with its logging and, every
         ``eval_interval`` steps but the ``n``-th, the scoring of all domains into ``metrics[key]``, inside one
-        :func:`~torchrl_grpo.training.interrupt.finish_step`. An interrupt propagates to :meth:`train`, which saves."""
+        :func:`~torchrl_grpo.training.interrupt.finish_step`. An interrupt propagates to :meth:`train`, which saves.
+
+        The shell's rule for a second signal (:func:`~torchrl_grpo.training.loop.run_loop`): the step is completed,
+        and saved, when the counter the shell watches moved during it. That counter is moved here after ``step``
+        returned, its last write (after the trainer's step, the hooks' ``post_step`` and the progress the task
+        checkpoint records), so a completed step is a consistent one; the shell's verdict is kept for :meth:`train`."""
         t = self.trainer
+        pos = [t.step]  # the trainer's step, moved when a whole continual step is done
+
+        def counted(i):
+            m = step(i)
+            pos[0] = t.step
+            return m
 
         def score_all() -> dict:  # logs its own rows: nothing to merge into the step's
             self._evaluate_all(key)
             return {}
 
-        run_loop(step, steps, position=lambda: t.step, logger=t.logger, origin=t.step - done, last=n,
+        def interrupted(e, completed: bool) -> None:  # train() saves, with this verdict
+            self._interrupt_completed = completed
+
+        self._interrupt_completed = None
+        run_loop(counted, steps, position=lambda: pos[0], logger=t.logger, origin=t.step - done, last=n,
                  evaluation=EvalSchedule(score_all, every=self.eval_interval, at_last=False),  # the boundary scores n
-                 on_interrupt=lambda e, completed: None, progress=Progress(desc, t.settings.progress_bar), log=log)
+                 on_interrupt=interrupted, progress=Progress(desc, t.settings.progress_bar), log=log)
 
     def _task(self, k: int, domain: str, done: int = 0) -> None:
         """Task ``k`` on ``domain`` from its step ``done + 1`` (``done`` > 0: a resumed interrupted task), then its
@@ -251,7 +267,9 @@ class ContinualTrainer:
             try:
                 return self._train()
             except TrainingInterrupted as e:
-                if self.checkpoints.on_interrupt(e) is not None:
+                completed = self._interrupt_completed  # the loop shell's verdict; None: raised outside its steps
+                self._interrupt_completed = None
+                if self.checkpoints.on_interrupt(e, completed=completed) is not None:
                     self._write()
                 raise
 
