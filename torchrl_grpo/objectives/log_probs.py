@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from torchrl_grpo.objectives.sampling import check_processing, processed_logits
-from torchrl_grpo.objectives.shared_prefix import SharedPrefix, cache_under_checkpointing
+from torchrl_grpo.objectives.shared_prefix import SharedPrefix, cache_under_checkpointing, sharing_pays
 
 __all__ = ["token_log_probs", "Window", "HEAD_CHUNK", "MASKED_LOG_PROB"]
 
@@ -122,7 +122,8 @@ def _window_outputs(model, dec_head, tokens, am, pos, start: int, share_prefix: 
                               past_key_values=prefix.cache(), use_cache=False).last_hidden_state
         return out[:, start - 1 - Pp : -1], True
     P = start - 1  # columns [0, P) need no outputs: candidates for the shared prefix
-    if share_prefix and P >= 1 and b > 1 and not _uses_grad_checkpointing(model):
+    if share_prefix and P >= 1 and b > 1 and not _uses_grad_checkpointing(model) \
+            and sharing_pays(P * (b - 1), model, tokens.device):  # upper bound of the saving: no read needed
         key = torch.cat([tokens[:, :P], am[:, :P]], dim=1)
         uniq, inv = torch.unique(key, dim=0, return_inverse=True)
         U = uniq.shape[0]

@@ -44,7 +44,38 @@ from dataclasses import dataclass, field
 import torch
 
 __all__ = ["SharedPrefix", "shared_prefix_length", "build_shared_prefix", "cache_under_checkpointing",
-           "supports_shared_prefix"]
+           "supports_shared_prefix", "sharing_pays", "CUDA_MIN_SAVED_TOKEN_PARAMS"]
+
+#: On CUDA a prefix pass is one more decoder forward (and backward) per update or micro-batch, and at the batch sizes of
+#: small-model GRPO a pass is bound by kernel launches, not arithmetic: one pass of our update dispatched 14.4k aten ops
+#: with prompt sharing vs 7.1k without (SmolLM2-135M shape, 4 rows; counted with a dispatch mode on CPU), and on an H100
+#: a 4-row pass took 0.28 s (16 passes 4.51 s; benchmarks/results/gpu_h100_first), ~20 us per op. So the extra
+#: ~7k-op pass costs ~0.14 s, what ~2.8e13 FLOP take at an effective 200 TFLOP/s bf16, i.e. 6 x tokens x params
+#: for tokens x params ~ 4.7e12. Sharing pays on CUDA only when the tokens it saves times the parameter count exceed
+#: this (a tau2 prompt of 10k tokens x 63 episodes x 135M params: 8.5e13, shared; a GSM8K prompt of 80 tokens x 63
+#: episodes: 6.8e11, not). On CPU every saved token is arithmetic saved, so any saving pays.
+CUDA_MIN_SAVED_TOKEN_PARAMS = 4e12
+
+
+def _num_params(model: torch.nn.Module) -> int:
+    n = getattr(model, "_torchrl_grpo_num_params", None)
+    if n is None:
+        n = sum(p.numel() for p in model.parameters())
+        try:
+            model._torchrl_grpo_num_params = n
+        except (AttributeError, TypeError):
+            pass
+    return n
+
+
+def sharing_pays(saved_tokens: int, model: torch.nn.Module, device: torch.device | str) -> bool:
+    """Whether running a shared prefix once (one extra decoder pass) beats running its ``saved_tokens`` in every row:
+    any saving on CPU; on CUDA ``saved_tokens x parameters >= CUDA_MIN_SAVED_TOKEN_PARAMS`` (launch-bound passes)."""
+    if saved_tokens <= 0:
+        return False
+    if torch.device(device).type != "cuda":
+        return True
+    return saved_tokens * _num_params(model) >= CUDA_MIN_SAVED_TOKEN_PARAMS
 
 
 def shared_prefix_length(tokens: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor) -> int:

@@ -31,7 +31,7 @@ from torchrl_grpo.objectives.log_probs import Window, _decoder_and_head, _uses_g
 from torchrl_grpo.objectives.loss import GRPOLoss, LossMetrics, total_loss
 from torchrl_grpo.distributed.data_parallel import SINGLE, is_fsdp
 from torchrl_grpo.training.micro_batch import auto_token_budget, plan_micro_batches
-from torchrl_grpo.objectives.shared_prefix import SharedPrefix, build_shared_prefix
+from torchrl_grpo.objectives.shared_prefix import SharedPrefix, build_shared_prefix, sharing_pays
 
 __all__ = ["GRPOUpdate", "PenalisedLoss", "ANCHORS", "SHARED_PREFIX_MODES"]
 
@@ -325,7 +325,10 @@ class GRPOUpdate:
         f = facts if facts is not None else self.row_facts(td)
         P = max(0, min(f.common, min(f.first) - 1))  # = shared_prefix_length(tokens, attention, scored tokens)
         dec_head = _decoder_and_head(model)
-        if P < 1 or dec_head is None or self.prefix_tokens_saved(td, P, model, facts=f, device=device) <= 0:
+        if P < 1 or dec_head is None:
+            return None
+        if not sharing_pays(self.prefix_tokens_saved(td, P, model, facts=f, device=device), model,
+                            device or self.device):  # on CUDA: only savings worth one more launch-bound pass
             return None
         return build_shared_prefix(model, dec_head[0], td["tokens"][0, :P].to(device or self.device))
 
