@@ -72,8 +72,8 @@ def build_trainer(cfg, run_dir: str | Path | None, *, trainer_cls: type | None =
     sft_resume = None
     if issubclass(cls, SFTTrainer):
         check_sft_run(cfg)  # before build(): it would start the Ray workers
-        if cfg.train.resume_from:  # before the model loads: an SFT checkpoint, where its recipe stands
-            sft_resume = read_sft_resume(cfg.train.resume_from)
+        if cfg.train.resume_from and not cfg.eval_only:  # before the model loads: an SFT checkpoint, where its
+            sft_resume = read_sft_resume(cfg.train.resume_from)  # recipe stands (eval_only: any weights)
     components = build(cfg, run_dir, model=model, tokenizer=tokenizer, backend=backend,
                        own_backend_copy=cls.own_backend_copy)
     if issubclass(cls, SFTTrainer):

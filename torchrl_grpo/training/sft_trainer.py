@@ -232,12 +232,13 @@ class SFTTrainer:
         components: the built :class:`~torchrl_grpo.training.components.Components` (GRPO loss, update, schedule unused).
         settings: :class:`SFTSettings`. update: the SFT update (:func:`sft_update` of ``components.update``).
         resume: :func:`read_sft_resume` of the checkpoint ``components`` were resumed from (``start_step`` > 0),
-            else None.
+            else None (``eval_only`` builds resumed components without it: :meth:`fit` refuses them).
 
     Raises:
         TypeError: ``components`` is not :class:`~torchrl_grpo.training.components.Components`.
-        ValueError: torchrun ranks; ``resume`` given or missing against ``components.start_step``, or at another
-            step. RuntimeError (from :meth:`fit`): no demonstration survives the replay.
+        ValueError: torchrun ranks; ``resume`` of another step than ``components.start_step``; from :meth:`fit`:
+            components resumed (``start_step`` > 0) without ``resume`` (they can only be evaluated).
+            RuntimeError (from :meth:`fit`): no demonstration survives the replay.
     """
 
     own_backend_copy = False  # build(): the rollout engine may share the model (colocated, synced after each phase)
@@ -255,10 +256,9 @@ class SFTTrainer:
         self.settings, self.run_dir, self.device, self.load_time_s = c.settings, c.run_dir, c.device, c.load_time_s
         self.model, self.tokenizer, self.backend, self.optimizer = c.model, c.tokenizer, c.backend, c.optimizer
         self.collector, self.train_tasks, self.logger, self.step = c.collector, c.train_tasks, c.logger, c.start_step
-        if (resume is None and self.step) or (resume is not None and resume["step"] != self.step):
-            raise ValueError(f"SFTTrainer: components start at step {self.step} but the SFT resume state is "
-                             f"{'missing' if resume is None else 'of step ' + str(resume['step'])}: pass "
-                             f"read_sft_resume() of the checkpoint they were resumed from (build_trainer does)")
+        if resume is not None and resume["step"] != self.step:
+            raise ValueError(f"SFTTrainer: components start at step {self.step} but the SFT resume state is of step "
+                             f"{resume['step']}: pass read_sft_resume() of the checkpoint they were resumed from")
         if c.placement is not None:  # a disjoint CPU plan: this thread trains on the train cores
             c.placement.pin_thread("train")
         self.evaluator = Evaluator(c)
@@ -388,6 +388,9 @@ class SFTTrainer:
             TrainingInterrupted: on SIGINT / SIGTERM (:mod:`torchrl_grpo.training.interrupt`).
         """
         st = self.settings
+        if self.step and self._resume is None:  # weights resumed without the recipe's state (eval_only's build)
+            raise ValueError(f"SFTTrainer.fit: the components were resumed at step {self.step} without the SFT "
+                             f"state (read_sft_resume; build_trainer passes it unless eval_only): evaluate only")
         (self.run_dir / "config.yaml").write_text(st.config_yaml)  # the resolved config of this run
         ev = st.eval_n_problems > 0
         summary: dict[str, Any] = {"load_time_s": self.load_time_s}
