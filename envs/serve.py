@@ -132,6 +132,7 @@ __all__ = ["GymTextEnvironment", "TextAction", "TextObservation", "TextState", "
 
 try:  # the optional extra [serve]
     import h11
+    import uvicorn
     from fastapi import FastAPI, Request
     from fastapi.responses import Response
     from openenv.core.env_server.exceptions import SessionCapacityError
@@ -147,9 +148,10 @@ try:  # the optional extra [serve]
     )
     from pydantic import Field, ValidationError
     from starlette.websockets import WebSocket, WebSocketDisconnect
-    import uvicorn
     from uvicorn.protocols.http.h11_impl import H11Protocol
-    from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+    from uvicorn.protocols.websockets.websockets_sansio_impl import (
+        WebSocketsSansIOProtocol,
+    )
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("envs.serve needs the [serve] extra: pip install -e '.[serve]' (openenv-core)") from e
 

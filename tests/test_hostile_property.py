@@ -224,7 +224,7 @@ def _encodable(x) -> None:
 def _in_process_step(env, action) -> float:
     env.reset(seed=0, options={"index": _first_index(env)})
     t0 = time.perf_counter()
-    obs, reward, terminated, truncated, info = env.step(action)
+    obs, reward, _, _, info = env.step(action)
     dt = time.perf_counter() - t0
     _encodable(obs)
     _encodable(info)
@@ -447,8 +447,8 @@ class Adversary:
                  + "1" + "}" * 20_000 + "}}]}}", 422),
                 ("over_limit", f"/sessions/{sid}/reset", '{"x": "' + "a" * MAX_BODY + '"}', 413)):
             try:
-                r = self._timed(name, lambda: self.c.post(path, content=body.encode(),
-                                                          headers={"content-type": "application/json"}))
+                r = self._timed(name, lambda p=path, b=body: self.c.post(p, content=b.encode(),
+                                                                         headers={"content-type": "application/json"}))
             except httpx.TransportError:  # refused by Content-Length before the body was read: connection closed
                 if want == 413:
                     continue

@@ -232,7 +232,7 @@ def _slow_request(port: int, path: str) -> socket.socket:
 def test_slow_readers_are_counted_against_the_cap_and_dropped_after_the_send_timeout():
     """Defect: 20 clients that requested a 14 MB state and never read held +264 MB until they disconnected."""
     cap = 3_000_000
-    with _serve(_app(max_session_bytes=cap), sndbuf=16_384, send_timeout_s=4.0) as (url, srv), \
+    with _serve(_app(max_session_bytes=cap), sndbuf=16_384, send_timeout_s=4.0) as (url, _), \
             httpx.Client(base_url=url, timeout=30) as c:
         port = int(url.rsplit(":", 1)[1])
         sid = _open(c)
@@ -273,7 +273,7 @@ def test_slow_readers_are_counted_against_the_cap_and_dropped_after_the_send_tim
 
 def test_a_slow_websocket_reader_is_dropped_after_the_send_timeout():
     cap = 8_000_000
-    with _serve(_app(max_session_bytes=cap), sndbuf=16_384, send_timeout_s=1.0) as (url, srv), \
+    with _serve(_app(max_session_bytes=cap), sndbuf=16_384, send_timeout_s=1.0) as (url, _), \
             httpx.Client(base_url=url, timeout=30) as c:
         port = int(url.rsplit(":", 1)[1])
         s = socket.socket()
