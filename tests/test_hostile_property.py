@@ -139,19 +139,11 @@ def flood(name: str = "calculate") -> str:
 
 FLOODS = {"tool_call_flood": flood()}
 
-#: Cases another engineer's change (in progress at the time of writing) fixes: (config id, payload) -> reason; "*"
-#: matches any config / payload. Measured on 2026-11-26 (working tree of that day): the library scorers of these
-#: ReasoningGym tasks ran the payloads (the marker file was written through sympy's ``parse_expr`` / ``eval``), and a
-#: flood of 12,000 tool calls took 2.7-3.9 s per tau2 step (bound 2 s).
-_RG_EVAL = "ReasoningGym verifiers that evaluate model text (sympy parse_expr / eval): the safe-verifier fix is pending"
-_FLOOD = ("no bound on tool calls per action yet (envs/tau2: the per-action tool-call bound is pending): a flood step "
-          "takes over 2 s in-process, and over the server the 10,000 tool messages leave the RSS +61 MB past the bound")
-PENDING: dict[tuple[str, str], str] = {
-    **{(f"ReasoningGym-v1[{t}]", n): _RG_EVAL for t in EVAL_TASKS for n in code_payloads(Path("/x"))},
-    **{(f"ReasoningGym-v1[{t}]", "served"): _RG_EVAL for t in EVAL_TASKS},
-    **{(f"tau2/{d}-v0", "tool_call_flood"): _FLOOD for d in envs.TAU2_DOMAINS},
-    **{(f"tau2/{d}-v0", "served"): _FLOOD for d in envs.TAU2_DOMAINS},
-}
+#: Cases to mark xfail while a fix is pending: (config id, payload) -> reason; "*" matches any config / payload.
+#: Empty: the ReasoningGym verifier guards (2d47f0a) and the tau2 tool-call bound (5507ac0) landed, and every case
+#: passes (they failed on 12cbc7b: the marker file was written through sympy's parse_expr / eval, and a flood of
+#: 12,000 tool calls took 2.7-3.9 s per tau2 step, bound 2 s).
+PENDING: dict[tuple[str, str], str] = {}
 
 
 def _mark(cfg_id: str, name: str):
