@@ -145,8 +145,9 @@ try:  # the optional extra [serve]
         EnvironmentMetadata,
         Observation,
         State,
+        StepRequest,
     )
-    from pydantic import Field, ValidationError
+    from pydantic import ConfigDict, Field, ValidationError
     from starlette.websockets import WebSocket, WebSocketDisconnect
     from uvicorn.protocols.http.h11_impl import H11Protocol
     from uvicorn.protocols.websockets.websockets_sansio_impl import (
@@ -179,6 +180,10 @@ MAX_EPISODE_ID_CHARS = 256
 #: ``Host`` names always served (loopback).
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 _RESET_KEYS = ("seed", "episode_id", "task_id", "index")
+#: The routes, as named in a 404's message.
+SERVED_ROUTES = ("POST /reset, POST /step, GET /state (OpenEnv's stateless routes); POST /sessions, "
+                 "POST /sessions/{id}/reset, POST /sessions/{id}/step, GET /sessions/{id}/state, DELETE /sessions/{id}, "
+                 "GET /sessions; WebSocket /ws; GET /health, /schema, /metadata")
 
 
 class ClientError(Exception):
@@ -225,8 +230,23 @@ class UnsentRepliesExceeded(ClientError):
     status, code = 429, "SESSION_BYTES_EXCEEDED"
 
 
+#: The action's wire shape, in words (``/schema``'s action description and the 422 of a malformed action).
+ACTION_SHAPE = '{"content": str|null, "tool_calls": list|null}'
+
+
 class TextAction(Action):
-    """An agent action: raw text (``content``) or an assistant message (``content`` + ``tool_calls``)."""
+    """An agent action: a JSON object, never a bare string. Raw model text: {"content": "<text>"} (its tool calls
+    parsed from the text as by the env); or an assistant message: {"content": str|null, "tool_calls": [OpenAI-format
+    tool calls]}. Over HTTP a step's body is {"action": <this object>, ...}. With OpenEnv's GenericEnvClient pass the
+    dict, env.step({"content": text}): env.step(text) fails inside the client with a ValueError ("dictionary update
+    sequence element #0 ..."), before anything is sent."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"content": "The answer is 72.\n#### 72"},
+        {"content": '<tool_call>{"name": "get_order_details", "arguments": {"order_id": "#W1"}}</tool_call>'},
+        {"content": None, "tool_calls": [{"id": "call_0", "type": "function", "function": {
+            "name": "get_order_details", "arguments": '{"order_id": "#W1"}'}}]},
+    ]})
 
     content: str | None = Field(default=None, description="The model's text (parsed for tool calls when tool_calls is absent)")
     tool_calls: list[dict[str, Any]] | None = Field(default=None, description="OpenAI-format tool calls")
@@ -382,14 +402,7 @@ class GymTextEnvironment(Environment):
             BadRequestError: ``data`` is not an object, or has a key other than ``seed``, ``episode_id``,
                 ``task_id``, ``index`` (e.g. ``{"self": 1}``); and whatever :meth:`reset` raises.
         """
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise BadRequestError(f"reset data must be a JSON object, got {type(data).__name__}", status=422)
-        unknown = sorted(k for k in data if k not in _RESET_KEYS)
-        if unknown:
-            raise BadRequestError(f"unknown reset option(s) {unknown!r:.200}; accepted: {', '.join(_RESET_KEYS)}")
-        return self.reset(**data)
+        return self.reset(**_reset_data(data))
 
     def step(self, action: TextAction, timeout_s: float | None = None, **kwargs: Any) -> TextObservation:
         self._check_open()
@@ -481,6 +494,23 @@ def _without(d: dict, *keys: str) -> dict:
     return {k: v for k, v in d.items() if k not in keys}
 
 
+def _reset_data(data: Any) -> dict:
+    """A request's reset data (``None``: none) checked for shape: a JSON object of :data:`_RESET_KEYS` only.
+
+    Raises:
+        BadRequestError: 422 not an object; 400 a key other than ``seed``, ``episode_id``, ``task_id``, ``index``
+            (e.g. ``{"self": 1}``). The values are checked by :meth:`GymTextEnvironment.reset`.
+    """
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise BadRequestError(f"reset data must be a JSON object, got {type(data).__name__}", status=422)
+    unknown = sorted(k for k in data if k not in _RESET_KEYS)
+    if unknown:
+        raise BadRequestError(f"unknown reset option(s) {unknown!r:.200}; accepted: {', '.join(_RESET_KEYS)}")
+    return data
+
+
 def _metadata(env_id: str) -> EnvironmentMetadata:
     return EnvironmentMetadata(name=env_id, description=f"{env_id} (torchrl-grpo envs, served by envs.serve)", version="0")
 
@@ -523,13 +553,19 @@ def _parse(raw: bytes | str | None, empty: Any = None) -> Any:
 
 
 def _action(data: Any) -> TextAction:
+    """The request's action as a :class:`TextAction`.
+
+    Raises:
+        ClientError: 422 naming :data:`ACTION_SHAPE`: ``data`` is not a JSON object (a bare string included) or not of
+            that shape (an unknown key, a wrong type).
+    """
     if not isinstance(data, dict):
-        raise ClientError(f'action must be a JSON object {{"content": str|null, "tool_calls": list|null}}, got '
-                          f"{type(data).__name__}", status=422)
+        hint = ' (a bare string is not an action: send {"content": "<text>"})' if isinstance(data, str) else ""
+        raise ClientError(f"action must be a JSON object {ACTION_SHAPE}{hint}, got {type(data).__name__}", status=422)
     try:
         return TextAction.model_validate(data)
     except ValidationError as e:
-        raise ClientError(f"invalid action: {e}", status=422) from e
+        raise ClientError(f"invalid action (expected {ACTION_SHAPE}): {e}", status=422) from e
 
 
 def _run(env: GymTextEnvironment, op: str, payload: Any) -> tuple[str, dict]:
@@ -542,23 +578,81 @@ def _run(env: GymTextEnvironment, op: str, payload: Any) -> tuple[str, dict]:
 
 
 def _http_call(env: GymTextEnvironment, op: str, raw: bytes) -> tuple[int, bytes, bool]:
-    """An HTTP route's work, on the session's thread: parse ``raw``, run ``op``, encode.
+    """A session route's work, on the session's thread: parse ``raw``, run ``op``, encode (:func:`_http_reply`)."""
+    def work() -> dict:
+        if op == "reset":
+            payload = _parse(raw, empty={})
+        elif op == "step":
+            body = _parse(raw)
+            if not isinstance(body, dict) or set(body) != {"action"}:
+                raise ClientError(f'step body must be {{"action": {ACTION_SHAPE}}}', status=422)
+            payload = body["action"]
+        else:
+            payload = None
+        return _run(env, op, payload)[1]
+
+    return _http_reply(env, work)
+
+
+#: Keys of a stateless ``POST /step`` body besides the reset options: OpenEnv's ``StepRequest`` fields.
+_STEP_KEYS = ("action", "timeout_s", "request_id")
+
+
+def _stateless_request(op: str, raw: bytes) -> tuple[dict, TextAction | None]:
+    """A stateless route's body (``POST /reset``, ``POST /step``) parsed and checked before any env is built:
+    ``(reset data, action)`` (``action`` ``None`` for ``reset``).
+
+    A ``/step`` body is OpenEnv's ``StepRequest`` -- ``{"action": {...}, "timeout_s"?, "request_id"?}`` -- plus the
+    reset options of the one-step episode it plays, of which ``index``, ``task_id`` or ``seed`` must name the task.
+
+    Raises:
+        ClientError: 422 invalid JSON (limits of :func:`_parse`), not an object, no ``action``, an action not of
+            :data:`ACTION_SHAPE`, an unknown key, no task named, ``timeout_s`` / ``request_id`` outside OpenEnv's
+            ``StepRequest``; 400 an unknown reset option (``/reset``). The messages name the problem.
+    """
+    if op == "reset":
+        return _reset_data(_parse(raw, empty={})), None
+    body = _parse(raw)
+    if not isinstance(body, dict) or "action" not in body:
+        got = "an object without it" if isinstance(body, dict) else "nothing" if body is None else type(body).__name__
+        raise ClientError(f'step body must be a JSON object {{"action": {ACTION_SHAPE}, "index" | "task_id" | "seed": '
+                          f"...}}, got {got}", status=422)
+    action = _action(body["action"])
+    unknown = sorted(k for k in body if k not in _STEP_KEYS + _RESET_KEYS)
+    if unknown:
+        raise ClientError(f"unknown step key(s) {unknown!r:.200}; accepted: {', '.join(_STEP_KEYS + _RESET_KEYS)}",
+                          status=422)
+    try:  # OpenEnv's own checks of its optional fields (timeout_s > 0, request_id <= 255 chars)
+        StepRequest.model_validate({k: body[k] for k in _STEP_KEYS if k in body})
+    except ValidationError as e:
+        raise ClientError(f"invalid step request: {e}", status=422) from e
+    reset = {k: body[k] for k in _RESET_KEYS if k in body}
+    if all(reset.get(k) is None for k in ("index", "task_id", "seed")):
+        raise ClientError('a stateless step plays a one-step episode on a fresh env: name its task beside the action '
+                          '("index", "task_id" or "seed"); to play an episode of several steps keep a session: '
+                          "POST /sessions, then /sessions/{id}/reset and /sessions/{id}/step, or the WebSocket /ws",
+                          status=422)
+    return reset, action
+
+
+def _stateless_work(env: GymTextEnvironment, op: str, reset: dict, action: TextAction | None) -> dict:
+    """A stateless route's env work, on its env's thread: the reset's observation, or the one step's after the
+    reset."""
+    obs = env.reset(**reset)
+    if op == "step":
+        obs = env.step(action)
+    return serialize_observation(obs)
+
+
+def _http_reply(env: GymTextEnvironment, work: Callable[[], Any]) -> tuple[int, bytes, bool]:
+    """Run ``work`` (on the session's thread) and encode its result or error as an HTTP reply.
 
     Returns ``(status, UTF-8 JSON body, end the session)``; the body's bytes are counted as unsent on ``env``
     (:meth:`GymTextEnvironment.hold_unsent`) until the route has handed them to the connection."""
     end = False
     try:
         env.check_unsent()
-        if op == "reset":
-            payload = _parse(raw, empty={})
-        elif op == "step":
-            body = _parse(raw)
-            if not isinstance(body, dict) or set(body) != {"action"}:
-                raise ClientError('step body must be {"action": {"content": str|null, "tool_calls": list|null}}', status=422)
-            payload = body["action"]
-        else:
-            payload = None
-        status, text = 200, _dumps(_run(env, op, payload)[1])
+        status, text = 200, _dumps(work())
     except ClientError as e:
         status, text, end = e.status, _dumps({"detail": str(e)}), getattr(e, "ends_session", False)
     except Exception as e:  # noqa: BLE001 - an env failure: 500 for this session only
@@ -602,14 +696,16 @@ def _ws_call(env: GymTextEnvironment, text: str) -> tuple[str, str | None]:
 
 class _ChunkedReply(Response):
     """A JSON reply handed to the connection :data:`REPLY_CHUNK_BYTES` at a time; ``on_done()`` runs once the last piece
-    is handed over (or the client is gone). uvicorn waits before each piece while the connection's buffer is full, so
-    an unread reply waits here, counted against its session, and the transport buffers at most about one piece."""
+    is handed over (or the client is gone), then ``await after()`` if given (a stateless request's env is closed
+    there). uvicorn waits before each piece while the connection's buffer is full, so an unread reply waits here,
+    counted against its session, and the transport buffers at most about one piece."""
 
     media_type = "application/json"
 
-    def __init__(self, body: bytes, status_code: int, on_done: Callable[[], None]):
+    def __init__(self, body: bytes, status_code: int, on_done: Callable[[], None],
+                 after: Callable[[], Any] | None = None):
         super().__init__(content=body, status_code=status_code)
-        self._on_done = on_done
+        self._on_done, self._after = on_done, after
 
     async def __call__(self, scope, receive, send) -> None:
         try:
@@ -621,6 +717,8 @@ class _ChunkedReply(Response):
         finally:
             self.body = b""
             self._on_done()
+            if self._after is not None:
+                await self._after()
 
 
 class _WriteDeadline:
@@ -885,6 +983,8 @@ def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int 
     schema = {"action": TextAction.model_json_schema(), "observation": TextObservation.model_json_schema(),
               "state": TextState.model_json_schema()}
     metadata = _metadata(env_id).model_dump()
+    # A fresh env's state (what OpenEnv's stateless GET /state answers), without building one.
+    fresh_state = TextState(env_id=env_id, done=True).model_dump()
 
     def touch(sid: str) -> None:
         if sid in server._sessions:
@@ -977,6 +1077,52 @@ def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int 
         return {"active": server.active_sessions, "max": server.max_concurrent_envs, "idle_timeout_s": idle_timeout_s,
                 "max_session_bytes": max_session_bytes,
                 "unsent_bytes": sum(e.unsent_bytes for e in list(server._sessions.values()) if e is not None)}
+
+    async def _stateless_call(op: str, raw: bytes) -> Response:
+        """OpenEnv's stateless semantics: a fresh env for this request only, counted against the session cap (as a
+        session nobody else can name) until its reply has been handed over, then closed."""
+        try:
+            reset, action = await asyncio.to_thread(_stateless_request, op, raw)  # no env is built for a bad body
+        except ClientError as e:
+            return _json(e.status, _dumps({"detail": str(e)}))
+        try:
+            sid, env = await open_session()
+        except SessionCapacityError as e:
+            return _json(429, _dumps({"detail": f"session cap reached: {e.active_sessions}/{e.max_sessions} open (a "
+                                                "stateless request's env takes a session's place until its reply is read)"}))
+        except Exception as e:  # noqa: BLE001
+            return _json(500, _dumps({"detail": f"could not create env {env_id}: {e.__cause__ or e}"}))
+        try:
+            status, body, _ = await server._run_in_session_executor(
+                sid, _http_reply, env, functools.partial(_stateless_work, env, op, reset, action))
+        except BaseException:
+            await destroy(sid)
+            raise
+        return _ChunkedReply(body, status, functools.partial(env.release_unsent, len(body)),
+                             after=functools.partial(destroy, sid))
+
+    @app.post("/reset", tags=["Stateless"])
+    async def stateless_reset(request: Request) -> Response:
+        return await _stateless_call("reset", await request.body())
+
+    @app.post("/step", tags=["Stateless"])
+    async def stateless_step(request: Request) -> Response:
+        return await _stateless_call("step", await request.body())
+
+    @app.get("/state", tags=["Stateless"])
+    async def stateless_state() -> dict:
+        return fresh_state
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        path = request.url.path
+        if path.startswith("/mcp"):
+            msg = (f"{path!r:.100} is not served: these envs have no MCP tools; their actions ({ACTION_SHAPE}) go to "
+                   "POST /step (stateless), /sessions/{id}/step or the WebSocket /ws")
+        else:
+            msg = f"no route {request.method} {path!r:.100}; served: {SERVED_ROUTES}"
+        return _json(404, _dumps({"detail": msg}))
+
+    app.add_exception_handler(404, not_found)
 
     @app.get("/health")
     async def health() -> dict:
