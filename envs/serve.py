@@ -1,4 +1,4 @@
-"""Serve any registered env id over OpenEnv (HTTP + WebSocket), one env instance per session.
+"""Serve any registered env id over OpenEnv (HTTP + WebSocket), one env instance per session or stateless request.
 
 Usage (extra ``[serve]``: ``pip install -e '.[serve]'``, which installs ``openenv-core``)::
 
@@ -43,17 +43,36 @@ Protocol (OpenEnv 0.3's session protocol, ``openenv.core.env_server``; the route
   (``INVALID_JSON``, ``UNKNOWN_TYPE``, ``VALIDATION_ERROR``, ``EXECUTION_ERROR``, ``CAPACITY_REACHED``,
   ``FACTORY_ERROR``, ``SESSION_ERROR``) plus ``SESSION_BYTES_EXCEEDED`` (the 413s and the unsent-replies 429
   above); an env output over the cap is answered by that error and the socket is then closed (code 1008).
+* ``POST /reset``, ``POST /step``, ``GET /state`` -- OpenEnv's stateless routes, with its semantics (its
+  ``HTTPEnvServer`` builds a fresh env for every request and closes it after): no episode outlives its request.
+  Bodies and replies are OpenEnv's ``ResetRequest`` / ``ResetResponse`` (``{"observation", "reward", "done"}``),
+  ``StepRequest`` / ``StepResponse``. ``/reset`` (body: the reset data, as above) answers the task's opening;
+  ``/step`` (body ``{"action": ..., "index" | "task_id" | "seed": ..., "episode_id"?, "timeout_s"?,
+  "request_id"?}``) plays a *one-step episode*: a fresh env reset to the task named beside the action, then the
+  action -- the whole episode of a one-turn env (GSM8K, ReasoningGym, IFEval), only the first step of a tau2 one
+  (play those through a session); a body naming no task is refused (422: a fresh env that was never reset has no
+  task to act on); ``timeout_s`` and ``request_id`` are checked as OpenEnv's ``StepRequest`` does and otherwise
+  ignored. ``/state`` answers a fresh env's state (no episode; built without an env: ask a session for an
+  episode's). Within the rules of sessions: each request's env *is* a session (one thread, the same bounds and
+  error codes as above), counted against ``max_sessions`` (429) from before it is built until its reply has been
+  handed to the connection (an unread reply keeps its place and its ``unsent_bytes`` until the send timeout
+  drops the connection), then closed; its id is never given out, so nothing else can reach it. A body is parsed and
+  checked (JSON limits, shape, action, keys) before any env is built.
 * ``/health``, ``/schema``, ``/metadata`` -- as OpenEnv's, but none builds an env (OpenEnv's
-  ``/metadata`` builds one per request, outside the session cap).
+  ``/metadata`` builds one per request, outside the session cap). ``/schema``'s action schema states the action's
+  shape in its ``description`` and gives ``examples``.
+* Any other path: 404 whose detail lists the routes served (``/mcp``: says where actions go instead).
 
 Not served, where we diverge from OpenEnv's ``HTTPEnvServer.register_routes`` and why: its ``/mcp``
 (HTTP and WebSocket; JSON-RPC ``openenv/session/create|close`` made and closed sessions beside the
-socket that owns them) -- our envs have no MCP tools; its stateless ``POST /reset`` and ``/step`` (a
-fresh env per request) -- a text episode needs a session; FastAPI's ``/docs``, ``/redoc`` and
+socket that owns them) -- our envs have no MCP tools; FastAPI's ``/docs``, ``/redoc`` and
 ``/openapi.json`` -- pages meant for a browser, the client this server refuses (``/schema`` has the
-schemas).
+schemas). So ``openenv validate --url`` passes its health, metadata and schema checks and fails its
+``openapi_version_available``, ``mcp_endpoint`` and ``mode_endpoint_consistency`` ones.
 
-Action (:class:`TextAction`): ``{"content": str | None, "tool_calls": list | None}``. With
+Action (:class:`TextAction`): a JSON object ``{"content": str | None, "tool_calls": list | None}``, never a bare
+string (over HTTP: 422 naming the shape; OpenEnv's ``GenericEnvClient.step("text")`` fails inside the client with
+a ``ValueError`` before sending: pass ``{"content": "text"}``). With
 ``tool_calls`` it is passed to the env as an assistant message dict, otherwise ``content`` as the
 model's raw text (parsed as in :mod:`envs.contract`, "Action"). Observation
 (:class:`TextObservation`): the env's ``obs`` messages -- the messages *new* since the last step, never
@@ -943,7 +962,8 @@ def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int 
     Args:
         env_id: a registered Gymnasium id (``envs.ENV_IDS`` or any other registered id).
         env_kwargs: keyword arguments of ``gym.make`` for every session's env.
-        max_sessions: most sessions open at once (WebSocket + HTTP); more -> 429 / ``CAPACITY_REACHED``.
+        max_sessions: most sessions open at once (WebSocket + HTTP, a stateless request's env included until its
+            reply is read); more -> 429 / ``CAPACITY_REACHED``.
         idle_timeout_s: seconds (of ``clock``) without a request after which a session is closed (``None``: never).
         max_body_bytes: largest HTTP body accepted (the WebSocket message limit is uvicorn's ``ws_max_size``:
             :func:`uvicorn_config`).
