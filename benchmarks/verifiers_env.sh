@@ -39,11 +39,13 @@ step "installing verifiers==$VERSION"
 # Everything the project venv already has stays at its version (constraints), except mcp/mcp-types, which verifiers
 # pins: without this, pip would add newer copies here that shadow the project's (e.g. openai 3.x, which breaks
 # litellm's openai<3 that tau2's LLM user needs).
-"$PY" -m pip list --format=freeze --exclude-editable 2>/dev/null | grep -v -i -E '^(mcp|mcp-types|pip|setuptools)==' \
+"$PY" -m pip list --format=freeze --exclude-editable 2>/dev/null | grep -v -i -E '^(mcp|mcp-types|pip)==' \
     >"$VENV/project-constraints.txt"
-"$VENV/bin/pip" install --quiet -c "$VENV/project-constraints.txt" "verifiers==$VERSION"
+# (setuptools too: the venv's bundled copy would shadow the project's, older than torch's requirement)
+"$VENV/bin/pip" install --quiet -c "$VENV/project-constraints.txt" "verifiers==$VERSION" setuptools
 
 step "checking"
+"$VENV/bin/pip" check 2>&1 | grep -v "is ignored" || true   # reports what this venv breaks in the project's pins
 "$VENV/bin/python" - <<'PY'
 import importlib.metadata as md
 import verifiers, mcp, litellm, openai, tau2, envs, torch, trl
