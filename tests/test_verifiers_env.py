@@ -227,6 +227,21 @@ def test_a_rollout_verifiers_cuts_scores_zero(mock_env):
             assert o["reward"] == _gym_replay("tau2/mock-v0", {}, task_id, demos[task_id])[0]
 
 
+@pytest.mark.parametrize("domain", ["airline", "retail", "telecom"])
+def test_other_tau2_domains_gold_scores_one_as_gym_make(domain):
+    """The first 3 usable tasks of every other tau2 domain (default customer: scripted; telecom: solo): gold = 1.0
+    through verifiers, as through gym.make."""
+    env_id = f"tau2/{domain}-v0"
+    env = load_environment(env_id, limit=3)
+    task_ids = [r["info"]["task_id"] for r in _rows(env)]
+    demos = _demos(env_id, {}, task_ids)
+    outputs, _ = _evaluate(env, demos)
+    for o in outputs:
+        task_id = o["info"]["task_id"]
+        assert o["error"] is None and o["reward"] == _gym_replay(env_id, {}, task_id, demos[task_id])[0] == 1.0
+    asyncio.run(env._teardown())
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # one-turn envs: our grader as the rubric
 # ---------------------------------------------------------------------------------------------------------------
