@@ -58,13 +58,14 @@ import asyncio
 import functools
 import json
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gymnasium as gym
 
 import envs as _envs
 
-__all__ = ["GYM_STATE_KEY", "load_environment", "assistant_action", "to_vf_messages"]
+__all__ = ["GYM_STATE_KEY", "assistant_action", "load_environment", "to_vf_messages"]
 
 gym.register_envs(_envs)
 
@@ -362,8 +363,8 @@ def load_environment(env_id: str | None = None, *, gym_id: str | None = None, sp
     gym_id = env_id if env_id is not None else gym_id
     if not isinstance(gym_id, str) or gym_id in _envs.COMPAT_IDS:
         raise ValueError(f"{gym_id!r:.80}: not an id that follows envs.contract (envs.ENV_IDS)")
-    if limit is not None and (isinstance(limit, bool) or int(limit) < 1):
-        raise ValueError(f"limit must be >= 1 or None, got {limit!r:.40}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be an int >= 1 or None, got {limit!r:.40}")
     vf = _verifiers()
     GymToolEnv, GymOneTurnEnv = _classes()
     from datasets import Dataset
@@ -392,8 +393,8 @@ def load_environment(env_id: str | None = None, *, gym_id: str | None = None, sp
     else:
         probe.close()
     dataset = Dataset.from_list(rows)
-    common = dict(dataset=dataset, eval_dataset=dataset, env_id=gym_id,
-                  env_args=_env_args(gym_id, split, limit, make_kwargs))
+    common = {"dataset": dataset, "eval_dataset": dataset, "env_id": gym_id,
+              "env_args": _env_args(gym_id, split, limit, make_kwargs)}
     if tools:
         rubric = vf.Rubric(funcs=[_tool_reward()])
         return GymToolEnv(gym_id, pool, tool_defs=_tool_defs(tools), rubric=rubric, **common)

@@ -55,11 +55,13 @@ class ScriptedModel:
         reply = script[n]
         message = {"role": "assistant", "content": reply.get("content")}
         if reply.get("tool_calls"):  # OpenAI's wire format (a script may hold our env's shorthand, e.g. do-nothing)
-            message["tool_calls"] = [
-                {"id": c.get("id") or f"scripted_{n}_{i}", "type": "function",
-                 "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]
-                              if isinstance(c["function"]["arguments"], str) else json.dumps(c["function"]["arguments"])}}
-                for i, c in enumerate(reply["tool_calls"])]
+            message["tool_calls"] = []
+            for i, c in enumerate(reply["tool_calls"]):
+                args = c["function"]["arguments"]
+                message["tool_calls"].append({
+                    "id": c.get("id") or f"scripted_{n}_{i}", "type": "function",
+                    "function": {"name": c["function"]["name"],
+                                 "arguments": args if isinstance(args, str) else json.dumps(args)}})
         return httpx.Response(200, json={
             "id": f"scripted-{len(self.requests)}", "object": "chat.completion", "created": 0, "model": body["model"],
             "choices": [{"index": 0, "message": message,
@@ -135,9 +137,12 @@ def _assistant_turns(completion: list) -> list[dict]:
     return [assistant_action(_plain(m)) for m in completion if _plain(m)["role"] == "assistant"]
 
 
+def _calls(action: dict) -> list:
+    return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in action.get("tool_calls") or []]
+
+
 def _same_action(a: dict, b: dict) -> bool:
-    calls = lambda x: [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in x.get("tool_calls") or []]
-    return (a.get("content") or "") == (b.get("content") or "") and calls(a) == calls(b)
+    return (a.get("content") or "") == (b.get("content") or "") and _calls(a) == _calls(b)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -259,7 +264,8 @@ def test_gsm8k_gold_scores_one_and_wrong_answers_zero_as_gym_make():
     for i, o in enumerate(outputs):
         task_id = o["info"]["task_id"]
         reward, info = _gym_replay("GSM8K-v1", {"split": "test"}, task_id, [scripts[task_id][0]["content"]])
-        assert o["error"] is None and o["reward"] == o["metrics"]["env_reward"] == reward == (1.0 if i % 2 == 0 else 0.0)
+        assert o["error"] is None and o["reward"] == o["metrics"]["env_reward"] == reward
+        assert reward == (1.0 if i % 2 == 0 else 0.0)
         assert o[GYM_STATE_KEY]["termination_reason"] == info["termination_reason"] == "answered"
     asyncio.run(env._teardown())
 
@@ -302,8 +308,9 @@ def test_verifiers_own_loader_finds_the_module():
     asyncio.run(env._teardown())
 
 
-@pytest.mark.parametrize("args,kwargs", [((), {}), (("GSM8K-v1",), {"gym_id": "GSM8K-v1"}), (("tau2/agent-gym-v0",), {}),
-                                         (("GSM8K-v1",), {"limit": 0})])
+@pytest.mark.parametrize("args,kwargs", [((), {}), (("GSM8K-v1",), {"gym_id": "GSM8K-v1"}),
+                                         (("tau2/agent-gym-v0",), {}), (("GSM8K-v1",), {"limit": 0}),
+                                         (("GSM8K-v1",), {"limit": "3"})])
 def test_load_environment_refuses_bad_arguments(args, kwargs):
     with pytest.raises(ValueError):
         load_environment(*args, **kwargs)
