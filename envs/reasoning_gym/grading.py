@@ -82,7 +82,7 @@ def is_numeric(gold: str) -> bool:
 
 
 def last_answer_block(window: str) -> str | None:
-    """The content of the last ``<answer>...</answer>`` block of ``window``, as ``re.findall(r"<answer>\s?(.*?)\s?
+    r"""The content of the last ``<answer>...</answer>`` block of ``window``, as ``re.findall(r"<answer>\s?(.*?)\s?
     </answer>", window, re.DOTALL)[-1]`` reads it (the library's regex: blocks left to right, each closed by the
     first ``</answer>`` after its opening, a nested ``<answer>`` part of the content), unstripped; ``None`` when there
     is none. A scan with ``str.find``: linear in ``len(window)`` whatever it holds (the regex retried every later
