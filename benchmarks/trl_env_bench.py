@@ -37,8 +37,7 @@ import gymnasium as gym  # noqa: E402
 import torch  # noqa: E402
 
 import envs  # noqa: E402
-from envs.tau2.oracle import oracle_actions  # noqa: E402
-from envs.trl import SEND_MESSAGE_TOOL, dataset, environment_factory  # noqa: E402
+from envs.trl import SEND_MESSAGE_TOOL, dataset, environment_factory, gold_tool_call_texts  # noqa: E402
 
 gym.register_envs(envs)
 
@@ -106,17 +105,6 @@ def scripted_generate(tok, plans):
     return generate
 
 
-def plan_of(task, solo: bool) -> list[str]:
-    out = []
-    for msg in oracle_actions(task, solo)[:-1]:
-        for c in msg.get("tool_calls") or []:
-            args = c["function"]["arguments"]
-            args = json.loads(args) if isinstance(args, str) else args
-            out.append('<tool_call>\n' + json.dumps({"name": c["function"]["name"], "arguments": args}) + '\n</tool_call>')
-        if msg.get("content") and not solo:
-            out.append('<tool_call>\n' + json.dumps({"name": SEND_MESSAGE_TOOL, "arguments": {"content": msg["content"]}})
-                       + '\n</tool_call>')
-    return out + ["Done."]
 
 
 def main(argv=None) -> None:
@@ -162,7 +150,7 @@ def main(argv=None) -> None:
             trainers[side] = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(tmp), processing_class=tk,
                                          args=cfg, train_dataset=rows, environment_factory=cls)
     inputs = [dict(r) for r in rows for _ in range(2)]  # a group of 2 rollouts per task (TRL's minimum)
-    plans = [plan_of(tasks[r["task_id"]], solo) for r in inputs]
+    plans = [gold_tool_call_texts(tasks[r["task_id"]], solo) for r in inputs]
     times = {"ours": [], "tau2": []}
     rewards, calls = {}, {}
     for rep in range(args.repeats):

@@ -103,6 +103,7 @@ import gymnasium as gym
 import envs as _envs
 
 __all__ = ["EnvReward", "MultiEnvironment", "RemoteEnv", "RemoteEnvError", "TRLOneTurnEnv", "TRLToolEnv", "dataset",
+           "gold_tool_call_texts",
            "environment_factory", "multi_environment", "reward_function", "SEND_MESSAGE_TOOL"]
 
 gym.register_envs(_envs)
@@ -695,6 +696,28 @@ def dataset(env_id: str, split: str | None = None, *, limit: int | None = None, 
 
     return Dataset.from_list(_rows(env_id, split, limit, environment, make_kwargs))
 
+
+
+def gold_tool_call_texts(task, solo: bool) -> list[str]:
+    """What a model would write to play a tau2 task's gold actions through the TRL tool loop: one Hermes
+    ``<tool_call>`` text per gold tool call, the agent's words to the customer as a ``send_message_to_user`` call
+    (not in solo mode), then a final plain answer ``"Done."`` (a scripted policy for tests and benchmarks).
+
+    Args:
+        task: a tau2 ``Task`` (``env.unwrapped.task``); solo: the env's solo mode.
+    """
+    from envs.tau2.oracle import oracle_actions  # here: importing envs.trl must not load tau2 for one-turn envs
+
+    out = []
+    for msg in oracle_actions(task, solo)[:-1]:
+        for c in msg.get("tool_calls") or []:
+            args = c["function"]["arguments"]
+            args = json.loads(args) if isinstance(args, str) else args
+            out.append("<tool_call>\n" + json.dumps({"name": c["function"]["name"], "arguments": args}) + "\n</tool_call>")
+        if msg.get("content") and not solo:
+            out.append("<tool_call>\n" + json.dumps({"name": SEND_MESSAGE_TOOL, "arguments": {"content": msg["content"]}})
+                       + "\n</tool_call>")
+    return out + ["Done."]
 
 def _rows(env_id: str, split: str | None, limit: int | None, environment: str | None, make_kwargs: dict) -> list[dict]:
     if limit is not None and int(limit) < 1:

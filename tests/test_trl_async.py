@@ -28,25 +28,12 @@ import gymnasium as gym
 import torch
 
 import envs
-from envs.tau2.oracle import oracle_actions
-from envs.trl import SEND_MESSAGE_TOOL, EnvReward, dataset, environment_factory, reward_function
+from envs.trl import EnvReward, dataset, environment_factory, gold_tool_call_texts, reward_function
 
 gym.register_envs(envs)
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 
-def gold_plan(task, solo: bool) -> list[str]:
-    """Hermes tool-call texts of a task's gold actions (talking to the customer through the tool), then an answer."""
-    out = []
-    for msg in oracle_actions(task, solo)[:-1]:
-        for c in msg.get("tool_calls") or []:
-            args = c["function"]["arguments"]
-            args = json.loads(args) if isinstance(args, str) else args
-            out.append("<tool_call>\n" + json.dumps({"name": c["function"]["name"], "arguments": args}) + "\n</tool_call>")
-        if msg.get("content") and not solo:
-            out.append("<tool_call>\n" + json.dumps({"name": SEND_MESSAGE_TOOL, "arguments": {"content": msg["content"]}})
-                       + "\n</tool_call>")
-    return out + ["Done."]
 
 
 def mock_rows(n: int):
@@ -119,7 +106,7 @@ def test_async_tools_play_the_same_episode():
     for row in rows:
         task = sync_inst.env.unwrapped.tasks[sync_inst.env.unwrapped.tasks.index_of(row["task_id"])]
         calls = []
-        for text in gold_plan(task, solo=False)[:-1]:
+        for text in gold_tool_call_texts(task, solo=False)[:-1]:
             c = json.loads(text.split("\n")[1])
             calls.append((c["name"], c["arguments"]))
         sync_inst.reset(**row)
@@ -171,7 +158,7 @@ def test_grpo_trainer_awaits_async_tools_and_get_reward(tiny_dir, tmp_path):
     Recorded.__name__ = base.__name__
     rows = mock_rows(2)
     probe = base().env.unwrapped
-    plans = {r["task_id"]: gold_plan(probe.tasks[probe.tasks.index_of(r["task_id"])], solo=False) for r in rows}
+    plans = {r["task_id"]: gold_tool_call_texts(probe.tasks[probe.tasks.index_of(r["task_id"])], solo=False) for r in rows}
     openings = {}
     for r in rows:
         inst = base()
@@ -309,7 +296,7 @@ def test_trl_async_rollout_worker_runs_our_envs(tiny_dir):
     plans, by_opening = {}, {}
     for r in rows[:3]:
         opening = local.reset(**{k: v for k, v in r.items() if k != "environment"})
-        plans[opening], by_opening[opening] = gold_plan(local.env.unwrapped.task, solo=False), r
+        plans[opening], by_opening[opening] = gold_tool_call_texts(local.env.unwrapped.task, solo=False), r
     _, info = gym.make("GSM8K-v1", split="test").reset(options={"task_id": gsm[0]["task_id"]})
     question = gsm[0]["prompt"][-1]["content"]
     plans[question] = [f"Reasoning.\n#### {info['answer']}"]

@@ -22,7 +22,7 @@ import torch
 
 import envs
 from envs.tau2.oracle import oracle_actions
-from envs.trl import SEND_MESSAGE_TOOL, dataset, environment_factory, reward_function
+from envs.trl import SEND_MESSAGE_TOOL, dataset, environment_factory, gold_tool_call_texts, reward_function
 
 gym.register_envs(envs)
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -350,18 +350,6 @@ def test_grpo_trainer_with_gsm8k_reward_function(tiny_dir, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ multi-environment
-def _gold_texts(task, solo: bool) -> list[str]:
-    """Hermes tool-call texts of a task's gold actions (the customer through send_message_to_user), then an answer."""
-    out = []
-    for msg in oracle_actions(task, solo)[:-1]:
-        for c in msg.get("tool_calls") or []:
-            args = c["function"]["arguments"]
-            args = json.loads(args) if isinstance(args, str) else args
-            out.append("<tool_call>\n" + json.dumps({"name": c["function"]["name"], "arguments": args}) + "\n</tool_call>")
-        if msg.get("content") and not solo:
-            out.append("<tool_call>\n" + json.dumps({"name": SEND_MESSAGE_TOOL, "arguments": {"content": msg["content"]}})
-                       + "\n</tool_call>")
-    return out + ["Done."]
 
 
 def _tagged_generate(tok, plans):
@@ -432,7 +420,7 @@ def test_multi_environment_airline_retail_telecom_and_reasoning_gym_in_one_trl_b
         env_id = spec[r["environment"]] if isinstance(spec[r["environment"]], str) else spec[r["environment"]][0]
         if env_id.startswith("tau2/"):
             e = gym.make(env_id, disable_env_checker=True).unwrapped
-            plans.append(_gold_texts(e.tasks[e.tasks.index_of(r["task_id"])], e.solo))
+            plans.append(gold_tool_call_texts(e.tasks[e.tasks.index_of(r["task_id"])], e.solo))
         else:
             e = gym.make(env_id, disable_env_checker=True, **spec[r["environment"]][1])
             _, info = e.reset(options={"task_id": r["task_id"]})
@@ -517,7 +505,7 @@ def test_remote_factory_has_the_same_tools_and_rewards(served_mock, mock_cls):
     for row in dataset("tau2/mock-v0"):
         assert remote.reset(**row) == local.reset(**row)
         task = local.env.unwrapped.task
-        for text in _gold_texts(task, solo=False)[:-1]:
+        for text in gold_tool_call_texts(task, solo=False)[:-1]:
             c = json.loads(text.split("\n")[1])
             assert getattr(remote, c["name"])(**c["arguments"]) == getattr(local, c["name"])(**c["arguments"])
         assert remote.get_reward() == local.get_reward() == _replay("tau2/mock-v0", {}, row["task_id"], local.actions)
@@ -539,7 +527,7 @@ def test_grpo_trainer_with_a_served_env(served_mock, tiny_dir, tmp_path):
     trainer = _trainer(tiny_dir, tmp_path, train_dataset=rows, environment_factory=cls, max_steps=1,
                        max_completion_length=400)
     e = gym.make("tau2/mock-v0").unwrapped
-    plan = _gold_texts(e.tasks[e.tasks.index_of(rows[0]["task_id"])], solo=False)
+    plan = gold_tool_call_texts(e.tasks[e.tasks.index_of(rows[0]["task_id"])], solo=False)
     trainer.model.generate = _tagged_generate(trainer.processing_class, [plan, ["I cannot help."]])
     trainer.train()
     assert len(log) == 2
