@@ -90,6 +90,7 @@ class LocalUser:
                 self._pending.append(slot)
                 self._open -= 1
                 self._flush_if_ready()
+                self._cv.notify_all()  # the state changed: whoever waits on it re-checks (nothing else wakes them)
                 while not slot["done"]:
                     self._cv.wait()
             res = slot["res"]
