@@ -231,7 +231,7 @@ class GRPOUpdate:
                       device: torch.device | None = None):
         """Micro-batches of ``td`` by ``micro_batch_size`` and the token budget (:meth:`token_budget`), planned by
         :func:`~torchrl_grpo.training.micro_batch.plan_micro_batches` (consecutive rows, or sorted by length when that
-        computes fewer positions), each cut to its own longest episode and carrying its ``window`` (first scored
+        computes fewer positions), each cut to its own longest episode when its rows are right-padded, and carrying its ``window`` (first scored
         column, scored tokens: a non-tensor entry the loss passes to
         :func:`~torchrl_grpo.objectives.log_probs.token_log_probs`). Yields ``(rows, micro_batch)``; ``rows``: the
         indices into ``td``. With a shared prefix of ``prefix_len`` tokens (run once, outside the micro-batches) the
@@ -247,10 +247,13 @@ class GRPOUpdate:
                                   None if prefix_len else f.prompt, None if prefix_len else shareable)
         for rows in plan:
             mb = td[torch.tensor(rows)] if rows != list(range(td.shape[0])) else td
-            T = max(f.length[r] for r in rows)
-            mb = mb.apply(lambda x: x[:, :T] if x.ndim == 2 and x.shape[-1] == full_T else x, batch_size=mb.batch_size)
+            right = all(f.right_padded[r] for r in rows)
+            if right:  # real tokens first: the columns after the longest episode are padding only (left: kept whole)
+                T = max(f.length[r] for r in rows)
+                mb = mb.apply(lambda x: x[:, :T] if x.ndim == 2 and x.shape[-1] == full_T else x,
+                              batch_size=mb.batch_size)
             mb.set_non_tensor("window", Window(max(1, min(f.first[r] for r in rows)), sum(f.scored[r] for r in rows),
-                                               all(f.right_padded[r] for r in rows)))
+                                               right))
             yield rows, mb
 
     @torch.no_grad()
