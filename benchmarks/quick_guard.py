@@ -166,7 +166,7 @@ def measure(model_name: str, prompts: int, samples: int, new_tokens: int, repeat
     opt = torch.optim.SGD(params, lr=0.0)  # lr 0: every repeat sees the same weights
     upd = GRPOUpdate(model, GRPOLoss(model), opt, reference=None, device=torch.device("cpu"),
                      autocast=lambda: torch.autocast("cpu", enabled=False), ppo_epochs=1, minibatch_size=0,
-                     micro_batch_size=samples, max_tokens_per_mb=0, max_grad_norm=1.0, anchor="behaviour",
+                     micro_batch_size=0, max_tokens_per_mb="auto", max_grad_norm=1.0, anchor="behaviour",
                      exact_log_probs=True, seed=0)
     step = [0]
 

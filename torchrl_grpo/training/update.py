@@ -242,6 +242,8 @@ class GRPOUpdate:
         f = facts if facts is not None else self.row_facts(td)
         full_T = td["tokens"].shape[-1]
         remainder = [max(1, n - prefix_len) for n in f.length]
+        if not all(f.right_padded):  # left padding is not cut away: every row costs the full width, so sorting by
+            remainder = [max(1, full_T - prefix_len)] * len(remainder)  # length saves nothing; groups stay together
         shareable = [max(0, c - 1) for c in f.first]
         plan = plan_micro_batches(remainder, self.micro_batch_size, self.token_budget(f, prefix_len, model, device),
                                   None if prefix_len else f.prompt, None if prefix_len else shareable)
