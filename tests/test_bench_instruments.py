@@ -195,6 +195,7 @@ def test_other_specs_pass_through_and_a_non_gguf_file_is_refused(tmp_path):
 
 # ----------------------------------------------------------------------------------------------- the table, CPU smoke
 @pytest.mark.slow
+@pytest.mark.nightly  # ~9 min on 2 cores: outside CI's slow stage
 def test_gpu_table_cpu_smoke_writes_every_stage_with_its_device(tmp_path):
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
     p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_table.py"), "--tiny", "--device", "cpu",

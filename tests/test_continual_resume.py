@@ -199,9 +199,14 @@ def _jsonl_steps(run_dir):
     return [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.slow  # end to end: three continual runs per case, ~1 min each case on 2 loaded cores
-@pytest.mark.parametrize("kl", [0.0, 0.1])
-@pytest.mark.parametrize("algorithm", ["sequential", "replay", "ewc", "lora_per_domain"])
+_NIGHTLY = pytest.mark.nightly  # the rest of the matrix: too long for CI's slow stage (pytest -m nightly)
+
+
+@pytest.mark.slow  # end to end: three continual runs per case; CI runs the case and plain sequential
+@pytest.mark.parametrize("algorithm,kl", [
+    ("lora_per_domain", 0.1), ("sequential", 0.0),
+    *[pytest.param(a, k, marks=_NIGHTLY) for a, k in [("sequential", 0.1), ("replay", 0.0), ("replay", 0.1),
+                                                      ("ewc", 0.0), ("ewc", 0.1), ("lora_per_domain", 0.0)]]])
 def test_every_algorithm_resumes_as_the_uninterrupted_run(tmp_path, algorithm, kl):
     run = tmp_path / "run"
     _, full = _run(_e2e_cfg(algorithm, kl), run, _algorithm(algorithm, mid_at=3))
