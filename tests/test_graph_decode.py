@@ -6,20 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from torchrl_grpo.backends.base import SamplingConfig
 from torchrl_grpo.backends.graph_decode import CAPACITY_ROUND, StaticDecoder
 from torchrl_grpo.backends.transformers_backend import TransformersBackend
-from tests.test_transformers_backend import PROMPTS, STOP, recompute_max_diff
-
-
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
-    return LlamaForCausalLM(cfg).eval()
+from tests.test_transformers_backend import PROMPTS, STOP, model, recompute_max_diff  # noqa: F401 (fixture)
 
 
 # aten ops that make the host wait for the device (a value read back, or an output size that depends on data)
