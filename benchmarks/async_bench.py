@@ -81,7 +81,7 @@ def run_mode(name: str, args, model0, tokenizer, tmp: Path) -> dict:
 
     from torchrl_grpo.training.async_trainer import AsyncGRPOTrainer
     from torchrl_grpo.seeding import seed_everything
-    from torchrl_grpo.build import build_trainer
+    from torchrl_grpo.assembly import build_trainer
     from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 
     eta, chunk = MODES[name]
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import logging as hf_logging
 
     import envs
-    from torchrl_grpo.models import load_model_and_tokenizer
+    from torchrl_grpo.model_store import load_model_and_tokenizer
 
     hf_logging.set_verbosity_error()
     torch.set_num_threads(1)  # one intra-op thread per calling thread: each side computes on its own core

@@ -47,7 +47,7 @@ def child(model_name: str, dtype: str, gc: bool, rows: int, tokens: int) -> dict
     from tensordict import TensorDict
 
     from torchrl_grpo.objectives.loss import GRPOLoss, total_loss
-    from torchrl_grpo.models import load_model_and_tokenizer
+    from torchrl_grpo.model_store import load_model_and_tokenizer
 
     model, _tok = load_model_and_tokenizer(model_name, dtype=dtype)
     if gc:

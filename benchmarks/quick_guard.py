@@ -108,7 +108,7 @@ def measure(model_name: str, prompts: int, samples: int, new_tokens: int, repeat
     from torchrl_grpo.rollout.chat_tokens import ChatRenderer
     from torchrl_grpo.rollout.collector import GroupCollector
     from torchrl_grpo.objectives.loss import GRPOLoss
-    from torchrl_grpo.models import load_model_and_tokenizer
+    from torchrl_grpo.model_store import load_model_and_tokenizer
     from torchrl_grpo.training.update import GRPOUpdate
 
     from rollout_bench import gsm8k_prompts  # the same prompts as the rollout benchmark (benchmarks/ is sys.path[0])

@@ -33,7 +33,7 @@ import envs  # noqa: E402
 from torchrl_grpo.backends.base import SamplingConfig  # noqa: E402
 from torchrl_grpo.backends.transformers_backend import TransformersBackend  # noqa: E402
 from torchrl_grpo.rollout.chat_tokens import ChatRenderer  # noqa: E402
-from torchrl_grpo.models import load_model_and_tokenizer  # noqa: E402
+from torchrl_grpo.model_store import load_model_and_tokenizer  # noqa: E402
 
 gym.register_envs(envs)
 

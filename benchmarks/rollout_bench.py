@@ -53,7 +53,7 @@ from harness import add_device_args, instrument_meta, meta_line, resolve_device,
 from torchrl_grpo.backends.base import SamplingConfig  # noqa: E402
 from torchrl_grpo.backends.transformers_backend import TransformersBackend  # noqa: E402
 from torchrl_grpo.rollout.chat_tokens import ChatRenderer  # noqa: E402
-from torchrl_grpo.models import load_model_and_tokenizer, resolve_model_path  # noqa: E402
+from torchrl_grpo.model_store import load_model_and_tokenizer, resolve_model_path  # noqa: E402
 
 
 def gsm8k_prompts(tok, n: int) -> list[list[int]]:

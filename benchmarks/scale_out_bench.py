@@ -31,7 +31,7 @@ def run_setting(workers: int, args) -> dict:
     from hydra import compose, initialize_config_dir
 
     from torchrl_grpo.config import register_configs
-    from torchrl_grpo.build import build_trainer
+    from torchrl_grpo.assembly import build_trainer
     from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 
     over = [f"actor.path={args.model}", f"train.steps={args.steps}", f"train.batch_size={args.batch_size}",

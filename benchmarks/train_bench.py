@@ -418,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import envs
     from torchrl_grpo.rollout.chat_tokens import ChatRenderer
-    from torchrl_grpo.models import load_model_and_tokenizer, resolve_model_path
+    from torchrl_grpo.model_store import load_model_and_tokenizer, resolve_model_path
 
     hf_logging.set_verbosity_error()
     if args.threads:
@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg, overrides = build_ours_config(args, total)
     src = resolve_model_path(args.model_path)
     from torchrl_grpo.seeding import seed_everything
-    from torchrl_grpo.build import build_trainer
+    from torchrl_grpo.assembly import build_trainer
     from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 
     with tempfile.TemporaryDirectory(prefix="train_bench_") as tmp:

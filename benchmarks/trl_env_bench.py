@@ -124,7 +124,7 @@ def main(argv=None) -> None:
     from trl import GRPOConfig, GRPOTrainer
     from trl.chat_template_utils import qwen3_template
 
-    from torchrl_grpo.models import load_model_and_tokenizer
+    from torchrl_grpo.model_store import load_model_and_tokenizer
 
     env_id = f"tau2/{args.domain}-v0"
     ours = environment_factory(env_id)
@@ -241,7 +241,7 @@ def overlap(args) -> None:
     from trl.chat_template_utils import qwen3_template
     from trl.experimental.async_grpo import async_rollout_worker as arw
 
-    from torchrl_grpo.models import load_model_and_tokenizer
+    from torchrl_grpo.model_store import load_model_and_tokenizer
 
     base_url, customer = customer_stand_in(args.latency)
     kw = {"user": "llm", "user_llm": "openai/stand-in", "user_llm_base_url": base_url}

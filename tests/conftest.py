@@ -25,7 +25,7 @@ def gsm8k_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model_and_tokenizer():
-    from torchrl_grpo.models import load_model_and_tokenizer
+    from torchrl_grpo.model_store import load_model_and_tokenizer
 
     return load_model_and_tokenizer("tiny-random")
 

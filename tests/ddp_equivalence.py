@@ -25,7 +25,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from torch.distributed.tensor import DTensor
 
-from torchrl_grpo.build import build
+from torchrl_grpo.assembly import build
 from torchrl_grpo.config import register_configs
 from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 

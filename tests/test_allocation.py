@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from torchrl_grpo.build.devices import plan_request
+from torchrl_grpo.assembly.devices import plan_request
 from torchrl_grpo.distributed.device_plan import AllocationError, PlanRequest, parse_allocation_mode, resolve_plan
 
 GPUS4 = [f"cuda:{i}" for i in range(4)]

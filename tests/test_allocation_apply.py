@@ -15,7 +15,7 @@ from tests.test_trainer import make_cfg
 from torchrl_grpo.distributed.device_plan import AllocationError, resolve_plan
 from torchrl_grpo.training.async_trainer import AsyncGRPOTrainer
 from torchrl_grpo.distributed.placement import placement_for, thread_cpus
-from torchrl_grpo.build import build_trainer
+from torchrl_grpo.assembly import build_trainer
 
 needs_two_cores = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2
                                      or thread_cpus() is None,

@@ -16,7 +16,7 @@ import tests.toy_envs  # noqa: F401  (registers ToyVowels-v0)
 from tests.test_trainer import make_cfg
 from torchrl_grpo.training import async_trainer as async_trainer
 from torchrl_grpo.training.async_trainer import AsyncGRPOTrainer
-from torchrl_grpo.build import build_trainer
+from torchrl_grpo.assembly import build_trainer
 
 REPO = Path(__file__).resolve().parents[1]
 

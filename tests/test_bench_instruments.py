@@ -98,7 +98,7 @@ def test_our_passes_come_from_our_config_or_from_our_logged_run(tmp_path):
 def _write_tiny_gguf(path: Path) -> None:
     """tiny-random as an F32 llama GGUF (byte-level BPE tokenizer in the file), written with the gguf package."""
     gguf = pytest.importorskip("gguf")
-    from torchrl_grpo.models import load_model_and_tokenizer
+    from torchrl_grpo.model_store import load_model_and_tokenizer
 
     model, tok = load_model_and_tokenizer("tiny-random")
     cfg = model.config
@@ -153,9 +153,9 @@ def tiny_gguf(tmp_path_factory) -> Path:
 
 
 def test_a_gguf_is_converted_once_and_both_arms_load_the_same_hf_dir(tiny_gguf, tmp_path, monkeypatch):
-    from torchrl_grpo.models import gguf as gguf_mod
-    from torchrl_grpo.models import load_model_and_tokenizer
-    from torchrl_grpo.models.loading import hf_model_dir
+    from torchrl_grpo.model_store import gguf as gguf_mod
+    from torchrl_grpo.model_store import load_model_and_tokenizer
+    from torchrl_grpo.model_store.loading import hf_model_dir
 
     monkeypatch.setenv("TORCHRL_GRPO_CACHE", str(tmp_path / "cache"))
     calls = []
@@ -178,8 +178,8 @@ def test_a_gguf_is_converted_once_and_both_arms_load_the_same_hf_dir(tiny_gguf, 
 
 
 def test_other_specs_pass_through_and_a_non_gguf_file_is_refused(tmp_path):
-    from torchrl_grpo.models import ModelResolutionError
-    from torchrl_grpo.models.gguf import convert_gguf_cached
+    from torchrl_grpo.model_store import ModelResolutionError
+    from torchrl_grpo.model_store.gguf import convert_gguf_cached
 
     assert h.same_weights("tiny-random") == "tiny-random"
     hf_dir = tmp_path / "hf"

@@ -11,9 +11,9 @@ import torch
 import tests.toy_envs  # noqa: F401  (registers ToyVowels-v0)
 from tests.test_trainer import make_cfg
 from torchrl_grpo.backends.transformers_backend import TransformersBackend
-from torchrl_grpo.build import Components, LoopSettings, build, build_trainer, trainer_class
+from torchrl_grpo.assembly import Components, LoopSettings, build, build_trainer, trainer_class
 from torchrl_grpo.objectives.loss import REDUCTIONS, LossMetrics
-from torchrl_grpo.models import load_model_and_tokenizer
+from torchrl_grpo.model_store import load_model_and_tokenizer
 from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 from torchrl_grpo.backends.weight_sync import export_hf_weights
 
@@ -112,7 +112,7 @@ def test_loss_metrics_reduce_as_declared():
 def test_trainer_imports_the_components_not_their_constructors():
     code = ("import sys, torchrl_grpo.training.grpo_trainer, torchrl_grpo.training.async_trainer; "
             "print(' '.join(m for m in sys.modules if m.split('.')[0] in ('peft', 'vllm', 'tau2') or m in "
-            "('torchrl_grpo.build', 'torchrl_grpo.models', 'torchrl_grpo.rollout.env_side', "
+            "('torchrl_grpo.assembly', 'torchrl_grpo.model_store', 'torchrl_grpo.rollout.env_side', "
             "'torchrl_grpo.backends.transformers_backend', 'torchrl_grpo.backends.vllm_backend')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == []

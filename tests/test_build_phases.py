@@ -1,4 +1,4 @@
-"""The phases of torchrl_grpo.build.build (issue 27), each run alone: devices, run records, policy, the one
+"""The phases of torchrl_grpo.assembly.build (issue 27), each run alone: devices, run records, policy, the one
 SamplingConfig and what derives from it, env side, optimisation, resume, the Ray workers' recipe, loop settings.
 Tiny random model, ToyVowels / GSM8K, CPU only."""
 from __future__ import annotations
@@ -16,13 +16,13 @@ import tests.toy_envs  # noqa: F401  (registers ToyVowels-v0)
 from tests.test_trainer import make_cfg
 from torchrl_grpo.backends.base import SamplingConfig
 from torchrl_grpo.backends.transformers_backend import TransformersBackend
-from torchrl_grpo.build.components import loop_settings
-from torchrl_grpo.build.devices import plan_request, setup_devices
-from torchrl_grpo.build.env_side import build_env_side, env_kwargs_from_config, local_user_sampling
-from torchrl_grpo.build.optimisation import build_optimisation, build_update, resume
-from torchrl_grpo.build.policy import build_policy, shard_policy
-from torchrl_grpo.build.records import prepare_run
-from torchrl_grpo.build.rollout import loss_sampling, sampling_config, worker_rollout
+from torchrl_grpo.assembly.phases import loop_settings
+from torchrl_grpo.assembly.devices import plan_request, setup_devices
+from torchrl_grpo.assembly.environments import build_env_side, env_kwargs_from_config, local_user_sampling
+from torchrl_grpo.assembly.optimisation import build_optimisation, build_update, resume
+from torchrl_grpo.assembly.policy import build_policy, shard_policy
+from torchrl_grpo.assembly.records import prepare_run
+from torchrl_grpo.assembly.rollout_side import loss_sampling, sampling_config, worker_rollout
 from torchrl_grpo.distributed.device_plan import PlanRequest
 from torchrl_grpo.rollout.env_side import make_env_side
 from torchrl_grpo.rollout.evaluation import EVAL_SEED, eval_samplings
@@ -72,7 +72,7 @@ def test_records_phase_writes_the_plan_seeds_and_checks_data_first(tmp_path, gsm
 
 
 def test_policy_phase_takes_the_kl_reference_before_dropout_is_disabled(tmp_path, tiny_model_and_tokenizer):
-    from torchrl_grpo.models import load_model_and_tokenizer
+    from torchrl_grpo.model_store import load_model_and_tokenizer
 
     model, tok = load_model_and_tokenizer("tiny-random")
     model.config.attention_dropout = 0.1  # a rate disable_dropout zeroes
@@ -134,7 +134,7 @@ def test_env_side_phase_and_the_plain_values_below_it(tiny_model_and_tokenizer):
 
 
 def test_optimisation_and_resume_phases(tmp_path, tiny_model_and_tokenizer):
-    from torchrl_grpo.models import load_model_and_tokenizer
+    from torchrl_grpo.model_store import load_model_and_tokenizer
 
     model, tok = load_model_and_tokenizer("tiny-random")
     cfg = _cfg(gconfig={"max_new_tokens": 8, "temperature": 0.0}, econfig={"env_id": "ToyVowels-v0", "max_turns": 3})
@@ -150,7 +150,7 @@ def test_optimisation_and_resume_phases(tmp_path, tiny_model_and_tokenizer):
     resumed = _cfg(train={**SMALL["train"], "resume_from": str(path)})
     assert resume(resumed, model, opt, backend) == (5, 9)
     assert backend.policy_version == 1  # synced to the loaded weights
-    from torchrl_grpo.build.policy import Policy
+    from torchrl_grpo.assembly.policy import Policy
 
     update = build_update(cfg, Policy(model, tok, None, 0.0), opt, devices, backend, optimizer_steps=9)
     assert update.optimizer_steps == 9

@@ -10,7 +10,7 @@ from transformers import PreTrainedTokenizerFast
 from envs.chat_template import template_messages
 from envs.tau2.actions import parse_action
 from torchrl_grpo.rollout.chat_tokens import ChatRenderer
-from torchrl_grpo.models import prepare_tokenizer
+from torchrl_grpo.model_store import prepare_tokenizer
 
 # Qwen2.5's way of writing a tool call: `arguments | tojson` (a JSON string would be encoded a second time).
 QWEN25_LIKE = (
@@ -103,7 +103,7 @@ def test_tool_less_template_gets_the_fallback_and_its_calls_parse_back(tokenizer
 
 
 def _qwen_cached() -> bool:
-    from torchrl_grpo.models import resolve_model_path
+    from torchrl_grpo.model_store import resolve_model_path
 
     try:
         resolve_model_path("qwen2.5-coder-0.5b-instruct", allow_download=False)
@@ -126,7 +126,7 @@ def test_text_difference_continuations_equal_token_difference_on_real_tau2_turns
 
     import envs
     from torchrl_grpo.rollout.chat_tokens import _BASE
-    from torchrl_grpo.models import prepare_tokenizer, resolve_model_path
+    from torchrl_grpo.model_store import prepare_tokenizer, resolve_model_path
 
     gym.register_envs(envs)
     tok = prepare_tokenizer(AutoTokenizer.from_pretrained(resolve_model_path(model).path))

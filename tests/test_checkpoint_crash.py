@@ -30,7 +30,7 @@ import pytest
 import torch
 
 from torchrl_grpo.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from torchrl_grpo.build import build_trainer
+from torchrl_grpo.assembly import build_trainer
 
 REPO = Path(__file__).resolve().parents[1]
 HOOKED_OS_CALLS = ("mkdir", "rename", "replace", "unlink", "remove", "rmdir", "fsync")
@@ -67,7 +67,7 @@ def _one_adam_step(model, optimizer) -> None:
 
 def _crash_saves_main(work: Path) -> None:
     """Fork one child per crash point k; each SIGKILLs itself before its k-th filesystem call of an overwriting save."""
-    from torchrl_grpo.models import load_model_and_tokenizer
+    from torchrl_grpo.model_store import load_model_and_tokenizer
 
     torch.set_num_threads(1)
     model, tokenizer = load_model_and_tokenizer("tiny-random")
@@ -169,7 +169,7 @@ def _child_env() -> dict:
 @pytest.fixture(scope="module")
 def fresh():
     """A tiny-random model + tokenizer + optimizer of our own (we load checkpoints into it)."""
-    from torchrl_grpo.models import load_model_and_tokenizer
+    from torchrl_grpo.model_store import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer("tiny-random")
     return model, tokenizer, torch.optim.AdamW(model.parameters(), lr=1e-2)

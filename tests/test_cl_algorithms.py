@@ -21,7 +21,7 @@ from torchrl_grpo.continual.algorithms import (
     Sequential,
     concat_batches,
 )
-from torchrl_grpo.build.continual import make_algorithm
+from torchrl_grpo.assembly.continual_run import make_algorithm
 from torchrl_grpo.rollout.episode_stats import non_tensor_list
 from torchrl_grpo.continual.trajectory_buffer import TrajectoryBuffer
 from torchrl_grpo.training.update import GRPOUpdate

@@ -1,5 +1,5 @@
 """The cl.* config section: configs/grpo_cl.yaml composes, per-domain configs, and bad input fails before any model
-loads (torchrl_grpo.config.continual, torchrl_grpo.build.continual)."""
+loads (torchrl_grpo.config.continual_domains, torchrl_grpo.assembly.continual_run)."""
 from __future__ import annotations
 
 import json
@@ -9,10 +9,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from torchrl_grpo.build.continual import validate_cl_config
-from torchrl_grpo.config.continual import CL_DOMAINS, DOMAIN_DEFAULTS, domain_config
+from torchrl_grpo.assembly.continual_run import validate_cl_config
+from torchrl_grpo.config.continual_domains import CL_DOMAINS, DOMAIN_DEFAULTS, domain_config
 from torchrl_grpo.config import GRPOConfig, register_configs, validate_config
-from torchrl_grpo.build import build_trainer
+from torchrl_grpo.assembly import build_trainer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -166,7 +166,7 @@ def test_continual_trainer_rejects_bad_input_before_loading_a_model(tmp_path):
 
 
 def test_the_continual_trainer_gets_plain_settings_from_the_cl_section(tmp_path):
-    from torchrl_grpo.build.continual import check_continual, continual_settings
+    from torchrl_grpo.assembly.continual_run import check_continual, continual_settings
     from torchrl_grpo.continual.settings import ContinualSettings
 
     cfg = cl_cfg({"num_steps_per_task": 3, "eval_interval": 2, "kl_coef": 0.1, "kl_to_base": True})

@@ -57,7 +57,7 @@ def test_async_only_keys_fail_in_sync_mode(train, key):
 def test_sync_mode_with_the_schema_defaults_is_valid_and_async_defaults_to_staleness_1():
     validate_config(make_cfg())  # no async key set
     validate_config(make_cfg(train={"max_staleness": 0}))  # what sync is: staleness 0
-    from torchrl_grpo.build import max_staleness
+    from torchrl_grpo.assembly import max_staleness
 
     assert max_staleness(make_cfg(mode="async")) == 1  # AReaL's one-step-off pipeline, the async default
     assert max_staleness(make_cfg(mode="async", train={"max_staleness": 0})) == 0

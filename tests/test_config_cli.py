@@ -122,11 +122,11 @@ def test_choice_sets_are_defined_once_in_config_and_shared_with_the_implementing
     from torchrl_grpo.backends import factory
     from torchrl_grpo.config import _choices, choices
     from torchrl_grpo.distributed import data_parallel, device_plan
-    from torchrl_grpo.models import loading
+    from torchrl_grpo.model_store import loading
     from torchrl_grpo.objectives import advantage as advantage
     from torchrl_grpo.objectives import loss as loss
     from torchrl_grpo.reporting import stats_logger
-    from torchrl_grpo.build import env_side  # maps econfig.user to the env's user= (moved from rollout/, issue 27)
+    from torchrl_grpo.assembly import environments as env_side  # maps econfig.user to the env's user= (moved from rollout/, issue 27)
     from torchrl_grpo.rollout import ray_workers
     from torchrl_grpo.training import optimizer, sft_trainer
     from torchrl_grpo.training import update as update
@@ -155,7 +155,7 @@ def test_config_imports_nothing_of_ours_and_no_torch():
     code = ("import sys, torchrl_grpo.config as c; from omegaconf import OmegaConf; "
             "c.validate_config(OmegaConf.structured(c.GRPOConfig)); "
             "print(' '.join(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.') or "
-            "(m.startswith('torchrl_grpo.') and not m.startswith('torchrl_grpo.config') and m != 'torchrl_grpo._moved'))))")
+            "(m.startswith('torchrl_grpo.') and not m.startswith('torchrl_grpo.config')))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == []
 

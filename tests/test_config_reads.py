@@ -1,4 +1,4 @@
-"""Only config/, build/ and cli.py read the run config (issue 27): every other module of torchrl_grpo takes plain
+"""Only config/, assembly/ and cli.py read the run config (issue 27): every other module of torchrl_grpo takes plain
 values and objects.
 
 An AST check over each module's source (function-level imports included). A module outside those reads the config
@@ -24,7 +24,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "torchrl_grpo"
 #: where the config may be read
-ALLOWED = ("config", "build", "cli.py")
+ALLOWED = ("config", "assembly", "cli.py")
 #: helpers of torchrl_grpo.config that take plain values (a string, a strategy name), not a config node
 PLAIN_HELPERS = {"AllocationError", "parse_allocation_mode", "is_data_parallel", "is_tau2"}
 #: attributes only a run config has (GRPOConfig sections with names no other object of ours uses), and a kept config

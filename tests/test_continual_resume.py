@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from torchrl_grpo.continual.algorithms import KLAnchor, LoRAPerDomain, Sequential
-from torchrl_grpo.continual.checkpoint import load_task_checkpoint, save_task_checkpoint
+from torchrl_grpo.continual.task_checkpoints import load_task_checkpoint, save_task_checkpoint
 from torchrl_grpo.continual.trajectory_buffer import TrajectoryBuffer
 
 
@@ -185,7 +185,7 @@ def _algorithm(name: str, mid_at=None):
 
 
 def _run(cfg, run_dir, algo):
-    from torchrl_grpo.build import build_trainer
+    from torchrl_grpo.assembly import build_trainer
 
     t = build_trainer(cfg, run_dir, algorithm=algo)
     try:
@@ -231,7 +231,7 @@ def test_every_algorithm_resumes_as_the_uninterrupted_run(tmp_path, algorithm, k
 
 
 def test_a_joint_run_is_refused_as_a_resume_source(tmp_path):
-    from torchrl_grpo.continual.checkpoint import CL_STATE_JSON, read_resume_state
+    from torchrl_grpo.continual.task_checkpoints import CL_STATE_JSON, read_resume_state
 
     (tmp_path / CL_STATE_JSON).write_text(json.dumps({"task_order": ["mock", "telecom"], "task": 0, "joint": True}))
     with pytest.raises(ValueError, match="joint run"):
@@ -262,7 +262,7 @@ def test_a_second_signal_after_the_step_completed_saves_it_as_sync_grpo_does(tmp
     """One rule for a second signal (issue 36): the step is abandoned when the signal lands before the step's last
     write, and saved when it lands after it (its scoring, logging), in sync GRPO (training/loop.py) and in the
     continual trainer alike. The continual trainer used to abandon any step a second signal interrupted."""
-    from torchrl_grpo.build import build_trainer
+    from torchrl_grpo.assembly import build_trainer
     from torchrl_grpo.training.interrupt import TrainingInterrupted
 
     cfg = _e2e_cfg("sequential", 0.0, eval_interval=1)
@@ -282,7 +282,7 @@ def test_a_second_signal_after_the_step_completed_saves_it_as_sync_grpo_does(tmp
 def test_task_checkpoints_follow_the_loop_shells_verdict_on_a_second_signal(tmp_path):
     """The interrupt save of the continual run (TaskCheckpoints.on_interrupt) takes the loop shell's "completed"
     verdict: a second signal (mid_step) after the step's last write saves it; before it, or at a boundary, not."""
-    from torchrl_grpo.continual.checkpoint import TaskCheckpoints
+    from torchrl_grpo.continual.task_checkpoints import TaskCheckpoints
     from torchrl_grpo.training.interrupt import TrainingInterrupted
 
     run = SimpleNamespace(joint=False, settings=SimpleNamespace(save_checkpoints=True),

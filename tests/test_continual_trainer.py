@@ -14,7 +14,7 @@ from torchrl_grpo.continual import transfer as continual
 from torchrl_grpo.continual.algorithms import EWC, LoRAPerDomain, Replay, Sequential
 from torchrl_grpo.config import GRPOConfig
 from torchrl_grpo.continual.trajectory_buffer import TrajectoryBuffer
-from torchrl_grpo.build import build_trainer
+from torchrl_grpo.assembly import build_trainer
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -90,7 +90,7 @@ def test_sequential_run_writes_and_reloads_everything(tmp_path):
     assert TrajectoryBuffer.load(rd / "trajectories.jsonl").stats()["telecom"]["episodes"] == 4
     # the saved weights reload into a fresh model and equal the trained ones
     from torchrl_grpo.training.checkpoint import load_checkpoint
-    from torchrl_grpo.models import load_model_and_tokenizer
+    from torchrl_grpo.model_store import load_model_and_tokenizer
 
     fresh, _ = load_model_and_tokenizer("tiny-random")
     load_checkpoint(rd / "checkpoint_task_1", model=fresh, restore_rng=False)
@@ -145,7 +145,7 @@ class Rewarded(Sequential):
 
 def _weights(path):
     from torchrl_grpo.training.checkpoint import load_checkpoint
-    from torchrl_grpo.models import load_model_and_tokenizer
+    from torchrl_grpo.model_store import load_model_and_tokenizer
 
     m, _ = load_model_and_tokenizer("tiny-random")
     load_checkpoint(path, model=m, restore_rng=False)

@@ -17,7 +17,7 @@ import tests.toy_envs  # noqa: F401  (registers ToyVowels-v0)
 from tests.test_trainer import make_cfg
 from torchrl_grpo.rollout import evaluation as evaluation
 from torchrl_grpo.backends.base import SamplingConfig
-from torchrl_grpo.build import build_trainer
+from torchrl_grpo.assembly import build_trainer
 
 
 def test_sampled_evaluation_uses_gconfig_top_p_top_k_and_greedy_is_temperature_0(tmp_path):

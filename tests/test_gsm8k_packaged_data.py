@@ -76,14 +76,14 @@ def test_bad_row_error_names_file_and_line(tmp_path, bad, message, gz):
 
 
 def test_trainer_checks_data_before_loading_the_model(tmp_path, monkeypatch):
-    import torchrl_grpo.models
+    import torchrl_grpo.model_store
     from tests.test_trainer import make_cfg
-    from torchrl_grpo.build import build
+    from torchrl_grpo.assembly import build
 
     def no_model(*a, **k):
         raise AssertionError("the model was loaded before the data was checked")
 
-    monkeypatch.setattr(torchrl_grpo.models, "load_model_and_tokenizer", no_model)
+    monkeypatch.setattr(torchrl_grpo.model_store, "load_model_and_tokenizer", no_model)
     with pytest.raises(FileNotFoundError, match="nowhere"):
         build(make_cfg(econfig={"env_id": "GSM8K-v1"}, train_dataset={"path": str(tmp_path / "nowhere")}), tmp_path / "r1")
     _write(tmp_path / "train.jsonl", [{"question": "q", "answer": "#### 1"}, {"question": "q", "answer": "oops"}])
@@ -93,7 +93,7 @@ def test_trainer_checks_data_before_loading_the_model(tmp_path, monkeypatch):
 
 def test_run_dir_records_the_resolved_data_path(tmp_path, monkeypatch, tiny_model_and_tokenizer):
     from tests.test_trainer import make_cfg
-    from torchrl_grpo.build import build
+    from torchrl_grpo.assembly import build
 
     monkeypatch.delenv("GSM8K_DATA_DIR", raising=False)
     model, tok = tiny_model_and_tokenizer

@@ -13,7 +13,7 @@ import torch
 import tests.toy_envs  # noqa: F401  (registers ToyVowels-v0)
 from tests.test_trainer import make_cfg
 from torchrl_grpo.training import checkpoint as checkpoint
-from torchrl_grpo.build import build_trainer
+from torchrl_grpo.assembly import build_trainer
 
 
 # ------------------------------------------------------------------------------------------------ Ray: hung worker

@@ -2,20 +2,19 @@
 
 The graph is built from the AST of every ``.py`` file of ``torchrl_grpo`` and ``envs``: every ``import`` /
 ``from ... import`` anywhere in a file counts (module level, inside functions, under ``if TYPE_CHECKING:``), relative
-imports are resolved, a package's ``__init__`` is a module of its own (``torchrl_grpo.models``), and ``from pkg import
+imports are resolved, a package's ``__init__`` is a module of its own (``torchrl_grpo.model_store``), and ``from pkg import
 name`` points at ``pkg.name`` when that is a module, else at ``pkg``. Python tolerates a cycle made of function-level
 imports; a reader does not, so the tests refuse any.
 
 Layer order (lowest first). A module may import from a lower layer, or from its own folder (sideways inside a
 folder); anything else runs up, or across one layer to a folder beside it:
 
-    config < reporting, models, seeding < distributed < objectives < backends < rollout < training < continual < build
-    < cli
+    config < reporting, model_store, seeding < distributed < objectives < backends < rollout < training < continual
+    < assembly < cli
 
-(``reporting``, ``models`` and the one-function module ``seeding.py`` share a layer: none imports another). Exempt from the layer check, on purpose:
-``torchrl_grpo/__init__.py``, whose lazy public API (``__getattr__``) names classes of every layer, and
-``torchrl_grpo/_moved.py``, the one-release compat module mapping old flat paths to the new modules. Both still count
-for cycles (nothing may import them). A new top-level module or subpackage fails :func:`test_every_module_has_a_layer`
+(``reporting``, ``model_store`` and the one-function module ``seeding.py`` share a layer: none imports another).
+Exempt from the layer check, on purpose: ``torchrl_grpo/__init__.py``, whose lazy public API (``__getattr__``) names
+classes of every layer. It still counts for cycles (nothing may import it). A new top-level module or subpackage fails :func:`test_every_module_has_a_layer`
 until it is given a layer here.
 """
 from __future__ import annotations
@@ -31,22 +30,20 @@ PACKAGES = ("torchrl_grpo", "envs")
 #: layer may not import each other).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("config",),
-    ("reporting", "models", "seeding"),
+    ("reporting", "model_store", "seeding"),
     ("distributed",),
     ("objectives",),
     ("backends",),
     ("rollout",),
     ("training",),
     ("continual",),
-    ("build",),
+    ("assembly",),
     ("cli",),
 )
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 #: Modules outside the layer check (module docstring says why); they still count for cycles. Nothing may import the
-#: lazy API; ``_moved`` (it imports nothing of ours: ``importlib`` by name) may be imported by a package ``__init__``,
-#: which is how ``distributed/`` and ``continual/`` forward their old attributes.
-EXEMPT = {"torchrl_grpo": "the lazy public API (__getattr__ imports from every layer)",
-          "torchrl_grpo._moved": "the one-release compat module for the old flat import paths"}
+#: lazy API.
+EXEMPT = {"torchrl_grpo": "the lazy public API (__getattr__ imports from every layer)"}
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:
@@ -185,12 +182,6 @@ def test_graph_reads_the_imports_that_make_a_cycle(tmp_path, monkeypatch):
     assert find_cycles(g) == [["torchrl_grpo.sub.a", "torchrl_grpo.sub.b", "torchrl_grpo.sub.a"]]
 
 
-def test_compat_module_imports_nothing_of_ours():
-    """``_moved`` stays a leaf (it reaches the new modules through ``importlib`` only), so the package ``__init__``
-    files may import it without a layer."""
-    assert not {t for t in import_graph()["torchrl_grpo._moved"] if t.startswith("torchrl_grpo")}
-
-
 def test_no_import_cycles():
     cycles = find_cycles(import_graph())
     assert not cycles, "import cycles (function-level and TYPE_CHECKING imports count), one per strongly connected " \
@@ -205,7 +196,6 @@ def test_every_module_has_a_layer():
 
 def test_imports_point_down_the_layers():
     graph = import_graph()
-    subpackages = {m for m, (_, is_pkg) in _modules().items() if is_pkg and m.count(".") == 1}
     bad = []
     for mod, targets in sorted(graph.items()):
         src = layer_of(mod) if mod.startswith("torchrl_grpo") else None
@@ -215,8 +205,6 @@ def test_imports_point_down_the_layers():
             if not t.startswith("torchrl_grpo"):
                 continue
             dst = layer_of(t)
-            if t == "torchrl_grpo._moved" and mod in subpackages:
-                continue  # a subpackage __init__ forwarding old names (EXEMPT)
             if dst is None:
                 bad.append(f"{mod} -> {t} (imports the exempt {t}: {EXEMPT[t]})")
             elif dst != src and RANK.get(dst, len(LAYERS)) >= RANK[src]:
@@ -229,3 +217,47 @@ def test_envs_never_imports_torchrl_grpo():
     bad = sorted(f"{m} -> {t}" for m, ts in import_graph().items() if m.startswith("envs")
                  for t in ts if t.startswith("torchrl_grpo"))
     assert not bad, "envs imports torchrl_grpo:\n" + "\n".join(bad)
+
+
+#: folder names that linters and structure tools skip as generated output (ruff's default ``exclude``, git templates)
+BUILD_OUTPUT_NAMES = {"build", "dist", "_build", "site-packages", "node_modules", "buck-out", "venv", ".venv", "__pypackages__"}
+#: the per-family file names of ``envs/<family>/`` (the env-family template: one of each per family, by design)
+FAMILY_TEMPLATE = {"__init__.py", "env.py", "data.py", "grading.py"}
+
+
+def test_no_package_folder_is_named_like_build_output():
+    """Issue 37: ``torchrl_grpo/build/`` was skipped as generated output by ruff and structure tools, hiding the
+    wiring; no folder of ours may carry such a name again."""
+    bad = sorted(str(d.relative_to(ROOT)) for pkg in PACKAGES for d in (ROOT / pkg).rglob("*")
+                 if d.is_dir() and d.name in BUILD_OUTPUT_NAMES)
+    assert not bad, f"package folders named like build output (tools skip them): {bad}"
+
+
+def test_no_two_modules_share_a_file_name():
+    """Issue 37: one name, one module (``env_side.py`` twice made readers open the wrong one). ``envs/<family>/``
+    files follow the family template (:data:`FAMILY_TEMPLATE`) and are exempt."""
+    seen: dict[str, list[str]] = {}
+    for pkg in PACKAGES:
+        for f in sorted((ROOT / pkg).rglob("*.py")):
+            rel = f.relative_to(ROOT)
+            if f.name == "__init__.py" or (rel.parts[0] == "envs" and len(rel.parts) == 3
+                                           and f.name in FAMILY_TEMPLATE):
+                continue
+            seen.setdefault(f.name, []).append(str(rel))
+    dups = {n: p for n, p in seen.items() if len(p) > 1}
+    assert not dups, f"module file names used twice: {dups}"
+
+
+def test_config_is_a_leaf_importing_no_envs():
+    """``torchrl_grpo.config`` imports nothing outside itself (no ``envs`` module, no torch): read from the graph,
+    transitively, so a function-level import counts too."""
+    graph = import_graph()
+    todo, seen = [m for m in graph if m == "torchrl_grpo.config" or m.startswith("torchrl_grpo.config.")], set()
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        todo.extend(graph.get(m, ()))
+    outside = sorted(m for m in seen if not (m == "torchrl_grpo.config" or m.startswith("torchrl_grpo.config.")))
+    assert not outside, f"torchrl_grpo.config reaches modules outside itself: {outside}"

@@ -23,7 +23,7 @@ from torchrl_grpo.training.checkpoint import load_checkpoint
 from torchrl_grpo.config import GRPOConfig
 from torchrl_grpo.training.interrupt import TrainingInterrupted, finish_step, handle_signals
 from torchrl_grpo.training.grpo_trainer import GRPOTrainer
-from torchrl_grpo.build import build_trainer
+from torchrl_grpo.assembly import build_trainer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -167,7 +167,7 @@ def _interrupt_and_resume(script: str, sig: int, tmp_path: Path, gsm8k_dir: Path
     assert last < 1000
     (ckpt,) = (run / "checkpoints").iterdir()
     assert ckpt.name == f"step_{last:06d}", out[-3000:]  # the checkpoint is the last logged (completed) step
-    from torchrl_grpo.models import load_model_and_tokenizer
+    from torchrl_grpo.model_store import load_model_and_tokenizer
 
     model, _ = load_model_and_tokenizer("tiny-random")
     assert load_checkpoint(ckpt, model=model)["step"] == last

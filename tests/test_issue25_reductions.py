@@ -13,7 +13,7 @@ import tests.toy_envs  # noqa: F401  (registers ToyFlaky-v0)
 from tests.test_trainer import make_cfg
 from torchrl_grpo.objectives.advantage import group_advantages
 from torchrl_grpo.objectives.loss import LossMetrics
-from torchrl_grpo.build import build_trainer
+from torchrl_grpo.assembly import build_trainer
 
 
 def test_batch_scale_leaves_dropped_infra_groups_out_of_the_std(tmp_path, monkeypatch):

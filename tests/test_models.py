@@ -1,4 +1,4 @@
-"""Tests for torchrl_grpo.models: spec resolution, caching, tiny-random, chat template.
+"""Tests for torchrl_grpo.model_store: spec resolution, caching, tiny-random, chat template.
 
 Monkeypatches target the submodule that looks a name up (``packaged._pip_download``,
 ``tiny.build_tiny_random``, ``loading._hub_reachable``, ``resolve.KNOWN_ALIASES``), not the
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchrl_grpo import models
-from torchrl_grpo.models import (
+from torchrl_grpo import model_store as models
+from torchrl_grpo.model_store import (
     ChecksumError,
     ModelNotCachedError,
     ModelResolutionError,
@@ -315,7 +315,7 @@ def test_packaged_alias_not_cached_and_offline(cache, fake_alias, monkeypatch):
     with pytest.raises(ModelNotCachedError) as info:
         load_model_and_tokenizer("fake-model")
     msg = str(info.value)
-    assert "python -m torchrl_grpo.models fetch fake-model" in msg
+    assert "python -m torchrl_grpo.model_store fetch fake-model" in msg
     assert "local Hugging Face directory" in msg
     assert _leftovers(cache) == []
     with pytest.raises(ModelNotCachedError, match="not cached"):
@@ -366,18 +366,18 @@ def test_cli_list_and_fetch(cache, capsys):
 
 
 def test_package_api_and_module_entry_point(cache):
-    """The package re-exports its public API and ``python -m torchrl_grpo.models`` runs the CLI."""
+    """The package re-exports its public API and ``python -m torchrl_grpo.model_store`` runs the CLI."""
     import subprocess
     import sys
 
     for name in models.__all__:
         assert getattr(models, name) is not None, name
     assert models.fetch_alias is packaged.fetch_alias and models.build_tiny_random is tiny.build_tiny_random
-    proc = subprocess.run([sys.executable, "-m", "torchrl_grpo.models", "--help"],
+    proc = subprocess.run([sys.executable, "-m", "torchrl_grpo.model_store", "--help"],
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
-    assert "{list,fetch}" in proc.stdout and "python -m torchrl_grpo.models" in proc.stdout
-    proc = subprocess.run([sys.executable, "-m", "torchrl_grpo.models", "list"],
+    assert "{list,fetch}" in proc.stdout and "python -m torchrl_grpo.model_store" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "torchrl_grpo.model_store", "list"],
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
     assert f"cache root: {cache}" in proc.stdout and "tiny-random" in proc.stdout

@@ -17,7 +17,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from torchrl_grpo.config import register_configs  # noqa: E402
 from torchrl_grpo.rollout.ray_workers import weights_digest  # noqa: E402
 from torchrl_grpo.backends.weight_sync import export_hf_weights  # noqa: E402
-from torchrl_grpo.build import build_trainer  # noqa: E402
+from torchrl_grpo.assembly import build_trainer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 B, G = 4, 2  # tasks per step, episodes per task
@@ -142,7 +142,7 @@ def test_more_workers_than_ray_cpus_is_a_clear_error(ray_session):
     import functools
 
     from torchrl_grpo.backends.base import SamplingConfig
-    from torchrl_grpo.build.rollout import worker_rollout
+    from torchrl_grpo.assembly.rollout_side import worker_rollout
     from torchrl_grpo.rollout.ray_workers import RayRolloutCollector
 
     recipe = functools.partial(worker_rollout, {}, SamplingConfig())  # never run: the check comes first

@@ -282,7 +282,7 @@ def test_a_bad_task_in_the_config_fails_before_any_model_loads():
     from hydra import compose, initialize_config_dir
 
     from torchrl_grpo.config import register_configs
-    from torchrl_grpo.build.env_side import check_data
+    from torchrl_grpo.assembly.environments import check_data
 
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
@@ -303,7 +303,7 @@ def test_grpo_reasoning_config_composes_and_runs_one_step(tmp_path):
     from hydra import compose, initialize_config_dir
 
     from torchrl_grpo.config import register_configs, validate_config
-    from torchrl_grpo.build.env_side import env_kwargs_from_config
+    from torchrl_grpo.assembly.environments import env_kwargs_from_config
 
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
@@ -357,7 +357,7 @@ def test_the_default_grpo_py_config_is_reasoning_gym_and_refuses_a_dataset_path(
     from omegaconf import OmegaConf
 
     from torchrl_grpo.config import register_configs
-    from torchrl_grpo.build.env_side import env_kwargs_from_config
+    from torchrl_grpo.assembly.environments import env_kwargs_from_config
 
     p = subprocess.run([sys.executable, str(REPO / "grpo.py"), "--cfg", "job"], capture_output=True, text=True,
                        timeout=120, cwd=REPO)

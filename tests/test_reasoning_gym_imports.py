@@ -30,7 +30,7 @@ validate_config(cfg)
 after_validate = sorted(m for m in sys.modules if m.startswith(("envs.tau2", "tau2")))
 built = []
 if sys.argv[2] == "build":
-    from torchrl_grpo.build import build_trainer
+    from torchrl_grpo.assembly import build_trainer
     with tempfile.TemporaryDirectory() as d:
         trainer = build_trainer(cfg, d)
         trainer.close()

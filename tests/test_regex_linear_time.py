@@ -126,8 +126,8 @@ NOT_MODEL_TEXT: dict[tuple[str, str], str] = {
     ("torchrl_grpo/config/allocation_mode.py", "'([dtp])(\\\\d+)'"): "the allocation_mode config string",
     ("torchrl_grpo/training/checkpoint.py", "_STEP_RE"): "checkpoint directory names",
     ("torchrl_grpo/training/checkpoint.py", "_ASIDE_RE"): "checkpoint directory names",
-    ("torchrl_grpo/models/tokenizer.py", "_SMOLLM_DEFAULT_SYSTEM"): "the tokenizer's chat template",
-    ("torchrl_grpo/models/resolve.py", "_HUB_ID"): "a model id",
+    ("torchrl_grpo/model_store/tokenizer.py", "_SMOLLM_DEFAULT_SYSTEM"): "the tokenizer's chat template",
+    ("torchrl_grpo/model_store/resolve.py", "_HUB_ID"): "a model id",
 }
 
 _RE_FUNCS = {"compile", "search", "match", "fullmatch", "sub", "subn", "split", "findall", "finditer"}

@@ -7,9 +7,9 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
-from torchrl_grpo.build import build_trainer
+from torchrl_grpo.assembly import build_trainer
 from torchrl_grpo.config import register_configs
-from torchrl_grpo.models import load_model_and_tokenizer
+from torchrl_grpo.model_store import load_model_and_tokenizer
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SMALL = ["actor.path=tiny-random", "train.steps=2", "train.batch_size=1", "gconfig.n_samples=2",

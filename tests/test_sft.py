@@ -17,7 +17,7 @@ from torchrl_grpo.rollout.collector import concat_batches
 from torchrl_grpo.rollout.demonstrations import ScriptedBackend, gold_demonstrations, successful_episodes
 from torchrl_grpo.objectives.log_probs import token_log_probs
 from torchrl_grpo.training.sft_trainer import SFTLoss, SFTTrainer, save_merged_model
-from torchrl_grpo.build import build_trainer
+from torchrl_grpo.assembly import build_trainer
 
 
 def sft_cfg(domain="mock", split="base", solo=True, **over):
@@ -175,7 +175,7 @@ def test_sft_fits_the_gold_demonstrations_and_grpo_loads_the_model_it_writes(tmp
     assert "eval_start" in summary and "eval/accuracy" in summary["eval_end"]
     assert any("demo/kept" in r for r in rows)
     # the written directory is a plain HF model (LoRA merged): actor.path= loads it with the same log-probs
-    from torchrl_grpo.models import load_model_and_tokenizer
+    from torchrl_grpo.model_store import load_model_and_tokenizer
 
     loaded, tok2 = load_model_and_tokenizer(summary["model_dir"])
     assert not any("lora" in n for n, _ in loaded.named_parameters())
@@ -228,7 +228,7 @@ def test_the_model_is_written_before_the_final_eval_so_a_failed_eval_keeps_the_t
     finally:
         trainer.close()
     assert any("sft/nll" in line for line in (tmp_path / "metrics.jsonl").read_text().splitlines())
-    from torchrl_grpo.models import load_model_and_tokenizer
+    from torchrl_grpo.model_store import load_model_and_tokenizer
 
     loaded, _ = load_model_and_tokenizer(str(tmp_path / "sft_model"))
     assert sum(p.numel() for p in loaded.parameters()) > 0

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.test_sft import sft_cfg
-from torchrl_grpo.build import build_trainer
+from torchrl_grpo.assembly import build_trainer
 from torchrl_grpo.training.checkpoint import save_checkpoint
 from torchrl_grpo.training.interrupt import TrainingInterrupted
 from torchrl_grpo.training.sft_trainer import PHASE_DATA, SFTProgress, SFTTrainer, read_sft_resume

@@ -11,8 +11,8 @@ import signal
 import pytest
 
 from tests.test_sft import sft_cfg
-from torchrl_grpo.build import build
-from torchrl_grpo.build.trainers import sft_settings
+from torchrl_grpo.assembly import build
+from torchrl_grpo.assembly.trainers import sft_settings
 from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 from torchrl_grpo.training.interrupt import TrainingInterrupted
 from torchrl_grpo.training.sft_trainer import SFTLoss, SFTSettings, SFTTrainer, sft_update

@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from torchrl_grpo.config import GRPOConfig
-from torchrl_grpo.build import build_trainer
+from torchrl_grpo.assembly import build_trainer
 
 
 def tau2_cfg(domain, split, **over):

@@ -16,7 +16,7 @@ from tests.gsm8k_data import needs_data
 @pytest.fixture(scope="module")
 def policy():
     """Sampling (greedy decoding of the random model repeats a newline, which the envs read as an empty action)."""
-    from torchrl_grpo.models import load_model_and_tokenizer
+    from torchrl_grpo.model_store import load_model_and_tokenizer
 
     model, tok = load_model_and_tokenizer("tiny-random")  # own copy: the wrapper may touch the tokenizer
     torch.manual_seed(0)

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 import tests.toy_envs  # noqa: F401  (registers ToyVowels-v0)
 from torchrl_grpo.config import GRPOConfig
-from torchrl_grpo.build import build_trainer
+from torchrl_grpo.assembly import build_trainer
 
 
 def make_cfg(**over):

@@ -15,8 +15,8 @@ from tests.test_trainer import make_cfg
 from torchrl_grpo.backends.base import RolloutBackend
 from torchrl_grpo.backends.transformers_backend import TransformersBackend
 from torchrl_grpo.objectives.log_probs import token_log_probs
-from torchrl_grpo.models import load_model_and_tokenizer
-from torchrl_grpo.build import build_trainer
+from torchrl_grpo.model_store import load_model_and_tokenizer
+from torchrl_grpo.assembly import build_trainer
 
 
 class SkewedBackend(RolloutBackend):

@@ -119,7 +119,7 @@ def test_async_tools_play_the_same_episode():
 def tiny_dir(tmp_path_factory):
     from trl.chat_template_utils import qwen3_template
 
-    from torchrl_grpo.models import load_model_and_tokenizer
+    from torchrl_grpo.model_store import load_model_and_tokenizer
 
     model, tok = load_model_and_tokenizer("tiny-random")
     tok.response_template = qwen3_template

@@ -217,7 +217,7 @@ def tiny_dir(tmp_path_factory):
     only the exact templates of released models; ours is ChatML + Hermes like Qwen's)."""
     from trl.chat_template_utils import qwen3_template
 
-    from torchrl_grpo.models import load_model_and_tokenizer
+    from torchrl_grpo.model_store import load_model_and_tokenizer
 
     model, tok = load_model_and_tokenizer("tiny-random")
     tok.response_template = qwen3_template
@@ -383,7 +383,7 @@ def long_tiny_dir(tmp_path_factory):
     are ~10-25k tokens in its byte-level vocabulary, and TRL drops tool results past the model's limit."""
     from trl.chat_template_utils import qwen3_template
 
-    from torchrl_grpo.models import load_model_and_tokenizer
+    from torchrl_grpo.model_store import load_model_and_tokenizer
 
     model, tok = load_model_and_tokenizer("tiny-random")
     model.config.max_position_embeddings = 1 << 16

@@ -10,7 +10,7 @@ from tests.test_collector import ScriptedChatEnv
 from tests.test_trainer import make_cfg
 from torchrl_grpo.backends.base import Generation, RolloutBackend, SamplingConfig
 from torchrl_grpo.rollout.collector import GroupCollector
-from torchrl_grpo.build import build_trainer
+from torchrl_grpo.assembly import build_trainer
 
 
 class LengthScriptBackend(RolloutBackend):

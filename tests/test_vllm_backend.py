@@ -57,7 +57,7 @@ def _build_tiny(out_dir, tokenizer, seed: int, head_dim: int = 32):
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """(dir_a, model_a, model_b): two same-architecture tiny models with different weights."""
-    from torchrl_grpo.models import load_model_and_tokenizer
+    from torchrl_grpo.model_store import load_model_and_tokenizer
 
     _, tok = load_model_and_tokenizer("tiny-random")
     root = tmp_path_factory.mktemp("vllm_tiny")
@@ -221,7 +221,7 @@ def test_unsupported_head_size_is_a_clear_error(tmp_path):
 
     if not current_platform.is_cpu():
         pytest.skip("head-size limits checked here are those of the CPU attention kernels")
-    from torchrl_grpo.models import load_model_and_tokenizer
+    from torchrl_grpo.model_store import load_model_and_tokenizer
 
     _, tok = load_model_and_tokenizer("tiny-random")
     _build_tiny(tmp_path, tok, seed=0, head_dim=16)
@@ -383,7 +383,7 @@ def test_lora_adapter_serving(tiny, tmp_path):
 @pytest.mark.slow
 def test_smollm2_bf16_sync_tolerance():
     """Real model, engine in bf16: after syncing float32 trainer weights the log-prob gap is small."""
-    from torchrl_grpo.models import load_model_and_tokenizer, resolve_model_path
+    from torchrl_grpo.model_store import load_model_and_tokenizer, resolve_model_path
 
     src = resolve_model_path("smollm2-135m-instruct")
     model, tok = load_model_and_tokenizer("smollm2-135m-instruct", dtype="float32")

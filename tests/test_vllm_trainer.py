@@ -11,7 +11,7 @@ from omegaconf import OmegaConf  # noqa: E402
 
 import tests.toy_envs  # noqa: E402,F401
 from torchrl_grpo.config import GRPOConfig  # noqa: E402
-from torchrl_grpo.build import build_trainer  # noqa: E402
+from torchrl_grpo.assembly import build_trainer  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

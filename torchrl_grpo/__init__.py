@@ -5,18 +5,13 @@ The public API, imported lazily (``import torchrl_grpo`` loads no torch)::
     from torchrl_grpo import GRPOTrainer, AsyncGRPOTrainer, GRPOLoss, GroupCollector, GRPOConfig
 
 The package by folder, lower layers first (imports only point down; ``tests/test_import_graph.py`` enforces it):
-``config/`` (schema, choice sets, validation; a leaf), ``reporting/`` and ``models/``, ``distributed/``,
-``objectives/``, ``backends/``, ``rollout/``, ``training/``, ``continual/``, then ``build/`` (config -> components)
-and ``cli.py`` (what the entry scripts run). Old flat module paths (``torchrl_grpo.trainer``, ...) still import,
-with a ``DeprecationWarning``, for one release: :mod:`torchrl_grpo._moved` lists them.
+``config/`` (schema, choice sets, validation; a leaf), ``reporting/`` and ``model_store/``, ``distributed/``,
+``objectives/``, ``backends/``, ``rollout/``, ``training/``, ``continual/``, then ``assembly/`` (config ->
+components) and ``cli.py`` (what the entry scripts run). CHANGELOG.md lists the module paths that moved.
 """
 from __future__ import annotations
 
 import importlib
-
-from torchrl_grpo import _moved
-
-_moved.install()
 
 #: public name -> module that defines it
 _API = {

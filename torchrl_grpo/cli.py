@@ -2,9 +2,9 @@
 (:func:`run_sft`). The root scripts are shims that only hold Hydra's ``@hydra.main`` (its ``config_path`` and the
 job name ``grpo`` / ``grpo-async`` / ``sft`` come from the script's own location and name) and call these.
 
-With :mod:`torchrl_grpo.config` and :mod:`torchrl_grpo.build`, the only module that reads the config object: it picks
+With :mod:`torchrl_grpo.config` and :mod:`torchrl_grpo.assembly`, the only module that reads the config object: it picks
 the run (continual, async, sync, SFT, ``eval_only``), the run dir (``output_dir``, else Hydra's), and builds the trainer
-with :func:`torchrl_grpo.build.build_trainer` under the signal handlers.
+with :func:`torchrl_grpo.assembly.build_trainer` under the signal handlers.
 
 Exit codes (:func:`torchrl_grpo.training.interrupt.exit_code`): 130 / 143 after SIGINT / SIGTERM (the last completed
 step is checkpointed, ``checkpoint.on_interrupt``).
@@ -29,16 +29,16 @@ log = logging.getLogger("grpo")
 
 def run_trainer(trainer_cls: type | None, cfg: DictConfig,
                 action: Callable[[Any], dict] = lambda trainer: trainer.fit()) -> dict:
-    """Build the trainer (:func:`torchrl_grpo.build.build_trainer`; ``trainer_cls`` None: the one the config asks
-    for, :func:`torchrl_grpo.build.trainer_class`) under the signal handlers (SIGINT / SIGTERM -> TrainingInterrupted,
+    """Build the trainer (:func:`torchrl_grpo.assembly.build_trainer`; ``trainer_cls`` None: the one the config asks
+    for, :func:`torchrl_grpo.assembly.trainer_class`) under the signal handlers (SIGINT / SIGTERM -> TrainingInterrupted,
     from model loading to ``close()``), run ``action(trainer)``, always close it (joins an async rollout thread, shuts
     the rollout engine down). The run dir is ``output_dir``, else Hydra's (``outputs/YYYY-MM-DD/HH-MM-SS/``).
 
     Raises:
         TrainingInterrupted: SIGINT / SIGTERM (after the checkpoint of the last completed step).
-        ValueError, FileNotFoundError: a bad config, missing data or model (:func:`torchrl_grpo.build.build`).
+        ValueError, FileNotFoundError: a bad config, missing data or model (:func:`torchrl_grpo.assembly.build`).
     """
-    from torchrl_grpo.build import build_trainer
+    from torchrl_grpo.assembly import build_trainer
 
     run_dir = cfg.output_dir
     if not run_dir:
@@ -66,7 +66,7 @@ def evaluate_only(trainer, cfg: DictConfig) -> dict:
 
 
 def run(cfg: DictConfig) -> dict:
-    """``grpo.py``: the trainer the config asks for (:func:`torchrl_grpo.build.trainer_class`): continual
+    """``grpo.py``: the trainer the config asks for (:func:`torchrl_grpo.assembly.trainer_class`): continual
     (``cl.task_order``, e.g. ``--config-name grpo_cl``), async (``mode=async``) or sync GRPO; ``eval_only=true``
     evaluates only."""
     if cfg.cl.task_order:  # a continual run: torchrl_grpo.continual.trainer

@@ -1,7 +1,7 @@
 """Seeding of the process-global random number generators (Python's, NumPy's, torch's).
 
 A module of its own at the bottom of the package (the ``reporting`` / ``models`` layer of
-``tests/test_import_graph.py``): the trainer's build (:func:`torchrl_grpo.build.build`) and each Ray rollout worker
+``tests/test_import_graph.py``): the trainer's build (:func:`torchrl_grpo.assembly.build`) and each Ray rollout worker
 (:mod:`torchrl_grpo.rollout.ray_workers`) seed the same way from ``seed``.
 """
 from __future__ import annotations

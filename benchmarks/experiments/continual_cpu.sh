@@ -61,7 +61,7 @@ check() {
 import json, sys, time
 from hydra import compose, initialize_config_dir
 from torchrl_grpo.config import register_configs
-from torchrl_grpo.build import build_trainer
+from torchrl_grpo.assembly import build_trainer
 from torchrl_grpo.reporting.learning_curve import wilson_interval
 register_configs()
 out, over = sys.argv[1], [a for a in sys.argv[2:] if a != "--config-name" and a != "grpo_cl"]

@@ -136,7 +136,7 @@ def _trl(a, d: Path) -> dict:
 
     import envs
     from envs.gsm8k.grading import gsm8k_reward
-    from torchrl_grpo.models import load_model_and_tokenizer
+    from torchrl_grpo.model_store import load_model_and_tokenizer
 
     mdir, done_p = d / "model", d / "trl_train.json"
     if a.resume and done_p.is_file() and (mdir / "config.json").is_file():

@@ -196,7 +196,7 @@ def precision(device: str, dtype: str) -> dict:
     """What both arms run at on ``device`` (``cpu`` / ``cuda``) with ``dtype`` weights (:data:`DTYPES`).
 
     Our trainer loads the weights in ``actor.dtype`` and, on CUDA only, runs the update's forward passes under bf16
-    autocast (:func:`torchrl_grpo.build.autocast_for`); its rollout backend samples at the weights' dtype. TRL gets the
+    autocast (:func:`torchrl_grpo.assembly.autocast_for`); its rollout backend samples at the weights' dtype. TRL gets the
     same weights' dtype and, on CUDA, ``bf16=True`` (accelerate's bf16 autocast: its mixed-precision mode, the one a
     TRL user runs on a GPU); on CPU ``bf16=False`` (no autocast, as ours). HF ``generate`` baselines sample at the
     weights' dtype, as our backend. Returns ``{"weights": dtype, "ours_autocast": "bf16" | None, "trl_bf16": bool}``.
@@ -251,14 +251,14 @@ def meta_line(meta: dict) -> str:
 
 def same_weights(spec: str) -> str:
     """The model spec both arms load for ``spec``: a ``.gguf`` file (or a directory holding one) becomes its cached
-    Hugging Face conversion, made once (:func:`torchrl_grpo.models.loading.hf_model_dir`; TRL refuses a model loaded
+    Hugging Face conversion, made once (:func:`torchrl_grpo.model_store.loading.hf_model_dir`; TRL refuses a model loaded
     from a GGUF file); any other spec (alias, HF directory, hub id) is returned unchanged.
 
     Raises:
-        ModelResolutionError: see :func:`torchrl_grpo.models.resolve_model_path`.
+        ModelResolutionError: see :func:`torchrl_grpo.model_store.resolve_model_path`.
     """
-    from torchrl_grpo.models.loading import hf_model_dir
-    from torchrl_grpo.models.resolve import resolve_model_path
+    from torchrl_grpo.model_store.loading import hf_model_dir
+    from torchrl_grpo.model_store.resolve import resolve_model_path
 
     return hf_model_dir(spec) if resolve_model_path(spec).gguf_file is not None else spec
 

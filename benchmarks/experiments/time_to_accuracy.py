@@ -222,7 +222,7 @@ def _trl(a, d: Path, same_mb: bool = False) -> dict:
 
     import envs
     from envs.trl import dataset, reward_function
-    from torchrl_grpo.models import load_model_and_tokenizer
+    from torchrl_grpo.model_store import load_model_and_tokenizer
 
     t_start = time.time()
     torch.manual_seed(a.seed)

@@ -1,7 +1,7 @@
 """Build a rollout backend by name: the one place outside each backend's own module that names a backend class.
 
 ``rollout.backend`` values are :data:`BACKENDS` (:mod:`torchrl_grpo.config.choices`). :func:`make_backend` builds
-one from explicit settings; :func:`torchrl_grpo.build.rollout.backend_from_config` reads them from a run config (for
+one from explicit settings; :func:`torchrl_grpo.assembly.rollout_side.backend_from_config` reads them from a run config (for
 the trainer and, through the Ray recipe, each rollout worker). Everything else talks to a
 :class:`~torchrl_grpo.backends.base.RolloutBackend`.
 """

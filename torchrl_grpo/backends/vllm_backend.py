@@ -124,20 +124,20 @@ def _cpu_head_sizes() -> list[int]:
 
 
 def _resolve_model_dir(model_path: str) -> Path:
-    """A local HF-format directory for ``model_path`` (a directory, or a ``torchrl_grpo.models`` alias)."""
+    """A local HF-format directory for ``model_path`` (a directory, or a ``torchrl_grpo.model_store`` alias)."""
     p = Path(model_path).expanduser()
     if p.is_dir():
         if not (p / "config.json").is_file():
             raise ValueError(f"{p} is not a Hugging Face model directory (no config.json)")
         return p
-    from torchrl_grpo.models import resolve_model_path
+    from torchrl_grpo.model_store import resolve_model_path
 
     src = resolve_model_path(str(model_path))
     if src.kind not in ("alias", "local_dir") or src.gguf_file is not None:
         raise ValueError(
             f"VLLMBackend needs a local HF safetensors directory or a packaged alias; {model_path!r} "
             f"resolved to a {src.kind!r} source ({src.path}). Convert it first, e.g. with "
-            "`python -m torchrl_grpo.models`."
+            "`python -m torchrl_grpo.model_store`."
         )
     return Path(src.path)
 
@@ -147,7 +147,7 @@ class VLLMBackend(RolloutBackend):
 
     Args:
         model_path: local HF model directory (``config.json`` + ``*.safetensors``) or a
-            :mod:`torchrl_grpo.models` alias such as ``"smollm2-135m-instruct"``.
+            :mod:`torchrl_grpo.model_store` alias such as ``"smollm2-135m-instruct"``.
         tokenizer: tokenizer directory (str) for the engine, or a HF tokenizer object (kept as
             ``self.tokenizer`` for callers; the engine then loads the tokenizer files from its
             ``name_or_path`` if that is a directory, else from ``model_path``). Generation is

@@ -4,7 +4,7 @@
 (tests/test_import_graph.py); the modules that implement a choice import its set from here."""
 from torchrl_grpo.config.allocation_mode import AllocationError, parse_allocation_mode, train_strategy  # noqa: F401
 from torchrl_grpo.config.choices import MODES  # noqa: F401
-from torchrl_grpo.config.continual import CL_DOMAINS, DOMAIN_DEFAULTS, domain_config, validate_cl_settings  # noqa: F401
+from torchrl_grpo.config.continual_domains import CL_DOMAINS, DOMAIN_DEFAULTS, domain_config, validate_cl_settings  # noqa: F401
 from torchrl_grpo.config.schema import (  # noqa: F401  (the config's public names live here)
     ActorConfig,
     CheckpointConfig,

@@ -22,7 +22,7 @@ __all__ = [
 #: (:mod:`torchrl_grpo.training.async_trainer`).
 MODES = ("sync", "async")
 
-#: ``actor.dtype`` (:func:`torchrl_grpo.models.loading.load_model_and_tokenizer`).
+#: ``actor.dtype`` (:func:`torchrl_grpo.model_store.loading.load_model_and_tokenizer`).
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 #: ``rollout.backend``: the colocated transformers backend, or vLLM (:func:`torchrl_grpo.backends.factory.make_backend`).
@@ -57,7 +57,7 @@ SCHEDULERS = ("constant", "cosine", "linear")
 #: ``stats_logger.wandb.mode`` (:class:`torchrl_grpo.reporting.stats_logger.StatsLogger`).
 WANDB_MODES = ("online", "offline", "disabled")
 
-#: ``train.device`` (:func:`torchrl_grpo.build.resolve_device`).
+#: ``train.device`` (:func:`torchrl_grpo.assembly.resolve_device`).
 DEVICES = ("auto", "cpu", "cuda")
 
 #: ``train.strategy`` (:func:`torchrl_grpo.distributed.data_parallel.init_data_parallel`).

@@ -166,7 +166,7 @@ class TrainConfig:
     resume_from: Optional[str] = None
     device: str = "auto"  # auto | cpu | cuda
     # mode=async only (validate_config refuses them in sync mode): the most policy versions a batch may lag behind
-    # (null: 1, AReaL's one-step-off pipeline; torchrl_grpo.build.max_staleness), and partial rollouts:
+    # (null: 1, AReaL's one-step-off pipeline; torchrl_grpo.assembly.max_staleness), and partial rollouts:
     max_staleness: Optional[int] = None
     partial_rollout_chunk: int = 0  # check for new weights every N generated tokens and continue
     # unfinished generations with them (partial rollouts, AReaL; per-token versions); 0: whole generations
@@ -217,7 +217,7 @@ class StatsLoggerConfig:
 @dataclass
 class ContinualConfig:
     """``cl.*``: continual learning over a sequence of domains (torchrl_grpo.continual.trainer; checks and
-    per-domain defaults in torchrl_grpo.config.continual). An empty ``task_order`` means an ordinary single-env run.
+    per-domain defaults in torchrl_grpo.config.continual_domains). An empty ``task_order`` means an ordinary single-env run.
 
     A continual run scores every domain before training, every ``cl.eval_interval`` steps and at each task boundary,
     and checkpoints per task (``cl.save_checkpoints``, ``cl.resume_from``): :func:`~torchrl_grpo.config.validation.validate_config` refuses

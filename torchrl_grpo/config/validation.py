@@ -1,7 +1,7 @@
 """Start-up checks of a run config: choices, ranges and combinations a type schema cannot express.
 
 Every check is a rule about config values; none builds anything (the checks that build envs, e.g. a continual
-domain's usable tasks, are :func:`torchrl_grpo.build.continual.validate_cl_config`). Imports nothing of
+domain's usable tasks, are :func:`torchrl_grpo.assembly.continual_run.validate_cl_config`). Imports nothing of
 ``torchrl_grpo`` outside ``config/`` and no torch: ``grpo.py --help`` and Hydra's schema registration stay fast.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from torchrl_grpo.config.choices import (
     AGGREGATIONS, ANCHORS, BACKENDS, DECODE_MODES, BASELINES, BEHAVIOUR_WEIGHT_MODES, DEVICES, DTYPES, LAUNCHERS, MODES, SCALES,
     SCHEDULERS, SFT_SOURCES, SHARED_PREFIX_MODES, STRATEGIES, TAU2_REWARD_KINDS, WANDB_MODES,
 )
-from torchrl_grpo.config.continual import validate_cl_settings
+from torchrl_grpo.config.continual_domains import validate_cl_settings
 from torchrl_grpo.config.schema import CheckpointConfig
 from torchrl_grpo.config.tau2_users import tau2_user
 

@@ -372,7 +372,7 @@ class LoRAPerDomain(CLAlgorithm):
 class KLAnchor(CLAlgorithm):
     """k3 KL to the previous task's policy: at each task's end, the update's KL reference becomes a frozen copy of
     the policy (a second copy of the model in memory, LoRA included). Needs ``loss.kl_coef > 0``
-    (:func:`torchrl_grpo.config.continual.domain_config` sets it from ``cl.kl_coef``). The anchor becomes the update's
+    (:func:`torchrl_grpo.config.continual_domains.domain_config` sets it from ``cl.kl_coef``). The anchor becomes the update's
     reference through :meth:`GRPOUpdate.set_reference`.
 
     Resuming (:meth:`state_dict` / :meth:`load_state_dict`, then :meth:`pre_task`): the anchor is rebuilt from a copy

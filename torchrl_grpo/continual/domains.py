@@ -9,8 +9,8 @@ inside every hook's :meth:`~torchrl_grpo.continual.algorithms.CLAlgorithm.eval_c
 domain with its own adapter).
 
 The per-domain env sides and the run's config checks are built from the config by
-:mod:`torchrl_grpo.build.continual`; the domain defaults and per-domain configs are
-:mod:`torchrl_grpo.config.continual`.
+:mod:`torchrl_grpo.assembly.continual_run`; the domain defaults and per-domain configs are
+:mod:`torchrl_grpo.config.continual_domains`.
 """
 from __future__ import annotations
 

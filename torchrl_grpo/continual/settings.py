@@ -1,5 +1,5 @@
 """The plain settings a continual run reads (:class:`ContinualSettings`), made once from the ``cl`` section by
-:func:`torchrl_grpo.build.continual.continual_settings`; a test or notebook may write them by hand."""
+:func:`torchrl_grpo.assembly.continual_run.continual_settings`; a test or notebook may write them by hand."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,7 +17,7 @@ class ContinualSettings:
         ValueError: no domain, a domain listed twice, ``num_steps_per_task < 1``, ``eval_interval < 0``,
             ``buffer_size < 1`` or a ``metric`` outside :data:`torchrl_grpo.config.choices.CL_METRICS`
             (the config is checked earlier, with the config's names, by
-            :func:`torchrl_grpo.config.continual.validate_cl_settings`).
+            :func:`torchrl_grpo.config.continual_domains.validate_cl_settings`).
     """
 
     domains: tuple[str, ...]  # cl.task_order: one task per domain, in this order

@@ -1,8 +1,8 @@
 """Continual GRPO over a sequence of domains: ``build_trainer(cfg, run_dir).train()`` and ``.evaluate_task(domain)``
-(:func:`torchrl_grpo.build.continual.build_continual_trainer` builds a :class:`ContinualTrainer` when
+(:func:`torchrl_grpo.assembly.continual_run.build_continual_trainer` builds a :class:`ContinualTrainer` when
 ``cl.task_order`` is set).
 
-Built on the ordinary pieces, all made by :mod:`torchrl_grpo.build.continual` (this module reads no config): one set
+Built on the ordinary pieces, all made by :mod:`torchrl_grpo.assembly.continual_run` (this module reads no config): one set
 of :class:`~torchrl_grpo.training.components.Components` (model, backend, optimizer, LR schedule over the whole
 sequence, logger) for the first domain, one :class:`~torchrl_grpo.rollout.env_side.EnvSide` per domain on the same
 backend, plain :class:`~torchrl_grpo.continual.settings.ContinualSettings`, and the algorithm. One
@@ -18,7 +18,7 @@ A run (T = number of domains):
 2. for task k = 0..T-1 on domain d_k: ``num_steps_per_task`` GRPO steps (the current domain's episodes go to the
    trajectory buffer; every ``eval_interval`` steps all domains are scored into ``task_k/eval``), then ``post_task``,
    score all domains -> row ``R[k]``, transfer metrics over the first k+1 domains, the console banner and tables,
-   ``checkpoint_task_{k}/`` (``save_checkpoints``; :mod:`torchrl_grpo.continual.checkpoint`), ``metrics.json`` and
+   ``checkpoint_task_{k}/`` (``save_checkpoints``; :mod:`torchrl_grpo.continual.task_checkpoints`), ``metrics.json`` and
    the two PNGs;
 3. the final summary :func:`torchrl_grpo.continual.transfer.transfer_metrics` (R, b).
 
@@ -28,7 +28,7 @@ all domains once at the end: ``R`` then has that single row (``row_labels: ["joi
 Run dir: ``metrics.json`` (schema in :mod:`torchrl_grpo.continual.transfer`), ``metrics.jsonl`` (every step's
 trainer metrics plus ``cl/*``, ``cl_eval/<domain>/<score>`` and ``cl_transfer/*``; also sent to wandb),
 ``learning_curves.png``, ``accuracy_matrix.png``, ``trajectories.jsonl`` (the buffer at the end) and the task
-checkpoints; resuming, and what SIGINT / SIGTERM save: :mod:`torchrl_grpo.continual.checkpoint`.
+checkpoints; resuming, and what SIGINT / SIGTERM save: :mod:`torchrl_grpo.continual.task_checkpoints`.
 
 Not handled here: async mode.
 """
@@ -39,10 +39,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from torchrl_grpo.continual import checkpoint as ckpt
+from torchrl_grpo.continual import task_checkpoints as ckpt
 from torchrl_grpo.continual import transfer as continual
 from torchrl_grpo.continual.algorithms import CLAlgorithm, Joint, KLAnchor
-from torchrl_grpo.continual.checkpoint import CL_ALGORITHM_PT, CL_STATE_JSON, TRAJECTORIES_JSONL, read_resume_state
+from torchrl_grpo.continual.task_checkpoints import CL_ALGORITHM_PT, CL_STATE_JSON, TRAJECTORIES_JSONL, read_resume_state
 from torchrl_grpo.continual.domains import Domains
 from torchrl_grpo.continual.settings import ContinualSettings
 from torchrl_grpo.continual.trajectory_buffer import TrajectoryBuffer
@@ -70,7 +70,7 @@ class ContinualTrainer:
             :class:`~torchrl_grpo.continual.algorithms.Joint` runs the joint stage. ``settings.kl_anchor`` adds a
             :class:`~torchrl_grpo.continual.algorithms.KLAnchor` hook after it.
         resume: the checked state of a task checkpoint to continue from
-            (:func:`~torchrl_grpo.continual.checkpoint.read_resume_state`), or None.
+            (:func:`~torchrl_grpo.continual.task_checkpoints.read_resume_state`), or None.
 
     Raises:
         ValueError: ``sides`` does not hold exactly the domains of ``settings``; an algorithm's setup refuses the

@@ -46,7 +46,7 @@ from typing import Any, Sequence
 
 # the allocation_mode string is config: its engines (inference: the rollout backends; training: train.strategy-like)
 # and its parser live in torchrl_grpo.config; what a run config asks for reaches this module as a PlanRequest of plain
-# values (torchrl_grpo.build.devices.plan_request)
+# values (torchrl_grpo.assembly.devices.plan_request)
 from torchrl_grpo.config.allocation_mode import AllocationError, parse_allocation_mode
 from torchrl_grpo.config.choices import INFERENCE_ENGINES, TRAIN_ENGINES
 
@@ -162,7 +162,7 @@ def detect_devices(device_type: str = "auto") -> list[str]:
 class PlanRequest:
     """What a run asks of the devices, in either spelling (module docstring), as plain values.
 
-    :func:`torchrl_grpo.build.devices.plan_request` reads it from a run config (``allocation_mode``,
+    :func:`torchrl_grpo.assembly.devices.plan_request` reads it from a run config (``allocation_mode``,
     ``train_model`` / ``inference_model`` / ``ref_model``); tests write it by hand.
 
     Attributes:

@@ -3,7 +3,7 @@ cores the trainer and rollout threads run on.
 
 :mod:`torchrl_grpo.distributed.device_plan` resolves *what* runs *where* (:class:`~torchrl_grpo.distributed.device_plan.AllocationPlan`);
 :func:`placement_for` turns that plan into the :class:`Placement` of one process (one torchrun rank), which
-:func:`torchrl_grpo.build.build` and the trainers apply:
+:func:`torchrl_grpo.assembly.build` and the trainers apply:
 
 =========  =========================================================  ==============================================
 role       GPU (``cuda:i``)                                           CPU (``cpu:i`` = core ``i``)

@@ -3,7 +3,7 @@ and :func:`make_env_side`, the collectors and task lists of one env on a backend
 each Ray rollout worker's and each continual domain's).
 
 Plain values in: ``gym.make`` ids and keyword arguments, counts, a seed. Which env and kwargs a run config asks for
-(``econfig``, ``train_dataset``, ``valid_dataset``) is decided in :mod:`torchrl_grpo.build.env_side`
+(``econfig``, ``train_dataset``, ``valid_dataset``) is decided in :mod:`torchrl_grpo.assembly.environments`
 (``env_kwargs_from_config``, ``check_data``, ``build_env_side``), the one layer that reads the config."""
 from __future__ import annotations
 

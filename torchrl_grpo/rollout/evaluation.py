@@ -7,7 +7,7 @@
   Sec. 4): ``C(c, k) / C(n, k)``, averaged over tasks.
 
 Sampling: the greedy and the sampled (pass@k) episodes use the run's one :class:`SamplingConfig` (built once from
-``gconfig`` by :func:`torchrl_grpo.build.build`), derived by :func:`eval_samplings`: temperature 0, or the run's
+``gconfig`` by :func:`torchrl_grpo.assembly.build`), derived by :func:`eval_samplings`: temperature 0, or the run's
 temperature, ``top_p`` and ``top_k`` with a fixed seed. Under torchrun every rank evaluates its share of the tasks
 (:func:`evaluate`, ``dp``).
 
@@ -103,7 +103,7 @@ EVAL_SEED = 12345
 
 def eval_samplings(sampling: SamplingConfig) -> tuple[SamplingConfig, SamplingConfig]:
     """The greedy and the sampled (pass@k) evaluation settings, both derived from the run's one ``sampling`` (built
-    once from ``gconfig`` by :func:`torchrl_grpo.build.build`) with ``dataclasses.replace``: greedy = temperature 0
+    once from ``gconfig`` by :func:`torchrl_grpo.assembly.build`) with ``dataclasses.replace``: greedy = temperature 0
     (no truncation applies then); sampled = the run's ``top_p`` / ``top_k`` / ``max_new_tokens`` at its temperature,
     or at 1 when the run itself decodes greedily (pass@k needs samples), with the fixed seed :data:`EVAL_SEED`."""
     greedy = replace(sampling, temperature=0.0, seed=None)

@@ -4,7 +4,7 @@ Each worker is a Ray actor (:class:`RolloutWorker`, ``num_cpus=1``, or ``num_gpu
 rollout backend (transformers, or vLLM where installed, on its own copy of the policy) and its own envs (a
 :class:`torchrl_grpo.rollout.collector.GroupCollector`). It builds them in its own process with a *recipe*: a
 picklable callable ``recipe(device) -> (backend, collector)`` handed down by the build
-(:func:`torchrl_grpo.build.rollout.worker_rollout` on the run config as plain containers, with the run's one
+(:func:`torchrl_grpo.assembly.rollout_side.worker_rollout` on the run config as plain containers, with the run's one
 ``SamplingConfig``), so this module never reads the config. The trainer talks to them through
 :class:`RayRolloutCollector`, which has the collector interface the loop uses (``collect``, ``last_stats``,
 ``update_policy_weights_``, ``close``), so :mod:`torchrl_grpo.training.grpo_trainer` is unchanged. Ray is local
@@ -86,7 +86,7 @@ class RolloutWorker:
 
     Args:
         recipe: ``recipe(device) -> (backend, collector)``, run in this actor's process (module docstring;
-            :func:`torchrl_grpo.build.rollout.worker_rollout`): the backend must take weights by ``load_weights``.
+            :func:`torchrl_grpo.assembly.rollout_side.worker_rollout`): the backend must take weights by ``load_weights``.
         worker_id: its index (logged with the episodes).
         device: ``cpu`` (the actor then uses the CPUs Ray assigned it) or ``cuda`` (its GPU).
     """

@@ -242,7 +242,7 @@ def save_checkpoint(
         model_state_dict / optimizer_state_dict: write these instead of ``model``'s and ``optimizer``'s own (an
             FSDP-sharded model: the full states of :func:`torchrl_grpo.distributed.data_parallel.full_state_dicts`, so the
             checkpoint is the single-process one).
-        payload: more files of the trainer's own, file name -> object (``torch.save``\ d inside the checkpoint, under
+        payload: more files of the trainer's own, file name -> object (saved with ``torch.save`` inside the checkpoint, under
             the same completeness marker; e.g. the SFT phase's data). Names must be plain file names that do not
             clash with the layout's.
 

@@ -1,5 +1,5 @@
 """What a training loop runs: :class:`Components` (the built objects) and :class:`LoopSettings` (the plain settings
-it reads). Defined here, beside the loops that consume them; :func:`torchrl_grpo.build.build` produces them from a
+it reads). Defined here, beside the loops that consume them; :func:`torchrl_grpo.assembly.build` produces them from a
 config, a test or notebook may assemble them by hand."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ __all__ = ["Components", "LoopSettings"]
 
 @dataclass(frozen=True)
 class LoopSettings:
-    """The plain settings a training loop reads (copied from the config by :func:`torchrl_grpo.build.build`)."""
+    """The plain settings a training loop reads (copied from the config by :func:`torchrl_grpo.assembly.build`)."""
 
     steps: int  # train.steps
     batch_size: int  # tasks per step
@@ -47,7 +47,7 @@ class LoopSettings:
 
 @dataclass
 class Components:
-    """Everything a training loop needs, built by :func:`torchrl_grpo.build.build`.
+    """Everything a training loop needs, built by :func:`torchrl_grpo.assembly.build`.
 
     ``collector`` / ``eval_collector`` sample train / greedy-eval episodes with ``backend``; ``train_tasks`` are the
     usable train task indices; ``eval_tasks()`` lists the first usable eval tasks and ``eval_baseline(tasks)`` scores

@@ -6,7 +6,7 @@ the update (:mod:`torchrl_grpo.training.update`) → sync the backend (``collect
 evaluation (:class:`~torchrl_grpo.training.evaluator.Evaluator`), checkpoints on schedule, interrupts, progress and
 ETA are the loop shell's (:func:`torchrl_grpo.training.loop.run_loop`), shared with the SFT and continual trainers.
 The objects it runs (:class:`~torchrl_grpo.training.components.Components`) come from
-:func:`torchrl_grpo.build.build`, which :func:`torchrl_grpo.build.build_trainer` hands to the trainer class; the loop
+:func:`torchrl_grpo.assembly.build`, which :func:`torchrl_grpo.assembly.build_trainer` hands to the trainer class; the loop
 reads no config.
 
 Everything random is derived from ``seed`` and the step number (task order, sampling seeds), and the
@@ -44,18 +44,18 @@ class GRPOTrainer:
     """Sync GRPO trainer on built components.
 
     ``GRPOTrainer(components)`` runs components built elsewhere; from a :class:`torchrl_grpo.config.GRPOConfig`,
-    :func:`torchrl_grpo.build.build_trainer` ``(cfg, run_dir, model=..., tokenizer=..., backend=...)`` builds them
-    (:func:`torchrl_grpo.build.build`, with this class's :attr:`own_backend_copy`) and returns the trainer.
+    :func:`torchrl_grpo.assembly.build_trainer` ``(cfg, run_dir, model=..., tokenizer=..., backend=...)`` builds them
+    (:func:`torchrl_grpo.assembly.build`, with this class's :attr:`own_backend_copy`) and returns the trainer.
 
     Args:
         components: the built :class:`~torchrl_grpo.training.components.Components`.
         cfg: accepted for old callers and ignored: the trainer reads no config (``self.settings`` are its plain
-            values). ``self.cfg`` is None, or the config :func:`torchrl_grpo.build.build_trainer` built it from (set
+            values). ``self.cfg`` is None, or the config :func:`torchrl_grpo.assembly.build_trainer` built it from (set
             there, for callers).
 
     Raises:
         TypeError: ``components`` is not a :class:`~torchrl_grpo.training.components.Components` (e.g. the config of
-            the old ``GRPOTrainer(cfg, run_dir, ...)`` call, which :func:`torchrl_grpo.build.build_trainer` replaces).
+            the old ``GRPOTrainer(cfg, run_dir, ...)`` call, which :func:`torchrl_grpo.assembly.build_trainer` replaces).
     """
 
     #: the rollout engine must not share the training module (the async trainer's): build() gives it its own copy
@@ -64,7 +64,7 @@ class GRPOTrainer:
     def __init__(self, components: Components, *, cfg=None) -> None:
         if not isinstance(components, Components):
             raise TypeError(f"{type(self).__name__} takes built Components, got {type(components).__name__}: build "
-                            f"a trainer from a config with torchrl_grpo.build.build_trainer(cfg, run_dir, "
+                            f"a trainer from a config with torchrl_grpo.assembly.build_trainer(cfg, run_dir, "
                             f"trainer_cls={type(self).__name__}, model=..., tokenizer=..., backend=...)")
         c = self.components = components
         self.cfg = None  # build_trainer sets the config it built from, for callers; never read here

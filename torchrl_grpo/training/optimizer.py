@@ -2,7 +2,7 @@
 
 :func:`make_optimizer` is AdamW (Loshchilov & Hutter, 2019, arXiv:1711.05101, Algorithm 2) over the trainable
 parameters, fused where the device and dtypes allow; :func:`make_scheduler` the LR schedule over trainer steps
-(``optimizer.scheduler`` in :data:`~torchrl_grpo.config.choices.SCHEDULERS`). :func:`torchrl_grpo.build.build` makes
+(``optimizer.scheduler`` in :data:`~torchrl_grpo.config.choices.SCHEDULERS`). :func:`torchrl_grpo.assembly.build` makes
 both from ``optimizer.*``; :class:`torchrl_grpo.training.sft_trainer.SFTTrainer` makes one schedule per phase.
 """
 from __future__ import annotations

@@ -64,7 +64,7 @@ log = logging.getLogger(__name__)
 class SFTSettings:
     """What the SFT recipe reads besides the loop's :class:`~torchrl_grpo.training.components.LoopSettings`:
     ``sft.*`` and the ``optimizer.*`` values of each phase's LR schedule (derived from the config by
-    :func:`torchrl_grpo.build.build_trainer`; choices and ranges checked by the config's validation)."""
+    :func:`torchrl_grpo.assembly.build_trainer`; choices and ranges checked by the config's validation)."""
 
     source: str  # sft.source: gold (demonstrations, then RFT rounds) | rft (RFT rounds only)
     epochs: int  # passes over each phase's data
@@ -177,7 +177,7 @@ class SFTLoss(LossModule):
 
 def save_merged_model(model: torch.nn.Module, tokenizer, out_dir: str | Path) -> Path:
     """Write ``model`` (LoRA merged into the base weights, HF names) and ``tokenizer`` to ``out_dir`` as one Hugging
-    Face model directory: what ``actor.path=`` (:func:`torchrl_grpo.models.load_model_and_tokenizer`) loads. The
+    Face model directory: what ``actor.path=`` (:func:`torchrl_grpo.model_store.load_model_and_tokenizer`) loads. The
     in-memory model is not changed (a LoRA model keeps its adapter).
 
     Returns:
@@ -224,7 +224,7 @@ class SFTTrainer:
     (``checkpoint.on_interrupt``; the shell's rules: the optimizer step in flight finishes and is logged, saved, then
     the run stops); ``train.resume_from`` continues from a checkpoint (module docstring).
 
-    Built by :func:`torchrl_grpo.build.build_trainer` ``(cfg, run_dir, trainer_cls=SFTTrainer)``, which refuses Ray
+    Built by :func:`torchrl_grpo.assembly.build_trainer` ``(cfg, run_dir, trainer_cls=SFTTrainer)``, which refuses Ray
     rollout workers before anything is built (:func:`torchrl_grpo.config.check_sft_run`) and derives ``settings`` and
     ``update`` from the config and the components.
 
@@ -247,7 +247,7 @@ class SFTTrainer:
                  resume: dict[str, Any] | None = None) -> None:
         if not isinstance(components, Components):
             raise TypeError(f"SFTTrainer takes built Components, got {type(components).__name__}: build it from a "
-                            f"config with torchrl_grpo.build.build_trainer(cfg, run_dir, trainer_cls=SFTTrainer)")
+                            f"config with torchrl_grpo.assembly.build_trainer(cfg, run_dir, trainer_cls=SFTTrainer)")
         c = self.components = components
         if c.dp is not None and c.dp.enabled:
             raise ValueError("sft.py runs in one process (no torchrun / FSDP yet)")

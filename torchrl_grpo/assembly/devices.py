@@ -1,4 +1,4 @@
-"""Phase 1 of :func:`torchrl_grpo.build.build`: where the run's processes, models and threads go.
+"""Phase 1 of :func:`torchrl_grpo.assembly.build`: where the run's processes, models and threads go.
 
 :func:`plan_request` reads the device-plan keys of a run config into a
 :class:`~torchrl_grpo.distributed.device_plan.PlanRequest` (plain values); :func:`setup_devices` joins the torchrun

@@ -1,9 +1,9 @@
 """A run config's rollout side -> objects: the one :class:`SamplingConfig`, the backend, the Ray rollout workers.
 
 - :func:`sampling_config`: ``gconfig`` -> the run's one :class:`~torchrl_grpo.backends.base.SamplingConfig`, derived
-  once by :func:`torchrl_grpo.build.build`; every other sampling setting of the run is a ``dataclasses.replace`` of
+  once by :func:`torchrl_grpo.assembly.build`; every other sampling setting of the run is a ``dataclasses.replace`` of
   it (evaluation's greedy / sampled: :func:`torchrl_grpo.rollout.evaluation.eval_samplings`; the local LLM user:
-  :func:`torchrl_grpo.build.env_side.local_user_sampling`; the loss's: :func:`loss_sampling`; the Ray workers get
+  :func:`torchrl_grpo.assembly.environments.local_user_sampling`; the loss's: :func:`loss_sampling`; the Ray workers get
   the object itself);
 - :func:`backend_from_config`: ``rollout.*`` / ``actor.*`` / ``seed`` -> a rollout backend
   (:func:`torchrl_grpo.backends.factory.make_backend`);
@@ -21,8 +21,8 @@ from omegaconf import OmegaConf
 
 from torchrl_grpo.backends.base import RolloutBackend, SamplingConfig
 from torchrl_grpo.backends.factory import make_backend
-from torchrl_grpo.build.env_side import build_env_side
-from torchrl_grpo.models import load_model_and_tokenizer, resolve_model_path
+from torchrl_grpo.assembly.environments import build_env_side
+from torchrl_grpo.model_store import load_model_and_tokenizer, resolve_model_path
 from torchrl_grpo.rollout.ray_workers import RayRolloutCollector  # imports ray only when one is constructed
 from torchrl_grpo.seeding import seed_everything
 
@@ -75,7 +75,7 @@ def worker_rollout(config: dict, sampling: SamplingConfig, device: str):
     """What one Ray rollout actor builds in its process (:class:`~torchrl_grpo.rollout.ray_workers.RolloutWorker`
     calls it): seeds (``seed``), its own copy of ``actor.path`` on ``device``, frozen, a backend on it that takes
     synced weights by ``load_weights`` (never shared with a trainer module), and the train collector of the run's
-    env side (:func:`torchrl_grpo.build.env_side.build_env_side`) with the run's ``sampling``.
+    env side (:func:`torchrl_grpo.assembly.environments.build_env_side`) with the run's ``sampling``.
 
     Args:
         config: the run config as plain containers (``OmegaConf.to_container(cfg, resolve=True)``: picklable).

@@ -1,8 +1,8 @@
-"""Phase 2 of :func:`torchrl_grpo.build.build`: the run directory and what it records before any model loads.
+"""Phase 2 of :func:`torchrl_grpo.assembly.build`: the run directory and what it records before any model loads.
 
 :func:`prepare_run`: this rank's run dir, ``plan.json`` (rank 0), the seeds (``seed``), and the data checked
-(:func:`torchrl_grpo.build.env_side.check_data`) with its sources in ``data_sources.json``. ``model_source.json`` is
-written when the model loads (:func:`torchrl_grpo.build.policy.build_policy`).
+(:func:`torchrl_grpo.assembly.environments.check_data`) with its sources in ``data_sources.json``. ``model_source.json`` is
+written when the model loads (:func:`torchrl_grpo.assembly.policy.build_policy`).
 """
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from torchrl_grpo.build.devices import Devices
-from torchrl_grpo.build.env_side import check_data
+from torchrl_grpo.assembly.devices import Devices
+from torchrl_grpo.assembly.environments import check_data
 from torchrl_grpo.distributed.data_parallel import DataParallel
 from torchrl_grpo.seeding import seed_everything
 
@@ -40,7 +40,7 @@ def prepare_run(cfg, run_dir: str | Path, devices: Devices) -> Path:
     means ``$GSM8K_DATA_DIR``, else the packaged copy). Returns this rank's run dir.
 
     Raises:
-        FileNotFoundError / ValueError: missing or malformed data (:func:`torchrl_grpo.build.env_side.check_data`).
+        FileNotFoundError / ValueError: missing or malformed data (:func:`torchrl_grpo.assembly.environments.check_data`).
     """
     run_dir = rank_run_dir(devices.dp, run_dir)
     write_plan(run_dir, devices)

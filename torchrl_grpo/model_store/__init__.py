@@ -33,24 +33,24 @@ Where each concept lives:
 ``tiny.py``         :func:`build_tiny_random` (``tiny-random``)
 ``cache.py``        cache layout, marker file, inter-process lock, atomic publication
 ``errors.py``       :class:`ModelResolutionError` and its subclasses
-``cli.py``          ``python -m torchrl_grpo.models {list,fetch}``
+``cli.py``          ``python -m torchrl_grpo.model_store {list,fetch}``
 ==================  ==========================================================================
 
 Command line::
 
-    python -m torchrl_grpo.models list
-    python -m torchrl_grpo.models fetch smollm2-135m-instruct [--force]
+    python -m torchrl_grpo.model_store list
+    python -m torchrl_grpo.model_store fetch smollm2-135m-instruct [--force]
 """
 from __future__ import annotations
 
-from torchrl_grpo.models.cache import CACHE_ENV_VAR, MARKER_FILE, alias_cache_dir, cache_root  # noqa: F401 (constants kept importable)
-from torchrl_grpo.models.cli import main
-from torchrl_grpo.models.errors import ChecksumError, ModelNotCachedError, ModelResolutionError
-from torchrl_grpo.models.loading import load_model_and_tokenizer
-from torchrl_grpo.models.packaged import KNOWN_ALIASES, PACKAGED_MODELS, PackagedModel, WheelPart, fetch_alias
-from torchrl_grpo.models.resolve import ModelSource, resolve_model_path
-from torchrl_grpo.models.tiny import TINY_RANDOM_ALIAS, build_tiny_random
-from torchrl_grpo.models.tokenizer import CHATML_TOOLS_TEMPLATE, prepare_tokenizer
+from torchrl_grpo.model_store.cache import CACHE_ENV_VAR, MARKER_FILE, alias_cache_dir, cache_root  # noqa: F401 (constants kept importable)
+from torchrl_grpo.model_store.cache_cli import main
+from torchrl_grpo.model_store.errors import ChecksumError, ModelNotCachedError, ModelResolutionError
+from torchrl_grpo.model_store.loading import load_model_and_tokenizer
+from torchrl_grpo.model_store.packaged import KNOWN_ALIASES, PACKAGED_MODELS, PackagedModel, WheelPart, fetch_alias
+from torchrl_grpo.model_store.resolve import ModelSource, resolve_model_path
+from torchrl_grpo.model_store.tiny import TINY_RANDOM_ALIAS, build_tiny_random
+from torchrl_grpo.model_store.tokenizer import CHATML_TOOLS_TEMPLATE, prepare_tokenizer
 
 __all__ = [
     "ModelSource",

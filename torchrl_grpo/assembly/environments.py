@@ -106,7 +106,7 @@ def _tau2_kwargs(e, split: str, user_fn) -> tuple[str, dict]:
     if user == "local":
         if user_fn is None:
             raise ValueError("a local tau2 user (econfig.user=local or user_llm=local) needs a user_fn (built by "
-                             "torchrl_grpo.build from its backend)")
+                             "torchrl_grpo.assembly from its backend)")
         kw["user_fn"] = user_fn
         user = "callable"
     kw["user"] = user

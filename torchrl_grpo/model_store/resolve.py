@@ -7,8 +7,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchrl_grpo.models.errors import ModelResolutionError
-from torchrl_grpo.models.packaged import KNOWN_ALIASES, fetch_alias
+from torchrl_grpo.model_store.errors import ModelResolutionError
+from torchrl_grpo.model_store.packaged import KNOWN_ALIASES, fetch_alias
 
 __all__ = ["ModelSource", "resolve_model_path"]
 

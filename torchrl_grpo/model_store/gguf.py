@@ -1,7 +1,7 @@
 """GGUF → safetensors conversion: dequantize a GGUF file with transformers and save an HF directory.
 
 :func:`convert_gguf_cached` converts a user's ``.gguf`` file once into the model cache, keyed by its sha256 (the
-packaged aliases are converted the same way by :func:`torchrl_grpo.models.packaged.fetch_alias`).
+packaged aliases are converted the same way by :func:`torchrl_grpo.model_store.packaged.fetch_alias`).
 """
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from torchrl_grpo.models.cache import _file_lock, _is_cached, _publish, alias_cache_dir
-from torchrl_grpo.models.errors import ModelResolutionError
-from torchrl_grpo.models.tokenizer import _set_pad_ids, prepare_tokenizer
+from torchrl_grpo.model_store.cache import _file_lock, _is_cached, _publish, alias_cache_dir
+from torchrl_grpo.model_store.errors import ModelResolutionError
+from torchrl_grpo.model_store.tokenizer import _set_pad_ids, prepare_tokenizer
 
 __all__ = ["convert_gguf_cached", "gguf_cache_dir"]
 
@@ -67,7 +67,7 @@ def convert_gguf_cached(gguf_path: str | Path, force: bool = False) -> Path:
 
     Keyed by the file's content (sha256), so the same file under another name or path is converted once, and an
     edited file gets a new directory. The directory is published atomically under an inter-process lock
-    (:mod:`torchrl_grpo.models.cache`): concurrent callers convert once and every later call, in any process,
+    (:mod:`torchrl_grpo.model_store.cache`): concurrent callers convert once and every later call, in any process,
     returns the cached directory after hashing the file (~0.3 s per 100 MB). Trainers that refuse a model loaded
     from a GGUF file (TRL: "purely quantized") load this directory instead, so two systems compared on one GGUF
     load the same weights.

@@ -1,6 +1,6 @@
 """The domain sequence of a continual run, as config: per-domain defaults, the run config of one domain, and the
 checks of the ``cl.*`` section that need no env (:func:`validate_cl_settings`; the checks that build envs are
-:func:`torchrl_grpo.build.continual.validate_cl_config`).
+:func:`torchrl_grpo.assembly.continual_run.validate_cl_config`).
 
 Each domain keeps its own env settings. The config of domain ``d`` (:func:`domain_config`) is the run config with
 

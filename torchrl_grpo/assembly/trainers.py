@@ -1,6 +1,6 @@
 """Which loop a config asks for, and that loop built from it: ``build_trainer(cfg, run_dir) -> trainer``.
 
-The components come from :func:`torchrl_grpo.build.components.build`; the trainer classes receive them and never read
+The components come from :func:`torchrl_grpo.assembly.phases.build`; the trainer classes receive them and never read
 a config section.
 """
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from torchrl_grpo.backends.base import RolloutBackend
-from torchrl_grpo.build.components import build
-from torchrl_grpo.build.continual import build_continual_trainer
+from torchrl_grpo.assembly.phases import build
+from torchrl_grpo.assembly.continual_run import build_continual_trainer
 from torchrl_grpo.config import check_sft_run
 from torchrl_grpo.continual.trainer import ContinualTrainer
 from torchrl_grpo.training.async_trainer import AsyncGRPOTrainer
@@ -48,7 +48,7 @@ def build_trainer(cfg, run_dir: str | Path | None, *, trainer_cls: type | None =
         run_dir: output directory (a continual run: default ``cfg.output_dir``, else ``outputs/continual``).
         trainer_cls: the loop; default :func:`trainer_class` ``(cfg)``. A GRPO-style class (``GRPOTrainer`` and its
             subclasses) gets ``build(cfg, run_dir, own_backend_copy=trainer_cls.own_backend_copy)``; a
-            ``ContinualTrainer`` is built by :func:`torchrl_grpo.build.continual.build_continual_trainer` (checks,
+            ``ContinualTrainer`` is built by :func:`torchrl_grpo.assembly.continual_run.build_continual_trainer` (checks,
             :func:`build` on the first domain's config, one env side per domain); ``SFTTrainer`` is refused Ray workers first (:func:`torchrl_grpo.config.check_sft_run`),
             reads ``train.resume_from``'s SFT state before the model loads
             (:func:`~torchrl_grpo.training.sft_trainer.read_sft_resume`: a non-SFT checkpoint is refused there) and

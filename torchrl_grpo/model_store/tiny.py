@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from torchrl_grpo.models.cache import _file_lock, _is_cached, _publish, alias_cache_dir
-from torchrl_grpo.models.tokenizer import CHATML_TOOLS_TEMPLATE
+from torchrl_grpo.model_store.cache import _file_lock, _is_cached, _publish, alias_cache_dir
+from torchrl_grpo.model_store.tokenizer import CHATML_TOOLS_TEMPLATE
 
 __all__ = ["TINY_RANDOM_ALIAS", "build_tiny_random"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 
-from torchrl_grpo.models.errors import ModelResolutionError
+from torchrl_grpo.model_store.errors import ModelResolutionError
 
 __all__ = ["CHATML_TOOLS_TEMPLATE", "prepare_tokenizer"]
 

@@ -1,6 +1,6 @@
-"""Phases 5-6 of :func:`torchrl_grpo.build.build`: the optimisation side of a step, and resume.
+"""Phases 5-6 of :func:`torchrl_grpo.assembly.build`: the optimisation side of a step, and resume.
 
-- :func:`build_optimisation`: the loss (``loss.*``, scored under :func:`torchrl_grpo.build.rollout.loss_sampling`
+- :func:`build_optimisation`: the loss (``loss.*``, scored under :func:`torchrl_grpo.assembly.rollout_side.loss_sampling`
   of the run's sampling), the fused AdamW and the LR schedule over trainer steps (``optimizer.*``,
   :mod:`torchrl_grpo.training.optimizer`);
 - :func:`resume`: weights, optimizer, schedule and step from ``train.resume_from``, the backend synced to them;
@@ -17,9 +17,9 @@ from typing import Any, Callable
 import torch
 
 from torchrl_grpo.backends.base import RolloutBackend, SamplingConfig
-from torchrl_grpo.build.devices import Devices
-from torchrl_grpo.build.policy import Policy
-from torchrl_grpo.build.rollout import loss_sampling
+from torchrl_grpo.assembly.devices import Devices
+from torchrl_grpo.assembly.policy import Policy
+from torchrl_grpo.assembly.rollout_side import loss_sampling
 from torchrl_grpo.objectives.loss import GRPOLoss
 from torchrl_grpo.training.checkpoint import load_checkpoint
 from torchrl_grpo.training.optimizer import make_optimizer, make_scheduler
@@ -48,7 +48,7 @@ class Optimisation:
 
 def build_optimisation(cfg, model: torch.nn.Module, device: torch.device, sampling: SamplingConfig) -> Optimisation:
     """The loss (``loss.*``; at most ``sampling.max_new_tokens * econfig.max_turns`` response tokens per episode,
-    scored under :func:`~torchrl_grpo.build.rollout.loss_sampling` ``(sampling)``), the optimizer (``optimizer.*``)
+    scored under :func:`~torchrl_grpo.assembly.rollout_side.loss_sampling` ``(sampling)``), the optimizer (``optimizer.*``)
     and the schedule over ``train.steps``. Build it on the (sharded, if FSDP) policy.
 
     Raises:

@@ -1,5 +1,5 @@
-"""A continual run built from its config: :func:`build_continual_trainer` (what :func:`torchrl_grpo.build.build_trainer`
-returns when ``cl.task_order`` is set). Here, and in :mod:`torchrl_grpo.config.continual` (the per-domain configs and
+"""A continual run built from its config: :func:`build_continual_trainer` (what :func:`torchrl_grpo.assembly.build_trainer`
+returns when ``cl.task_order`` is set). Here, and in :mod:`torchrl_grpo.config.continual_domains` (the per-domain configs and
 the checks that need no env), the ``cl`` section becomes plain values and built objects: the continual trainer reads no
 config.
 
@@ -8,7 +8,7 @@ The phases, in order (each a function of its own):
 1. :func:`check_continual`: the ``cl`` section, every domain's splits (envs are built, never a model:
    :func:`validate_cl_config`) and the resume checkpoint's state (:func:`read_resume_state`) — a bad setting fails
    here, before any model loads;
-2. :func:`torchrl_grpo.build.build` on the first domain's config (:func:`torchrl_grpo.config.continual.domain_config`):
+2. :func:`torchrl_grpo.assembly.build` on the first domain's config (:func:`torchrl_grpo.config.continual_domains.domain_config`):
    model, backend, optimizer, the LR schedule over the whole sequence (``train.steps`` = steps per task x domains),
    logger;
 3. :func:`domain_sides`: one :class:`~torchrl_grpo.rollout.env_side.EnvSide` per domain on that backend (the first
@@ -24,11 +24,11 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from torchrl_grpo.backends.base import RolloutBackend
-from torchrl_grpo.build.components import build
-from torchrl_grpo.build.env_side import build_env_side, env_kwargs_from_config
-from torchrl_grpo.config.continual import domain_config, validate_cl_settings
+from torchrl_grpo.assembly.phases import build
+from torchrl_grpo.assembly.environments import build_env_side, env_kwargs_from_config
+from torchrl_grpo.config.continual_domains import domain_config, validate_cl_settings
 from torchrl_grpo.continual.algorithms import ALGORITHMS, EWC, CLAlgorithm, Replay
-from torchrl_grpo.continual.checkpoint import read_resume_state
+from torchrl_grpo.continual.task_checkpoints import read_resume_state
 from torchrl_grpo.continual.settings import ContinualSettings
 from torchrl_grpo.continual.trainer import ContinualTrainer
 from torchrl_grpo.rollout.env_side import EnvSide, make_env_fn, usable_task_indices
@@ -40,7 +40,7 @@ __all__ = ["build_continual_trainer", "check_continual", "validate_cl_config", "
 
 def validate_cl_config(cfg, *, check_tasks: bool = True) -> None:
     """Check the ``cl`` section: names, ranges, the user mode of every domain
-    (:func:`torchrl_grpo.config.continual.validate_cl_settings`) and (``check_tasks``) that every domain's train and
+    (:func:`torchrl_grpo.config.continual_domains.validate_cl_settings`) and (``check_tasks``) that every domain's train and
     eval split has usable tasks (:func:`check_domain_tasks`). Builds envs, never a model.
 
     Raises:
@@ -90,7 +90,7 @@ def check_domain_tasks(dcfg, domain: str) -> dict[str, int]:
 
 def check_continual(cfg) -> dict | None:
     """Phase 1: :func:`validate_cl_config` and, with ``cl.resume_from``, its checked state
-    (:func:`torchrl_grpo.continual.checkpoint.read_resume_state`; None without). Builds envs, never a model.
+    (:func:`torchrl_grpo.continual.task_checkpoints.read_resume_state`; None without). Builds envs, never a model.
 
     Raises:
         ValueError: as :func:`validate_cl_config`; a resume checkpoint from another task order, of a joint run, or
@@ -105,7 +105,7 @@ def check_continual(cfg) -> dict | None:
 def domain_sides(cfg, components: Components) -> dict[str, EnvSide]:
     """Phase 3: domain -> its env side, in task order, on ``components``' backend, tokenizer and sampling settings:
     the first domain's is the components' own collectors and task lists, every other one is built from its
-    :func:`~torchrl_grpo.config.continual.domain_config` (:func:`torchrl_grpo.build.env_side.build_env_side`).
+    :func:`~torchrl_grpo.config.continual_domains.domain_config` (:func:`torchrl_grpo.assembly.environments.build_env_side`).
     Sides built before a failure are closed.
 
     Raises:
@@ -164,13 +164,13 @@ def build_continual_trainer(cfg, run_dir: str | Path | None, *, trainer_cls: typ
         cfg: the run config with a ``cl`` section (:class:`torchrl_grpo.config.ContinualConfig`).
         run_dir: output directory (default ``cfg.output_dir``, else ``outputs/continual``).
         model / tokenizer / backend: optional preloaded policy and rollout backend, passed to
-            :func:`~torchrl_grpo.build.build`.
+            :func:`~torchrl_grpo.assembly.build`.
         algorithm: the :class:`~torchrl_grpo.continual.algorithms.CLAlgorithm` (default: :func:`make_algorithm`).
         **trainer_kw: further keyword arguments of ``trainer_cls``.
 
     Raises:
         ValueError, FileNotFoundError: as :func:`check_continual` (before any model loads) and
-            :func:`~torchrl_grpo.build.build`.
+            :func:`~torchrl_grpo.assembly.build`.
     """
     resume = check_continual(cfg)
     run_dir = Path(run_dir or cfg.output_dir or "outputs/continual")

@@ -1,5 +1,5 @@
 """From a run config to the objects a training loop runs: ``build(cfg, run_dir) -> Components``
-(:mod:`torchrl_grpo.build.trainers` hands them to the loop: ``build_trainer(cfg, run_dir) -> trainer``).
+(:mod:`torchrl_grpo.assembly.trainers` hands them to the loop: ``build_trainer(cfg, run_dir) -> trainer``).
 
 Config flows one way: config -> the phases of :func:`build` -> components -> the trainer class. The loops
 (:mod:`torchrl_grpo.training`) and every layer below this package receive plain values and objects; they never read
@@ -36,12 +36,12 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from torchrl_grpo.backends.base import RolloutBackend, SamplingConfig
-from torchrl_grpo.build.devices import Devices, resolve_device, setup_devices
-from torchrl_grpo.build.env_side import build_env_side
-from torchrl_grpo.build.optimisation import autocast_for, build_optimisation, build_update, resume
-from torchrl_grpo.build.policy import build_policy, is_sharded, shard_policy
-from torchrl_grpo.build.records import prepare_run
-from torchrl_grpo.build.rollout import backend_from_config, ray_collector, sampling_config
+from torchrl_grpo.assembly.devices import Devices, resolve_device, setup_devices
+from torchrl_grpo.assembly.environments import build_env_side
+from torchrl_grpo.assembly.optimisation import autocast_for, build_optimisation, build_update, resume
+from torchrl_grpo.assembly.policy import build_policy, is_sharded, shard_policy
+from torchrl_grpo.assembly.records import prepare_run
+from torchrl_grpo.assembly.rollout_side import backend_from_config, ray_collector, sampling_config
 from torchrl_grpo.config import validate_config
 from torchrl_grpo.distributed.data_parallel import NullLogger
 from torchrl_grpo.reporting.stats_logger import StatsLogger
@@ -112,7 +112,7 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
     Raises:
         ValueError: bad config values, a preloaded model without its tokenizer, an empty train split, a malformed
             GSM8K row (``file:line``; the data is checked before the model loads, see
-            :func:`torchrl_grpo.build.env_side.check_data`).
+            :func:`torchrl_grpo.assembly.environments.check_data`).
         FileNotFoundError: missing data or checkpoint.
     """
     validate_config(cfg)
