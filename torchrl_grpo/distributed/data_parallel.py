@@ -214,16 +214,6 @@ class DataParallel:
         for t in list(module.parameters()) + list(module.buffers()):
             dist.broadcast(t.data, src=0)
 
-    def broadcast_object(self, obj: Any) -> Any:
-        """Rank 0's ``obj`` on every rank (e.g. the run dir)."""
-        if not self.enabled:
-            return obj
-        import torch.distributed as dist
-
-        box = [obj]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
     def mean_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
         """Rank 0's metrics with every numeric value replaced by its mean over the ranks that report it (the
         others are rank 0's own); a key reported by some ranks only is averaged over those. A value equal on every
