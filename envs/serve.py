@@ -13,6 +13,12 @@ Client side, OpenEnv's own WebSocket client (what TRL's and TorchRL's OpenEnv in
         r = env.step({"content": "<tool_call>{...}</tool_call>"})   # or {"tool_calls": [...]}
         r.observation["messages"], r.reward, r.done, env.state()
 
+Over plain HTTP, openenv-core 0.1.1's ``HTTPEnvClient`` (the last openenv-core with an HTTP env client; subclass it
+with ``_step_payload`` returning the action dict, ``_parse_result``, ``_parse_state``): ``base_url=<server>`` for the
+stateless routes (a one-step episode; name the task in the action's ``metadata``, e.g. ``{"content": text,
+"metadata": {"index": 3}}``), ``base_url=<server>/sessions/<id>`` (after ``POST /sessions``) for a whole episode
+(``tests/test_openenv_http_client.py``).
+
 Protocol (OpenEnv 0.3's session protocol, ``openenv.core.env_server``; the routes are ours):
 
 * ``/ws`` -- one WebSocket = one session = one env instance (created by ``gym.make(env_id,
@@ -26,7 +32,9 @@ Protocol (OpenEnv 0.3's session protocol, ``openenv.core.env_server``; the route
   session's socket is closed (code 1001).
 * ``/sessions`` -- the same sessions over plain HTTP for clients without WebSockets:
   ``POST /sessions`` -> ``201 {"session_id"}``; ``POST /sessions/{id}/reset`` (body: the reset
-  data), ``POST /sessions/{id}/step`` (body ``{"action": ...}``), ``GET /sessions/{id}/state``,
+  data), ``POST /sessions/{id}/step`` (body OpenEnv's ``StepRequest``: ``{"action": ..., "timeout_s"?,
+  "request_id"?}``, the last two checked as OpenEnv does and otherwise ignored; an action whose ``metadata`` names a
+  task is refused, 422: a session's task is chosen by ``reset``), ``GET /sessions/{id}/state``,
   ``DELETE /sessions/{id}``, ``GET /sessions`` (counts, and ``unsent_bytes``: replies not yet taken by
   clients). Errors: 400 bad reset options (unknown
   option, task id or index the env rejects, ``episode_id`` not a string of at most
@@ -48,7 +56,9 @@ Protocol (OpenEnv 0.3's session protocol, ``openenv.core.env_server``; the route
   Bodies and replies are OpenEnv's ``ResetRequest`` / ``ResetResponse`` (``{"observation", "reward", "done"}``),
   ``StepRequest`` / ``StepResponse``. ``/reset`` (body: the reset data, as above) answers the task's opening;
   ``/step`` (body ``{"action": ..., "index" | "task_id" | "seed": ..., "episode_id"?, "timeout_s"?,
-  "request_id"?}``) plays a *one-step episode*: a fresh env reset to the task named beside the action, then the
+  "request_id"?}``, the task options also accepted inside the action's ``metadata``, where openenv-core 0.1.1's
+  ``HTTPEnvClient`` -- which sends only ``{"action", "timeout_s"}`` -- can put them) plays a *one-step episode*: a
+  fresh env reset to the task named beside (or in) the action, then the
   action -- the whole episode of a one-turn env (GSM8K, ReasoningGym, IFEval), only the first step of a tau2 one
   (play those through a session); a body naming no task is refused (422: a fresh env that was never reset has no
   task to act on); ``timeout_s`` and ``request_id`` are checked as OpenEnv's ``StepRequest`` does and otherwise
@@ -592,7 +602,12 @@ def _run(env: GymTextEnvironment, op: str, payload: Any) -> tuple[str, dict]:
     if op == "reset":
         return "observation", serialize_observation(env.reset_request(payload))
     if op == "step":
-        return "observation", serialize_observation(env.step(_action(payload)))
+        action = _action(payload)
+        named = sorted(k for k in action.metadata if k in _RESET_KEYS)
+        if named:  # a session acts on its own episode: a task named here would be silently ignored
+            raise ClientError(f"a session step acts on the session's episode: its action's metadata may not name a task "
+                              f"({', '.join(named)}); choose the task by reset", status=422)
+        return "observation", serialize_observation(env.step(action))
     return "state", env.state.model_dump()
 
 
@@ -603,8 +618,10 @@ def _http_call(env: GymTextEnvironment, op: str, raw: bytes) -> tuple[int, bytes
             payload = _parse(raw, empty={})
         elif op == "step":
             body = _parse(raw)
-            if not isinstance(body, dict) or set(body) != {"action"}:
-                raise ClientError(f'step body must be {{"action": {ACTION_SHAPE}}}', status=422)
+            if not isinstance(body, dict) or "action" not in body or not set(body) <= set(_STEP_KEYS):
+                raise ClientError(f'step body must be {{"action": {ACTION_SHAPE}, "timeout_s"?, "request_id"?}} '
+                                  "(OpenEnv's StepRequest)", status=422)
+            _check_step_request(body)
             payload = body["action"]
         else:
             payload = None
@@ -613,8 +630,18 @@ def _http_call(env: GymTextEnvironment, op: str, raw: bytes) -> tuple[int, bytes
     return _http_reply(env, work)
 
 
-#: Keys of a stateless ``POST /step`` body besides the reset options: OpenEnv's ``StepRequest`` fields.
+#: Keys of a ``POST /sessions/{id}/step`` body, and of a stateless ``POST /step`` body besides the reset options:
+#: OpenEnv's ``StepRequest`` fields.
 _STEP_KEYS = ("action", "timeout_s", "request_id")
+
+
+def _check_step_request(body: dict) -> None:
+    """OpenEnv's own checks of a step body's optional fields (``timeout_s`` > 0, ``request_id`` <= 255 chars), which
+    are otherwise ignored. Raises: ClientError 422 naming the field."""
+    try:
+        StepRequest.model_validate({k: body[k] for k in _STEP_KEYS if k in body})
+    except ValidationError as e:
+        raise ClientError(f"invalid step request: {e}", status=422) from e
 
 
 def _stateless_request(op: str, raw: bytes) -> tuple[dict, TextAction | None]:
@@ -622,12 +649,15 @@ def _stateless_request(op: str, raw: bytes) -> tuple[dict, TextAction | None]:
     ``(reset data, action)`` (``action`` ``None`` for ``reset``).
 
     A ``/step`` body is OpenEnv's ``StepRequest`` -- ``{"action": {...}, "timeout_s"?, "request_id"?}`` -- plus the
-    reset options of the one-step episode it plays, of which ``index``, ``task_id`` or ``seed`` must name the task.
+    reset options of the one-step episode it plays, of which ``index``, ``task_id`` or ``seed`` must name the task,
+    beside the action or in the action's ``metadata`` (OpenEnv's ``Action`` field: openenv-core 0.1.1's
+    ``HTTPEnvClient`` sends ``{"action", "timeout_s"}`` only, so its subclass names the task there).
 
     Raises:
         ClientError: 422 invalid JSON (limits of :func:`_parse`), not an object, no ``action``, an action not of
-            :data:`ACTION_SHAPE`, an unknown key, no task named, ``timeout_s`` / ``request_id`` outside OpenEnv's
-            ``StepRequest``; 400 an unknown reset option (``/reset``). The messages name the problem.
+            :data:`ACTION_SHAPE`, an unknown key, no task named, a task option named both beside the action and in its
+            metadata with different values, ``timeout_s`` / ``request_id`` outside OpenEnv's ``StepRequest``; 400 an
+            unknown reset option (``/reset``). The messages name the problem.
     """
     if op == "reset":
         return _reset_data(_parse(raw, empty={})), None
@@ -641,16 +671,20 @@ def _stateless_request(op: str, raw: bytes) -> tuple[dict, TextAction | None]:
     if unknown:
         raise ClientError(f"unknown step key(s) {unknown!r:.200}; accepted: {', '.join(_STEP_KEYS + _RESET_KEYS)}",
                           status=422)
-    try:  # OpenEnv's own checks of its optional fields (timeout_s > 0, request_id <= 255 chars)
-        StepRequest.model_validate({k: body[k] for k in _STEP_KEYS if k in body})
-    except ValidationError as e:
-        raise ClientError(f"invalid step request: {e}", status=422) from e
-    reset = {k: body[k] for k in _RESET_KEYS if k in body}
+    _check_step_request(body)
+    beside = {k: body[k] for k in _RESET_KEYS if k in body}
+    within = {k: action.metadata[k] for k in _RESET_KEYS if k in action.metadata}
+    clash = sorted(k for k in beside.keys() & within.keys() if beside[k] != within[k])
+    if clash:
+        raise ClientError(f"the step names its task twice, differently: {', '.join(clash)} beside the action and in its "
+                          "metadata", status=422)
+    reset = {**within, **beside}
     if all(reset.get(k) is None for k in ("index", "task_id", "seed")):
         raise ClientError('a stateless step plays a one-step episode on a fresh env: name its task beside the action '
-                          '("index", "task_id" or "seed"); to play an episode of several steps keep a session: '
-                          "POST /sessions, then /sessions/{id}/reset and /sessions/{id}/step, or the WebSocket /ws",
-                          status=422)
+                          '("index", "task_id" or "seed") or in the action\'s "metadata" (OpenEnv\'s Action field; '
+                          "openenv-core 0.1.1's HTTPEnvClient sends only the action and timeout_s); to play an episode "
+                          "of several steps keep a session: POST /sessions, then /sessions/{id}/reset and "
+                          "/sessions/{id}/step, or the WebSocket /ws", status=422)
     return reset, action
 
 
