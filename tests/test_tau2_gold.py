@@ -130,3 +130,29 @@ def test_partial_reward_mode_returns_progress():
     r, term, _, info = _play(env, actions[: n // 2] + actions[-1:])
     assert term and info["reward_binary"] == 0.0
     assert r == info["reward_partial"] and 0.0 < r < 1.0
+
+
+#: tau2 mock tasks whose gold (``demonstration``, replayed) scores 0 in tau2's own evaluator too, by user mode, and why:
+#: update_task_with_history_and_env_assertions lists no gold actions (the gold is the stop alone) while its reward
+#: basis is an env assertion that task_2 is completed; update_task_with_initialization_data's basis includes
+#: COMMUNICATE, and in solo mode there is no customer: the gold's message is tau2's agent_error, and without it the
+#: communicate check fails (0 either way). (Solo mode cannot play the first one: customer turns in its history.)
+MOCK_GOLD_ZERO = {"scripted": {"update_task_with_history_and_env_assertions"},
+                  "solo": {"update_task_with_initialization_data"}}
+
+
+@pytest.mark.parametrize("user", ["scripted", "solo"])
+def test_mock_gold_scores_one_except_the_tasks_tau2_scores_its_own_gold_zero(user):
+    env = gym.make("tau2/mock-v0", user=user, max_steps=200)
+    u = env.unwrapped
+    rewards = {}
+    for i in u.usable_task_indices():
+        env.reset(options={"index": i})
+        r, term, _, _ = _play(env, u.demonstration({"index": i}))
+        assert term
+        ref = _reference(env)
+        assert r == ref.reward and _summary(u.reward_info) == _summary(ref), (u.task.id, r, _summary(ref))
+        rewards[u.task.id] = r
+    assert len(rewards) == (9 if user == "scripted" else 7)  # solo: tasks with customer turns in their history dropped
+    assert {t for t, r in rewards.items() if r != 1.0} == MOCK_GOLD_ZERO[user], rewards
+    assert all(r == 0.0 for t, r in rewards.items() if t in MOCK_GOLD_ZERO[user])

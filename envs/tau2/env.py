@@ -387,8 +387,13 @@ class Tau2Env(gym.Env):
         """The gold assistant messages for the task ``options`` picks (``index`` / ``task_id``, as for ``reset``):
         the task's gold actions as tool calls, then its ``communicate_info`` and the stop
         (:func:`envs.tau2.oracle.oracle_actions`; in solo mode the customer's gold actions too). Replayed through
-        ``step`` in this env's configuration they score 1.0 on every task (``tests/test_tau2_gold.py``): the
-        supervised fine-tuning data of :mod:`torchrl_grpo.rollout.demonstrations`.
+        ``step`` in this env's configuration they score what tau2's own evaluator scores them
+        (``tests/test_tau2_gold.py``): 1.0 on every task of airline, retail and telecom, and of mock but two, whose
+        gold tau2 itself scores 0 -- ``update_task_with_history_and_env_assertions`` (no gold actions listed; its
+        reward is an env assertion that task_2 is completed) and, in solo mode only,
+        ``update_task_with_initialization_data`` (its reward needs information communicated to a customer that solo
+        mode does not have: the gold's message is an ``agent_error``). The supervised fine-tuning data of
+        :mod:`torchrl_grpo.rollout.demonstrations`.
 
         Raises:
             ValueError: bad options, or a task this env cannot play (:meth:`usable_task_indices`).

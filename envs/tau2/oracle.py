@@ -1,6 +1,7 @@
 """The gold-replay agent: a task's gold actions as a sequence of agent actions.
 
-Used by the test suite (gold replay must score 1.0, equal to tau2's ``evaluate_simulation``)
+Used by the test suite (gold replay must score what tau2's ``evaluate_simulation`` scores it: 1.0 except on the two
+tau2 mock tasks named in ``Tau2Env.demonstration``)
 and by ``benchmarks/env_bench.py`` (the same episodes through ``Tau2Env`` and tau2's
 ``AgentGymEnv``). Not a policy: it reads the task's evaluation criteria.
 
