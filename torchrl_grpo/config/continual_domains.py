@@ -29,7 +29,7 @@ from torchrl_grpo.config.choices import CL_ALGORITHMS, CL_METRICS
 from torchrl_grpo.config.schema import EnvConfig
 from torchrl_grpo.config.tau2_users import tau2_user
 
-__all__ = ["CL_DOMAINS", "DOMAIN_DEFAULTS", "domain_config", "validate_cl_settings"]
+__all__ = ["CL_DOMAINS", "DOMAIN_DEFAULTS", "domain_config", "validate_cl_settings", "register_domain", "known_domains"]
 
 _SOLO = {"solo_mode": True, "user": None, "user_llm": None}
 #: Per-domain defaults: splits, and the econfig a domain needs (``solo``: tau2 has a solo mode for it; tau2 raises
@@ -48,8 +48,32 @@ DOMAIN_DEFAULTS: dict[str, dict[str, Any]] = {
     "ifeval": {"train_split": "train", "eval_split": "test", "solo": True,
                "econfig": {"env_id": "IFEval-v0", "max_turns": 1}},
 }
-#: Domains ``cl.task_order`` accepts (the ``cl.task_order`` choice set: the keys of :data:`DOMAIN_DEFAULTS`).
+#: The built-in domains (:data:`DOMAIN_DEFAULTS` before any :func:`register_domain`); ``cl.task_order`` accepts these and
+#: every registered one (:func:`known_domains`).
 CL_DOMAINS = tuple(DOMAIN_DEFAULTS)
+_DOMAIN_KEYS = {"train_split", "eval_split", "solo", "econfig"}
+
+
+def register_domain(name: str, defaults: dict[str, Any]) -> None:
+    """Add a continual-run domain: an env family's ``continual`` defaults (``envs.families.EnvFamily.continual``,
+    joined by :mod:`torchrl_grpo.assembly.environments`, since this leaf imports no env). Re-registering the same
+    defaults is a no-op.
+
+    Raises:
+        ValueError: defaults without exactly the keys ``train_split``, ``eval_split``, ``solo``, ``econfig`` (a
+            mapping with an ``env_id``), or another domain's defaults under a taken name.
+    """
+    if set(defaults) != _DOMAIN_KEYS or not isinstance(defaults["econfig"], dict) or "env_id" not in defaults["econfig"]:
+        raise ValueError(f"continual domain {name!r}: defaults need exactly the keys {sorted(_DOMAIN_KEYS)} (econfig "
+                         f"with an env_id), got {defaults!r:.200}")
+    if name in DOMAIN_DEFAULTS and DOMAIN_DEFAULTS[name] != defaults:
+        raise ValueError(f"continual domain {name!r} is already registered with other defaults")
+    DOMAIN_DEFAULTS[name] = dict(defaults)
+
+
+def known_domains() -> tuple[str, ...]:
+    """Every domain ``cl.task_order`` accepts now: the built-in ones and those registered since."""
+    return tuple(DOMAIN_DEFAULTS)
 
 
 def _plain(node) -> Any:
@@ -66,10 +90,10 @@ def domain_config(cfg, domain: str):
     """The run config of ``domain`` inside the continual run ``cfg`` (module docstring). Returns a new config.
 
     Raises:
-        ValueError: ``domain`` is not in :data:`CL_DOMAINS`.
+        ValueError: ``domain`` is not in :func:`known_domains`.
     """
     if domain not in DOMAIN_DEFAULTS:
-        raise ValueError(f"unknown domain {domain!r}; known: {CL_DOMAINS}")
+        raise ValueError(f"unknown domain {domain!r}; known: {known_domains()}")
     c = cfg.cl
     econ = {**DOMAIN_DEFAULTS[domain]["econfig"], **(_plain((c.econfig or {}).get(domain)) or {})}
     train_split, eval_split = _splits(cfg, domain)
@@ -99,10 +123,10 @@ def validate_cl_settings(cfg) -> None:
     c = cfg.cl
     order = [str(d) for d in (c.task_order or [])]
     if not order:
-        raise ValueError(f"cl.task_order is empty; list domains from {CL_DOMAINS}")
+        raise ValueError(f"cl.task_order is empty; list domains from {known_domains()}")
     for d in order:
         if d not in DOMAIN_DEFAULTS:
-            raise ValueError(f"unknown domain {d!r} in cl.task_order; known: {CL_DOMAINS}")
+            raise ValueError(f"unknown domain {d!r} in cl.task_order; known: {known_domains()}")
     if len(set(order)) != len(order):
         raise ValueError(f"cl.task_order lists a domain twice: {order} (the accuracy matrix has one column per domain)")
     if c.num_steps_per_task < 1:
@@ -139,7 +163,7 @@ def validate_cl_settings(cfg) -> None:
     for section in ("train_split", "eval_split", "econfig", "data_path"):
         for d, v in (_plain(c[section]) or {}).items():
             if d not in DOMAIN_DEFAULTS:  # settings for domains outside this order are allowed (config files)
-                raise ValueError(f"cl.{section} names unknown domain {d!r}; known: {CL_DOMAINS}")
+                raise ValueError(f"cl.{section} names unknown domain {d!r}; known: {known_domains()}")
             if section == "econfig":
                 bad = sorted(set(v or {}) - env_keys)
                 if bad:

@@ -74,6 +74,9 @@ class EnvConfig:
     test_seed: int = 22
     train_size: int = 1000
     test_size: int = 200
+    # the settings of an env family whose keys are not above ({key: value}; envs/<family>/family.py declares them and
+    # their defaults, and an unknown key fails at start-up naming the family's keys: envs.families.EnvFamily.section)
+    params: Any = None
 
 
 @dataclass

