@@ -1,6 +1,6 @@
 """TRL's rollout loop over our tau2 env vs over tau2's own ``AgentGymEnv``, wrapped the same way, in one process.
 
-Both sides are TRL environment classes with the same tool methods (:func:`envs.trl.environment_factory`); the
+Both sides are TRL environment classes with the same tool methods (:func:`envs.adapters.trl_env.environment_factory`); the
 ``tau2`` side replaces the env under them by tau2's ``tau2.gym.AgentGymEnv`` (thread per episode, 10 ms polling;
 scripted customer as in ``benchmarks/env_bench.py``), each call sent as tau2's action string (JSON tool call,
 plain text for the customer). One rollout batch = ``GRPOTrainer._generate_and_score_completions`` on the tasks'
@@ -37,7 +37,7 @@ import gymnasium as gym  # noqa: E402
 import torch  # noqa: E402
 
 import envs  # noqa: E402
-from envs.trl import SEND_MESSAGE_TOOL, dataset, environment_factory, gold_tool_call_texts  # noqa: E402
+from envs.adapters.trl_env import SEND_MESSAGE_TOOL, dataset, environment_factory, gold_tool_call_texts  # noqa: E402
 
 gym.register_envs(envs)
 

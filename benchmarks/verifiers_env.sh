@@ -6,7 +6,7 @@
 #        $PROJECT_VENV else the active venv)
 #
 # Which version: 0.3.1, the last release with the classic in-process API (vf.SingleTurnEnv / vf.MultiTurnEnv /
-# vf.ToolEnv, vf.Rubric, env.evaluate(client, model, ...)) that envs/verifiers_env.py implements and
+# vf.ToolEnv, vf.Rubric, env.evaluate(client, model, ...)) that envs/adapters/verifiers_env.py implements and
 # tests/test_verifiers_env.py drives. 0.4.0 is a rewrite (verifiers.v1) whose loop runs every rollout's agent as a
 # separate program launched by `uv` with dependencies resolved at run time: not drivable offline.
 #

@@ -1,7 +1,7 @@
 """verifiers' evaluation loop over our tau2 env vs over tau2's own ``AgentGymEnv``, wrapped the same way, in one process.
 
 Run it in the verifiers venv (``bash benchmarks/verifiers_env.sh``: verifiers 0.3.1 over the project venv). Both sides
-are the same ``vf.MultiTurnEnv`` of :func:`envs.verifiers_env.load_environment` (same dataset rows, tool schemas,
+are the same ``vf.MultiTurnEnv`` of :func:`envs.adapters.verifiers_env.load_environment` (same dataset rows, tool schemas,
 rubric); the ``tau2`` side lends each rollout, instead of our Gymnasium env, an adapter over tau2's
 ``tau2.gym.AgentGymEnv`` (a new one per episode, as tau2 builds it: thread per episode, 10 ms polling; scripted
 customer as in ``benchmarks/env_bench.py`` and ``benchmarks/trl_env_bench.py``), each assistant message sent as
@@ -35,8 +35,8 @@ import openai
 import verifiers as vf
 
 import envs
-from envs import verifiers_env
-from envs.verifiers_env import GYM_STATE_KEY, load_environment
+from envs.adapters import verifiers_env
+from envs.adapters.verifiers_env import GYM_STATE_KEY, load_environment
 
 gym.register_envs(envs)
 

@@ -113,7 +113,7 @@ Training hooks (env-specific behaviour a trainer needs, kept behind the contract
 
 Where we diverge from Gymnasium, and why
     Observations and actions are Python objects (chat messages, text), not arrays: the spaces in
-    :mod:`envs.spaces` are non-numpy (``shape is None``); ``envs.torchrl.TextEnv`` carries them as
+    :mod:`envs.spaces` are non-numpy (``shape is None``); ``envs.adapters.torchrl_env.TextEnv`` carries them as
     TorchRL non-tensor data. Invalid actions raise :class:`TypeError` where Gymnasium leaves them
     undefined (its checker asserts ``action in action_space`` only in debug wrappers).
 """

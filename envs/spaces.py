@@ -11,7 +11,7 @@ Both are non-numpy spaces: ``shape`` is ``None`` and they cannot be flattened.
 TorchRL: ``torchrl.envs.GymEnv("GSM8K-v1")`` converts both to ``NonTensor`` specs
 (:func:`register_torchrl_conversions`, run when a space is built while TorchRL is loaded; nothing here
 imports TorchRL). ``GymEnv`` gives one env with the observation as non-tensor data and no ``info``; the
-batched adapter with rendered prompts, tokens, tools and partial resets is :func:`envs.torchrl.make_torchrl_env`.
+batched adapter with rendered prompts, tokens, tools and partial resets is :func:`envs.adapters.torchrl_env.make_torchrl_env`.
 
 Vector envs (``gym.make_vec(id, num_envs, vectorization_mode="sync" | "async")``): Gymnasium's
 vector utilities (:mod:`gymnasium.vector.utils`) batch these spaces into per-env tuples --

@@ -153,7 +153,7 @@ def tiny_gguf(tmp_path_factory) -> Path:
 
 
 def test_a_gguf_is_converted_once_and_both_arms_load_the_same_hf_dir(tiny_gguf, tmp_path, monkeypatch):
-    from torchrl_grpo.model_store import gguf as gguf_mod
+    from torchrl_grpo.model_store import gguf_conversion as gguf_mod
     from torchrl_grpo.model_store import load_model_and_tokenizer
     from torchrl_grpo.model_store.loading import hf_model_dir
 
@@ -179,7 +179,7 @@ def test_a_gguf_is_converted_once_and_both_arms_load_the_same_hf_dir(tiny_gguf, 
 
 def test_other_specs_pass_through_and_a_non_gguf_file_is_refused(tmp_path):
     from torchrl_grpo.model_store import ModelResolutionError
-    from torchrl_grpo.model_store.gguf import convert_gguf_cached
+    from torchrl_grpo.model_store.gguf_conversion import convert_gguf_cached
 
     assert h.same_weights("tiny-random") == "tiny-random"
     hf_dir = tmp_path / "hf"

@@ -150,7 +150,7 @@ def test_text_env_prompts_write_tool_call_arguments_once(tokenizer):
     tool call's arguments appear as a JSON object, not a JSON-encoded string."""
     import gymnasium as gym
 
-    from envs.torchrl import TextEnv
+    from envs.adapters.torchrl_env import TextEnv
 
     class OneCall(gym.Env):
         observation_space = action_space = gym.spaces.Text(4096)

@@ -142,11 +142,11 @@ def test_env_exception_ends_episode_without_crash(tok):
 
 
 def test_collector_is_a_torchrl_collector_over_text_env(tok):
-    """Issue 9: a torchrl BaseCollector that drives envs.torchrl.TextEnv; iterating yields the documented batch for
+    """Issue 9: a torchrl BaseCollector that drives envs.adapters.torchrl_env.TextEnv; iterating yields the documented batch for
     tasks(step), with the env seeds of the step; state_dict / set_seed / shutdown as for any TorchRL collector."""
     from torchrl.collectors import BaseCollector
 
-    from envs.torchrl import TextEnv
+    from envs.adapters.torchrl_env import TextEnv
 
     seen = []
 

@@ -143,14 +143,14 @@ def test_default_data_is_ifbench_with_a_fixed_demonstration_split():
 
 
 def test_torchrl_adapter_plays_ifeval(data_file):
-    """The TorchRL adapter (envs/torchrl.py) runs the env with no IFEval-specific code: specs check, per-instruction
+    """The TorchRL adapter (envs/adapters/torchrl_env.py) runs the env with no IFEval-specific code: specs check, per-instruction
     results in ``info``, the reward in ``("next", "reward")``."""
     import torch
     from tensordict import TensorDict
     from tensordict.tensorclass import NonTensorStack
     from torchrl.envs.utils import check_env_specs
 
-    from envs.torchrl import make_torchrl_env
+    from envs.adapters.torchrl_env import make_torchrl_env
 
     env = make_torchrl_env("IFEval-v0", batch_size=2, split="all", data_path=str(data_file))
     check_env_specs(env, seed=0)

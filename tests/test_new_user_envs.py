@@ -98,7 +98,7 @@ def test_history_mode_wrapper_on_ragged_conversations_gets_a_clear_error():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from envs.gsm8k.env import GSM8KEnv
-    from envs.torchrl import TextEnv
+    from envs.adapters.torchrl_env import TextEnv
     from tests.test_torchrl_env import TOY, make_tiny_tokenizer
 
     tok = make_tiny_tokenizer()

@@ -236,7 +236,7 @@ def test_make_vec_and_check_env():
 def test_torchrl_adapter_check_env_specs():
     from torchrl.envs.utils import check_env_specs
 
-    from envs.torchrl import make_torchrl_env
+    from envs.adapters.torchrl_env import make_torchrl_env
 
     env = make_torchrl_env("ReasoningGym-v1", batch_size=2, split="test", task_config=EASY)
     check_env_specs(env, seed=0)

@@ -1,4 +1,4 @@
-"""tau2 envs through the TorchRL adapter (envs.torchrl.TextEnv): specs and batched multi-turn rollouts."""
+"""tau2 envs through the TorchRL adapter (envs.adapters.torchrl_env.TextEnv): specs and batched multi-turn rollouts."""
 import warnings
 
 import gymnasium as gym
@@ -9,7 +9,7 @@ from torchrl.envs.utils import check_env_specs
 
 import envs
 from envs.tau2.oracle import oracle_actions
-from envs.torchrl import TextEnv, make_torchrl_env
+from envs.adapters.torchrl_env import TextEnv, make_torchrl_env
 
 gym.register_envs(envs)
 

@@ -1,4 +1,4 @@
-"""TorchRL adapter (envs.torchrl.TextEnv) over GSM8K and a multi-turn chat env."""
+"""TorchRL adapter (envs.adapters.torchrl_env.TextEnv) over GSM8K and a multi-turn chat env."""
 from __future__ import annotations
 
 import os
@@ -13,7 +13,7 @@ from torchrl.envs.utils import check_env_specs
 
 from envs.gsm8k.env import GSM8KEnv
 from envs.spaces import AssistantAction, ChatMessages
-from envs.torchrl import TextEnv, make_torchrl_env
+from envs.adapters.torchrl_env import TextEnv, make_torchrl_env
 
 from tests.gsm8k_data import DATA_DIR, needs_data  # noqa: E402
 
@@ -354,7 +354,7 @@ def test_partial_step_steps_only_the_marked_envs():
 
 @needs_data
 def test_catch_env_errors_ends_that_episode_and_runner_is_used():
-    from envs.torchrl import TextEnv
+    from envs.adapters.torchrl_env import TextEnv
 
     calls = []
 

@@ -1,5 +1,5 @@
 """A TorchRL user's path: torchrl's own ``LLMCollector`` with a ``TransformersWrapper`` (tiny random Llama) drives
-``envs.torchrl`` (single-turn GSM8K, multi-turn tau2 mock) with no code of the trainer in between."""
+``envs.adapters.torchrl_env`` (single-turn GSM8K, multi-turn tau2 mock) with no code of the trainer in between."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +9,7 @@ from torchrl.envs import InitTracker
 from torchrl.modules.llm import TransformersWrapper
 
 from envs.gsm8k.grading import extract_answer, is_correct
-from envs.torchrl import make_torchrl_env
+from envs.adapters.torchrl_env import make_torchrl_env
 from tests.gsm8k_data import needs_data
 
 

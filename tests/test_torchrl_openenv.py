@@ -1,4 +1,4 @@
-"""envs.torchrl_openenv: a TorchRL EnvBase driving ``python -m envs.serve <id>`` (a real server process on
+"""envs.adapters.torchrl_openenv: a TorchRL EnvBase driving ``python -m envs.serve <id>`` (a real server process on
 127.0.0.1) end to end -- reset, step, reward, done -- for a tau2 domain and GSM8K, equal to the in-process env.
 
 torchrl 0.14.1 has no OpenEnv env class (see the module docstring); this tests our adapter over openenv-core's own
@@ -23,8 +23,8 @@ import torch
 from tensordict import NonTensorStack, TensorDict
 
 import envs
-from envs.torchrl import make_torchrl_env
-from envs.torchrl_openenv import OpenEnvTextEnv, make_openenv_torchrl_env
+from envs.adapters.torchrl_env import make_torchrl_env
+from envs.adapters.torchrl_openenv import OpenEnvTextEnv, make_openenv_torchrl_env
 
 gym.register_envs(envs)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

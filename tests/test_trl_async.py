@@ -1,4 +1,4 @@
-"""envs.trl in TRL's advanced modes: pickling (TRL's async rollout worker spawns a process and pickles the factory and
+"""envs.adapters.trl_env in TRL's advanced modes: pickling (TRL's async rollout worker spawns a process and pickles the factory and
 the reward functions) and async tool classes (``environment_factory(..., asynchronous=True)``).
 
 TRL's own loops: ``trl.experimental.async_grpo.AsyncRolloutWorker`` (the rollout side of TRL 1.16's
@@ -22,13 +22,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-trl = pytest.importorskip("trl", reason="envs.trl is tested against the optional extra [trl] (pip install -e '.[trl]')")
+trl = pytest.importorskip("trl", reason="envs.adapters.trl_env is tested against the optional extra [trl] (pip install -e '.[trl]')")
 
 import gymnasium as gym
 import torch
 
 import envs
-from envs.trl import EnvReward, dataset, environment_factory, gold_tool_call_texts, reward_function
+from envs.adapters.trl_env import EnvReward, dataset, environment_factory, gold_tool_call_texts, reward_function
 
 gym.register_envs(envs)
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -54,7 +54,7 @@ def _replay(env_id, task_id, actions) -> float:
 # ------------------------------------------------------------------------------------------------ pickling
 def test_factory_classes_and_reward_functions_pickle():
     """Before: ``pickle.dumps(environment_factory("tau2/mock-v0"))`` raised ``PicklingError: attribute lookup
-    Tau2MockV0Env on envs.trl failed`` and reward_function's closure could not be pickled either."""
+    Tau2MockV0Env on envs.adapters.trl_env failed`` and reward_function's closure could not be pickled either."""
     for kw in ({}, {"asynchronous": True}, {"user": "solo"}):
         cls = environment_factory("tau2/mock-v0", **kw)
         back = pickle.loads(pickle.dumps(cls))
@@ -281,7 +281,7 @@ def test_trl_async_rollout_worker_runs_our_envs(tiny_dir):
 
     from datasets import Dataset
 
-    from envs.trl import TRLOneTurnEnv, _one_turn_class
+    from envs.adapters.trl_env import TRLOneTurnEnv, _one_turn_class
 
     sync_cls, async_cls = environment_factory("tau2/mock-v0"), environment_factory("tau2/mock-v0", asynchronous=True)
     assert async_cls.__name__ == "Tau2MockV0AsyncEnv" != sync_cls.__name__

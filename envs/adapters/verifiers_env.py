@@ -9,7 +9,7 @@ verifiers; :func:`load_environment` does, and raises ``ImportError`` when the cl
 
     import asyncio, verifiers as vf
     from openai import AsyncOpenAI
-    from envs.verifiers_env import load_environment
+    from envs.adapters.verifiers_env import load_environment
 
     env = load_environment("tau2/mock-v0")                    # vf.MultiTurnEnv: the domain's tools, our env's reward
     env = load_environment("GSM8K-v1", split="test", limit=50)  # vf.SingleTurnEnv: our grader as the rubric
@@ -17,7 +17,7 @@ verifiers; :func:`load_environment` does, and raises ``ImportError`` when the cl
     results = asyncio.run(env.evaluate(client, "my-model", num_examples=10))
     rewards = [o["reward"] for o in results["outputs"]]
     # through verifiers' own loader (vf-eval): the module is the "environment", the id an argument
-    env = vf.load_environment("envs.verifiers_env", gym_id="tau2/mock-v0")
+    env = vf.load_environment("envs.adapters.verifiers_env", gym_id="tau2/mock-v0")
 
 What each id becomes (the rows are the split's usable tasks, ``usable_task_indices(limit)``, one per task):
 
@@ -79,11 +79,11 @@ def _verifiers():
     try:
         import verifiers as vf
     except ImportError as e:
-        raise ImportError("envs.verifiers_env needs verifiers 0.3.x in its own venv: bash benchmarks/verifiers_env.sh "
+        raise ImportError("envs.adapters.verifiers_env needs verifiers 0.3.x in its own venv: bash benchmarks/verifiers_env.sh "
                           "(then run with that venv's python)") from e
     if not all(hasattr(vf, name) for name in ("MultiTurnEnv", "SingleTurnEnv", "Rubric")):
         raise ImportError(f"verifiers {getattr(vf, '__version__', '?')} lacks the classic in-process API "
-                          "(vf.MultiTurnEnv / vf.SingleTurnEnv / vf.Rubric) that envs.verifiers_env implements; "
+                          "(vf.MultiTurnEnv / vf.SingleTurnEnv / vf.Rubric) that envs.adapters.verifiers_env implements; "
                           "install verifiers 0.3.1 (benchmarks/verifiers_env.sh)")
     return vf
 
@@ -340,7 +340,7 @@ def load_environment(env_id: str | None = None, *, gym_id: str | None = None, sp
     Args:
         env_id: a registered id (``envs.ENV_IDS``: ``GSM8K-v1``, ``IFEval-v0``, ``ReasoningGym-v1``,
             ``tau2/{airline,retail,telecom,mock}-v0``, ...).
-        gym_id: the same, by keyword, for ``vf.load_environment("envs.verifiers_env", gym_id=...)`` (verifiers'
+        gym_id: the same, by keyword, for ``vf.load_environment("envs.adapters.verifiers_env", gym_id=...)`` (verifiers'
             loader takes ``env_id`` itself); give one of the two.
         split: the split (``None``: the env's default).
         limit: only the first ``limit`` usable tasks (``None``: all); one dataset row per task.

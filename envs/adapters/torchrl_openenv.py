@@ -7,12 +7,12 @@ mentions OpenEnv (checked with ``grep -ri openenv`` over the installed package).
 * :class:`OpenEnvTextEnv`: a Gymnasium env that follows :mod:`envs.contract` and runs its episodes on an OpenEnv
   server (``python -m envs.serve <id>``, :mod:`envs.serve`) through openenv-core's own WebSocket client
   (``openenv.core.generic_client.GenericEnvClient``): one instance = one server session = one env on the server.
-* :func:`make_openenv_torchrl_env`: ``B`` of them as one TorchRL ``EnvBase`` (:class:`envs.torchrl.TextEnv`, the
+* :func:`make_openenv_torchrl_env`: ``B`` of them as one TorchRL ``EnvBase`` (:class:`envs.adapters.torchrl_env.TextEnv`, the
   same adapter as for in-process envs), so a TorchRL rollout (``env.rollout``, a collector, an LLM wrapper) drives
-  the served env exactly as it drives ``envs.torchrl.make_torchrl_env(env_id)``::
+  the served env exactly as it drives ``envs.adapters.torchrl_env.make_torchrl_env(env_id)``::
 
       # shell: python -m envs.serve tau2/mock-v0 --port 8000
-      from envs.torchrl_openenv import make_openenv_torchrl_env
+      from envs.adapters.torchrl_openenv import make_openenv_torchrl_env
       env = make_openenv_torchrl_env("http://127.0.0.1:8000", batch_size=4, tokenizer=tok)
       td = env.reset()                                   # ("text", "prompt"), "messages", ...
       td["action"] = NonTensorStack(*texts)              # the model's texts
@@ -51,7 +51,7 @@ class OpenEnvTextEnv(gym.Env):
         exact_messages: fill ``info["messages"]`` after every step with the server's own conversation (one more
             round trip per step: ``state``). Default ``False``: ``envs.serve`` sends only the new messages, and
             ``info["messages"]`` is the conversation accumulated here (reset messages, each action as sent, each
-            observation), which is what :class:`envs.torchrl.TextEnv` records anyway; it differs from the env's only
+            observation), which is what :class:`envs.adapters.torchrl_env.TextEnv` records anyway; it differs from the env's only
             in how an action is written (the raw text sent vs. the env's parsed assistant message).
 
     Raises (``reset``): ``ValueError`` when the server rejects the reset (unknown task id, index out of range,
@@ -130,18 +130,18 @@ def make_openenv_torchrl_env(base_url: str, batch_size: int = 1, *, tokenizer: A
                              template_kwargs: dict | None = None, device: Any = None,
                              message_timeout_s: float = 60.0, **text_env_kwargs: Any):
     """``batch_size`` sessions on the OpenEnv server at ``base_url`` as one TorchRL ``EnvBase``
-    (:class:`envs.torchrl.TextEnv`, ``batch_size=[B]``; keys as documented there).
+    (:class:`envs.adapters.torchrl_env.TextEnv`, ``batch_size=[B]``; keys as documented there).
 
     Args:
         base_url: the server (``python -m envs.serve <id>``).
         batch_size: number of sessions ``B`` (the server's ``--max-sessions`` must allow them).
-        tokenizer, template_kwargs, device, **text_env_kwargs: see :class:`envs.torchrl.TextEnv`.
+        tokenizer, template_kwargs, device, **text_env_kwargs: see :class:`envs.adapters.torchrl_env.TextEnv`.
         message_timeout_s: see :class:`OpenEnvTextEnv`.
 
     Raises:
         ValueError: ``batch_size < 1``.
     """
-    from envs.torchrl import TextEnv
+    from envs.adapters.torchrl_env import TextEnv
 
     if int(batch_size) < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
