@@ -6,10 +6,13 @@ import json
 import pytest
 
 from torchrl_grpo.assembly.devices import plan_request
+from torchrl_grpo.backends.factory import backend_spec
 from torchrl_grpo.distributed.device_plan import AllocationError, PlanRequest, parse_allocation_mode, resolve_plan
 
 GPUS4 = [f"cuda:{i}" for i in range(4)]
 CPU2 = ["cpu:0", "cpu:1"]
+#: the vllm backend and its registered placement rule (the engine on the process's first visible GPU)
+VLLM = {"inference_engine": "vllm", "inference_placement": backend_spec("vllm").placement}
 
 
 def cfg(mode=None, **roles):
@@ -169,7 +172,7 @@ def test_config_keys_resolve_to_a_plan():
     assert plan.placements["train"].devices == ("cuda:0", "cuda:1")
     assert plan.placements["inference"].devices == ("cuda:3",)
     plan = resolve_plan(plan_request(_compose(["allocation_mode=vllm:d1", "rollout.backend=vllm"])), GPUS4,
-                        inference_engine="vllm")
+                        **VLLM)
     assert (plan.placements["inference"].devices, plan.placements["train"].devices) == (("cuda:0",), ("cuda:1",))
 
 
@@ -183,18 +186,18 @@ def _inference_devices(plan):
 
 
 def test_in_process_vllm_with_its_own_device_takes_cuda0_and_training_the_rest():
-    plan = resolve_plan(cfg("vllm:d1"), GPUS4, inference_engine="vllm")
+    plan = resolve_plan(cfg("vllm:d1"), GPUS4, **VLLM)
     assert plan.placements["inference"].devices == ("cuda:0",)
     assert plan.placements["train"].devices == ("cuda:1",)
-    plan = resolve_plan(cfg(train=(1, []), inference=(1, []), ref=(1, [])), GPUS4, inference_engine="vllm")
+    plan = resolve_plan(cfg(train=(1, []), inference=(1, []), ref=(1, [])), GPUS4, **VLLM)
     assert [plan.placements[r].devices for r in ("inference", "train", "ref")] == [("cuda:0",), ("cuda:1",),
                                                                                    ("cuda:2",)]
     # transformers (own copy on any device) and Ray workers (each actor gets its GPU) keep train first
     assert resolve_plan(cfg("transformers:d1"), GPUS4).placements["inference"].devices == ("cuda:1",)
-    assert resolve_plan(cfg("vllm:d1"), GPUS4, inference_engine="vllm",
+    assert resolve_plan(cfg("vllm:d1"), GPUS4, **VLLM,
                         rollout_workers=1).placements["inference"].devices == ("cuda:1",)
     # CPU slots: no first-visible-device constraint, order unchanged
-    assert resolve_plan(cfg("vllm:d1"), CPU2, inference_engine="vllm").placements["inference"].devices == ("cpu:1",)
+    assert resolve_plan(cfg("vllm:d1"), CPU2, **VLLM).placements["inference"].devices == ("cpu:1",)
 
 
 @pytest.mark.parametrize("conf, kwargs, match", [
@@ -209,7 +212,7 @@ def test_in_process_vllm_with_its_own_device_takes_cuda0_and_training_the_rest()
 ])
 def test_in_process_vllm_off_cuda0_is_refused_at_resolve(conf, kwargs, match):
     with pytest.raises(AllocationError, match=match):
-        resolve_plan(conf, GPUS4, inference_engine="vllm", **kwargs)
+        resolve_plan(conf, GPUS4, **VLLM, **kwargs)
 
 
 def _readme_commands():
@@ -258,6 +261,7 @@ def test_readme_device_plans_resolve_and_keep_in_process_vllm_on_cuda0():
             c = compose(config_name=config, overrides=overrides)
         workers = c.rollout.num_workers if c.rollout.launcher == "ray" else 0
         plan = resolve_plan(plan_request(c), [f"cuda:{i}" for i in range(gpus or 8)], world_size=nproc,
-                            rollout_workers=workers, train_engine=train_strategy(c), inference_engine=c.rollout.backend)
+                            rollout_workers=workers, train_engine=train_strategy(c), inference_engine=c.rollout.backend,
+                            inference_placement=backend_spec(c.rollout.backend).placement)
         if c.rollout.backend == "vllm" and not workers:
             assert set(_inference_devices(plan)) == {"cuda:0"}, (command, plan.describe())

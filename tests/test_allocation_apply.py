@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import tests.toy_envs  # noqa: F401  (registers ToyVowels-v0)
-from tests.test_allocation import GPUS4, cfg
+from tests.test_allocation import GPUS4, VLLM, cfg
 from tests.test_trainer import make_cfg
 from torchrl_grpo.distributed.device_plan import AllocationError, resolve_plan
 from torchrl_grpo.training.async_trainer import AsyncGRPOTrainer
@@ -21,6 +21,7 @@ needs_two_cores = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or (os
                                      or thread_cpus() is None,
                                      reason="needs os.sched_setaffinity, /proc/thread-self and >= 2 CPU cores")
 
+VLLM_RULE = VLLM["inference_placement"]  # vLLM's registered placement rule
 SMALL = {"train": {"steps": 2, "batch_size": 2, "micro_batch_size": 16}, "gconfig": {"n_samples": 4,
                                                                                       "max_new_tokens": 8}}
 
@@ -133,9 +134,10 @@ def test_gpu_plans_place_ref_and_inference_copies_and_refuse_vllm_off_cuda0():
     assert not colocated.own_inference_copy and colocated.ref_device == torch.device("cuda:0")
     with pytest.raises(AllocationError, match=r"inference_model.devices puts inference on cuda:1 but "
                                               r"rollout.backend=vllm"):
-        placement_for(plan, device=torch.device("cuda:0"), backend="vllm")
-    swapped = resolve_plan(cfg(train=(0, [1]), inference=(0, [0])), GPUS4, inference_engine="vllm")
-    assert placement_for(swapped, device=torch.device("cuda:1"), backend="vllm").inference_device == \
+        placement_for(plan, device=torch.device("cuda:0"), backend="vllm", inference_placement=VLLM_RULE)
+    swapped = resolve_plan(cfg(train=(0, [1]), inference=(0, [0])), GPUS4, **VLLM)
+    assert placement_for(swapped, device=torch.device("cuda:1"), backend="vllm",
+                         inference_placement=VLLM_RULE).inference_device == \
         torch.device("cuda:0")  # vLLM on the first visible GPU: placeable in-process
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from torchrl_grpo.backends.factory import backend_spec
 from torchrl_grpo.config import train_strategy
 from torchrl_grpo.distributed.data_parallel import DataParallel, init_data_parallel, is_data_parallel
 from torchrl_grpo.distributed.device_plan import ROLES, AllocationPlan, PlanRequest, detect_devices, resolve_plan
@@ -76,8 +77,9 @@ def setup_devices(cfg) -> Devices:
     workers = cfg.rollout.num_workers if cfg.rollout.launcher == "ray" else 0
     strategy = train_strategy(cfg)  # train.strategy, or the training engine allocation_mode names
     world = int(os.environ.get("WORLD_SIZE", "1")) if is_data_parallel(strategy) else 1
+    engine = backend_spec(cfg.rollout.backend).placement  # the backend's placement rule (backends/factory.py)
     plan = resolve_plan(plan_request(cfg), detect_devices(device.type), world_size=world, rollout_workers=workers,
-                        train_engine=strategy, inference_engine=cfg.rollout.backend)
+                        train_engine=strategy, inference_engine=cfg.rollout.backend, inference_placement=engine)
     dp = init_data_parallel(strategy, device.type)
     if dp.world_size > cfg.train.batch_size:
         raise ValueError(f"train.batch_size={cfg.train.batch_size} tasks cannot give each of {dp.world_size} ranks "
@@ -87,5 +89,6 @@ def setup_devices(cfg) -> Devices:
     if device.type == "cuda":  # this rank's device in the plan (cuda:0 by default; cuda:LOCAL_RANK under torchrun)
         device = torch.device(plan.train_device(dp.local_rank))
     placement = placement_for(plan, device=device, rank=dp.local_rank, peft=cfg.actor.peft.enable,
-                              kl_coef=cfg.loss.kl_coef, backend=cfg.rollout.backend, launcher=cfg.rollout.launcher)
+                              kl_coef=cfg.loss.kl_coef, backend=cfg.rollout.backend, launcher=cfg.rollout.launcher,
+                              inference_placement=engine)
     return Devices(device=device, dp=dp, plan=plan, placement=placement)

@@ -5,7 +5,8 @@
   it (evaluation's greedy / sampled: :func:`torchrl_grpo.rollout.evaluation.eval_samplings`; the local LLM user:
   :func:`torchrl_grpo.assembly.environments.local_user_sampling`; the loss's: :func:`loss_sampling`; the Ray workers get
   the object itself);
-- :func:`backend_from_config`: ``rollout.*`` / ``actor.*`` / ``seed`` -> a rollout backend
+- :func:`backend_from_config`: ``rollout.backend``, the settings that backend registered (``rollout.*`` keys and its
+  own section), ``actor.path`` / ``actor.peft.enable`` / ``seed`` -> a rollout backend
   (:func:`torchrl_grpo.backends.factory.make_backend`);
 - :func:`worker_rollout`: the picklable recipe a Ray rollout actor runs in its own process (its model, backend and
   collector from the run config as a plain dict); :func:`ray_collector` hands it to
@@ -19,14 +20,16 @@ from dataclasses import replace
 import torch
 from omegaconf import OmegaConf
 
-from torchrl_grpo.backends.base import RolloutBackend, SamplingConfig
-from torchrl_grpo.backends.factory import make_backend
 from torchrl_grpo.assembly.environments import build_env_side
-from torchrl_grpo.model_store import load_model_and_tokenizer, resolve_model_path
-from torchrl_grpo.rollout.ray_workers import RayRolloutCollector  # imports ray only when one is constructed
+from torchrl_grpo.backends.base import RolloutBackend, SamplingConfig
+from torchrl_grpo.backends.factory import backend_spec, make_backend
+from torchrl_grpo.model_store import load_model_and_tokenizer
+
+# imports ray only when one is constructed
+from torchrl_grpo.rollout.ray_workers import RayRolloutCollector
 from torchrl_grpo.seeding import seed_everything
 
-__all__ = ["sampling_config", "loss_sampling", "backend_from_config", "worker_rollout", "ray_collector"]
+__all__ = ["backend_from_config", "loss_sampling", "ray_collector", "sampling_config", "worker_rollout"]
 
 
 def sampling_config(cfg) -> SamplingConfig:
@@ -51,24 +54,23 @@ def loss_sampling(sampling: SamplingConfig) -> SamplingConfig:
 def backend_from_config(cfg, model: torch.nn.Module, tokenizer, *, own_copy: bool,
                         device: torch.device | str | None = None) -> RolloutBackend:
     """:func:`~torchrl_grpo.backends.factory.make_backend` with the settings of a run config: ``rollout.backend``,
-    ``rollout.max_batch_size``, ``rollout.decode``, ``rollout.vllm.*``, ``seed``, ``actor.path`` (resolved: the
-    folder vLLM loads) and
-    ``actor.peft.enable`` (vLLM takes the LoRA policy's weights at once). ``own_copy`` and ``device`` as in
-    ``make_backend`` (the build's placement decides them). Moved here from ``torchrl_grpo.backends.factory``
-    (issue 27: only build/ reads the config).
+    the keys under ``rollout`` that backend registered (:attr:`~torchrl_grpo.backends.factory.BackendSpec.settings`:
+    transformers ``max_batch_size`` / ``decode``, vLLM its ``rollout.vllm`` section), and the engine-neutral
+    ``actor.path`` (the checkpoint an engine with its own weights loads), ``actor.peft.enable`` (a LoRA policy) and
+    ``seed``. ``own_copy`` and ``device`` as in ``make_backend`` (the build's placement decides them).
 
     Raises:
-        ValueError / ImportError: as ``make_backend``; a ``rollout.backend`` outside
-            :data:`~torchrl_grpo.config.choices.BACKENDS` is refused there (and at start-up by
-            :func:`torchrl_grpo.config.validate_config`).
+        ValueError / ImportError: as ``make_backend``; a ``rollout.backend`` that is not registered is refused there
+            (and at start-up by :func:`torchrl_grpo.config.validate_config`, against
+            :data:`~torchrl_grpo.config.choices.BACKENDS`).
     """
     r = cfg.rollout
-    path = resolve_model_path(cfg.actor.path).path if r.backend == "vllm" else None
-    return make_backend(r.backend, model, tokenizer, own_copy=own_copy, device=device, max_batch_size=r.max_batch_size,
-                        model_path=path, seed=cfg.seed, vllm_dtype=r.vllm.dtype, max_model_len=r.vllm.max_model_len,
-                        check_sync_every=r.vllm.check_sync_every,
-                        gpu_memory_utilization=r.vllm.gpu_memory_utilization, push_weights=cfg.actor.peft.enable,
-                        decode=r.decode)
+    spec = backend_spec(r.backend)
+    absent = object()
+    values = {name: OmegaConf.select(r, key, default=absent) for key, name in zip(spec.settings, spec.setting_names)}
+    settings = {name: v for name, v in values.items() if v is not absent}  # absent keys: the factory's defaults
+    return make_backend(r.backend, model, tokenizer, own_copy=own_copy, device=device, model_path=cfg.actor.path,
+                        seed=cfg.seed, lora=bool(cfg.actor.peft.enable), **settings)
 
 
 def worker_rollout(config: dict, sampling: SamplingConfig, device: str):

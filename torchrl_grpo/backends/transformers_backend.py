@@ -37,10 +37,11 @@ from torchrl_grpo.config.choices import DECODE_MODES
 from torchrl_grpo.objectives.sampling import processed_logits
 from torchrl_grpo.backends.base import Generation, RolloutBackend, SamplingConfig, iter_named_weights
 from torchrl_grpo.backends.decode_attention import decode_attention
+from torchrl_grpo.backends.factory import BackendInputs, BackendSpec, register_backend
 from torchrl_grpo.backends.graph_decode import STOP_CHECK_EVERY, StaticDecoder
 from torchrl_grpo.backends.kv_cache import PreallocatedCache, supports_preallocation
 
-__all__ = ["DECODE_MODES", "TransformersBackend", "sample_next_token"]
+__all__ = ["DECODE_MODES", "TransformersBackend", "make_transformers_backend", "sample_next_token"]
 
 # decode loops (TransformersBackend ``decode``, :data:`~torchrl_grpo.config.choices.DECODE_MODES`): "eager" drops
 # finished rows and reads each step's tokens on the host (best on CPU, where a step's arithmetic dominates); "static"
@@ -383,3 +384,32 @@ class TransformersBackend(RolloutBackend):
         finally:
             if was_training:
                 model.train()
+
+
+def make_transformers_backend(inputs: BackendInputs, *, max_batch_size: int = 64,
+                              decode: str = "auto") -> TransformersBackend:
+    """The registered factory of ``rollout.backend=transformers``: a backend sharing ``inputs.model`` (sync is a
+    no-op), or, with ``inputs.own_copy``, generating from a merged (LoRA), frozen copy on ``inputs.device``
+    (None: the model's), synced by weight copy across devices.
+
+    Args:
+        inputs: the engine-neutral :class:`~torchrl_grpo.backends.factory.BackendInputs`.
+        max_batch_size: ``rollout.max_batch_size``, most sequences per generate call.
+        decode: ``rollout.decode``, the decode loop (:data:`DECODE_MODES`).
+
+    Raises:
+        ValueError: ``decode`` not in :data:`DECODE_MODES`.
+    """
+    model = inputs.model
+    if inputs.own_copy:
+        model = copy.deepcopy(model)
+        if hasattr(model, "peft_config"):
+            model = model.merge_and_unload()
+        model.eval().requires_grad_(False)
+        if inputs.device is not None:
+            model.to(inputs.device)
+    return TransformersBackend(model, pad_token_id=inputs.tokenizer.pad_token_id, share_module=not inputs.own_copy,
+                               max_batch_size=max_batch_size, decode=decode)
+
+
+register_backend(BackendSpec("transformers", make_transformers_backend, settings=("max_batch_size", "decode")))

@@ -57,8 +57,9 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 
 from torchrl_grpo.backends.base import Generation, RolloutBackend, SamplingConfig, iter_named_weights
+from torchrl_grpo.backends.factory import BackendInputs, BackendSpec, EnginePlacement, register_backend
 
-__all__ = ["VLLMBackend", "check_weight_sync", "hf_sequence_logprobs", "import_vllm"]
+__all__ = ["VLLMBackend", "check_weight_sync", "hf_sequence_logprobs", "import_vllm", "make_vllm_backend"]
 
 log = logging.getLogger(__name__)
 
@@ -720,3 +721,34 @@ def check_weight_sync(
             f"(atol {atol}, mean_atol {mean_atol})"
         )
     return res
+
+
+def make_vllm_backend(inputs: BackendInputs, *, dtype: str = "auto", max_model_len: int = 2048,
+                      check_sync_every: int = 0, gpu_memory_utilization: float | None = None) -> VLLMBackend:
+    """The registered factory of ``rollout.backend=vllm`` (settings: the ``rollout.vllm`` section): an in-process
+    engine on ``inputs.model_path`` (resolved by :func:`torchrl_grpo.model_store.resolve_model_path`), seeded with
+    ``inputs.seed``; a LoRA policy (``inputs.lora``) is synced into it at once. ``gpu_memory_utilization`` is passed
+    on CUDA only. The engine always has its own weights (``own_copy`` changes nothing) and takes the first visible
+    GPU (``device`` is not used: its placement rule makes the plan put it there).
+
+    Raises:
+        ValueError: no ``inputs.model_path``; a bad setting or model (:class:`VLLMBackend`).
+        ImportError: vLLM is not installed.
+    """
+    if inputs.model_path is None:
+        raise ValueError("the vllm backend needs model_path (the model folder the engine loads)")
+    from torchrl_grpo.model_store import resolve_model_path
+
+    extra = {"gpu_memory_utilization": gpu_memory_utilization} \
+        if gpu_memory_utilization is not None and torch.cuda.is_available() else {}
+    backend = VLLMBackend(resolve_model_path(inputs.model_path).path, tokenizer=inputs.tokenizer, dtype=dtype,
+                          max_model_len=max_model_len, seed=inputs.seed, check_sync_every=check_sync_every, **extra)
+    if inputs.lora:
+        backend.sync_from(inputs.model)
+    return backend
+
+
+register_backend(BackendSpec(
+    "vllm", make_vllm_backend,
+    settings=("vllm.dtype", "vllm.max_model_len", "vllm.check_sync_every", "vllm.gpu_memory_utilization"),
+    placement=EnginePlacement(first_visible_gpu=True, reason="vllm.LLM takes no device index")))

@@ -25,7 +25,8 @@ MODES = ("sync", "async")
 #: ``actor.dtype`` (:func:`torchrl_grpo.model_store.loading.load_model_and_tokenizer`).
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 
-#: ``rollout.backend``: the colocated transformers backend, or vLLM (:func:`torchrl_grpo.backends.factory.make_backend`).
+#: ``rollout.backend``: the names of the registered backends (:func:`torchrl_grpo.backends.factory.backend_names`; a
+#: backend module registers itself, this leaf cannot import it: tests/test_backend_registry.py keeps the two equal).
 BACKENDS = ("transformers", "vllm")
 # rollout.decode: the transformers backend's decode loop (torchrl_grpo/backends/transformers_backend.py)
 DECODE_MODES = ("auto", "eager", "static", "graph")

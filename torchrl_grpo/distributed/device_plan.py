@@ -5,11 +5,12 @@ Two spellings users know map to one :class:`AllocationPlan`:
 * TorchRL's GRPO recipe keys (``sota-implementations/grpo``): ``train_model.num_devices``,
   ``inference_model.num_devices``, ``ref_model.num_devices`` — or an explicit ``devices=[...]`` list per role
   (device indices, e.g. ``train_model.devices=[0,1]``). Roles with a count get consecutive devices in the order
-  train, inference, ref (inference first for in-process vLLM on CUDA, below), after the devices named explicitly;
+  train, inference, ref (inference first for an engine bound to the first visible GPU, below), after the devices
+  named explicitly;
   a role with neither is *colocated* on the train devices.
 * AReaL's ``allocation_mode`` string (Fu et al., 2025, arXiv:2505.24298, the released ``AllocationMode``):
   ``ENGINE:DIMS[+ENGINE:DIMS]``, e.g. ``vllm:d1+fsdp:d2`` (1 device for a vLLM engine, 2 for FSDP training, disjoint;
-  it parses, but with our in-process vLLM on CUDA it is refused: see below).
+  it parses, but an engine bound to the first visible GPU, as in-process vLLM on CUDA, refuses it: see below).
   ``DIMS`` is ``d<dp>[t<tp>][p<pp>]``; the role uses ``dp * tp * pp`` devices. One training term alone
   (``fsdp:d2``) colocates inference on the training devices. Inference engines: :data:`INFERENCE_ENGINES`;
   training engines: :data:`TRAIN_ENGINES` (AReaL's ``sglang``/``megatron`` are named in the error as not available).
@@ -23,17 +24,20 @@ devices asked than present, a device index out of range, the same device named t
 roles), an unknown engine, a training world size that differs from the processes launched (``torchrun``), each raise
 :class:`AllocationError` naming the keys in conflict.
 
-In-process vLLM on CUDA (``rollout.backend=vllm`` without Ray workers) is built on the process's first visible GPU
-(``cuda:0``): ``vllm.LLM`` takes no device index, and the engine runs in the trainer process
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one worker). So, on CUDA, an inference role given a *count* takes the first
-free device (``cuda:0``) and train / ref the devices after it (``vllm:d1`` on 2 GPUs: vLLM on ``cuda:0``, training
-on ``cuda:1``). Where we diverge from AReaL, and why: AReaL runs its inference engines as server processes of
-their own, so an engine can sit on any device; ours lives inside each training process, so a plan that would put
-it anywhere but ``cuda:0`` is refused at resolve time (:class:`AllocationError`, naming the keys): explicit
+An inference engine may be bound to the process's first visible GPU: the backend declares it in its
+:class:`EnginePlacement` (``first_visible_gpu``; :mod:`torchrl_grpo.backends.factory` holds each backend's rule, and
+the caller passes it as ``resolve_plan(inference_placement=...)``; vLLM declares it: ``vllm.LLM`` takes no device
+index, and its engine runs in the trainer process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one worker). For such an
+engine in the trainer process on CUDA (no Ray workers), an inference role given a *count* takes the first free
+device (``cuda:0``) and train / ref the devices after it (``vllm:d1`` on 2 GPUs: vLLM on ``cuda:0``, training on
+``cuda:1``). Where we diverge from AReaL, and why: AReaL runs its inference engines as server processes of their
+own, so an engine can sit on any device; ours lives inside each training process, so a plan that would put it
+anywhere but ``cuda:0`` is refused at resolve time (:class:`AllocationError`, naming the keys): explicit
 ``inference_model.devices`` other than ``[0]``, more than one inference device, inference colocated with a train
 device other than ``cuda:0``, and any torchrun launch with more than one training process (each rank would build
-its own engine on its ``cuda:0``). vLLM on other devices: Ray rollout workers (``rollout.launcher=ray``, one actor
-per GPU). CPU slots have no such constraint.
+its own engine on its ``cuda:0``). Such an engine on other devices: Ray rollout workers (``rollout.launcher=ray``,
+one actor per GPU). CPU slots have no such constraint; an engine without the rule (transformers: its own copy goes
+to any device) has none either.
 
 The plan is pure data: :func:`resolve_plan` takes the device list, so it is tested without hardware; the trainer
 prints :meth:`AllocationPlan.describe` at start and writes :meth:`AllocationPlan.to_dict` to ``run_dir/plan.json``.
@@ -50,11 +54,40 @@ from typing import Any, Sequence
 from torchrl_grpo.config.allocation_mode import AllocationError, parse_allocation_mode
 from torchrl_grpo.config.choices import INFERENCE_ENGINES, TRAIN_ENGINES
 
-__all__ = ["AllocationError", "AllocationPlan", "RolePlacement", "PlanRequest", "parse_allocation_mode",
+__all__ = ["AllocationError", "AllocationPlan", "ANY_DEVICE", "EnginePlacement", "RolePlacement", "PlanRequest", "parse_allocation_mode",
            "resolve_plan", "detect_devices", "INFERENCE_ENGINES", "TRAIN_ENGINES", "ROLES"]
 
 #: the roles a plan places, in allocation order
 ROLES = ("train", "inference", "ref")
+
+
+@dataclass(frozen=True)
+class EnginePlacement:
+    """The placement rule of a rollout engine, declared by its backend (:class:`torchrl_grpo.backends.factory.
+    BackendSpec`) and given to :func:`resolve_plan` / :func:`torchrl_grpo.distributed.placement.placement_for` as a
+    plain value.
+
+    Attributes:
+        first_visible_gpu: in the trainer process on CUDA the engine is built on the process's first visible GPU
+            and cannot be given another (module docstring): the plan gives inference ``cuda:0`` first and refuses
+            other devices, several inference devices and several training processes. ``False``: any device.
+        reason: why, quoted in the refusals (e.g. ``"vllm.LLM takes no device index"``); required with
+            ``first_visible_gpu``.
+
+    Raises:
+        ValueError: ``first_visible_gpu`` without a ``reason``.
+    """
+
+    first_visible_gpu: bool = False
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.first_visible_gpu and not self.reason:
+            raise ValueError("EnginePlacement(first_visible_gpu=True) needs a reason (quoted in the refusals)")
+
+
+#: the placement rule of an engine that may run on any device (transformers)
+ANY_DEVICE = EnginePlacement()
 
 
 @dataclass(frozen=True)
@@ -181,14 +214,15 @@ class PlanRequest:
 
 
 def resolve_plan(request: PlanRequest, available: Sequence[str], *, world_size: int = 1, rollout_workers: int = 0,
-                 train_engine: str = "single", inference_engine: str = "transformers") -> AllocationPlan:
+                 train_engine: str = "single", inference_engine: str = "transformers",
+                 inference_placement: EnginePlacement = ANY_DEVICE) -> AllocationPlan:
     """Resolve what a run asks for into a plan on the devices ``available``.
 
     The steps, each a function of its own: what each role asks for (:func:`_wanted`: one spelling, engines as
     configured), the explicit indices (:func:`_check_explicit_devices`) and the count (:func:`_check_device_count`)
     checked against the devices present, devices handed out (:func:`_place_roles`), one :class:`RolePlacement` per
     role (:func:`_role_placements`), the training ranks checked or spread (:func:`_train_over_ranks`), and the
-    in-process engine's own constraint (:func:`_check_in_process_vllm`).
+    first-visible-GPU engine's constraint (:func:`_check_first_gpu_engine`).
 
     Args:
         request: the run's :class:`PlanRequest` (``allocation_mode``, or the recipe keys' counts / indices per role).
@@ -198,6 +232,8 @@ def resolve_plan(request: PlanRequest, available: Sequence[str], *, world_size: 
         train_engine: the training engine of the run (:func:`torchrl_grpo.config.train_strategy`: ``single`` |
             ``ddp`` | ``fsdp``).
         inference_engine: the rollout backend of the config (``rollout.backend``).
+        inference_placement: that backend's :class:`EnginePlacement`
+            (``torchrl_grpo.backends.factory.backend_spec(name).placement``; default: no constraint).
 
     Returns:
         The :class:`AllocationPlan`.
@@ -206,7 +242,8 @@ def resolve_plan(request: PlanRequest, available: Sequence[str], *, world_size: 
         AllocationError: both spellings set; too many devices; an index out of range; a device in two roles;
             an unknown engine; a training world size other than the processes launched; an engine in
             ``allocation_mode`` other than the one configured (``rollout.backend`` / ``train.strategy``);
-            in-process vLLM on CUDA anywhere but ``cuda:0`` (module docstring).
+            an engine bound to the first visible GPU (``inference_placement.first_visible_gpu``), in process on
+            CUDA, anywhere but ``cuda:0`` (module docstring).
     """
     available = tuple(available)
     if not available:
@@ -214,13 +251,13 @@ def resolve_plan(request: PlanRequest, available: Sequence[str], *, world_size: 
     want = _wanted(request, train_engine, inference_engine)
     taken = _check_explicit_devices(want, available)
     _check_device_count(want, available, by_mode=bool(request.allocation_mode))
-    # in-process vLLM on CUDA is built on the process's first visible GPU: give it the first free device
-    first_gpu = inference_engine == "vllm" and not rollout_workers and _device_type(available) == "cuda"
+    # an in-process engine bound to the first visible GPU (in-process vLLM on CUDA): give it the first free device
+    first_gpu = inference_placement.first_visible_gpu and not rollout_workers and _device_type(available) == "cuda"
     placed = _place_roles(want, available, taken, inference_first=first_gpu)
     placements = _role_placements(want, placed, available, world_size, train_engine, inference_engine)
     placements = _train_over_ranks(placements, want, available, world_size, train_engine)
     if first_gpu:
-        _check_in_process_vllm(placements, world_size)
+        _check_first_gpu_engine(placements, world_size, inference_engine, inference_placement.reason)
     return AllocationPlan(placements=placements, available=available, world_size=world_size,
                           rollout_workers=rollout_workers)
 
@@ -366,34 +403,33 @@ def _train_over_ranks(placements: dict[str, RolePlacement], want: dict[str, _Wan
     return out
 
 
-_VLLM_FIRST_GPU = ("rollout.backend=vllm in-process builds its engine on the process's first visible GPU (cuda:0; "
-                   "vllm.LLM takes no device index)")
-_VLLM_ONE_PROCESS = ("python grpo.py rollout.backend=vllm allocation_mode=vllm:d1 (vLLM on cuda:0, training on "
-                     "cuda:1)")
-
-
-def _check_in_process_vllm(placements: dict[str, RolePlacement], world_size: int) -> None:
-    """Refuse a plan that would need an in-process vLLM engine anywhere but ``cuda:0`` (see :func:`resolve_plan`)."""
+def _check_first_gpu_engine(placements: dict[str, RolePlacement], world_size: int, engine: str,
+                            reason: str) -> None:
+    """Refuse a plan that would need an in-process engine bound to the first visible GPU (``engine``, because
+    ``reason``) anywhere but ``cuda:0`` (see :func:`resolve_plan`)."""
     inf, train = placements["inference"], placements["train"]
     keys = inf.source if inf.source != "default" else "inference_model"
+    first_gpu = (f"rollout.backend={engine} in-process builds its engine on the process's first visible GPU "
+                 f"(cuda:0; {reason})")
     if world_size > 1:
         devs = train.devices if inf.colocated_with else inf.devices
         where = ", ".join(f"rank {r} on {devs[r % len(devs)]}" for r in range(world_size))
         raise AllocationError(
-            f"rollout.backend=vllm runs one in-process engine per training process, each built on its process's "
-            f"first visible GPU (cuda:0; vllm.LLM takes no device index), but {world_size} training processes "
+            f"rollout.backend={engine} runs one in-process engine per training process, each built on its "
+            f"process's first visible GPU (cuda:0; {reason}), but {world_size} training processes "
             f"(torchrun) were launched (inference: {where}): the engines of ranks past 0 cannot be placed there, "
-            f"or would share cuda:0 with rank 0's. Train in one process "
-            f"({_VLLM_ONE_PROCESS}), or use rollout.backend=transformers with torchrun")
+            f"or would share cuda:0 with rank 0's. Train in one process (python grpo.py rollout.backend={engine} "
+            f"allocation_mode={engine}:d1: {engine} on cuda:0, training on cuda:1), or use "
+            f"rollout.backend=transformers with torchrun")
     if inf.colocated_with is None and len(inf.devices) > 1:
         raise AllocationError(
-            f"{keys} gives inference {len(inf.devices)} devices ({','.join(inf.devices)}) but {_VLLM_FIRST_GPU} "
-            f"and runs one engine on one GPU: give inference 1 device (vllm:d1), or run vLLM on Ray workers "
+            f"{keys} gives inference {len(inf.devices)} devices ({','.join(inf.devices)}) but {first_gpu} "
+            f"and runs one engine on one GPU: give inference 1 device ({engine}:d1), or run {engine} on Ray workers "
             f"(rollout.launcher=ray rollout.num_workers={len(inf.devices)})")
     if inf.devices[0] != "cuda:0":
         what = (f"inference is colocated with train on {inf.devices[0]} ({train.source})" if inf.colocated_with
                 else f"{keys} puts inference on {inf.devices[0]}")
         raise AllocationError(
-            f"{what} but {_VLLM_FIRST_GPU}: leave device 0 to inference (a count, e.g. "
+            f"{what} but {first_gpu}: leave device 0 to inference (a count, e.g. "
             f"inference_model.num_devices=1, takes it), list that GPU first with CUDA_VISIBLE_DEVICES, or use "
             f"rollout.launcher=ray")

@@ -12,7 +12,8 @@ train      the rank's device (as before)                              the traine
 inference  in-process transformers backend: its own frozen copy of    sync: the trainer thread moves to the
            the policy on that device, synced by weight copy across    inference cores for each collect / evaluation
            devices (``make_backend(own_copy=True, device=...)``);     and back; async: the rollout thread is pinned
-           vLLM in-process: refused unless on ``cuda:0`` (below)      to the inference cores for its whole life
+           an engine bound to the first visible GPU (vLLM): refused   to the inference cores for its whole life
+           unless on ``cuda:0`` (below)
 ref        full fine-tuning: the frozen copy lives on that device;    the thread moves to the ref cores while it
            ref log-probs are computed there and returned as before    computes the ref log-probs, and back
 =========  =========================================================  ==============================================
@@ -36,13 +37,14 @@ Refused at start (:class:`~torchrl_grpo.distributed.device_plan.AllocationError`
   the policy itself with its adapter switched off (no copy: that is why it is free), so it lives wherever the policy
   does; honouring the plan would mean a second full copy of the base model, the cost LoRA avoids, and ignoring it
   would leave ``plan.json`` stating a placement that is not the run's.
-* ``rollout.backend=vllm`` in-process on GPU with the inference role on a device other than ``cuda:0``: the
-  in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one worker) is built on the process's first visible GPU
-  and ``vllm.LLM`` takes no device index, so it cannot be placed on ``cuda:k`` from here. Put it first with
-  ``CUDA_VISIBLE_DEVICES`` (e.g. ``CUDA_VISIBLE_DEVICES=1,0`` and ``inference_model.devices=[0]``) or run it on Ray
-  workers (``rollout.launcher=ray``). :func:`~torchrl_grpo.distributed.device_plan.resolve_plan` already gives in-process vLLM
+* an in-process engine bound to the first visible GPU (its backend's
+  :class:`~torchrl_grpo.distributed.device_plan.EnginePlacement` says ``first_visible_gpu``: ``rollout.backend=vllm``,
+  whose ``vllm.LLM`` takes no device index) on GPU with the inference role on a device other than ``cuda:0``: it
+  cannot be placed on ``cuda:k`` from here. Put it first with ``CUDA_VISIBLE_DEVICES`` (e.g.
+  ``CUDA_VISIBLE_DEVICES=1,0`` and ``inference_model.devices=[0]``) or run it on Ray workers
+  (``rollout.launcher=ray``). :func:`~torchrl_grpo.distributed.device_plan.resolve_plan` already gives such an engine
   ``cuda:0`` and refuses the plans that cannot (torchrun ranks included); this check stays for a plan resolved
-  with another ``inference_engine`` than the backend built.
+  with another ``inference_placement`` than the backend built.
 
 ``ref_model`` on its own device with ``loss.kl_coef=0`` (no reference model): a warning; the device stays idle.
 """
@@ -59,7 +61,7 @@ from typing import Any
 
 import torch
 
-from torchrl_grpo.distributed.device_plan import AllocationError, AllocationPlan
+from torchrl_grpo.distributed.device_plan import ANY_DEVICE, AllocationError, AllocationPlan, EnginePlacement
 
 __all__ = ["Placement", "pinning_available", "placement_for", "thread_cpus"]
 
@@ -175,7 +177,8 @@ def _keys(p) -> str:
 
 
 def placement_for(plan: AllocationPlan, *, device: torch.device, rank: int = 0, peft: bool = False,
-                  kl_coef: float = 0.0, backend: str = "transformers", launcher: str = "local") -> Placement:
+                  kl_coef: float = 0.0, backend: str = "transformers", launcher: str = "local",
+                  inference_placement: EnginePlacement = ANY_DEVICE) -> Placement:
     """This process's :class:`Placement` under ``plan``.
 
     Args:
@@ -185,6 +188,8 @@ def placement_for(plan: AllocationPlan, *, device: torch.device, rank: int = 0, 
         peft: ``actor.peft.enable`` (the reference is the adapter-disabled policy).
         kl_coef: ``loss.kl_coef`` (0: no reference model).
         backend: ``rollout.backend``; launcher: ``rollout.launcher`` (``ray``: inference is not in this process).
+        inference_placement: the backend's :class:`~torchrl_grpo.distributed.device_plan.EnginePlacement`
+            (``torchrl_grpo.backends.factory.backend_spec(backend).placement``; default: no constraint).
 
     Returns:
         The placement; on a colocated plan every device is ``device`` and no core is pinned.
@@ -213,9 +218,10 @@ def placement_for(plan: AllocationPlan, *, device: torch.device, rank: int = 0, 
         return Placement(device, device, device, cores)
     inf_dev = device if inf.colocated_with or not in_process else torch.device(inf.devices[rank % len(inf.devices)])
     ref_dev = device if ref.colocated_with or kl_coef <= 0 else torch.device(ref.devices[rank % len(ref.devices)])
-    if backend == "vllm" and in_process and inf.colocated_with is None and inf_dev != torch.device("cuda:0"):
+    if (inference_placement.first_visible_gpu and in_process and inf.colocated_with is None
+            and inf_dev != torch.device("cuda:0")):
         raise AllocationError(
-            f"{_keys(inf)} puts inference on {inf_dev} but rollout.backend=vllm runs in this process, where vLLM "
-            f"builds its engine on the first visible GPU (cuda:0; vllm.LLM takes no device index): list that GPU "
+            f"{_keys(inf)} puts inference on {inf_dev} but rollout.backend={backend} runs in this process, where it "
+            f"builds its engine on the first visible GPU (cuda:0; {inference_placement.reason}): list that GPU "
             f"first with CUDA_VISIBLE_DEVICES and place inference on device 0, or use rollout.launcher=ray")
     return Placement(device, inf_dev, ref_dev)
