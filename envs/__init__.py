@@ -22,8 +22,9 @@ Versioning policy (Gymnasium's): an id's version is bumped whenever its reward s
 reward an answer or trajectory gets (grader, reward function, a default reward option), or the problems of
 a split -- since results are quoted by id (``benchmarks/results/*.md``) and must stay comparable under it.
 Fixes that only turn a crash or a hang into an error observation change no scored episode and keep the
-version. Each env class ends its docstring with a ``## Version History`` (oldest first: commit, date,
-whether earlier rewards changed), checked by ``tests/test_env_version_history.py``. A superseded id is
+version. Each env class ends its docstring with a ``## Version History``: Gymnasium's semantic bullets, one per
+version, oldest first, ``- v<N> (<date>[, <sha>]): <what changed in rewards / observations / actions>``, checked by
+``tests/test_env_version_history.py``. A superseded id is
 not registered: ``gym.make`` of it raises Gymnasium's ``DeprecatedEnv`` naming the current one. Two
 changes were made under a v0 id before the policy was applied (GSM8K: format credit off by default in
 ad0c272; ReasoningGym: hash-partitioned splits in 79adad0); the ids were bumped to v1 on 2026-11-26 and

@@ -158,44 +158,15 @@ class GSM8KEnv(gym.Env):
 
     ## Version History
 
-    Policy (:mod:`envs`): the version is bumped whenever the reward semantics change. Below, oldest first, every
-    commit that changed this env's behaviour (moves, docs and refactors left out), and whether it changed the reward
-    of an episode scored before it. Results are quoted by id in ``benchmarks/results/*.md``.
+    Policy (:mod:`envs`): the version is bumped whenever the reward semantics change; one bullet per version.
 
-    * v0: Initial release; registered until 2026-11-26 (``gym.make("GSM8K-v0")`` now raises Gymnasium's
-      ``DeprecatedEnv`` naming GSM8K-v1).
-        - 1ba233d (2026-11-22): released: 1.0 if the extracted final answer equals the gold number, else
-          ``format_reward`` (default ``0.1``) for a wrong answer in a well-formed final-answer format, else 0.0.
-        - 2b4699b (2026-11-22): stricter ``options["index"]`` validation on ``reset``. Rewards unchanged.
-        - 000c189 (2026-11-22): linear-time ``####`` / ``\\boxed`` scanning; the same answer is extracted
-          (``tests/test_gsm8k_grading.py``). Rewards unchanged.
-    * v1: the reward of ad0c272 on (no format credit by default) under its own id, registered 2026-11-26. From
-      ad0c272 until then it ran under the id GSM8K-v0: results recorded under "GSM8K-v0" at ad0c272 or later
-      are v1 results; ``format_reward=0.1`` reproduces the v0 reward.
-        - ad0c272 (2026-11-23): **the default ``format_reward`` became 0.0** (correctness only: the 0.1 credit was
-          reward-hacked, issue 14). Rewards changed: every wrong but well-formed answer scored 0.1 before, 0.0
-          after; accuracy is unchanged. Results recorded earlier under GSM8K-v0 with the credit
-          (``benchmarks/results/grpo_default_run.md``, Run 2 and Run 1 of ``gsm8k_qwen_run.md``, the "format
-          credit 0.1" row of ``gsm8k_seeds.md``; each says so) report rewards that are NOT comparable with later
-          GSM8K-v0 rewards (v1 from then on); their accuracies are. By the policy this was GSM8K-v1 (renamed 2026-11-26).
-          ``format_reward=0.1`` reproduces the old reward.
-        - f6d72d9 (2026-11-23): the env contract: an action outside the action space raises ``TypeError`` (it ended
-          the episode with reward 0 before); an unreadable answer sets ``info["action_error"]``. Rewards of text
-          answers unchanged.
-        - 2014476 (2026-11-23): the data ship with the package (the same 7,473 / 1,319 rows as ``openai/gsm8k``
-          main, checked question by question against ``$GSM8K_DATA_DIR`` of the earlier runs). Rewards unchanged.
-        - af2ed0e (2026-11-25): numbers bounded before conversion (issue 25: at most :data:`~envs.gsm8k.grading.
-          MAX_DIGITS` digits, ``|exponent|`` at most :data:`~envs.gsm8k.grading.MAX_EXPONENT`); lone surrogates
-          become U+FFFD. Rewards changed only for absurd final answers, which now score 0: a zero-padded
-          ``#### 000...072`` of over 100 digits or ``#### 72.000...0`` (1.0 before), ``#### 1e-150`` for gold 0
-          (1.0 before), a wrong answer of over 100 digits (lost the format credit). Answers such as ``#### 1e5000``
-          raised or ran for minutes before, so no episode was scored with them. The recorded runs keep no
-          completions, so this cannot be checked on them; at most 256 new tokens make such answers implausible
-          there: no version of its own.
-        - de0c559 (2026-11-25): only the last :data:`~envs.gsm8k.grading.MAX_GRADED_CHARS` (20,000) characters
-          are graded: an answer followed by more than 20,000 characters of text changes (``#### 72`` then 20,001
-          characters without a number: 1.0 before, 0.0 after). Recorded runs generated at most 256 new tokens, far
-          below: kept as v0.
+    - v0 (2026-11-22, 1ba233d): released: 1.0 if the extracted final answer equals the gold number, else
+      ``format_reward`` (default 0.1) for a wrong answer in a well-formed final-answer format, else 0.0. No longer
+      registered (``gym.make("GSM8K-v0")`` raises ``DeprecatedEnv`` naming GSM8K-v1).
+    - v1 (2026-11-23, ad0c272): **default ``format_reward`` 0.0** (the 0.1 credit was reward-hacked, issue 14;
+      ``format_reward=0.1`` gives v0's reward). Ran as "GSM8K-v0" until renamed 2026-11-26. Since: numbers over 100
+      digits / ``|exponent|`` > 100 and anything before the last 20,000 characters are not graded (af2ed0e,
+      de0c559: absurd answers score 0); an action outside the action space raises ``TypeError``.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}

@@ -152,27 +152,12 @@ class IFEvalEnv(gym.Env):
 
     ## Version History
 
-    Policy (:mod:`envs`): the version is bumped whenever the reward semantics change. Below, oldest first, every
-    commit that changed this env's behaviour (moves, docs and refactors left out), and whether it changed the reward
-    of an episode scored before it. Results are quoted by id in ``benchmarks/results/*.md``.
+    Policy (:mod:`envs`): the version is bumped whenever the reward semantics change; one bullet per version.
 
-    * v0: Initial release; the reward has not changed since.
-        - 553fa98 (2026-11-23): released: reward = fraction of the prompt's verifiable instructions followed,
-          strict by default (loose on request); IFBench's 294 prompts with a seeded 235/59 demonstration split;
-          prompts whose checkers lack NLTK data left out of the usable prompts.
-        - 21e0229 (2026-11-23): the "prompts left out (NLTK data missing)" warning is logged once per process and
-          data. Rewards unchanged.
-        - 4f05b12 (2026-11-25): importing if-verifiable's IFBench checkers no longer calls ``nltk.download``
-          (``IFEVAL_NLTK_DOWNLOAD=1`` opts in; issue 25). Rewards unchanged; on a machine that could reach the
-          network but lacked the NLTK data, the prompts needing it are now left out instead of downloaded. The
-          recorded runs (``benchmarks/results/continual_cpu.md``: 213 train / 56 test usable prompts, "3 of the 59
-          test prompts are left out" for missing NLTK data; ``first_ten_minutes.md``: 56 test prompts) ran where
-          the data was missing and not fetched, so this version gives them the same prompt sets.
-        - 15ec4c4 (2026-11-25): lone surrogates in the response become U+FFFD. Such a response raised
-          ``UnicodeEncodeError`` before, so no episode was scored with one: rewards unchanged.
-        - 5507ac0 (2026-11-26): a response over ``max_response_chars`` (default 4,096 characters) is not graded
-          (reward 0, ``action_error``). Longer responses were graded before; no recorded run could produce one (the
-          IFEval configs generate at most 128 tokens), so recorded rewards are unchanged.
+    - v0 (2026-11-23, 553fa98): released: reward = fraction of the prompt's verifiable instructions followed
+      (strict by default, loose on request); IFBench's 294 prompts, a seeded 235/59 split; prompts whose checkers
+      lack NLTK data are left out. Since: a response over ``max_response_chars`` (4,096) scores 0 with
+      ``action_error`` (5507ac0; recorded runs generated at most 128 tokens, so their rewards are unchanged).
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}

@@ -138,46 +138,15 @@ class ReasoningGymEnv(gym.Env):
 
     ## Version History
 
-    Policy (:mod:`envs`): the version is bumped whenever the reward semantics change. Below, oldest first, every
-    commit that changed this env's behaviour (moves, docs and refactors left out), and whether it changed the reward
-    of an episode scored before it. Results are quoted by id in ``benchmarks/results/*.md``.
+    Policy (:mod:`envs`): the version is bumped whenever the reward semantics change; one bullet per version.
 
-    * v0: Initial release; registered until 2026-11-26 (``gym.make("ReasoningGym-v0")`` now raises Gymnasium's
-      ``DeprecatedEnv`` naming ReasoningGym-v1).
-        - 456d7d6 (2026-11-25): released: reward = the library's ``score_answer`` on the extracted answer
-          (``<answer>`` tag, else the last number for a numeric gold answer, else the last line), bounds checked
-          first; splits: train = the first ``train_size`` items of seed ``train_seed``, test = the items of seed
-          ``test_seed`` whose question is not in train.
-        - 9a5e3ba (2026-11-25): task configs hand the library's own non-JSON defaults (enums) to it unchanged;
-          before, a task with such defaults could not be built (``word_sorting``: the library's
-          ``AssertionError: transformation must be a TextTransformation``), so no episode of it was scored.
-          Rewards unchanged.
-        - 23ad001 (2026-11-25): lone surrogates in the response become U+FFFD (``"?"`` before), the helper every
-          env shares. Only an answer holding a lone surrogate can extract differently; before any recorded result.
-    * v1: the hash-partitioned splits of 79adad0 under their own id, registered 2026-11-26. From 79adad0 until
-      then they ran under the id ReasoningGym-v0: results recorded under "ReasoningGym-v0" at 79adad0 or later
-      (``default_run.md``, ``time_to_accuracy.md``) are v1 results.
-        - 79adad0 (2026-11-25): **the splits became a 75/25 hash partition of the question text** (train = the
-          train-side items of ``train_seed``, test = the test-side items of ``test_seed``): the first version's
-          test split was skewed to 2-digit sums (chain_sum 1-2 digits: 177/200 against about 500/1000 in train). The
-          score of an answer is unchanged, but both splits hold other problems. Results recorded earlier under
-          ReasoningGym-v0 (section 2 of ``benchmarks/results/reasoning_gym_probe.md``, test split, 3208ce2; the
-          file labels it "first version of the splits") are NOT comparable with later test-split numbers
-          (``default_run.md``: greedy 0.195 -> 0.520-0.535 at commit d037548, hash partition). By the policy (a split
-          change moves every recorded accuracy) this was ReasoningGym-v1 (renamed 2026-11-26).
-        - 2d47f0a (2026-11-26): **security fix, no id bump** (issue 34): on the 11 tasks whose verifier can evaluate
-          text, an answer outside its task's grammar scores 0 with ``action_error`` instead of reaching ``eval`` /
-          ``parse_expr`` (code such as ``__import__("os").system(...)`` ran as the trainer's or server's user).
-          Correct answers in the task's format score as before. What changes: code-like answers that the library
-          credited (e.g. ``list("ABC")`` 0.1 in string_insertion), and countdown / puzzle24's 0.01 floor for a
-          malformed expression, which a refused answer no longer gets (0; their 0.05 for wrong numbers stands).
-          The exponent / power-of-power checks became linear scans; a hexadecimal answer such as
-          ``0x176b9e643680`` is no longer read as ``9e643680`` (issue 36: 4 of 300 bitwise_arithmetic train golds
-          scored 0, now 1), and each bound widens to the gold answer's value.
-        - 6e69036 (2026-11-26): a gold answer longer than 4,096 characters is read whole (palindrome_partitioning:
-          a 4,904-character gold scored 0, now 1).
-        - eacccb9 (2026-11-26): a verifier that evaluates text stops after 1.5 s per answer (0 with
-          ``action_error``); sympy's ``simplify`` took over 30 s on an answer inside the grammar.
+    - v0 (2026-11-25, 456d7d6): released: reward = the library's ``score_answer`` on the extracted answer; train =
+      the first ``train_size`` items of ``train_seed``, test = items of ``test_seed`` not in train. No longer
+      registered (``gym.make("ReasoningGym-v0")`` raises ``DeprecatedEnv`` naming ReasoningGym-v1).
+    - v1 (2026-11-25, 79adad0): **splits are a 75/25 hash partition of the question text** (v0's test split was
+      skewed to 2-digit sums); ran as "ReasoningGym-v0" until renamed 2026-11-26. Since, no bump: answers outside
+      an evaluating verifier's grammar, or taking it over 1.5 s, score 0 with ``action_error`` (2d47f0a, eacccb9;
+      security fix, issue 34); hexadecimal answers and gold answers over 4,096 characters read whole.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}

@@ -168,21 +168,11 @@ class AgentGymCompatEnv(gym.Env):
 
     ## Version History
 
-    Policy (:mod:`envs`): the version is bumped whenever the reward semantics change. Oldest first, every commit
-    that changed this env's behaviour, directly or through :class:`Tau2Env` (whose Version History has the
-    details), and whether it changed the reward of an episode scored before it. No result in
-    ``benchmarks/results/`` is recorded under this id.
+    Policy (:mod:`envs`): the version is bumped whenever the reward semantics change; one bullet per version.
 
-    * v0: Initial release; the reward (:class:`Tau2Env`'s, i.e. tau2's ``evaluate_simulation``) has not changed.
-        - 535b2be (2026-11-23): released: tau2's ``AgentGymEnv`` API (string actions and observations, tau2's
-          kwargs and ``info``) over :class:`Tau2Env`.
-        - d8b81ae (2026-11-25): through :class:`Tau2Env`: ``calculate`` refuses ``**`` and expressions over
-          1,000 characters (divergence 7); deep JSON and lone surrogates bounded. The grading of a trajectory is
-          unchanged; an episode that calls ``calculate`` with ``**`` plays differently from that call on (with
-          this id's ``max_errors=10``, ten refusals end it as ``too_many_errors``, reward 0).
-        - de0c559 (2026-11-25): through :class:`Tau2Env`: over-long integers in a tool call are a malformed
-          call (they raised before); with ``user="scripted"`` the customer reads the last 4,000 characters of
-          an agent message. Rewards of episodes with shorter messages unchanged.
+    - v0 (2026-11-23, 535b2be): released: tau2's ``AgentGymEnv`` API (string actions and observations, tau2's
+      kwargs and ``info``) over :class:`Tau2Env`, whose reward (tau2's ``evaluate_simulation``) it returns
+      unchanged; :class:`Tau2Env`'s later bounds (its Version History) apply here too.
     """
 
     metadata = {"render_modes": []}

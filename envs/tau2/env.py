@@ -221,41 +221,14 @@ class Tau2Env(gym.Env):
 
     ## Version History
 
-    Policy (:mod:`envs`): the version is bumped whenever the reward semantics change. Below, oldest first, every
-    commit that changed this env's behaviour (moves, docs, speed-ups and refactors left out), and whether it
-    changed the reward of an episode scored before it; it holds for all four ids
-    ``tau2/{airline,retail,telecom,mock}-v0``. Results are quoted by id in ``benchmarks/results/*.md``.
+    Policy (:mod:`envs`): the version is bumped whenever the reward semantics change; one bullet per version, for
+    all four ids ``tau2/{airline,retail,telecom,mock}-v0``.
 
-    * v0: Initial release; the reward (tau2's ``evaluate_simulation(..., EvaluationType.ALL)``, or the partial
-      progress reward) has not changed since.
-        - 1de297e (2026-11-22): released: tau2's binary reward at the episode end (``reward="partial"``: the
-          progress reward), scripted / LLM / solo customers, malformed calls answered with ``Error:``.
-        - c03f03b (2026-11-22): a ``done`` call is shown in the observation with the id the model gave it.
-          Rewards unchanged.
-        - f6d72d9 (2026-11-23): the env contract: an action outside the action space raises ``TypeError`` (it
-          was answered as an unusable action before), ``step`` after the end raises ``RuntimeError``,
-          ``do_nothing_action`` and ``usable_task_indices``. Rewards of model-written actions unchanged.
-        - 41dc0b8 (2026-11-24): ``demonstration()`` (the gold actions as assistant messages). Rewards unchanged.
-        - d8b81ae (2026-11-25): ``calculate`` (airline, retail) refuses ``**`` and expressions over
-          :data:`~envs.tau2.domain.MAX_CALCULATE_CHARS` characters with an ``Error:`` message (issue 25); JSON
-          nested deeper than :data:`~envs.action_text.MAX_JSON_DEPTH` is a malformed call; lone surrogates
-          become U+FFFD. How tau2 grades a trajectory is unchanged, and so is the reward of every gold
-          trajectory (divergence 7 above). The dynamics changed for an agent that calls ``calculate`` with
-          ``**``: it now reads an error, not the value, and the call counts towards ``max_errors``, so such an
-          episode can play out, and score, differently from that call on. Deep JSON and surrogates raised
-          before (no episode was scored with them). The recorded tau2 episodes (the 400 evaluation episodes
-          stored under ``benchmarks/results/tau2_sft_table_airline*/``) hold no ``calculate`` call.
-        - de0c559 (2026-11-25): an integer of over ~4,200 digits in a tool call is a malformed call (it raised
-          ``ValueError`` before); the scripted customer reads the last
-          :data:`~envs.tau2.users.READ_CHARS` (4,000) characters of an agent message, so a closing or
-          confirmation phrase earlier in a longer message no longer ends the call or gets a "yes". Recorded
-          runs generated at most 256 tokens a turn, and no stored agent message exceeds 4,000 characters.
-        - 5507ac0 (2026-11-26): an action of more than ``max_tool_calls_per_action`` (16) tool calls runs none and
-          is answered with one tool error; tool answers shown to the agent are cut to ``max_tool_result_chars``
-          (16,384) characters. Rewards are unchanged for every gold trajectory (one call per message, longest
-          answer 3,370 characters) and for the recorded episodes (``benchmarks/results/**/eval_episodes.jsonl``: 648
-          agent messages, at most 1 call each, longest tool answer 1,260 characters); the tau2 trajectory keeps
-          whole answers.
+    - v0 (2026-11-22, 1de297e): released: tau2's ``evaluate_simulation(..., EvaluationType.ALL)`` reward at the
+      episode end (``reward="partial"``: the progress reward); scripted / LLM / solo customers; malformed calls
+      answered with ``Error:``. Since, grading unchanged: ``calculate`` refuses ``**``, more than 16 tool calls in
+      one action run none, tool answers shown cut to 16,384 characters (d8b81ae, 5507ac0: dynamics change only for
+      such actions; gold and recorded episodes score as before).
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}

@@ -27,7 +27,7 @@ from torchrl_grpo.backends.base import RolloutBackend
 from torchrl_grpo.assembly.phases import build
 from torchrl_grpo.assembly.environments import build_env_side, env_kwargs_from_config
 from torchrl_grpo.config.continual_domains import domain_config, validate_cl_settings
-from torchrl_grpo.continual.algorithms import ALGORITHMS, EWC, CLAlgorithm, Replay
+from torchrl_grpo.continual.algorithms import ALGORITHMS, CLAlgorithm
 from torchrl_grpo.continual.task_checkpoints import read_resume_state
 from torchrl_grpo.continual.settings import ContinualSettings
 from torchrl_grpo.continual.trainer import ContinualTrainer
@@ -138,20 +138,18 @@ def continual_settings(cfg) -> ContinualSettings:
 
 
 def make_algorithm(cl_cfg, seed: int = 0) -> CLAlgorithm:
-    """Phase 4: the algorithm named by ``cl.algorithm`` (:data:`torchrl_grpo.continual.algorithms.ALGORITHMS`;
-    options from the same section: ``replay_ratio`` with ``seed``, ``ewc_lambda``).
+    """Phase 4: the algorithm named by ``cl.algorithm`` (:data:`torchrl_grpo.continual.algorithms.ALGORITHMS`), built
+    by its own ``from_config`` from the ``cl`` section as plain values (``replay_ratio``, ``ewc_lambda``, ...) and
+    ``seed``.
 
     Raises:
-        ValueError: an unknown name.
+        ValueError: an unknown name; a setting the algorithm needs missing or out of range.
     """
-    name = cl_cfg.algorithm
+    settings = OmegaConf.to_container(cl_cfg, resolve=True) if OmegaConf.is_config(cl_cfg) else dict(cl_cfg)
+    name = settings.get("algorithm")
     if name not in ALGORITHMS:
         raise ValueError(f"cl.algorithm={name!r} is not one of {tuple(ALGORITHMS)}")
-    if name == "replay":
-        return Replay(cl_cfg.replay_ratio, seed=seed)
-    if name == "ewc":
-        return EWC(cl_cfg.ewc_lambda)
-    return ALGORITHMS[name]()
+    return ALGORITHMS[name].from_config(settings, seed=seed)
 
 
 def build_continual_trainer(cfg, run_dir: str | Path | None, *, trainer_cls: type = ContinualTrainer, model=None,

@@ -13,6 +13,17 @@ through :class:`ContinualRun`: what an algorithm may use of it)::
     state_dict() / load_state_dict(trainer, state)
                                     what a resumed run needs beyond the trainer checkpoint (saved in every task
                                     checkpoint as ``cl_algorithm.pt``; loaded before the weights and optimizer state)
+    on_resume_without_state(trainer, domain, task_done)
+                                    resumed from a checkpoint holding no state of this hook (default: nothing)
+
+and declares what the continual trainer asks of it instead of testing its class: ``name``, ``joint`` (True: one
+joint stage over all domains, each step's domain from ``domain_for_step(step, domains)``) and the classmethod
+``from_config(settings, seed=)`` (plain ``cl`` settings -> an instance).
+
+Registry: ``@register_algorithm`` on the class puts it in :data:`ALGORITHMS` under its ``name`` (the ``cl.algorithm``
+values; :func:`torchrl_grpo.assembly.continual_run.make_algorithm` builds one with its ``from_config``). The config
+leaf keeps its own copy of the names (:data:`torchrl_grpo.config.choices.CL_ALGORITHMS`: ``cl`` is validated before
+anything of this layer loads); ``tests/test_cl_config.py`` keeps the two equal.
 
 An algorithm changes the training only through public methods: the update's
 (:class:`torchrl_grpo.training.update.GRPOUpdate`) ``add_loss_penalty(fn, name)`` (EWC), ``set_reference(ctx_factory)``
@@ -44,7 +55,7 @@ from __future__ import annotations
 import copy
 import math
 from contextlib import contextmanager, nullcontext
-from typing import Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -84,6 +95,18 @@ class CLAlgorithm:
     """The hook interface (module docstring). The base class is sequential fine-tuning: every hook a no-op."""
 
     name = "sequential"
+    #: True: the continual trainer runs one joint stage over all domains and asks :meth:`domain_for_step` each step
+    joint = False
+
+    @classmethod
+    def from_config(cls, settings: Mapping[str, Any], *, seed: int = 0) -> CLAlgorithm:
+        """The algorithm from plain settings: ``settings`` is the ``cl`` section as a dict (``replay_ratio``,
+        ``ewc_lambda``, ...; keys an algorithm does not use are ignored), ``seed`` the run's. Default: no options.
+
+        Raises:
+            ValueError: a setting the algorithm needs is missing or out of range.
+        """
+        return cls()
 
     def setup(self, cl: ContinualRun) -> None:
         """Called once by the continual trainer before training."""
@@ -113,11 +136,57 @@ class CLAlgorithm:
         """Restore :meth:`state_dict` on resume, before the trainer checkpoint (weights, optimizer) is loaded into
         ``trainer``: structure it adds (adapters, optimizer parameter groups) is then in place for it."""
 
+    def on_resume_without_state(self, trainer, domain: str, task_done: bool) -> None:
+        """Resumed from a task checkpoint that holds no saved state of this hook (one written without it), after the
+        trainer checkpoint is loaded; ``domain`` is the checkpoint's task, ``task_done`` whether it finished.
+        Default: nothing."""
 
+    def domain_for_step(self, step: int, domains: Sequence[str]) -> str:
+        """The domain of trainer step ``step`` in a joint stage (called only when :attr:`joint` is true).
+
+        Raises:
+            NotImplementedError: the algorithm does not run a joint stage.
+        """
+        raise NotImplementedError(f"cl.algorithm={self.name} runs no joint stage")
+
+
+#: ``cl.algorithm`` name -> class, in registration order (:func:`register_algorithm`); the names are
+#: :data:`torchrl_grpo.config.choices.CL_ALGORITHMS` (tests/test_cl_config.py checks it).
+ALGORITHMS: dict[str, type[CLAlgorithm]] = {}
+
+
+def register_algorithm(cls: type[CLAlgorithm]) -> type[CLAlgorithm]:
+    """Class decorator: register ``cls`` under ``cls.name`` in :data:`ALGORITHMS` (subclasses are not registered
+    unless decorated themselves). Returns ``cls``.
+
+    Raises:
+        TypeError: ``cls`` is not a :class:`CLAlgorithm`.
+        ValueError: an empty name, or a name another class holds.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, CLAlgorithm)):
+        raise TypeError(f"register_algorithm takes a CLAlgorithm subclass, got {cls!r}")
+    name = cls.__dict__.get("name")  # its own, not an inherited one
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{cls.__name__} needs its own non-empty class attribute 'name' to be registered")
+    held = ALGORITHMS.get(name)
+    if held is not None and held is not cls:
+        raise ValueError(f"cl.algorithm {name!r} is registered twice ({held.__qualname__} and {cls.__qualname__})")
+    ALGORITHMS[name] = cls
+    return cls
+
+
+def _setting(settings: Mapping[str, Any], key: str, algorithm: str) -> Any:
+    if settings.get(key) is None:
+        raise ValueError(f"cl.algorithm={algorithm} needs cl.{key}")
+    return settings[key]
+
+
+@register_algorithm
 class Sequential(CLAlgorithm):
     """Sequential fine-tuning (the baseline)."""
 
 
+@register_algorithm
 class Replay(CLAlgorithm):
     """On-policy replay of past domains' prompts (module docstring).
 
@@ -136,6 +205,11 @@ class Replay(CLAlgorithm):
             raise ValueError(f"replay ratio must be > 0, got {ratio}")
         self.ratio, self.seed = float(ratio), int(seed)
         self.last_replayed = 0  # episodes added to the last batch
+
+    @classmethod
+    def from_config(cls, settings: Mapping[str, Any], *, seed: int = 0) -> Replay:
+        """``cl.replay_ratio``, and the run's seed for the task draws."""
+        return cls(float(_setting(settings, "replay_ratio", cls.name)), seed=seed)
 
     def augment_batch(self, batch: TensorDict, domain: str) -> TensorDict:
         cl = self.cl
@@ -156,17 +230,20 @@ class Replay(CLAlgorithm):
         return out
 
 
+@register_algorithm
 class Joint(CLAlgorithm):
     """Joint multi-domain training (the upper bound): the continual trainer runs one stage of
     ``num_steps_per_task * T`` steps and calls :meth:`domain_for_step` to pick each step's domain."""
 
     name = "joint"
+    joint = True
 
     def domain_for_step(self, step: int, domains: Sequence[str]) -> str:
         """Round robin: domain ``step mod T``."""
         return domains[step % len(domains)]
 
 
+@register_algorithm
 class EWC(CLAlgorithm):
     """Elastic weight consolidation, online form (a baseline): after each task, a diagonal Fisher of the policy on
     that task's own trajectories is added to the running one and the weights are remembered; later updates pay
@@ -193,6 +270,11 @@ class EWC(CLAlgorithm):
     """
 
     name = "ewc"
+
+    @classmethod
+    def from_config(cls, settings: Mapping[str, Any], *, seed: int = 0) -> EWC:
+        """``cl.ewc_lambda`` (λ)."""
+        return cls(float(_setting(settings, "ewc_lambda", cls.name)))
 
     def __init__(self, lam: float, fisher_batches: int = 1) -> None:
         if lam < 0 or fisher_batches < 1:
@@ -274,6 +356,7 @@ class EWC(CLAlgorithm):
         self._recent = list(state["recent"])
 
 
+@register_algorithm
 class LoRAPerDomain(CLAlgorithm):
     """One LoRA adapter per domain (the reference point: no forgetting by construction). Task k trains a fresh
     adapter (same LoRA config as ``actor.peft``; the first domain uses the ``default`` adapter build() made) while the
@@ -390,6 +473,12 @@ class KLAnchor(CLAlgorithm):
     def post_task(self, trainer, domain: str) -> None:
         self._set(trainer, copy.deepcopy(trainer.model).eval().requires_grad_(False))
 
+    def on_resume_without_state(self, trainer, domain: str, task_done: bool) -> None:
+        """A checkpoint without the anchor's state: after a finished task the anchor is the loaded weights (what
+        :meth:`post_task` took at that boundary); mid-task it stays as the resumed task starts it."""
+        if task_done:
+            self.post_task(trainer, domain)
+
     def _set(self, trainer, frozen) -> None:
         trainer.updater.set_reference(lambda: nullcontext(frozen))
         self.anchor = frozen
@@ -437,6 +526,4 @@ class KLAnchor(CLAlgorithm):
         self._set(trainer, frozen.eval().requires_grad_(False))
 
 
-#: ``cl.algorithm`` name -> class; the names are :data:`torchrl_grpo.config.choices.CL_ALGORITHMS` (each class's
-#: ``name``, in that order: tests/test_cl_config.py checks it).
-ALGORITHMS = {cls.name: cls for cls in (Sequential, Replay, Joint, EWC, LoRAPerDomain)}
+__all__ += ["register_algorithm"]

@@ -38,7 +38,6 @@ from typing import Any, Sequence
 
 import torch
 
-from torchrl_grpo.continual.algorithms import KLAnchor
 from torchrl_grpo.continual.trajectory_buffer import TrajectoryBuffer
 from torchrl_grpo.training.checkpoint import load_checkpoint, save_checkpoint
 
@@ -217,8 +216,8 @@ class TaskCheckpoints:
         k, done = int(state["task"]), bool(state["task_done"])
         start = (k + 1, 0) if done else (k, int(state["task_step"]))
         for h in r.hooks:
-            if isinstance(h, KLAnchor) and done and KLAnchor.name not in algo_state:
-                h.post_task(t, r.domains[k])  # a checkpoint without algorithm state: the anchor = loaded weights
+            if h.name not in algo_state:  # a checkpoint without this hook's state (KL anchor: the loaded weights)
+                h.on_resume_without_state(t, r.domains[k], done)
         self.progress = self.saved = (k, int(state["task_step"]), done)
         _log.info("resumed from %s: task %d (%s) %s at step %d; next: %s step %d", ck["path"], k, r.domains[k],
                   "done" if done else f"interrupted after {state['task_step']} steps", t.step, r.domains[start[0]],

@@ -41,7 +41,7 @@ from typing import Any
 
 from torchrl_grpo.continual import task_checkpoints as ckpt
 from torchrl_grpo.continual import transfer as continual
-from torchrl_grpo.continual.algorithms import CLAlgorithm, Joint, KLAnchor
+from torchrl_grpo.continual.algorithms import CLAlgorithm, KLAnchor
 from torchrl_grpo.continual.task_checkpoints import CL_ALGORITHM_PT, CL_STATE_JSON, TRAJECTORIES_JSONL, read_resume_state
 from torchrl_grpo.continual.domains import Domains
 from torchrl_grpo.continual.settings import ContinualSettings
@@ -66,8 +66,8 @@ class ContinualTrainer:
         sides: domain -> its :class:`~torchrl_grpo.rollout.env_side.EnvSide` on ``components.backend``, one per
             domain of ``settings.domains`` (the first one's collectors are ``components``').
         settings: the run's :class:`~torchrl_grpo.continual.settings.ContinualSettings`.
-        algorithm: the :class:`~torchrl_grpo.continual.algorithms.CLAlgorithm`; a
-            :class:`~torchrl_grpo.continual.algorithms.Joint` runs the joint stage. ``settings.kl_anchor`` adds a
+        algorithm: the :class:`~torchrl_grpo.continual.algorithms.CLAlgorithm`; one whose ``joint`` is true (``joint``)
+            runs the joint stage. ``settings.kl_anchor`` adds a
             :class:`~torchrl_grpo.continual.algorithms.KLAnchor` hook after it.
         resume: the checked state of a task checkpoint to continue from
             (:func:`~torchrl_grpo.continual.task_checkpoints.read_resume_state`), or None.
@@ -94,7 +94,7 @@ class ContinualTrainer:
             h.setup(self)
         self.buffer = TrajectoryBuffer(s.buffer_size)
         self.envs = Domains(self.trainer, sides, self.hooks, kl_to_base=s.kl_to_base)
-        self.joint = isinstance(algorithm, Joint)
+        self.joint = bool(algorithm.joint)  # declared by the algorithm
         self.metrics: dict[str, Any] = {
             "task_order": self.domains, "algorithm": algorithm.name, "metric": self.metric, "boundaries": [],
             "R": [None] * (1 if self.joint else len(self.domains)), "b": None, "transfer": [],
