@@ -344,17 +344,18 @@ def main(argv: list[str] | None = None) -> int:
         base_prompts = gsm8k_prompts(tok, args.gsm8k_prompts) if wl == "gsm8k" else tau2_prompts(tok, args.tau2_tasks)
         prompts = [p for p in base_prompts for _ in range(args.samples)]
         rows = {}
-        rate, secs, n = timed(lambda: run_hf_generate(model, tok, prompts, sampling), args.repeats)
+        rate, secs, n = timed(lambda prompts=prompts: run_hf_generate(model, tok, prompts, sampling), args.repeats)
         rows["hf_generate"] = {"tokens_per_s": rate, "seconds": secs, "tokens": n}
 
-        def ours_run():
+        def ours_run(prompts=prompts):
             ours._prefix = None  # fair: no prefix reuse across repeats, only within a call
             return sum(len(g.token_ids) for g in ours.generate(prompts, sampling))
 
         rate, secs, n = timed(ours_run, args.repeats)
         rows["transformers"] = {"tokens_per_s": rate, "seconds": secs, "tokens": n}
         for name, (eng, startup) in vllm_engines.items():
-            rate, secs, n = timed(lambda: sum(len(g.token_ids) for g in eng.generate(prompts, sampling)), args.repeats)
+            rate, secs, n = timed(lambda eng=eng, prompts=prompts: sum(len(g.token_ids) for g in eng.generate(prompts, sampling)),
+                                  args.repeats)
             rows[name] = {"tokens_per_s": rate, "seconds": secs, "tokens": n, "startup_s": startup}
         base = rows["hf_generate"]["tokens_per_s"]
         for name, r in rows.items():

@@ -512,7 +512,8 @@ def main(argv: list[str] | None = None) -> int:
                 ours_v.close()
         if len(runner.steps) != total:
             raise RuntimeError(f"our trainer ran {len(runner.steps)} steps, expected {total}")
-        del ours, model_ours, runner
+        del ours, model_ours
+        runner = None  # frees its trainer (between_steps is not called after this)
     load_after = _loadavg()
     for name in results:
         results[name]["summary"] = summarize(results[name])

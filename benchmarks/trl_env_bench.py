@@ -153,7 +153,7 @@ def main(argv=None) -> None:
     plans = [gold_tool_call_texts(tasks[r["task_id"]], solo) for r in inputs]
     times = {"ours": [], "tau2": []}
     rewards, calls = {}, {}
-    for rep in range(args.repeats):
+    for _rep in range(args.repeats):
         for side, tr in trainers.items():
             tr.model.generate = scripted_generate(tr.processing_class, plans)
             t0 = time.perf_counter()

@@ -42,7 +42,7 @@ def test_transfer_metrics_matches_a_loop_implementation_on_random_matrices():
         R, b = rng.random((T, T)), rng.random(T)
         bwt = sum(R[T - 1][i] - R[i][i] for i in range(T - 1)) / (T - 1)
         fwt = sum(R[i - 1][i] - b[i] for i in range(1, T)) / (T - 1)
-        fg = sum(max(R[l][j] for l in range(T - 1)) - R[T - 1][j] for j in range(T - 1)) / (T - 1)
+        fg = sum(max(R[k][j] for k in range(T - 1)) - R[T - 1][j] for j in range(T - 1)) / (T - 1)
         m = cl.transfer_metrics(R.tolist(), b.tolist())
         assert m == pytest.approx({"acc": sum(R[T - 1]) / T, "bwt": bwt, "fwt": fwt, "forgetting": fg})
 

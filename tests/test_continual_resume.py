@@ -114,7 +114,7 @@ def test_kl_anchor_with_lora_is_the_uninterrupted_runs_after_a_resume(tmp_path, 
             h.pre_task(r, "telecom")
         got = _anchor_logits(r)
         assert (got - untrained).abs().max() > 1e-3, ck.name  # before the fix: 0.0 (LoRA per domain, boundary)
-        torch.testing.assert_close(got, anchor, atol=1e-5, rtol=0, msg=lambda m: f"{ck.name}: {m}")
+        torch.testing.assert_close(got, anchor, atol=1e-5, rtol=0, msg=lambda m, ck=ck: f"{ck.name}: {m}")
         if ck is mid:  # and the policy itself continues where it was
             torch.testing.assert_close(_logits(r.model), policy_mid, atol=1e-5, rtol=0)
         with r.updater.reference() as ref:

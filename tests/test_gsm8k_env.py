@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import types
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np

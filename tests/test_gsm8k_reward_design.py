@@ -59,7 +59,7 @@ def _grade(env: GSM8KEnv, index: int, text: str) -> float:
 
 def test_scripted_responses_are_what_they_claim(env):
     # guard against a vacuous test: the truncated attempts and guesses are wrong, the reasoning is right
-    for i, (_, gold, reasoning, cut, guess) in enumerate(PROBLEMS):
+    for _, gold, reasoning, cut, guess in PROBLEMS:
         assert gsm8k_reward(reasoning, gold, format_reward=0.0)[1]["correct"]
         r_cut, g_cut = gsm8k_reward(cut, gold, format_reward=0.1)
         r_guess, g_guess = gsm8k_reward(guess, gold, format_reward=0.1)

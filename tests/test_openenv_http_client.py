@@ -172,7 +172,7 @@ def test_session_routes_tau2_mock_gold_episodes_score_as_gym_make(mock_url):
             gold = _gold("tau2/mock-v0", index)  # tool calls (and a message), then the stop
             longest = max(longest, len(gold))
             result = None
-            for n, action in enumerate(gold, 1):
+            for n, action in enumerate(gold, 1):  # noqa: B007 (n is read after the loop)
                 result = client.step(action)
                 if result.done:
                     break

@@ -99,7 +99,6 @@ def test_do_nothing_and_perturbed_agents_get_tau2_reward(domain, split, user):
 
 def test_truncated_episode_scores_zero_like_tau2():
     env = gym.make("tau2/airline-v0", max_steps=2)
-    u = env.unwrapped
     env.reset(options={"index": 0})
     r, term, trunc, info = _play(env, ['<tool_call>{"name": "list_all_airports", "arguments": {}}</tool_call>'] * 3)
     assert trunc and not term and info["termination_reason"] == "max_steps"

@@ -1,9 +1,7 @@
 """TorchRL adapter (envs.adapters.torchrl_env.TextEnv) over GSM8K and a multi-turn chat env."""
 from __future__ import annotations
 
-import os
 import warnings
-from pathlib import Path
 
 import gymnasium as gym
 import pytest
@@ -273,7 +271,7 @@ def test_partial_reset_keeps_other_envs():
 def test_finished_env_is_not_stepped_again():
     env = _multi_env((1, 2))
     td = env.reset()
-    for step in range(2):
+    for _ in range(2):
         td["action"] = _actions("done", "done")
         out = env.step(td)
         td = env.step_mdp(out)

@@ -71,7 +71,7 @@ def test_make_vec_tau2_retail_default_user_and_autoreset(mode):
         _check_obs(venv, obs, 2)
         assert info["user"].tolist() == ["scripted", "scripted"]  # retail's default customer: offline, scripted
         assert [[m["role"] for m in o] for o in obs] == [["system", "assistant", "user"]] * 2
-        for k in range(2):  # text actions, as a tuple of str / assistant-message dicts
+        for _ in range(2):  # text actions, as a tuple of str / assistant-message dicts
             obs, rew, term, trunc, info = venv.step(("Could you give me your order id?",
                                                      {"role": "assistant", "content": "Let me check that."}))
             _check_obs(venv, obs, 2)

@@ -77,8 +77,8 @@ import sys
 import time
 from pathlib import Path
 
-from harness import (REPO, add_device_args, evaluations, git_commit, instrument_meta, load_json, meta_line,
-                     package_versions, precision, pyplot, read_metrics, resolve_device, run_logged, same_weights, trl_prompt_order,
+from harness import (REPO, add_device_args, evaluations, git_commit, instrument_meta, load_json, package_versions,
+                     precision, pyplot, read_metrics, resolve_device, run_logged, same_weights, trl_prompt_order,
                      utc_date, write_outputs)
 
 from torchrl_grpo.reporting.learning_curve import wilson_interval

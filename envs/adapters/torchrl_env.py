@@ -431,7 +431,7 @@ class TextEnv(EnvBase):
         results = self.runner(
             [lambda b=b: self.envs[b].reset(seed=seeds[b], options=options[b]) for b in todo]
         )
-        for b, res in zip(todo, results):
+        for res in results:
             if isinstance(res, BaseException):
                 raise res
         for b, (obs, info) in zip(todo, results):

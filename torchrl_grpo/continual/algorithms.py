@@ -185,6 +185,8 @@ def _setting(settings: Mapping[str, Any], key: str, algorithm: str) -> Any:
 class Sequential(CLAlgorithm):
     """Sequential fine-tuning (the baseline)."""
 
+    name = "sequential"
+
 
 @register_algorithm
 class Replay(CLAlgorithm):
