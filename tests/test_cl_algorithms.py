@@ -16,7 +16,6 @@ from torchrl_grpo.continual.algorithms import (
     EWC,
     Joint,
     KLAnchor,
-    PenalisedLoss,
     Replay,
     Sequential,
     concat_batches,
@@ -155,7 +154,7 @@ def test_kl_anchor_freezes_a_copy_of_the_policy_as_reference():
         assert not torch.equal(ref.weight, model.weight)
 
 
-def test_ewc_penalty_formula_and_loss_wrapper():
+def test_ewc_penalty_formula():
     model = torch.nn.Linear(3, 1, bias=False)
     e = EWC(lam=4.0)
     e.cl = SimpleNamespace(trainer=SimpleNamespace(device=torch.device("cpu")))
@@ -170,37 +169,21 @@ def test_ewc_penalty_formula_and_loss_wrapper():
     assert float(p) == pytest.approx(3.0)
     p.backward()
     assert torch.allclose(model.weight.grad, 4.0 * F * torch.tensor([[1.0, 5.0, -0.5]]))  # λ F (θ − θ*)
-
-    class Base:
-        temperature = 0.7
-
-        def __call__(self, td):
-            return TensorDict({"loss_objective": torch.tensor(1.0), "loss_kl": torch.tensor(0.25)}, [])
-
-    wrapped = PenalisedLoss(Base(), lambda: torch.tensor(2.0), "ewc_penalty")
-    out = wrapped(None)
-    assert float(out["loss_kl"]) == 2.25 and float(out["ewc_penalty"]) == 2.0 and wrapped.temperature == 0.7
     with pytest.raises(ValueError):
         EWC(lam=-1.0)
 
 
 # ---------------------------------------------------------------------------------- the algorithms' update hooks
-def test_penalised_loss_passes_settings_through_to_the_wrapped_loss():
-    """GRPOUpdate sets ``loss_fn.anchor_current`` before each update; behind the EWC wrapper the setting must reach
-    the GRPOLoss that reads it (it used to land on the wrapper, so the loss kept the behaviour anchor)."""
-
-    class Base:
-        anchor_current = False
-
-        def __call__(self, td, **kw):
-            return TensorDict({"loss_objective": torch.tensor(float(self.anchor_current)),
-                               "loss_kl": torch.tensor(0.0)}, [])
-
-    base = Base()
-    wrapped = PenalisedLoss(base, lambda: torch.tensor(0.5), "ewc_penalty")
-    wrapped.anchor_current = True
-    assert base.anchor_current is True and wrapped.anchor_current is True
-    assert float(wrapped(None)["loss_objective"]) == 1.0 and float(wrapped(None)["loss_kl"]) == 0.5
+def test_ewc_registers_its_penalty_with_the_update_and_leaves_the_loss_alone():
+    """EWC's penalty is one of the update's penalties (``loss_penalty_ewc``), not a wrapper around the loss: the
+    update's loss stays the module it was built with (the anchor, now a per-call argument, cannot miss it)."""
+    model = torch.nn.Linear(2, 1)
+    u = _update(model)
+    loss = u.loss_fn
+    e = EWC(lam=1.0)
+    e.setup(SimpleNamespace(trainer=SimpleNamespace(updater=u, device=torch.device("cpu"))))
+    assert u.loss_fn is loss and [p.name for p in u.penalties] == ["ewc"] and u.penalties[0].key == "loss_penalty_ewc"
+    assert float(u.penalties[0]()) == 0.0  # nothing consolidated yet
 
 
 def test_an_ewc_penalty_of_zero_leaves_the_update_unchanged(tmp_path):
@@ -220,7 +203,7 @@ def test_an_ewc_penalty_of_zero_leaves_the_update_unchanged(tmp_path):
         trainer.close()
     plain, ewc = out["plain"], out["ewc"]
     assert ewc["train/anchor_current"] == plain["train/anchor_current"] == 1.0
-    assert ewc["ewc_penalty"] == 0.0 and "ewc_penalty" not in plain
+    assert ewc["loss_penalty_ewc"] == 0.0 and "loss_penalty_ewc" not in plain
     for k in ("ratio_mean", "behaviour_weight_mean", "loss/total", "ess", "grad_norm"):
         assert ewc[k] == pytest.approx(plain[k], abs=1e-6), k
     assert ewc["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
@@ -250,44 +233,13 @@ def test_update_methods_the_algorithms_change_the_training_through():
     assert u.reference is None
     with pytest.raises(TypeError, match="callable"):
         u.set_reference(frozen.weight)
-    # EWC: penalties stack on the loss, each reported under its name
-    class Base:
-        temperature = 0.7
-
-        def __call__(self, td, **kw):
-            return TensorDict({"loss_objective": torch.tensor(1.0), "loss_kl": torch.tensor(0.25)}, [])
-
-    u.loss_fn = Base()
-    u.add_loss_penalty(lambda: torch.tensor(2.0), "ewc_penalty")
+    # EWC: penalties stack in the update (not on the loss), each its own loss entry; names are unique
+    u.add_loss_penalty(lambda: torch.tensor(2.0), "ewc")
     u.add_loss_penalty(lambda: torch.tensor(0.5), "other")
-    out = u.loss_fn(None)
-    assert float(out["loss_kl"]) == 2.75 and float(out["ewc_penalty"]) == 2.0 and float(out["other"]) == 0.5
-    assert u.loss_fn.temperature == 0.7
-
-
-class _PicklableBase:  # module level: pickle finds it by name
-    temperature = 0.7
-
-    def __call__(self, td, **kw):
-        return TensorDict({"loss_objective": torch.tensor(1.0), "loss_kl": torch.tensor(0.25)}, [])
-
-
-def _two():
-    return torch.tensor(2.0)
-
-
-def test_penalised_loss_copies_and_pickles():
-    """Issue 36: copy.copy / deepcopy / unpickling build the wrapper without ``base`` in its ``__dict__`` and probe it
-    for ``__setstate__``; ``__getattr__`` raised KeyError there instead of AttributeError, so each of them failed."""
-    import copy
-    import pickle
-
-    wrapped = PenalisedLoss(_PicklableBase(), _two, "ewc_penalty")
-    for clone in (copy.copy(wrapped), copy.deepcopy(wrapped), pickle.loads(pickle.dumps(wrapped))):
-        assert clone.name == "ewc_penalty" and clone.temperature == 0.7
-        out = clone(None)
-        assert float(out["loss_kl"]) == 2.25 and float(out["ewc_penalty"]) == 2.0
-    bare = PenalisedLoss.__new__(PenalisedLoss)  # no base yet: a missing attribute is an AttributeError
-    with pytest.raises(AttributeError):
-        bare.temperature
-    assert not hasattr(bare, "anything")
+    assert [(p.key, float(p())) for p in u.penalties] == [("loss_penalty_ewc", 2.0), ("loss_penalty_other", 0.5)]
+    with pytest.raises(ValueError, match="already"):
+        u.add_loss_penalty(lambda: torch.tensor(1.0), "ewc")
+    with pytest.raises(ValueError, match="penalty name"):
+        u.add_loss_penalty(lambda: torch.tensor(1.0), "bad name")
+    with pytest.raises(TypeError, match="callable"):
+        u.add_loss_penalty(torch.tensor(1.0), "tensor")

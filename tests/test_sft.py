@@ -16,7 +16,8 @@ from tests.test_tau2_training import tau2_cfg
 from torchrl_grpo.rollout.collector import concat_batches
 from torchrl_grpo.rollout.demonstrations import ScriptedBackend, gold_demonstrations, successful_episodes
 from torchrl_grpo.objectives.log_probs import token_log_probs
-from torchrl_grpo.training.sft_trainer import SFTLoss, SFTTrainer, save_merged_model
+from torchrl_grpo.objectives.sft_loss import SFTLoss
+from torchrl_grpo.training.sft_trainer import SFTTrainer, save_merged_model
 from torchrl_grpo.assembly import build_trainer
 
 

@@ -15,7 +15,8 @@ from torchrl_grpo.assembly import build
 from torchrl_grpo.assembly.trainers import sft_settings
 from torchrl_grpo.training.grpo_trainer import GRPOTrainer
 from torchrl_grpo.training.interrupt import TrainingInterrupted
-from torchrl_grpo.training.sft_trainer import SFTLoss, SFTSettings, SFTTrainer, sft_update
+from torchrl_grpo.objectives.sft_loss import SFTLoss
+from torchrl_grpo.training.sft_trainer import SFTSettings, SFTTrainer, sft_update
 
 
 def _rows(run_dir):

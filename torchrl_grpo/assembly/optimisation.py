@@ -21,6 +21,7 @@ from torchrl_grpo.assembly.devices import Devices
 from torchrl_grpo.assembly.policy import Policy
 from torchrl_grpo.assembly.rollout_side import loss_sampling
 from torchrl_grpo.objectives.loss import GRPOLoss
+from torchrl_grpo.objectives.loss_interface import PolicyLoss
 from torchrl_grpo.training.checkpoint import load_checkpoint
 from torchrl_grpo.training.optimizer import make_optimizer, make_scheduler
 from torchrl_grpo.training.update import GRPOUpdate
@@ -39,9 +40,10 @@ def autocast_for(device: torch.device) -> Callable[[], Any]:
 
 @dataclass
 class Optimisation:
-    """The loss, the optimizer and its LR schedule of a run."""
+    """The loss (a :class:`~torchrl_grpo.objectives.loss_interface.PolicyLoss`), the optimizer and its LR schedule
+    of a run."""
 
-    loss_fn: GRPOLoss
+    loss_fn: PolicyLoss
     optimizer: torch.optim.Optimizer
     scheduler: Any
 

@@ -64,10 +64,9 @@ from tensordict import TensorDict
 from torchrl_grpo.continual.trajectory_buffer import TrajectoryBuffer
 from torchrl_grpo.rollout.collector import concat_batches  # replay joins past groups to a batch (public here too, as before)
 from torchrl_grpo.training.grpo_trainer import GRPOTrainer
-from torchrl_grpo.training.update import PenalisedLoss  # EWC's loss wrapper (public here too, as before)
 
 __all__ = ["CLAlgorithm", "ContinualRun", "Sequential", "Replay", "Joint", "EWC", "LoRAPerDomain", "KLAnchor",
-           "PenalisedLoss", "ALGORITHMS", "concat_batches"]
+           "ALGORITHMS", "concat_batches"]
 
 
 class ContinualRun(Protocol):
@@ -257,9 +256,9 @@ class EWC(CLAlgorithm):
     sampled responses (per-episode gradients, so N backward passes per task), over the trainable parameters only
     (LoRA: the adapter). The episodes are the last ``fisher_batches`` collected batches of the task.
 
-    Where we diverge, and why: the penalty is added to the loss's ``loss_kl`` entry (the regulariser slot that
-    :func:`torchrl_grpo.objectives.loss.total_loss` backpropagates; ``kl_ref`` is still reported on its own) and logged as
-    ``ewc_penalty`` (:meth:`GRPOUpdate.add_loss_penalty`), so neither the loss module nor the update's algorithm
+    The penalty is one of the update's penalties (:meth:`GRPOUpdate.add_loss_penalty`, named ``ewc``): its own
+    loss entry and metric ``loss_penalty_ewc`` (:func:`torchrl_grpo.objectives.loss.total_loss` backpropagates it with
+    the loss's terms; ``loss_kl`` stays the KL term's), so neither the loss module nor the update's algorithm
     changes. F, θ*, the episode count and the batches kept for the next Fisher are in :meth:`state_dict`, so a resumed
     run pays the uninterrupted run's penalty.
 
@@ -272,6 +271,8 @@ class EWC(CLAlgorithm):
     """
 
     name = "ewc"
+    #: the update's penalty name: logged as ``loss_penalty_ewc`` (:func:`torchrl_grpo.objectives.loss_interface.penalty_key`)
+    penalty_name = "ewc"
 
     @classmethod
     def from_config(cls, settings: Mapping[str, Any], *, seed: int = 0) -> EWC:
@@ -288,7 +289,7 @@ class EWC(CLAlgorithm):
 
     def setup(self, cl: ContinualRun) -> None:
         super().setup(cl)
-        cl.trainer.updater.add_loss_penalty(self.penalty, "ewc_penalty")
+        cl.trainer.updater.add_loss_penalty(self.penalty, self.penalty_name)
 
     def augment_batch(self, batch: TensorDict, domain: str) -> TensorDict:
         self._recent = (self._recent + [batch.exclude("task", "info").clone()])[-self.fisher_batches:]

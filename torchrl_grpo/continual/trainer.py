@@ -166,7 +166,7 @@ class ContinualTrainer:
         row = {"step": t.step, "domain": domain, "loss": m.get("loss/total"), "reward_mean": self._domain_reward,
                "reward_mean_batch": m.get("reward/mean"), "success_rate": m.get("reward/success_rate"),
                "kl_ref": m.get("kl_ref"), "ess": m.get("ess"), "replayed_episodes": self._replayed,
-               **{k: m[k] for k in ("ewc_penalty",) if k in m}}
+               **({"ewc_penalty": m["loss_penalty_ewc"]} if "loss_penalty_ewc" in m else {})}
         self.metrics.setdefault(f"task_{k}/train", []).append(row)
         return {**m, "cl/task": k, "cl/domain_reward_mean": self._domain_reward, "cl/replayed_episodes": self._replayed}
 

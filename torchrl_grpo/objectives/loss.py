@@ -35,7 +35,7 @@ see :mod:`torchrl_grpo.objectives.advantage`):
   as in IMPALA's V-trace, Espeholt et al., 2018, arXiv:1802.01561, Eq. 1), or the token is masked out when
   :math:`w > c` (``"mask"``: AReaL's ``behav_imp_weight_cap``, which drops those tokens' surrogate but keeps them
   in the token count). Without ``old_log_probs`` the anchor is the behaviour policy itself and no weight applies,
-  unless :attr:`GRPOLoss.anchor_current` is set (one optimizer step per batch): then π_prox is the current
+  unless the call passes ``anchor="current"`` (one optimizer step per batch): then π_prox is the current
   policy, i.e. this forward's own detached log-probs (the value a no-grad recompute gives, without that pass).
 
 Metrics (all over response tokens only, never over prompt or padding):
@@ -52,13 +52,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.objectives.common import LossModule
 
 from torchrl_grpo.config.choices import AGGREGATIONS, BEHAVIOUR_WEIGHT_MODES  # config loss.*: defined once there
-from torchrl_grpo.objectives.log_probs import token_log_probs
+from torchrl_grpo.objectives.log_probs import Window, token_log_probs
+from torchrl_grpo.objectives.loss_interface import PolicyLossModule, resolve_anchor
 from torchrl_grpo.objectives.shared_prefix import SharedPrefix
 
 __all__ = ["GRPOLoss", "total_loss", "combine_ess", "BEHAVIOUR_WEIGHT_MODES", "token_log_probs", "masked_aggregate",
@@ -92,8 +94,23 @@ def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * m).sum() / m.sum().clamp_min(1.0)
 
 
-class GRPOLoss(LossModule):
-    """GRPO / DAPO / Dr. GRPO policy loss as a TorchRL ``LossModule`` (formulas in the module docstring).
+class _Inputs(NamedTuple):
+    """The input columns of one :class:`GRPOLoss` call, checked (:meth:`GRPOLoss._inputs`)."""
+
+    tokens: torch.Tensor  # long [B, T]
+    attn: torch.Tensor  # bool [B, T]
+    mask: torch.Tensor  # bool [B, T]: scored tokens (response & real)
+    behav: torch.Tensor  # float [B, T]: behaviour log-probs
+    adv: torch.Tensor  # float [B]
+    old: torch.Tensor  # float [B, T]: π_prox's log-probs (behav unless anchor is "recomputed"; unused for "current")
+    anchor: str  # one of loss_interface.ANCHORS
+    window: Window | None
+
+
+class GRPOLoss(PolicyLossModule):
+    """GRPO / DAPO / Dr. GRPO policy loss as a TorchRL ``LossModule`` (formulas in the module docstring), a
+    :class:`~torchrl_grpo.objectives.loss_interface.PolicyLossModule` (``normaliser``: ``"token"`` for
+    ``token_mean``, ``"episode"`` for the seq-mean aggregations).
 
     Input TensorDict, batch size [B] (one row per episode; T = padded sequence length):
 
@@ -168,7 +185,6 @@ class GRPOLoss(LossModule):
         behaviour_weight_mode: str = "truncate",
         logits_chunk: int = 0,
     ) -> None:
-        super().__init__()
         if not 0 <= clip_eps_low < 1:
             raise ValueError(f"clip_eps_low must be in [0, 1), got {clip_eps_low}")
         if clip_eps_high < 0:
@@ -177,33 +193,25 @@ class GRPOLoss(LossModule):
             raise ValueError(f"unknown aggregation {aggregation!r}; expected one of {AGGREGATIONS}")
         if kl_coef < 0 or entropy_coef < 0:
             raise ValueError("kl_coef and entropy_coef must be >= 0")
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0 for the loss, got {temperature}")
-        if not 0 < top_p <= 1 or top_k < 0:
-            raise ValueError(f"top_p must be in (0, 1] and top_k >= 0, got top_p={top_p}, top_k={top_k}")
         if behaviour_weight_cap is not None and behaviour_weight_cap <= 0:
             raise ValueError("behaviour_weight_cap must be > 0 or None")
         if behaviour_weight_mode not in BEHAVIOUR_WEIGHT_MODES:
             raise ValueError(f"behaviour_weight_mode must be one of {BEHAVIOUR_WEIGHT_MODES}, got {behaviour_weight_mode!r}")
-        # stored as a plain attribute: LossModule would otherwise try to make functional copies of it
-        self.__dict__["actor"] = actor
+        super().__init__(actor, temperature=temperature, top_p=top_p, top_k=top_k)
         self.clip_eps_low = float(clip_eps_low)
         self.clip_eps_high = float(clip_eps_high)
         self.kl_coef = float(kl_coef)
         self.entropy_coef = float(entropy_coef)
         self.aggregation = aggregation
         self.max_tokens = max_tokens
-        self.temperature = float(temperature)
-        self.top_p = float(top_p)
-        self.top_k = int(top_k)
         self.behaviour_weight_cap = behaviour_weight_cap
         self.behaviour_weight_mode = behaviour_weight_mode
         self.logits_chunk = int(logits_chunk)
-        #: π_prox is the policy being trained, as it is before this optimizer step (set by
-        #: :class:`~torchrl_grpo.training.update.GRPOUpdate` when a batch gets one optimizer step): without ``old_log_probs``
-        #: the anchor is then this forward's own detached log-probs — the value a no-grad recompute would give,
-        #: without its extra forward pass — and the decoupled behaviour weight applies as with a recompute.
-        self.anchor_current = False
+
+    @property
+    def normaliser(self) -> str:
+        """``"token"`` for ``token_mean``, else ``"episode"`` (the seq-mean aggregations divide by sequences)."""
+        return "token" if self.aggregation == "token_mean" else "episode"
 
     @property
     def in_keys(self):
@@ -221,102 +229,119 @@ class GRPOLoss(LossModule):
             raise ValueError(f"GRPOLoss: input TensorDict lacks key {key!r}; present: {sorted(map(str, td.keys()))}")
         return None
 
-    def forward(self, tensordict: TensorDictBase, prefix: SharedPrefix | None = None) -> TensorDict:
-        """Losses and metrics of ``tensordict`` (keys: :attr:`in_keys`). ``prefix``: a
-        :class:`~torchrl_grpo.objectives.shared_prefix.SharedPrefix` every row starts with (see
-        :func:`~torchrl_grpo.objectives.log_probs.token_log_probs`); its ``backward()`` is the caller's, after the last
-        backward pass that reads it."""
+    def _inputs(self, td: TensorDictBase, anchor: str | None) -> _Inputs:
+        """The input columns as the forward uses them, checked (shapes, keys, ``anchor``)."""
         k = self.tensor_keys
-        tokens = self._get(tensordict, k.tokens)
-        attn = self._get(tensordict, k.attention_mask).bool()
-        mask = self._get(tensordict, k.response_mask).bool() & attn
-        behav = self._get(tensordict, k.sample_log_probs).float()
-        adv = self._get(tensordict, k.advantage).float().reshape(-1)
-        old = self._get(tensordict, k.old_log_probs, required=False)
-        decoupled = old is not None or self.anchor_current
-        old = behav if old is None else old.float()
+        anchor = resolve_anchor(td, anchor, k.old_log_probs)
+        tokens = self._get(td, k.tokens)
+        attn = self._get(td, k.attention_mask).bool()
+        mask = self._get(td, k.response_mask).bool() & attn
+        behav = self._get(td, k.sample_log_probs).float()
+        adv = self._get(td, k.advantage).float().reshape(-1)
+        old = self._get(td, k.old_log_probs).float() if anchor == "recomputed" else behav
         if tokens.shape != attn.shape or behav.shape != tokens.shape or old.shape != tokens.shape:
             raise ValueError("tokens, attention_mask, response_mask and log-probs must all be [B, T]")
         if adv.shape[0] != tokens.shape[0]:
             raise ValueError(f"advantage has {adv.shape[0]} rows, tokens {tokens.shape[0]}")
+        window = td.get_non_tensor(k.window, None) if k.window in td.keys() else None
+        return _Inputs(tokens, attn, mask, behav, adv, old, anchor, window)
 
-        need_entropy = self.entropy_coef > 0
+    def forward(self, tensordict: TensorDictBase, *, prefix: SharedPrefix | None = None,
+                anchor: str | None = None) -> TensorDict:
+        """Losses and metrics of ``tensordict`` (keys: :attr:`in_keys`).
+
+        Args:
+            prefix: a :class:`~torchrl_grpo.objectives.shared_prefix.SharedPrefix` every row starts with (see
+                :func:`~torchrl_grpo.objectives.log_probs.token_log_probs`); its ``backward()`` is the caller's, after
+                the last backward pass that reads it.
+            anchor: π_prox of this call (:data:`~torchrl_grpo.objectives.loss_interface.ANCHORS`): ``"behaviour"``
+                (``sample_log_probs``; no behaviour weight), ``"recomputed"`` (``old_log_probs``), ``"current"`` (this
+                forward's own detached log-probs: the value a no-grad recompute gives, without that pass), or None:
+                ``"recomputed"`` when the input has ``old_log_probs``, else ``"behaviour"``. The behaviour weight
+                (module docstring) applies to every anchor but ``"behaviour"``.
+
+        Raises:
+            ValueError: missing keys, shapes that differ, a bad ``anchor`` or ``"recomputed"`` without
+                ``old_log_probs``.
+        """
+        x = self._inputs(tensordict, anchor)
         logp, ent = token_log_probs(
-            self.actor, tokens, attn, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-            with_entropy=need_entropy,
-            logits_chunk=self.logits_chunk, response_mask=mask, prefix=prefix,
-            window=tensordict.get_non_tensor(k.window, None) if k.window in tensordict.keys() else None,
+            self.actor, x.tokens, x.attn, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+            with_entropy=self.entropy_coef > 0, logits_chunk=self.logits_chunk, response_mask=x.mask, prefix=prefix,
+            window=x.window,
         )
-        if self.anchor_current and k.old_log_probs not in tensordict.keys():
-            old = logp.detach()
+        old = logp.detach() if x.anchor == "current" else x.old
         zeros = torch.zeros_like(logp)
-        log_ratio = torch.where(mask, logp - old, zeros)
-        ratio = log_ratio.exp()
-        A = adv[:, None].expand_as(ratio)
+        ratio = torch.where(x.mask, logp - old, zeros).exp()
+        A = x.adv[:, None].expand_as(ratio)
         clipped = ratio.clamp(1.0 - self.clip_eps_low, 1.0 + self.clip_eps_high)
         surrogate = torch.minimum(ratio * A, clipped * A)
         behaviour_weight, weight_masked = None, None
-        if decoupled:
-            behaviour_weight = torch.where(mask, (old - behav).exp(), zeros + 1)
-            c = self.behaviour_weight_cap
-            if c is not None and self.behaviour_weight_mode == "truncate":
-                behaviour_weight = behaviour_weight.clamp(max=c)
-            elif c is not None:  # "mask"
-                weight_masked = (behaviour_weight > c) & mask
-                behaviour_weight = torch.where(weight_masked, zeros, behaviour_weight)
+        if x.anchor != "behaviour":  # decoupled: π_prox is not the behaviour policy
+            behaviour_weight, weight_masked = self._behaviour_weight(old, x.behav, x.mask)
             surrogate = surrogate * behaviour_weight
-        agg = lambda x: masked_aggregate(x, mask, self.aggregation, self.max_tokens)  # noqa: E731
+        agg = lambda v: masked_aggregate(v, x.mask, self.aggregation, self.max_tokens)  # noqa: E731
         loss_objective = -agg(surrogate)
-
-        if self.kl_coef > 0:
-            ref = self._get(tensordict, k.ref_log_probs).float()
-            d = torch.where(mask, ref - logp, zeros)
-            kl_tok = d.exp() - d - 1.0
-            kl_ref = agg(kl_tok)
-            loss_kl = self.kl_coef * kl_ref
-        else:
-            kl_ref = None
-            loss_kl = loss_objective.new_zeros(())
-        if need_entropy:
-            entropy = agg(ent)
-            loss_entropy = -self.entropy_coef * entropy
-        else:
-            entropy = None
-            loss_entropy = loss_objective.new_zeros(())
-
-        with torch.no_grad():
-            r = ratio.detach()
-            below = (r < 1.0 - self.clip_eps_low) & mask
-            above = (r > 1.0 + self.clip_eps_high) & mask
-            n_tok = mask.sum()
-            # log importance weights vs the behaviour policy, -inf off the mask (a zero weight): no boolean indexing,
-            # no host read (a device sync each); no token gives log Σw = -inf and ESS = NaN
-            lw = torch.where(mask, logp.detach() - behav, torch.full_like(logp, float("-inf"))).flatten()
-            log_sw, log_sw2 = torch.logsumexp(lw, 0), torch.logsumexp(2 * lw, 0)
-            ess = (2 * log_sw - log_sw2).exp() / n_tok
-            nan = torch.full_like(ess, float("nan"))
-            ess = torch.where(n_tok > 0, ess, nan)
-            ratio_max = torch.where(n_tok > 0, torch.where(mask, r, torch.zeros_like(r) - 1).max(), nan)
-            out = {
-                "loss_objective": loss_objective,
-                "loss_kl": loss_kl,
-                "loss_entropy": loss_entropy,
-                "ess": ess,
-                "clip_fraction": _masked_mean((below | above).float(), mask),
-                "clip_fraction_low": _masked_mean(below.float(), mask),
-                "clip_fraction_high": _masked_mean(above.float(), mask),
-                "kl_behaviour": _masked_mean(behav - logp.detach(), mask),
-                "ratio_mean": _masked_mean(r, mask),
-                "ratio_max": ratio_max,
-                "num_tokens": n_tok.float(),
-                "kl_ref": kl_ref.detach() if kl_ref is not None else nan,
-                "entropy": entropy.detach() if entropy is not None else nan,
-                "behaviour_weight_mean": _masked_mean(behaviour_weight, mask) if behaviour_weight is not None else torch.ones_like(ess),
-                "behaviour_weight_masked": _masked_mean(weight_masked.float(), mask) if weight_masked is not None else torch.zeros_like(ess),
-                "ess_log_sum_w": log_sw,
-                "ess_log_sum_w2": log_sw2,
-            }
+        kl_ref = agg(self._k3(tensordict, logp, x.mask)) if self.kl_coef > 0 else None
+        entropy = agg(ent) if self.entropy_coef > 0 else None
+        out = self._metrics(x, logp, ratio, behaviour_weight, weight_masked, kl_ref, entropy)
+        out["loss_objective"] = loss_objective
+        out["loss_kl"] = self.kl_coef * kl_ref if kl_ref is not None else loss_objective.new_zeros(())
+        out["loss_entropy"] = -self.entropy_coef * entropy if entropy is not None else loss_objective.new_zeros(())
         return TensorDict(out, batch_size=[])
+
+    def _behaviour_weight(self, old: torch.Tensor, behav: torch.Tensor, mask: torch.Tensor):
+        """The decoupled weight π_prox/π_behav per token (1 off the mask), capped as ``behaviour_weight_mode`` says,
+        and the tokens the ``"mask"`` mode zeroed (None otherwise)."""
+        weight = torch.where(mask, (old - behav).exp(), torch.ones_like(old))
+        c, masked = self.behaviour_weight_cap, None
+        if c is not None and self.behaviour_weight_mode == "truncate":
+            weight = weight.clamp(max=c)
+        elif c is not None:  # "mask"
+            masked = (weight > c) & mask
+            weight = torch.where(masked, torch.zeros_like(weight), weight)
+        return weight, masked
+
+    def _k3(self, td: TensorDictBase, logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The k3 KL estimate to the reference per token [B, T] (0 off the mask)."""
+        ref = self._get(td, self.tensor_keys.ref_log_probs).float()
+        d = torch.where(mask, ref - logp, torch.zeros_like(logp))
+        return d.exp() - d - 1.0
+
+    @torch.no_grad()
+    def _metrics(self, x: _Inputs, logp, ratio, behaviour_weight, weight_masked, kl_ref, entropy) -> dict:
+        """The detached metrics of one call (class docstring), over the response tokens ``x.mask``; no host read."""
+        mask = x.mask
+        r = ratio.detach()
+        below = (r < 1.0 - self.clip_eps_low) & mask
+        above = (r > 1.0 + self.clip_eps_high) & mask
+        n_tok = mask.sum()
+        # log importance weights vs the behaviour policy, -inf off the mask (a zero weight): no boolean indexing,
+        # no host read (a device sync each); no token gives log Σw = -inf and ESS = NaN
+        lw = torch.where(mask, logp.detach() - x.behav, torch.full_like(logp, float("-inf"))).flatten()
+        log_sw, log_sw2 = torch.logsumexp(lw, 0), torch.logsumexp(2 * lw, 0)
+        ess = (2 * log_sw - log_sw2).exp() / n_tok
+        nan = torch.full_like(ess, float("nan"))
+        ess = torch.where(n_tok > 0, ess, nan)
+        ratio_max = torch.where(n_tok > 0, torch.where(mask, r, torch.zeros_like(r) - 1).max(), nan)
+        return {
+            "ess": ess,
+            "clip_fraction": _masked_mean((below | above).float(), mask),
+            "clip_fraction_low": _masked_mean(below.float(), mask),
+            "clip_fraction_high": _masked_mean(above.float(), mask),
+            "kl_behaviour": _masked_mean(x.behav - logp.detach(), mask),
+            "ratio_mean": _masked_mean(r, mask),
+            "ratio_max": ratio_max,
+            "num_tokens": n_tok.float(),
+            "kl_ref": kl_ref.detach() if kl_ref is not None else nan,
+            "entropy": entropy.detach() if entropy is not None else nan,
+            "behaviour_weight_mean": (_masked_mean(behaviour_weight, mask) if behaviour_weight is not None
+                                      else torch.ones_like(ess)),
+            "behaviour_weight_masked": (_masked_mean(weight_masked.float(), mask) if weight_masked is not None
+                                        else torch.zeros_like(ess)),
+            "ess_log_sum_w": log_sw,
+            "ess_log_sum_w2": log_sw2,
+        }
 
 
 def combine_ess(log_sum_w: list[float], log_sum_w2: list[float], n_tokens: float) -> float:
@@ -507,7 +532,7 @@ class LossMetrics:
 
 def total_loss(losses: TensorDictBase) -> torch.Tensor:
     """Sum of the ``loss_*`` entries of a loss output (:class:`GRPOLoss`: objective, KL, entropy;
-    :class:`torchrl_grpo.training.sft_trainer.SFTLoss`: the NLL): the scalar to backpropagate (TorchRL's convention).
+    :class:`torchrl_grpo.objectives.sft_loss.SFTLoss`: the NLL; penalties the update adds, ``loss_penalty_*``): the scalar to backpropagate (TorchRL's convention).
 
     Raises:
         KeyError: no ``loss_*`` entry.

@@ -5,14 +5,9 @@ The recipe of slime's tau2 cookbook and of the GSM8K guides (SFT -> RFT -> GRPO)
 already act. Data: :mod:`torchrl_grpo.rollout.demonstrations` (gold replays through the RL collector and env, so the
 tokens are the ones the policy will later sample; the policy's own successful episodes for RFT).
 
-Objective (the standard maximum-likelihood / behaviour-cloning loss, e.g. InstructGPT's SFT stage, Ouyang et al.,
-2022, arXiv:2203.02155, Sec. 3.5): over the assistant tokens ``m`` of a minibatch,
-
-.. math:: \mathcal{L}_{SFT} = -\frac{1}{\sum_{i,t} m_{i,t}} \sum_{i,t} m_{i,t} \log\pi_\theta(o_{i,t} \mid o_{i,<t}),
-
-the token mean over the whole minibatch (DAPO's token-level aggregation, as the GRPO loss): tool results, user
-turns and the prompt are context only. The optimizer side is :class:`torchrl_grpo.training.update.GRPOUpdate` with this
-loss (micro-batches by token budget, the shared-prefix forward, gradient clipping, non-finite skips), one
+Objective: the token-mean negative log-likelihood of the assistant tokens,
+:class:`torchrl_grpo.objectives.sft_loss.SFTLoss` (formula and source there). The optimizer side is
+:class:`torchrl_grpo.training.update.GRPOUpdate` with this loss (micro-batches by token budget, the shared-prefix forward, gradient clipping, non-finite skips), one
 optimizer step per minibatch (:func:`sft_update`). The trainer (:class:`SFTTrainer`) is composed from the run's
 components, not derived from the GRPO trainer, and runs on the shared loop shell (:mod:`torchrl_grpo.training.loop`).
 
@@ -37,12 +32,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-from tensordict import TensorDict, TensorDictBase
-from torchrl.objectives.common import LossModule
+from tensordict import TensorDict
 
 from torchrl_grpo.config.choices import SFT_SOURCES  # sft.source, defined once in the config
-from torchrl_grpo.objectives.log_probs import token_log_probs
-from torchrl_grpo.objectives.shared_prefix import SharedPrefix
+from torchrl_grpo.objectives.sft_loss import SFTLoss
 from torchrl_grpo.rollout.demonstrations import gold_demonstrations, successful_episodes
 from torchrl_grpo.training.checkpoint import latest_checkpoint, save_checkpoint
 from torchrl_grpo.training.components import Components
@@ -51,7 +44,7 @@ from torchrl_grpo.training.loop import CheckpointSchedule, EvalSchedule, Progres
 from torchrl_grpo.training.optimizer import make_scheduler
 from torchrl_grpo.training.update import GRPOUpdate
 
-__all__ = ["SFTLoss", "SFTSettings", "SFTProgress", "SFTTrainer", "SFT_SOURCES", "PHASE_DATA", "read_sft_resume",
+__all__ = ["SFTSettings", "SFTProgress", "SFTTrainer", "SFT_SOURCES", "PHASE_DATA", "read_sft_resume",
            "save_merged_model", "sft_update"]
 
 #: the file of an SFT checkpoint that holds the episodes of the phase it stopped in
@@ -131,48 +124,6 @@ def read_sft_resume(path: str | Path) -> dict[str, Any]:
             raise FileNotFoundError(f"{ckpt} stopped inside an SFT phase but has no {PHASE_DATA}")
         data = torch.load(ckpt / PHASE_DATA, weights_only=False)
     return {"path": str(ckpt), "step": int(state["step"]), "progress": progress, "data": data}
-
-
-class SFTLoss(LossModule):
-    """Token-mean negative log-likelihood of the assistant tokens (module docstring), as a TorchRL ``LossModule``
-    that :class:`~torchrl_grpo.training.update.GRPOUpdate` runs in place of the GRPO loss.
-
-    Input TensorDict [B]: ``tokens`` long [B, T], ``attention_mask`` bool [B, T], ``response_mask`` bool [B, T]
-    (the tokens to imitate). Output (scalars): ``loss_sft`` (the NLL, nats/token, to backpropagate), ``nll`` (its
-    detached value), ``num_tokens``.
-
-    Raises:
-        ValueError: missing keys or shapes that differ.
-    """
-
-    aggregation = "token_mean"  # GRPOUpdate weights micro-batches by their share of the minibatch's tokens
-    temperature, top_p, top_k = 1.0, 1.0, 0  # the model's raw distribution (used by no-grad scoring passes)
-
-    def __init__(self, actor: torch.nn.Module) -> None:
-        super().__init__()
-        self.__dict__["actor"] = actor  # a plain attribute: no functional copy
-        self.anchor_current = False  # set by GRPOUpdate; an SFT loss has no importance ratio to anchor
-
-    @property
-    def in_keys(self):
-        return ["tokens", "attention_mask", "response_mask"]
-
-    @property
-    def out_keys(self):
-        return ["loss_sft", "nll", "num_tokens"]
-
-    def forward(self, tensordict: TensorDictBase, prefix: SharedPrefix | None = None) -> TensorDict:
-        missing = [k for k in self.in_keys if k not in tensordict.keys()]
-        if missing:
-            raise ValueError(f"SFTLoss: input lacks {missing}; present: {sorted(map(str, tensordict.keys()))}")
-        tokens, attn = tensordict["tokens"], tensordict["attention_mask"].bool()
-        mask = tensordict["response_mask"].bool() & attn
-        if tokens.shape != attn.shape or mask.shape != tokens.shape:
-            raise ValueError("tokens, attention_mask and response_mask must all be [B, T]")
-        logp, _ = token_log_probs(self.actor, tokens, attn, response_mask=mask, prefix=prefix)
-        n = mask.sum()
-        nll = -(logp * mask).sum() / n.clamp_min(1)
-        return TensorDict({"loss_sft": nll, "nll": nll.detach(), "num_tokens": n.float()}, batch_size=[])
 
 
 def save_merged_model(model: torch.nn.Module, tokenizer, out_dir: str | Path) -> Path:
@@ -255,7 +206,8 @@ class SFTTrainer:
         self.cfg = None  # build_trainer sets the config it built from, for callers; never read here
         self.settings, self.run_dir, self.device, self.load_time_s = c.settings, c.run_dir, c.device, c.load_time_s
         self.model, self.tokenizer, self.backend, self.optimizer = c.model, c.tokenizer, c.backend, c.optimizer
-        self.collector, self.train_tasks, self.logger, self.step = c.collector, c.train_tasks, c.logger, c.start_step
+        self.collector, self.train_tasks = c.env_side.collector, c.env_side.train_tasks  # SFT never switches env
+        self.logger, self.step = c.logger, c.start_step
         if resume is not None and resume["step"] != self.step:
             raise ValueError(f"SFTTrainer: components start at step {self.step} but the SFT resume state is of step "
                              f"{resume['step']}: pass read_sft_resume() of the checkpoint they were resumed from")

@@ -28,12 +28,13 @@ import torch
 from tensordict import TensorDict
 
 from torchrl_grpo.objectives.log_probs import Window, _decoder_and_head, _uses_grad_checkpointing, token_log_probs
-from torchrl_grpo.objectives.loss import GRPOLoss, LossMetrics, total_loss
+from torchrl_grpo.objectives.loss import LossMetrics, total_loss
+from torchrl_grpo.objectives.loss_interface import Penalty, PolicyLoss, check_policy_loss
 from torchrl_grpo.distributed.data_parallel import SINGLE, is_fsdp
 from torchrl_grpo.training.micro_batch import auto_token_budget, plan_micro_batches
 from torchrl_grpo.objectives.shared_prefix import SharedPrefix, build_shared_prefix, sharing_pays
 
-__all__ = ["GRPOUpdate", "PenalisedLoss", "ANCHORS", "SHARED_PREFIX_MODES"]
+__all__ = ["GRPOUpdate", "ANCHORS", "SHARED_PREFIX_MODES"]
 
 
 def _has_dropout(model: torch.nn.Module) -> bool:
@@ -128,7 +129,10 @@ class GRPOUpdate:
 
     Args:
         model: the policy being trained (HF causal LM or peft model).
-        loss_fn: the :class:`~torchrl_grpo.objectives.loss.GRPOLoss` on ``model``.
+        loss_fn: the loss on ``model``, a :class:`~torchrl_grpo.objectives.loss_interface.PolicyLoss`
+            (:class:`~torchrl_grpo.objectives.loss.GRPOLoss`, :class:`~torchrl_grpo.objectives.sft_loss.SFTLoss`):
+            the update reads its scoring settings and ``normaliser`` and passes each call its ``prefix`` and
+            ``anchor``; None: planning and scoring helpers only (:meth:`row_facts`, :meth:`micro_batches`).
         optimizer: over ``model``'s trainable parameters.
         reference: ``None`` (no KL term), or a callable returning a context manager that yields the frozen reference
             module to score with (a copy of the initial policy, or the LoRA model with its adapter switched off). Its
@@ -161,9 +165,15 @@ class GRPOUpdate:
 
     Attributes:
         optimizer_steps: optimizer steps taken so far (restored on resume).
+        penalties: the :class:`~torchrl_grpo.objectives.loss_interface.Penalty` list every micro-batch's loss pays
+            (:meth:`add_loss_penalty`), each its own ``loss_penalty_<name>`` entry and metric.
+
+    Raises:
+        ValueError: a setting out of its choices or range. TypeError: ``loss_fn`` does not declare the
+        :class:`~torchrl_grpo.objectives.loss_interface.PolicyLoss` interface.
     """
 
-    def __init__(self, model: torch.nn.Module, loss_fn: GRPOLoss, optimizer: torch.optim.Optimizer, *,
+    def __init__(self, model: torch.nn.Module, loss_fn: PolicyLoss | None, optimizer: torch.optim.Optimizer, *,
                  reference: Callable[[], AbstractContextManager] | None, device: torch.device,
                  autocast: Callable[[], AbstractContextManager], ppo_epochs: int, minibatch_size: int,
                  micro_batch_size: int, max_tokens_per_mb: int | str, max_grad_norm: float, anchor: str,
@@ -178,6 +188,8 @@ class GRPOUpdate:
         if max_tokens_per_mb != "auto" and (isinstance(max_tokens_per_mb, bool) or not isinstance(max_tokens_per_mb, int)
                                             or max_tokens_per_mb < 0):
             raise ValueError(f"max_tokens_per_mb must be an int >= 0 or 'auto', got {max_tokens_per_mb!r}")
+        if loss_fn is not None:
+            check_policy_loss(loss_fn)
         self.shared_prefix = shared_prefix
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
         self.reference, self.device, self.autocast = reference, device, autocast
@@ -186,6 +198,7 @@ class GRPOUpdate:
         self.max_grad_norm, self.anchor, self.exact_log_probs, self.seed = max_grad_norm, anchor, exact_log_probs, seed
         self.optimizer_steps = optimizer_steps
         self.dp = dp or SINGLE
+        self.penalties: list[Penalty] = []
 
     @torch.no_grad()
     def row_facts(self, td: TensorDict) -> RowFacts:
@@ -199,7 +212,7 @@ class GRPOUpdate:
         cols = torch.arange(T, device=tokens.device)
         has = sc.any(-1)
         first = torch.where(has, sc.long().argmax(-1), torch.full_like(has, T, dtype=torch.long))
-        if getattr(self.loss_fn, "aggregation", "token_mean") == "token_mean":  # (a loss-less update: planning only)
+        if self.loss_fn is None or self.loss_fn.normaliser == "token":  # (no loss: planning only)
             norm = td["response_mask"].sum(-1)
         else:
             norm = (td["response_tokens"] > 0).long()
@@ -379,12 +392,13 @@ class GRPOUpdate:
         params = [p for p in self.model.parameters() if p.requires_grad]
         self._fill_reference(batch)
         current = self._set_anchor(batch, plan.multi_update, stale)
+        anchor = "recomputed" if "old_log_probs" in batch.keys() else "current" if current else "behaviour"
         self.model.train()
         tally = _Tally()
         with sparse_tied_embedding_grads(self.model) as densify:  # exact; no [V, H] zero-fill per pass
             for _epoch, mini in self._minibatches(batch, plan, step):
                 self.optimizer.zero_grad(set_to_none=True)
-                finite = self._accumulate_gradients(mini, tally)  # loss over micro-batches, backward of each
+                finite = self._accumulate_gradients(mini, tally, anchor)  # loss over micro-batches, backward of each
                 if not self.dp.all(finite is None or bool(finite)):  # every rank skips, or none (one read)
                     self._skip(tally, step, "non-finite loss")
                     continue
@@ -404,12 +418,19 @@ class GRPOUpdate:
     # ------------------------------------------------------------------ what a caller may change between updates
     def add_loss_penalty(self, penalty: Callable[[], torch.Tensor], name: str) -> None:
         """From the next update on, every micro-batch's loss also pays ``penalty()``: a scalar tensor with gradient
-        on the training device, added to the loss's ``loss_kl`` entry (the regulariser slot
-        :func:`~torchrl_grpo.objectives.loss.total_loss` backpropagates) and reported as the metric ``name``.
-        Micro-batch losses are weighted by their share of the minibatch, so each optimizer step pays it once.
-        Penalties stack (each call wraps the loss once more, :class:`PenalisedLoss`). Used by continual EWC
-        (:class:`torchrl_grpo.continual.algorithms.EWC`)."""
-        self.loss_fn = PenalisedLoss(self.loss_fn, penalty, name)
+        on the training device, added to the loss output as its own entry ``loss_penalty_<name>``
+        (:class:`~torchrl_grpo.objectives.loss_interface.Penalty`; :func:`~torchrl_grpo.objectives.loss.total_loss`
+        backpropagates it with the loss's own terms) and reported as the metric of that name. The loss module is
+        not touched. Micro-batch losses are weighted by their share of the minibatch, so each optimizer step pays it
+        once. Penalties stack, in the order added. Used by continual EWC (:class:`torchrl_grpo.continual.algorithms.EWC`).
+
+        Raises:
+            ValueError: a bad ``name`` or one already added. TypeError: ``penalty`` is not callable.
+        """
+        p = Penalty(name, penalty)
+        if any(q.name == name for q in self.penalties):
+            raise ValueError(f"a penalty named {name!r} is already added")
+        self.penalties.append(p)
 
     def set_reference(self, reference: Callable[[], AbstractContextManager] | None) -> None:
         """From the next update on, the KL term (``ref_log_probs``) is scored against ``reference``: a callable
@@ -472,8 +493,8 @@ class GRPOUpdate:
 
     def _set_anchor(self, batch: TensorDict, multi_update: bool, stale: bool) -> bool:
         """Choose the PPO anchor π_old of this update (:meth:`needs_anchor_recompute`): the sampler's behaviour
-        log-probs, a no-grad recompute into ``batch["old_log_probs"]``, or (returned True, and set on the loss as
-        ``anchor_current``) the loss forward's own detached log-probs."""
+        log-probs, a no-grad recompute into ``batch["old_log_probs"]``, or (returned True; the loss calls then get
+        ``anchor="current"``) the loss forward's own detached log-probs."""
         recompute = self.needs_anchor_recompute(multi_update, stale)
         # one optimizer step on this batch (and no dropout): π_prox is the model as it is now, which the loss's own
         # forward computes; its detached log-probs anchor the ratio instead of a separate no-grad pass (exact up to
@@ -481,11 +502,11 @@ class GRPOUpdate:
         current = recompute and not multi_update and self.anchor != "recompute" and not _has_dropout(self.model)
         if recompute and not current:
             self.fill_log_probs(batch, "old_log_probs", self.model)
-        self.loss_fn.anchor_current = current
         return current
 
-    def _accumulate_gradients(self, mini: TensorDict, tally: _Tally) -> torch.Tensor | None:
+    def _accumulate_gradients(self, mini: TensorDict, tally: _Tally, anchor: str) -> torch.Tensor | None:
         """Backward of the loss of each micro-batch of ``mini`` that has a scored token (gradient accumulation),
+        each loss call anchored at ``anchor`` (:data:`~torchrl_grpo.objectives.loss_interface.ANCHORS`),
         against one shared-prefix forward when there is one (:meth:`shared_prefix_for`) and that prefix's backward
         after them. Returns whether every loss was finite, as a bool 0-d tensor not yet read (None: no micro-batch
         ran). Nothing is read back in the loop: every micro-batch runs and is backpropagated, a non-finite one adds
@@ -500,21 +521,24 @@ class GRPOUpdate:
         finite = None
         for rows, micro in self._lockstep(micros, self.model, backward=True):
             ok = self._micro_backward(micro, sum(facts.norm[r] for r in rows) / denom, prefix, tally.acc,
-                                      tokens=float(sum(facts.scored[r] for r in rows)))
+                                      tokens=float(sum(facts.scored[r] for r in rows)), anchor=anchor)
             finite = ok if finite is None else finite & ok
         if prefix is not None:
             prefix.backward()  # the remainders' summed gradient through the one prefix pass
         return finite
 
     def _micro_backward(self, micro: TensorDict, share: float, prefix: SharedPrefix | None, acc: LossMetrics, *,
-                        tokens: float) -> torch.Tensor:
-        """Backward of one micro-batch's loss weighted by its ``share`` of the minibatch's normaliser (the
-        micro-batches' gradients then sum to the minibatch loss's), and its metrics (``tokens``: its scored tokens)
-        into ``acc``. Returns whether the loss was finite, a bool 0-d tensor, unread: a non-finite loss is
-        backpropagated too (the caller then discards the minibatch's gradient) and adds no metrics."""
+                        tokens: float, anchor: str) -> torch.Tensor:
+        """Backward of one micro-batch's loss (plus the :attr:`penalties`, each its own ``loss_penalty_*`` entry)
+        weighted by its ``share`` of the minibatch's normaliser (the micro-batches' gradients then sum to the
+        minibatch loss's), and its metrics (``tokens``: its scored tokens) into ``acc``. Returns whether the loss was
+        finite, a bool 0-d tensor, unread: a non-finite loss is backpropagated too (the caller then discards the
+        minibatch's gradient) and adds no metrics."""
         micro = micro.to(self.device)
         with self.autocast():
-            losses = self.loss_fn(micro, prefix=prefix)
+            losses = self.loss_fn(micro, prefix=prefix, anchor=anchor)
+            for p in self.penalties:
+                losses[p.key] = p()
         loss = total_loss(losses)
         finite = torch.isfinite(loss.detach())
         (loss * share).backward()
@@ -532,7 +556,6 @@ class GRPOUpdate:
         :data:`~torchrl_grpo.objectives.loss.REDUCTIONS` declares (a collective), ``train/*`` counters and
         ``grad_norm``."""
         out = tally.acc.finish(tally.steps + tally.skipped, self.dp)
-        self.loss_fn.anchor_current = False
         out["train/anchor_recomputed"] = float("old_log_probs" in batch.keys() or current)
         out["train/anchor_current"] = float(current)
         out["train/optimizer_steps"] = float(tally.steps)
@@ -542,36 +565,3 @@ class GRPOUpdate:
             out["grad_norm"] = float(np.mean(tally.grad_norms))
         return out
 
-
-class PenalisedLoss:
-    """A loss (:class:`~torchrl_grpo.objectives.loss.GRPOLoss`) plus a penalty (:meth:`GRPOUpdate.add_loss_penalty`):
-    ``loss_kl`` += ``penalty()``, and the penalty's detached value under ``name`` for the metrics. Every other
-    attribute is the wrapped loss's, read and written: a setting the update makes on its loss (``anchor_current``)
-    reaches the loss that reads it."""
-
-    _OWN = ("base", "penalty", "name")
-
-    def __init__(self, base, penalty: Callable[[], torch.Tensor], name: str) -> None:
-        object.__setattr__(self, "base", base)
-        object.__setattr__(self, "penalty", penalty)
-        object.__setattr__(self, "name", name)
-
-    def __getattr__(self, attr):  # only for names not found normally: the wrapped loss's
-        try:
-            base = self.__dict__["base"]
-        except KeyError:  # copy / unpickle probe a bare instance (no base yet): a missing attribute, not a crash
-            raise AttributeError(f"{type(self).__name__} has no attribute {attr!r} (no wrapped loss yet)") from None
-        return getattr(base, attr)
-
-    def __setattr__(self, attr, value) -> None:
-        if attr in self._OWN:
-            object.__setattr__(self, attr, value)
-        else:
-            setattr(self.base, attr, value)
-
-    def __call__(self, td, **kwargs):  # kwargs: the update's (e.g. prefix=, the shared-prefix pass)
-        out = self.base(td, **kwargs)
-        p = self.penalty()
-        out["loss_kl"] = out["loss_kl"] + p
-        out[self.name] = p.detach()
-        return out
