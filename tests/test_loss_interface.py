@@ -176,3 +176,19 @@ def test_penalty_names_are_checked():
     with pytest.raises(TypeError, match="callable"):
         Penalty("l2", 3.0)
     assert Penalty("l2", lambda: torch.ones(())).key == "loss_penalty_l2"
+
+
+def test_every_loss_config_key_reaches_the_loss_or_is_read_elsewhere():
+    """build_optimisation passes ``loss.*`` to GRPOLoss by name (assembly/optimisation.loss_settings): a loss option
+    is added in the config section and the loss's arguments only. A key that is neither is refused at build time."""
+    from omegaconf import OmegaConf
+
+    from torchrl_grpo.assembly.optimisation import LOSS_KEYS_ELSEWHERE, loss_settings
+    from torchrl_grpo.config.schema import LossConfig
+
+    section = OmegaConf.structured(LossConfig())
+    got = loss_settings(section)
+    assert set(got) | set(LOSS_KEYS_ELSEWHERE) == set(section.keys())
+    GRPOLoss(torch.nn.Linear(1, 1), **got)  # every value is accepted as is
+    with pytest.raises(ValueError, match="loss.clip_eps"):
+        loss_settings({**OmegaConf.to_container(section), "clip_eps": 0.1})

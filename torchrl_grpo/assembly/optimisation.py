@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import inspect
 import logging
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -26,7 +27,8 @@ from torchrl_grpo.training.checkpoint import load_checkpoint
 from torchrl_grpo.training.optimizer import make_optimizer, make_scheduler
 from torchrl_grpo.training.update import GRPOUpdate
 
-__all__ = ["Optimisation", "autocast_for", "build_optimisation", "resume", "build_update"]
+__all__ = ["Optimisation", "autocast_for", "build_optimisation", "resume", "build_update", "loss_settings",
+           "LOSS_KEYS_ELSEWHERE"]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,36 @@ def autocast_for(device: torch.device) -> Callable[[], Any]:
     if device.type == "cuda":
         return lambda: torch.autocast("cuda", dtype=torch.bfloat16)
     return nullcontext
+
+
+#: ``loss.*`` keys read by other parts of the run (advantages, the group filter, the update's anchor), not arguments of
+#: the loss module; every other ``loss.*`` key is one (:func:`loss_settings`; tests/test_loss_interface.py checks the split).
+LOSS_KEYS_ELSEWHERE = ("adv_scale", "adv_baseline", "filter_zero_variance_groups", "anchor")
+
+#: :class:`GRPOLoss` arguments the run derives from other sections (the sampling settings, the episode budget), never
+#: from ``loss.*``.
+_DERIVED = ("actor", "max_tokens", "temperature", "top_p", "top_k")
+
+
+def loss_settings(section) -> dict[str, Any]:
+    """The ``loss.*`` values :class:`~torchrl_grpo.objectives.loss.GRPOLoss` takes, by name: every key of
+    ``section`` but :data:`LOSS_KEYS_ELSEWHERE` (a loss option added to the config section and to the loss's
+    keyword arguments needs no edit here).
+
+    Raises:
+        ValueError: a ``loss.*`` key that is neither a loss argument nor read elsewhere (a config key nothing reads).
+    """
+    params = set(inspect.signature(GRPOLoss.__init__).parameters) - set(_DERIVED)
+    out, unknown = {}, []
+    for key in section:
+        if key in params:
+            out[key] = section[key]
+        elif key not in LOSS_KEYS_ELSEWHERE:
+            unknown.append(key)
+    if unknown:
+        raise ValueError(f"loss.{unknown[0]} is neither an argument of GRPOLoss nor read elsewhere "
+                         f"({', '.join(LOSS_KEYS_ELSEWHERE)})")
+    return out
 
 
 @dataclass
@@ -49,7 +81,7 @@ class Optimisation:
 
 
 def build_optimisation(cfg, model: torch.nn.Module, device: torch.device, sampling: SamplingConfig) -> Optimisation:
-    """The loss (``loss.*``; at most ``sampling.max_new_tokens * econfig.max_turns`` response tokens per episode,
+    """The loss (``loss.*``, :func:`loss_settings`; at most ``sampling.max_new_tokens * econfig.max_turns`` response tokens per episode,
     scored under :func:`~torchrl_grpo.assembly.rollout_side.loss_sampling` ``(sampling)``), the optimizer (``optimizer.*``)
     and the schedule over ``train.steps``. Build it on the (sharded, if FSDP) policy.
 
@@ -57,13 +89,8 @@ def build_optimisation(cfg, model: torch.nn.Module, device: torch.device, sampli
         ValueError: values the loss, optimizer or scheduler refuse.
     """
     scored = loss_sampling(sampling)
-    loss_fn = GRPOLoss(
-        model, clip_eps_low=cfg.loss.clip_eps_low, clip_eps_high=cfg.loss.clip_eps_high,
-        kl_coef=cfg.loss.kl_coef, entropy_coef=cfg.loss.entropy_coef, aggregation=cfg.loss.aggregation,
-        max_tokens=sampling.max_new_tokens * cfg.econfig.max_turns, temperature=scored.temperature,
-        top_p=scored.top_p, top_k=scored.top_k,
-        behaviour_weight_cap=cfg.loss.behaviour_weight_cap, behaviour_weight_mode=cfg.loss.behaviour_weight_mode,
-    )
+    loss_fn = GRPOLoss(model, **loss_settings(cfg.loss), max_tokens=sampling.max_new_tokens * cfg.econfig.max_turns,
+                       temperature=scored.temperature, top_p=scored.top_p, top_k=scored.top_k)
     o = cfg.optimizer
     optimizer = make_optimizer(model, device, lr=o.lr, beta1=o.beta1, beta2=o.beta2, eps=o.eps,
                                weight_decay=o.weight_decay)

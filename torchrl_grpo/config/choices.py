@@ -16,6 +16,7 @@ __all__ = [
     "MODES", "DTYPES", "BACKENDS", "DECODE_MODES", "AGGREGATIONS", "SCALES", "BASELINES", "BEHAVIOUR_WEIGHT_MODES", "ANCHORS",
     "SHARED_PREFIX_MODES", "SCHEDULERS", "WANDB_MODES", "DEVICES", "STRATEGIES", "LAUNCHERS", "SFT_SOURCES", "USERS",
     "INFERENCE_ENGINES", "TRAIN_ENGINES", "FOREIGN_ENGINES", "CL_METRICS", "CL_ALGORITHMS", "TAU2_REWARD_KINDS",
+    "BY_KEY",
 ]
 
 #: ``mode``: the sync trainer (:mod:`torchrl_grpo.training.grpo_trainer`) or the async one
@@ -93,3 +94,25 @@ CL_METRICS = ("pass^1", "pass^k", "reward_mean")
 
 #: ``cl.algorithm``: the names of :data:`torchrl_grpo.continual.algorithms.ALGORITHMS` (its keys, in this order).
 CL_ALGORITHMS = ("sequential", "replay", "joint", "ewc", "lora_per_domain")
+
+#: Config key -> its allowed values: what :func:`torchrl_grpo.config.validate_config` checks (``econfig.reward`` is
+#: :data:`TAU2_REWARD_KINDS`, equal to the tau2 env's own set: see the module docstring). A new choice set is declared
+#: above and listed here once; validation needs no edit.
+BY_KEY: dict[str, tuple] = {
+    "mode": MODES,
+    "actor.dtype": DTYPES,
+    "rollout.backend": BACKENDS,
+    "rollout.decode": DECODE_MODES,
+    "loss.aggregation": AGGREGATIONS,
+    "loss.adv_scale": SCALES,
+    "loss.adv_baseline": BASELINES,
+    "loss.behaviour_weight_mode": BEHAVIOUR_WEIGHT_MODES,
+    "loss.anchor": ANCHORS,
+    "optimizer.scheduler": SCHEDULERS,
+    "stats_logger.wandb.mode": WANDB_MODES,
+    "econfig.reward": TAU2_REWARD_KINDS,
+    "train.device": DEVICES,
+    "train.strategy": STRATEGIES,
+    "rollout.launcher": LAUNCHERS,
+    "sft.source": SFT_SOURCES,
+}

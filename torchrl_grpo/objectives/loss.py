@@ -103,7 +103,7 @@ class _Inputs(NamedTuple):
     behav: torch.Tensor  # float [B, T]: behaviour log-probs
     adv: torch.Tensor  # float [B]
     old: torch.Tensor  # float [B, T]: π_prox's log-probs (behav unless anchor is "recomputed"; unused for "current")
-    anchor: str  # one of loss_interface.ANCHORS
+    anchor: str  # one of loss_interface.ANCHOR_SOURCES
     window: Window | None
 
 
@@ -254,7 +254,7 @@ class GRPOLoss(PolicyLossModule):
             prefix: a :class:`~torchrl_grpo.objectives.shared_prefix.SharedPrefix` every row starts with (see
                 :func:`~torchrl_grpo.objectives.log_probs.token_log_probs`); its ``backward()`` is the caller's, after
                 the last backward pass that reads it.
-            anchor: π_prox of this call (:data:`~torchrl_grpo.objectives.loss_interface.ANCHORS`): ``"behaviour"``
+            anchor: π_prox of this call (:data:`~torchrl_grpo.objectives.loss_interface.ANCHOR_SOURCES`): ``"behaviour"``
                 (``sample_log_probs``; no behaviour weight), ``"recomputed"`` (``old_log_probs``), ``"current"`` (this
                 forward's own detached log-probs: the value a no-grad recompute gives, without that pass), or None:
                 ``"recomputed"`` when the input has ``old_log_probs``, else ``"behaviour"``. The behaviour weight

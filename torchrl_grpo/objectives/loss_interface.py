@@ -13,7 +13,7 @@ A loss declares, and the update reads, nothing else:
   backpropagated by :func:`torchrl_grpo.objectives.loss.total_loss`) and metrics, each reduced over micro-batches as
   :data:`torchrl_grpo.objectives.loss.REDUCTIONS` declares. ``prefix``: a shared-prefix pass
   (:mod:`torchrl_grpo.objectives.shared_prefix`) every row starts with; ``anchor``: where this call's PPO anchor
-  π_old comes from (:data:`ANCHORS`; per call, never a flag on the loss).
+  π_old comes from (:data:`ANCHOR_SOURCES`; per call, never a flag on the loss).
 
 :class:`PolicyLossModule` is a TorchRL ``LossModule`` base that stores the actor and checks the scoring settings;
 :class:`~torchrl_grpo.objectives.loss.GRPOLoss` and :class:`~torchrl_grpo.objectives.sft_loss.SFTLoss` derive from
@@ -32,7 +32,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.objectives.common import LossModule
 
-__all__ = ["NORMALISERS", "ANCHORS", "PolicyLoss", "PolicyLossModule", "Penalty", "check_policy_loss",
+__all__ = ["NORMALISERS", "ANCHOR_SOURCES", "PolicyLoss", "PolicyLossModule", "Penalty", "check_policy_loss",
            "resolve_anchor", "penalty_key"]
 
 #: ``normaliser`` values of a loss: what its aggregation divides by (module docstring).
@@ -41,7 +41,7 @@ NORMALISERS = ("token", "episode")
 #: ``anchor=`` values of a loss call: π_old is the behaviour policy (``sample_log_probs``), the trainer's no-grad
 #: recompute (``old_log_probs``, which the input must then carry), or the policy being trained as it is before this
 #: optimizer step (the forward's own detached log-probs: one optimizer step per batch, no dropout).
-ANCHORS = ("behaviour", "recomputed", "current")
+ANCHOR_SOURCES = ("behaviour", "recomputed", "current")
 
 
 @runtime_checkable
@@ -62,12 +62,12 @@ def resolve_anchor(tensordict: TensorDictBase, anchor: str | None, key: str = "o
     and ``"behaviour"`` otherwise.
 
     Raises:
-        ValueError: ``anchor`` not in :data:`ANCHORS`, or ``"recomputed"`` without ``key`` in ``tensordict``.
+        ValueError: ``anchor`` not in :data:`ANCHOR_SOURCES`, or ``"recomputed"`` without ``key`` in ``tensordict``.
     """
     if anchor is None:
         return "recomputed" if key in tensordict.keys() else "behaviour"
-    if anchor not in ANCHORS:
-        raise ValueError(f"anchor must be one of {ANCHORS} or None, got {anchor!r}")
+    if anchor not in ANCHOR_SOURCES:
+        raise ValueError(f"anchor must be one of {ANCHOR_SOURCES} or None, got {anchor!r}")
     if anchor == "recomputed" and key not in tensordict.keys():
         raise ValueError(f"anchor='recomputed' needs {key!r} in the input TensorDict")
     return anchor

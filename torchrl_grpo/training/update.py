@@ -506,7 +506,7 @@ class GRPOUpdate:
 
     def _accumulate_gradients(self, mini: TensorDict, tally: _Tally, anchor: str) -> torch.Tensor | None:
         """Backward of the loss of each micro-batch of ``mini`` that has a scored token (gradient accumulation),
-        each loss call anchored at ``anchor`` (:data:`~torchrl_grpo.objectives.loss_interface.ANCHORS`),
+        each loss call anchored at ``anchor`` (:data:`~torchrl_grpo.objectives.loss_interface.ANCHOR_SOURCES`),
         against one shared-prefix forward when there is one (:meth:`shared_prefix_for`) and that prefix's backward
         after them. Returns whether every loss was finite, as a bool 0-d tensor not yet read (None: no micro-batch
         ran). Nothing is read back in the loop: every micro-batch runs and is backpropagated, a non-finite one adds
