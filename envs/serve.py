@@ -986,6 +986,311 @@ def uvicorn_config(app, *, host: str = "127.0.0.1", port: int = 8000, max_body_b
                           **kwargs)
 
 
+# ------------------------------------------------------------------ the app: sessions, routes, wiring
+
+
+def _check_bounds(max_sessions: int, idle_timeout_s: float | None, max_body_bytes: int, body_timeout_s: float,
+                  max_session_bytes: int | None) -> None:
+    """:func:`build_app`'s bounds checked before anything is built.
+
+    Raises:
+        ValueError: ``max_sessions`` < 1, or a non-positive ``idle_timeout_s`` (``None`` allowed: never),
+            ``max_body_bytes``, ``body_timeout_s`` or ``max_session_bytes`` (``None`` allowed: none); the message names
+            the argument.
+    """
+    if max_sessions < 1:
+        raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
+    if idle_timeout_s is not None and idle_timeout_s <= 0:
+        raise ValueError(f"idle_timeout_s must be > 0 or None, got {idle_timeout_s}")
+    for name, v in (("max_body_bytes", max_body_bytes), ("body_timeout_s", body_timeout_s),
+                    ("max_session_bytes", 1 if max_session_bytes is None else max_session_bytes)):
+        if v <= 0:
+            raise ValueError(f"{name} must be > 0, got {v}")
+
+
+class _Sessions:
+    """The app's open sessions: OpenEnv's session registry ``server`` (an ``HTTPEnvServer``: the cap, one thread per
+    session, each env built and closed on its thread; its own reaper off) plus when each session was last used
+    (seconds of ``clock``), the WebSocket that owns a session, and the idle reaper that closes a session unused for more
+    than ``idle_timeout_s`` (``None``: never), looking every ``reap_interval_s`` real seconds (``None``: ``idle_timeout_s
+    / 4`` within [0.05, 5])."""
+
+    def __init__(self, server: HTTPEnvServer, clock: Callable[[], float], idle_timeout_s: float | None,
+                 reap_interval_s: float | None):
+        self.server, self.clock = server, clock
+        self.idle_timeout_s, self.reap_interval_s = idle_timeout_s, reap_interval_s
+        self.last_seen: dict[str, float] = {}
+        self.sockets: dict[str, WebSocket] = {}
+
+    def get(self, sid: str) -> GymTextEnvironment | None:
+        """The open session ``sid``'s env, or ``None`` (never opened, closed or reaped)."""
+        return self.server._sessions.get(sid)
+
+    def touch(self, sid: str) -> None:
+        """Mark ``sid`` as used now (a closed session is not brought back)."""
+        if sid in self.server._sessions:
+            self.last_seen[sid] = self.clock()
+
+    async def destroy(self, sid: str) -> None:
+        """Close ``sid`` (its env closed on its thread) and forget it."""
+        self.last_seen.pop(sid, None)
+        await self.server._destroy_session(sid)
+
+    async def open(self) -> tuple[str, GymTextEnvironment]:
+        """A new session: ``(id, env)``. Raises: ``SessionCapacityError`` at the cap; the env's build error, chained."""
+        sid, env = await self.server._create_session()
+        self.touch(sid)
+        return sid, env
+
+    async def reap_forever(self) -> None:
+        """The idle reaper (runs until cancelled): close every session idle for more than ``idle_timeout_s`` and its
+        WebSocket, if any (code 1001)."""
+        interval = self.reap_interval_s or min(max(self.idle_timeout_s / 4, 0.05), 5.0)
+        while True:
+            await asyncio.sleep(interval)
+            for sid, seen in list(self.last_seen.items()):
+                if self.clock() - seen > self.idle_timeout_s and self.last_seen.get(sid) == seen:
+                    await self.destroy(sid)
+                    ws = self.sockets.pop(sid, None)
+                    if ws is not None:
+                        try:
+                            await ws.close(code=1001, reason="idle timeout")
+                        except Exception:  # noqa: BLE001, S110 - the client may be gone already
+                            pass
+
+
+def _add_lifecycle(app: FastAPI, sessions: _Sessions) -> None:
+    """On startup, start ``sessions``' idle reaper (``app.state.reaper``; none without an idle timeout); on shutdown,
+    stop it and close every session."""
+    async def _start() -> None:
+        if sessions.idle_timeout_s is not None:
+            app.state.reaper = asyncio.create_task(sessions.reap_forever())
+
+    async def _stop() -> None:
+        task = getattr(app.state, "reaper", None)
+        if task is not None:
+            task.cancel()
+        for sid in list(sessions.server._sessions):
+            await sessions.destroy(sid)
+
+    app.router.on_startup.append(_start)
+    app.router.on_shutdown.append(_stop)
+
+
+def _json(status: int, text: str) -> Response:
+    """A JSON reply of ``text`` (UTF-8) with ``status``."""
+    return Response(content=text.encode("utf-8"), status_code=status, media_type="application/json")
+
+
+def _open_failed(env_id: str, e: Exception, cap_note: str = "") -> Response:
+    """The reply to a session that could not be opened: 429 at the session cap (``cap_note`` appended to its detail),
+    500 when the env could not be built (the build error named)."""
+    if isinstance(e, SessionCapacityError):
+        return _json(429, _dumps({"detail": f"session cap reached: {e.active_sessions}/{e.max_sessions} open{cap_note}"}))
+    return _json(500, _dumps({"detail": f"could not create env {env_id}: {e.__cause__ or e}"}))
+
+
+async def _session_call(sessions: _Sessions, session_id: str, op: str, raw: bytes = b"") -> Response:
+    """A ``/sessions/{id}/...`` request: ``op`` (``reset`` / ``step`` / ``state``) of body ``raw`` run on the session's
+    thread (:func:`_http_call`), answered in pieces (:class:`_ChunkedReply`); 404 for an unknown session; a session
+    whose output went over its cap is closed before the answer."""
+    env = sessions.get(session_id)
+    if env is None:
+        return _json(404, _dumps({"detail": f"unknown session {session_id!r:.80} (never opened, deleted or idle-expired)"}))
+    sessions.touch(session_id)
+    try:
+        status, body, end = await sessions.server._run_in_session_executor(session_id, _http_call, env, op, raw)
+    finally:
+        sessions.touch(session_id)
+    if end:  # the session is over (its output went over the cap): free its env before answering
+        await sessions.destroy(session_id)
+    return _ChunkedReply(body, status, functools.partial(env.release_unsent, len(body)))
+
+
+def _add_session_routes(app: FastAPI, sessions: _Sessions, env_id: str, max_session_bytes: int | None) -> None:
+    """The HTTP session routes: ``POST /sessions`` (201, 429 at the cap, 500 the env could not be built),
+    ``POST /sessions/{id}/reset``, ``POST /sessions/{id}/step``, ``GET /sessions/{id}/state`` (:func:`_session_call`),
+    ``DELETE /sessions/{id}`` (404 unknown) and ``GET /sessions`` (counts, bounds, ``unsent_bytes``)."""
+    @app.post("/sessions", status_code=201, tags=["Sessions"])
+    async def http_open_session() -> Response:
+        try:
+            session_id, _ = await sessions.open()
+        except Exception as e:  # noqa: BLE001 - the cap (429) or the env's build (500)
+            return _open_failed(env_id, e)
+        return _json(201, _dumps({"session_id": session_id}))
+
+    @app.post("/sessions/{session_id}/reset", tags=["Sessions"])
+    async def reset_session(session_id: str, request: Request) -> Response:
+        return await _session_call(sessions, session_id, "reset", await request.body())
+
+    @app.post("/sessions/{session_id}/step", tags=["Sessions"])
+    async def step_session(session_id: str, request: Request) -> Response:
+        return await _session_call(sessions, session_id, "step", await request.body())
+
+    @app.get("/sessions/{session_id}/state", tags=["Sessions"])
+    async def session_state(session_id: str) -> Response:
+        return await _session_call(sessions, session_id, "state")
+
+    @app.delete("/sessions/{session_id}", tags=["Sessions"])
+    async def close_session(session_id: str) -> Response:
+        if session_id not in sessions.server._sessions:
+            return _json(404, _dumps({"detail": f"unknown session {session_id!r:.80}"}))
+        await sessions.destroy(session_id)
+        return _json(200, _dumps({"closed": session_id}))
+
+    @app.get("/sessions", tags=["Sessions"], name="sessions")
+    async def list_sessions() -> dict:
+        server = sessions.server
+        return {"active": server.active_sessions, "max": server.max_concurrent_envs,
+                "idle_timeout_s": sessions.idle_timeout_s, "max_session_bytes": max_session_bytes,
+                "unsent_bytes": sum(e.unsent_bytes for e in list(server._sessions.values()) if e is not None)}
+
+
+async def _stateless_call(sessions: _Sessions, env_id: str, op: str, raw: bytes) -> Response:
+    """OpenEnv's stateless semantics: a fresh env for this request only, counted against the session cap (as a
+    session nobody else can name) until its reply has been handed over, then closed. The body is checked
+    (:func:`_stateless_request`) before any env is built."""
+    try:
+        reset, action = await asyncio.to_thread(_stateless_request, op, raw)  # no env is built for a bad body
+    except ClientError as e:
+        return _json(e.status, _dumps({"detail": str(e)}))
+    try:
+        sid, env = await sessions.open()
+    except Exception as e:  # noqa: BLE001 - the cap (429) or the env's build (500)
+        return _open_failed(env_id, e, " (a stateless request's env takes a session's place until its reply is read)")
+    try:
+        status, body, _ = await sessions.server._run_in_session_executor(
+            sid, _http_reply, env, functools.partial(_stateless_work, env, op, reset, action))
+    except BaseException:
+        await sessions.destroy(sid)
+        raise
+    return _ChunkedReply(body, status, functools.partial(env.release_unsent, len(body)),
+                         after=functools.partial(sessions.destroy, sid))
+
+
+def _add_stateless_routes(app: FastAPI, sessions: _Sessions, env_id: str) -> None:
+    """OpenEnv's stateless routes: ``POST /reset``, ``POST /step`` (:func:`_stateless_call`) and ``GET /state`` (a
+    fresh env's state, built without an env)."""
+    fresh_state = TextState(env_id=env_id, done=True).model_dump()
+
+    @app.post("/reset", tags=["Stateless"])
+    async def stateless_reset(request: Request) -> Response:
+        return await _stateless_call(sessions, env_id, "reset", await request.body())
+
+    @app.post("/step", tags=["Stateless"])
+    async def stateless_step(request: Request) -> Response:
+        return await _stateless_call(sessions, env_id, "step", await request.body())
+
+    @app.get("/state", tags=["Stateless"])
+    async def stateless_state() -> dict:
+        return fresh_state
+
+
+def _add_not_found_handler(app: FastAPI) -> None:
+    """Any other path: 404 whose detail lists :data:`SERVED_ROUTES` (under ``/mcp``: where actions go instead)."""
+    async def not_found(request: Request, exc: Exception) -> Response:
+        path = request.url.path
+        if path.startswith("/mcp"):
+            msg = (f"{path!r:.100} is not served: these envs have no MCP tools; their actions ({ACTION_SHAPE}) go to "
+                   "POST /step (stateless), /sessions/{id}/step or the WebSocket /ws")
+        else:
+            msg = f"no route {request.method} {path!r:.100}; served: {SERVED_ROUTES}"
+        return _json(404, _dumps({"detail": msg}))
+
+    app.add_exception_handler(404, not_found)
+
+
+def _add_info_routes(app: FastAPI, env_id: str) -> None:
+    """``GET /health``, ``/schema`` (the action, observation and state JSON schemas) and ``/metadata``; none builds an
+    env."""
+    schema = {"action": TextAction.model_json_schema(), "observation": TextObservation.model_json_schema(),
+              "state": TextState.model_json_schema()}
+    metadata = _metadata(env_id).model_dump()
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "healthy"}
+
+    @app.get("/schema")
+    async def get_schema() -> dict:
+        return schema
+
+    @app.get("/metadata")
+    async def get_metadata() -> dict:
+        return metadata
+
+
+async def _ws_open(websocket: WebSocket, sessions: _Sessions, env_id: str) -> tuple[str, GymTextEnvironment] | None:
+    """The accepted ``websocket``'s session ``(id, env)``; or ``None`` once it could not be opened, after an error
+    message (``CAPACITY_REACHED`` at the cap, ``FACTORY_ERROR`` when the env could not be built) and closing the
+    socket."""
+    try:
+        return await sessions.open()
+    except SessionCapacityError as e:
+        await websocket.send_text(_dumps({"type": "error", "data": {
+            "message": str(e), "code": "CAPACITY_REACHED", "active_sessions": e.active_sessions,
+            "max_sessions": e.max_sessions}}))
+    except Exception as e:  # noqa: BLE001
+        await websocket.send_text(_ws_error(f"could not create env {env_id}: {e.__cause__ or e}", "FACTORY_ERROR"))
+    await websocket.close()
+    return None
+
+
+async def _ws_serve(websocket: WebSocket, sessions: _Sessions, sid: str, env: GymTextEnvironment) -> None:
+    """Serve ``websocket``'s messages on session ``sid`` (:func:`_ws_call` on the session's thread) until the client
+    leaves or closes, the reaper closes the session, or its output goes over the cap (close code 1008); then close the
+    session and the socket. Each reply counts as unsent until the socket has taken it (a client that does not read is
+    dropped after the send timeout)."""
+    sessions.sockets[sid] = websocket
+    close_code = 1000
+    try:
+        while True:
+            msg = await websocket.receive()
+            if msg["type"] == "websocket.disconnect":
+                break
+            if sid not in sessions.server._sessions:  # reaped meanwhile
+                await websocket.send_text(_ws_error("session closed (idle timeout); open a new socket", "SESSION_ERROR"))
+                break
+            sessions.touch(sid)
+            text = msg.get("text")
+            if text is None:
+                reply, then = _ws_error("binary frames are not served: send JSON text", "INVALID_JSON"), None
+                env.hold_unsent(len(reply))
+            else:
+                reply, then = await sessions.server._run_in_session_executor(sid, _ws_call, env, text)
+            sessions.touch(sid)
+            try:
+                if then == "close":
+                    break
+                if then == "end":  # free the env before answering
+                    await sessions.destroy(sid)
+                    close_code = 1008
+                await websocket.send_text(reply)  # waits while the client does not read (dropped after send_timeout_s)
+            finally:
+                env.release_unsent(len(reply))
+            if then == "end":
+                break
+    except (WebSocketDisconnect, RuntimeError):  # client gone / socket closed by the reaper
+        pass
+    finally:
+        sessions.sockets.pop(sid, None)
+        await sessions.destroy(sid)
+        try:
+            await websocket.close(code=close_code, reason="session over: max_session_bytes" if close_code == 1008 else None)
+        except RuntimeError:
+            pass
+
+
+def _add_websocket_route(app: FastAPI, sessions: _Sessions, env_id: str) -> None:
+    """``/ws``: one WebSocket = one session (:func:`_ws_open`, then :func:`_ws_serve`)."""
+    @app.websocket("/ws")
+    async def ws_session(websocket: WebSocket) -> None:
+        await websocket.accept()
+        opened = await _ws_open(websocket, sessions, env_id)
+        if opened is not None:
+            await _ws_serve(websocket, sessions, *opened)
+
+
 def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int = 64, idle_timeout_s: float | None = 600.0,
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_session_bytes: int | None = DEFAULT_MAX_SESSION_BYTES,
               body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S, allowed_origins: list[str] | tuple = (),
@@ -1016,232 +1321,22 @@ def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int 
         ValueError: a non-positive bound.
     """
     gym.spec(env_id)  # fail fast on an unknown id
-    if max_sessions < 1:
-        raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
-    if idle_timeout_s is not None and idle_timeout_s <= 0:
-        raise ValueError(f"idle_timeout_s must be > 0 or None, got {idle_timeout_s}")
-    for name, v in (("max_body_bytes", max_body_bytes), ("body_timeout_s", body_timeout_s),
-                    ("max_session_bytes", 1 if max_session_bytes is None else max_session_bytes)):
-        if v <= 0:
-            raise ValueError(f"{name} must be > 0, got {v}")
+    _check_bounds(max_sessions, idle_timeout_s, max_body_bytes, body_timeout_s, max_session_bytes)
     factory = functools.partial(GymTextEnvironment, env_id, dict(env_kwargs or {}), max_session_bytes)
     # OpenEnv's session registry (cap, one thread per session, env built and closed on it); its reaper is off
-    # (ours, below, runs on `clock`), and its routes are not registered (see the module docstring).
+    # (ours, _Sessions.reap_forever, runs on `clock`), and its routes are not registered (see the module docstring).
     server = HTTPEnvServer(factory, TextAction, TextObservation,
                            concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions, session_timeout=None))
     app = FastAPI(title=f"envs.serve: {env_id}", version="0", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.openenv_server = server
     app.state.env_id = env_id
-    last_seen: dict[str, float] = {}
-    sockets: dict[str, WebSocket] = {}
-    schema = {"action": TextAction.model_json_schema(), "observation": TextObservation.model_json_schema(),
-              "state": TextState.model_json_schema()}
-    metadata = _metadata(env_id).model_dump()
-    # A fresh env's state (what OpenEnv's stateless GET /state answers), without building one.
-    fresh_state = TextState(env_id=env_id, done=True).model_dump()
-
-    def touch(sid: str) -> None:
-        if sid in server._sessions:
-            last_seen[sid] = clock()
-
-    async def destroy(sid: str) -> None:
-        last_seen.pop(sid, None)
-        await server._destroy_session(sid)
-
-    async def open_session() -> tuple[str, GymTextEnvironment]:
-        sid, env = await server._create_session()
-        touch(sid)
-        return sid, env
-
-    async def _reaper() -> None:
-        interval = reap_interval_s or min(max(idle_timeout_s / 4, 0.05), 5.0)
-        while True:
-            await asyncio.sleep(interval)
-            for sid, seen in list(last_seen.items()):
-                if clock() - seen > idle_timeout_s and last_seen.get(sid) == seen:
-                    await destroy(sid)
-                    ws = sockets.pop(sid, None)
-                    if ws is not None:
-                        try:
-                            await ws.close(code=1001, reason="idle timeout")
-                        except Exception:  # noqa: BLE001, S110 - the client may be gone already
-                            pass
-
-    async def _start() -> None:
-        if idle_timeout_s is not None:
-            app.state.reaper = asyncio.create_task(_reaper())
-
-    async def _stop() -> None:
-        task = getattr(app.state, "reaper", None)
-        if task is not None:
-            task.cancel()
-        for sid in list(server._sessions):
-            await destroy(sid)
-
-    app.router.on_startup.append(_start)
-    app.router.on_shutdown.append(_stop)
-
-    def _json(status: int, text: str) -> Response:
-        return Response(content=text.encode("utf-8"), status_code=status, media_type="application/json")
-
-    async def _session_call(session_id: str, op: str, raw: bytes = b"") -> Response:
-        env = server._sessions.get(session_id)
-        if env is None:
-            return _json(404, _dumps({"detail": f"unknown session {session_id!r:.80} (never opened, deleted or idle-expired)"}))
-        touch(session_id)
-        try:
-            status, body, end = await server._run_in_session_executor(session_id, _http_call, env, op, raw)
-        finally:
-            touch(session_id)
-        if end:  # the session is over (its output went over the cap): free its env before answering
-            await destroy(session_id)
-        return _ChunkedReply(body, status, functools.partial(env.release_unsent, len(body)))
-
-    @app.post("/sessions", status_code=201, tags=["Sessions"])
-    async def http_open_session() -> Response:
-        try:
-            session_id, _ = await open_session()
-        except SessionCapacityError as e:
-            return _json(429, _dumps({"detail": f"session cap reached: {e.active_sessions}/{e.max_sessions} open"}))
-        except Exception as e:  # noqa: BLE001
-            return _json(500, _dumps({"detail": f"could not create env {env_id}: {e.__cause__ or e}"}))
-        return _json(201, _dumps({"session_id": session_id}))
-
-    @app.post("/sessions/{session_id}/reset", tags=["Sessions"])
-    async def reset_session(session_id: str, request: Request) -> Response:
-        return await _session_call(session_id, "reset", await request.body())
-
-    @app.post("/sessions/{session_id}/step", tags=["Sessions"])
-    async def step_session(session_id: str, request: Request) -> Response:
-        return await _session_call(session_id, "step", await request.body())
-
-    @app.get("/sessions/{session_id}/state", tags=["Sessions"])
-    async def session_state(session_id: str) -> Response:
-        return await _session_call(session_id, "state")
-
-    @app.delete("/sessions/{session_id}", tags=["Sessions"])
-    async def close_session(session_id: str) -> Response:
-        if session_id not in server._sessions:
-            return _json(404, _dumps({"detail": f"unknown session {session_id!r:.80}"}))
-        await destroy(session_id)
-        return _json(200, _dumps({"closed": session_id}))
-
-    @app.get("/sessions", tags=["Sessions"])
-    async def sessions() -> dict:
-        return {"active": server.active_sessions, "max": server.max_concurrent_envs, "idle_timeout_s": idle_timeout_s,
-                "max_session_bytes": max_session_bytes,
-                "unsent_bytes": sum(e.unsent_bytes for e in list(server._sessions.values()) if e is not None)}
-
-    async def _stateless_call(op: str, raw: bytes) -> Response:
-        """OpenEnv's stateless semantics: a fresh env for this request only, counted against the session cap (as a
-        session nobody else can name) until its reply has been handed over, then closed."""
-        try:
-            reset, action = await asyncio.to_thread(_stateless_request, op, raw)  # no env is built for a bad body
-        except ClientError as e:
-            return _json(e.status, _dumps({"detail": str(e)}))
-        try:
-            sid, env = await open_session()
-        except SessionCapacityError as e:
-            return _json(429, _dumps({"detail": f"session cap reached: {e.active_sessions}/{e.max_sessions} open (a "
-                                                "stateless request's env takes a session's place until its reply is read)"}))
-        except Exception as e:  # noqa: BLE001
-            return _json(500, _dumps({"detail": f"could not create env {env_id}: {e.__cause__ or e}"}))
-        try:
-            status, body, _ = await server._run_in_session_executor(
-                sid, _http_reply, env, functools.partial(_stateless_work, env, op, reset, action))
-        except BaseException:
-            await destroy(sid)
-            raise
-        return _ChunkedReply(body, status, functools.partial(env.release_unsent, len(body)),
-                             after=functools.partial(destroy, sid))
-
-    @app.post("/reset", tags=["Stateless"])
-    async def stateless_reset(request: Request) -> Response:
-        return await _stateless_call("reset", await request.body())
-
-    @app.post("/step", tags=["Stateless"])
-    async def stateless_step(request: Request) -> Response:
-        return await _stateless_call("step", await request.body())
-
-    @app.get("/state", tags=["Stateless"])
-    async def stateless_state() -> dict:
-        return fresh_state
-
-    async def not_found(request: Request, exc: Exception) -> Response:
-        path = request.url.path
-        if path.startswith("/mcp"):
-            msg = (f"{path!r:.100} is not served: these envs have no MCP tools; their actions ({ACTION_SHAPE}) go to "
-                   "POST /step (stateless), /sessions/{id}/step or the WebSocket /ws")
-        else:
-            msg = f"no route {request.method} {path!r:.100}; served: {SERVED_ROUTES}"
-        return _json(404, _dumps({"detail": msg}))
-
-    app.add_exception_handler(404, not_found)
-
-    @app.get("/health")
-    async def health() -> dict:
-        return {"status": "healthy"}
-
-    @app.get("/schema")
-    async def get_schema() -> dict:
-        return schema
-
-    @app.get("/metadata")
-    async def get_metadata() -> dict:
-        return metadata
-
-    @app.websocket("/ws")
-    async def ws_session(websocket: WebSocket) -> None:
-        await websocket.accept()
-        try:
-            sid, env = await open_session()
-        except SessionCapacityError as e:
-            await websocket.send_text(_dumps({"type": "error", "data": {
-                "message": str(e), "code": "CAPACITY_REACHED", "active_sessions": e.active_sessions,
-                "max_sessions": e.max_sessions}}))
-            return await websocket.close()
-        except Exception as e:  # noqa: BLE001
-            await websocket.send_text(_ws_error(f"could not create env {env_id}: {e.__cause__ or e}", "FACTORY_ERROR"))
-            return await websocket.close()
-        sockets[sid] = websocket
-        close_code = 1000
-        try:
-            while True:
-                msg = await websocket.receive()
-                if msg["type"] == "websocket.disconnect":
-                    break
-                if sid not in server._sessions:  # reaped meanwhile
-                    await websocket.send_text(_ws_error("session closed (idle timeout); open a new socket", "SESSION_ERROR"))
-                    break
-                touch(sid)
-                text = msg.get("text")
-                if text is None:
-                    reply, then = _ws_error("binary frames are not served: send JSON text", "INVALID_JSON"), None
-                    env.hold_unsent(len(reply))
-                else:
-                    reply, then = await server._run_in_session_executor(sid, _ws_call, env, text)
-                touch(sid)
-                try:
-                    if then == "close":
-                        break
-                    if then == "end":  # free the env before answering
-                        await destroy(sid)
-                        close_code = 1008
-                    await websocket.send_text(reply)  # waits while the client does not read (dropped after send_timeout_s)
-                finally:
-                    env.release_unsent(len(reply))
-                if then == "end":
-                    break
-        except (WebSocketDisconnect, RuntimeError):  # client gone / socket closed by the reaper
-            pass
-        finally:
-            sockets.pop(sid, None)
-            await destroy(sid)
-            try:
-                await websocket.close(code=close_code, reason="session over: max_session_bytes" if close_code == 1008 else None)
-            except RuntimeError:
-                pass
-
+    sessions = _Sessions(server, clock, idle_timeout_s, reap_interval_s)
+    _add_lifecycle(app, sessions)
+    _add_session_routes(app, sessions, env_id, max_session_bytes)
+    _add_stateless_routes(app, sessions, env_id)
+    _add_not_found_handler(app)
+    _add_info_routes(app, env_id)
+    _add_websocket_route(app, sessions, env_id)
     return _Guard(app, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s, allowed_hosts=list(allowed_hosts),
                   allowed_origins=list(allowed_origins))
 
