@@ -7,19 +7,13 @@ sections; the contract shared by all envs is :mod:`envs.contract`.
 """
 from __future__ import annotations
 
-import copy
-import operator
 import os
 import re
 from typing import Any
 
-import gymnasium as gym
-
 from .data import load_gsm8k
 from .grading import MAX_DIGITS, MAX_EXPONENT, gsm8k_reward, normalize_number, parse_gold
-from envs.action_text import clean_text
-from envs.contract import STEP_AFTER_END, check_action, check_task_options
-from envs.spaces import AssistantAction, ChatMessages
+from envs.single_turn import SingleTurnTextEnv
 
 __all__ = ["GSM8KEnv", "DEFAULT_SYSTEM_PROMPT", "UNREADABLE_ANSWER", "OUT_OF_RANGE_ANSWER"]
 
@@ -54,7 +48,7 @@ def _problem_from_user(p: Any, i: int) -> dict:
     return {"question": p["question"], "answer": gold, "solution": solution}
 
 
-class GSM8KEnv(gym.Env):
+class GSM8KEnv(SingleTurnTextEnv):
     """One GSM8K problem per episode, one step per episode (follows :mod:`envs.contract`).
 
     ## Description
@@ -169,8 +163,6 @@ class GSM8KEnv(gym.Env):
       de0c559: absurd answers score 0); an action outside the action space raises ``TypeError``.
     """
 
-    metadata = {"render_modes": ["ansi"], "render_fps": 1}
-
     def __init__(
         self,
         split: str = "train",
@@ -180,28 +172,17 @@ class GSM8KEnv(gym.Env):
         data: list[dict] | None = None,
         render_mode: str | None = None,
     ):
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        self._check_common_args(system_prompt, render_mode)
         if data is not None:
             if not isinstance(data, (list, tuple)) or not data:
                 raise ValueError("data must be a non-empty list of problem dicts")
             self._problems = [_problem_from_user(p, i) for i, p in enumerate(data)]
         else:
             self._problems = load_gsm8k(split, data_dir)
-        if system_prompt is not None and not isinstance(system_prompt, str):
-            raise ValueError(f"system_prompt must be a string or None, got {system_prompt!r:.80}")
-        self.split = split
-        self.system_prompt = system_prompt or None
         self.format_reward = float(format_reward)
-        self.render_mode = render_mode
-        self.observation_space = ChatMessages()
-        self.action_space = AssistantAction()
-        self._index: int | None = None
-        self._messages: list[dict] = []
-        self._done = True
-        self._started = False
+        self._init_single_turn(split, system_prompt, render_mode)
 
-    # ------------------------------------------------------------------ task listing (env contract)
+    # ------------------------------------------------------------------ data and grading (SingleTurnTextEnv hooks)
     @property
     def num_tasks(self) -> int:
         """Number of problems in the loaded split (valid ``index`` range is ``[0, num_tasks)``)."""
@@ -212,21 +193,6 @@ class GSM8KEnv(gym.Env):
         """Same as :attr:`num_tasks` (the GSM8K name)."""
         return len(self._problems)
 
-    @property
-    def task_ids(self) -> list[str]:
-        """``[str(i) for i in range(num_tasks)]``: a problem's id is its index."""
-        return [str(i) for i in range(len(self._problems))]
-
-    def usable_task_indices(self, limit: int | None = None) -> list[int]:
-        """The first ``limit`` problem indices (``None``: all): every problem can be played."""
-        n = len(self._problems)
-        return list(range(n if limit is None else min(int(limit), n)))
-
-    @property
-    def do_nothing_action(self) -> None:
-        """``None``: no meaningful do-nothing baseline (an empty answer always scores 0)."""
-        return None
-
     def demonstration(self, options: dict | None) -> list[dict]:
         """The gold answer for the problem ``options`` picks, as one assistant message: the dataset's worked
         solution with its calculator annotations (``<<48/2=24>>``) removed, ending in its ``#### N`` line (scores
@@ -235,81 +201,26 @@ class GSM8KEnv(gym.Env):
         Raises:
             ValueError: bad options (as for ``reset``), or options that pick no problem.
         """
-        check_task_options(options)
-        problem = self._problems[self._pick_index(options)]
+        problem = self._problems[self._pick_task(options)]
         text = re.sub(r"<<[^<>]*>>", "", problem.get("solution") or f"#### {problem['answer']}")
         return [{"role": "assistant", "content": text}]
 
-    def _pick_index(self, options: dict | None) -> int:
-        if options is None:
-            options = {}
-        if not isinstance(options, dict):
-            raise ValueError(f"options must be a dict, got {type(options).__name__}")
-        index = options.get("index")
-        if index is None and options.get("task_id") is not None:
-            try:
-                index = int(options["task_id"])
-            except (TypeError, ValueError):
-                raise ValueError(f"task_id must be an integer string, got {options['task_id']!r}")
-        if index is None:
-            return int(self.np_random.integers(len(self._problems)))
+    def _task_index(self, task_id: Any) -> int:
+        """``options["task_id"]`` -> index: a problem's id is ``str(index)``."""
         try:
-            if isinstance(index, bool):
-                raise TypeError
-            index = operator.index(index)  # int or numpy integer; not float / str
-        except TypeError:
-            raise ValueError(f"options['index'] must be an int, got {index!r}") from None
-        if not 0 <= index < len(self._problems):
-            raise ValueError(
-                f"options['index']={index} out of range for split {self.split!r} "
-                f"({len(self._problems)} problems)"
-            )
-        return index
+            return int(task_id)
+        except (TypeError, ValueError):
+            raise ValueError(f"task_id must be an integer string, got {task_id!r}") from None
 
-    def _info(self) -> dict:
-        return {
-            "messages": copy.deepcopy(self._messages),
-            "tools": [],
-            "index": self._index,
-            "task_id": str(self._index),
-            "split": self.split,
-            "answer": self._problems[self._index]["answer"],
-        }
+    def _prompt(self, index: int) -> str:
+        return self._problems[index]["question"]
 
-    def reset(
-        self, *, seed: int | None = None, options: dict | None = None
-    ) -> tuple[list[dict], dict]:
-        super().reset(seed=seed)
-        self._index = self._pick_index(options)
-        problem = self._problems[self._index]
-        messages = []
-        if self.system_prompt:
-            messages.append({"role": "system", "content": self.system_prompt})
-        messages.append({"role": "user", "content": problem["question"]})
-        self._messages = messages
-        self._done = False
-        self._started = True
-        return copy.deepcopy(messages), self._info()
+    def _task_info(self, index: int) -> dict:
+        return {"answer": self._problems[index]["answer"]}
 
-    def step(self, action: Any) -> tuple[list[dict], float, bool, bool, dict]:
-        if not self._started:
-            raise RuntimeError("GSM8KEnv.step() called before reset()")
-        if self._done:
-            raise RuntimeError(STEP_AFTER_END)
-        check_action(action)  # TypeError before any state change: the episode is left as it was
-        text = clean_text(action if isinstance(action, str) else (action.get("content") or ""))
-        self._done = True
-        gold = self._problems[self._index]["answer"]
-        reward, grade = gsm8k_reward(text, gold, format_reward=self.format_reward)
-        self._messages.append({"role": "assistant", "content": text})
-        info = self._info()
-        info.update(grade)
-        info["termination_reason"] = "answered"
+    def _grade(self, text: str) -> tuple[float, dict, str | None]:
+        reward, grade = gsm8k_reward(text, self._problems[self._index]["answer"], format_reward=self.format_reward)
+        error = None
         if grade["extracted"] is None:
-            info["action_error"] = OUT_OF_RANGE_ANSWER if grade["out_of_range"] else UNREADABLE_ANSWER
-        return [], float(reward), True, False, info
-
-    def render(self) -> str | None:
-        if self.render_mode != "ansi":
-            return None
-        return "\n\n".join(f"[{m['role']}]\n{m.get('content') or ''}" for m in self._messages)
+            error = OUT_OF_RANGE_ANSWER if grade["out_of_range"] else UNREADABLE_ANSWER
+        return float(reward), grade, error

@@ -8,17 +8,11 @@ envs is :mod:`envs.contract`.
 """
 from __future__ import annotations
 
-import copy
 import logging
-import operator
 import os
 from typing import Any
 
-import gymnasium as gym
-
-from envs.action_text import clean_text
-from envs.contract import STEP_AFTER_END, check_action
-from envs.spaces import AssistantAction, ChatMessages
+from envs.single_turn import SingleTurnTextEnv
 
 from .data import load_prompts
 from .grading import instruction_available, score_response
@@ -48,7 +42,7 @@ _log = logging.getLogger(__name__)
 _warned_unavailable: set[tuple[str, str, int]] = set()  # (split, data path, prompts left out) already logged
 
 
-class IFEvalEnv(gym.Env):
+class IFEvalEnv(SingleTurnTextEnv):
     """One instruction-following prompt per episode, one step per episode (follows :mod:`envs.contract`).
 
     ## Description
@@ -160,7 +154,7 @@ class IFEvalEnv(gym.Env):
       ``action_error`` (5507ac0; recorded runs generated at most 128 tokens, so their rewards are unchanged).
     """
 
-    metadata = {"render_modes": ["ansi"], "render_fps": 1}
+    task_noun = "prompts"
 
     def __init__(
         self,
@@ -173,12 +167,9 @@ class IFEvalEnv(gym.Env):
     ):
         if isinstance(max_response_chars, bool) or not isinstance(max_response_chars, int) or max_response_chars < 1:
             raise ValueError(f"max_response_chars must be an int >= 1, got {max_response_chars!r}")
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        self._check_common_args(system_prompt, render_mode)
         if reward not in REWARD_KINDS:
             raise ValueError(f"reward must be one of {REWARD_KINDS}, got {reward!r}")
-        if system_prompt is not None and not isinstance(system_prompt, str):
-            raise ValueError(f"system_prompt must be a string or None, got {system_prompt!r:.80}")
         self._prompts = load_prompts(split, data_path)
         self._ids = [p["key"] for p in self._prompts]
         self._by_id = {k: i for i, k in enumerate(self._ids)}
@@ -194,110 +185,45 @@ class IFEvalEnv(gym.Env):
             raise ValueError("IFEval-v0: no prompt of this split can be checked here (NLTK data missing: python -m "
                              "nltk.downloader punkt punkt_tab stopwords averaged_perceptron_tagger_eng)")
         self._usable_set = set(self._usable)
-        self.split = split
         self.reward_kind = reward
-        self.system_prompt = system_prompt or None
-        self.render_mode = render_mode
         self.max_response_chars = max_response_chars
-        self.observation_space = ChatMessages()
-        self.action_space = AssistantAction()
-        self._index: int | None = None
-        self._messages: list[dict] = []
-        self._done = True
-        self._started = False
+        self._init_single_turn(split, system_prompt, render_mode)
 
-    # ------------------------------------------------------------------ task listing (env contract)
+    # ------------------------------------------------------------------ data and grading (SingleTurnTextEnv hooks)
     @property
     def num_tasks(self) -> int:
         """Number of prompts in the split (valid ``index`` range is ``[0, num_tasks)``)."""
         return len(self._prompts)
 
-    @property
-    def task_ids(self) -> list[str]:
-        """Each prompt's data ``key`` (as a string), in index order."""
-        return list(self._ids)
+    def _task_id(self, index: int) -> str:
+        """A prompt's id is its data ``key`` (as a string)."""
+        return self._ids[index]
 
-    def usable_task_indices(self, limit: int | None = None) -> list[int]:
-        """The first ``limit`` (``None``: all) prompts whose every checker can run here (NLTK data present)."""
-        return list(self._usable if limit is None else self._usable[: max(0, int(limit))])
+    def _task_index(self, task_id: Any) -> int:
+        if str(task_id) not in self._by_id:
+            raise ValueError(f"task_id {task_id!r} is not in split {self.split!r}")
+        return self._by_id[str(task_id)]
 
-    @property
-    def do_nothing_action(self) -> None:
-        """``None``: no meaningful do-nothing baseline (an empty response follows nothing)."""
-        return None
-
-    def _pick_index(self, options: dict | None) -> int:
-        options = {} if options is None else options
-        if not isinstance(options, dict):
-            raise ValueError(f"options must be a dict, got {type(options).__name__}")
-        index = options.get("index")
-        if index is None and options.get("task_id") is not None:
-            if str(options["task_id"]) not in self._by_id:
-                raise ValueError(f"task_id {options['task_id']!r} is not in split {self.split!r}")
-            index = self._by_id[str(options["task_id"])]
-        if index is None:
-            return self._usable[int(self.np_random.integers(len(self._usable)))]
-        try:
-            if isinstance(index, bool):
-                raise TypeError
-            index = operator.index(index)
-        except TypeError:
-            raise ValueError(f"options['index'] must be an int, got {index!r}") from None
-        if not 0 <= index < len(self._prompts):
-            raise ValueError(f"options['index']={index} out of range for split {self.split!r} "
-                             f"({len(self._prompts)} prompts)")
+    def _check_usable(self, index: int) -> None:
         if index not in self._usable_set:
             raise ValueError(f"prompt {index} (key {self._ids[index]!r}) cannot be checked here: a checker of "
                              f"{self._prompts[index]['instruction_id_list']} needs NLTK data that is not installed")
-        return index
 
-    def _info(self) -> dict:
+    def _prompt(self, index: int) -> str:
+        return self._prompts[index]["prompt"]
+
+    def _task_info(self, index: int) -> dict:
+        return {"instruction_id_list": list(self._prompts[index]["instruction_id_list"])}
+
+    def _grade(self, text: str) -> tuple[float, dict, str | None]:
         p = self._prompts[self._index]
-        return {"messages": copy.deepcopy(self._messages), "tools": [], "index": self._index,
-                "task_id": self._ids[self._index], "split": self.split,
-                "instruction_id_list": list(p["instruction_id_list"])}
-
-    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[list[dict], dict]:
-        super().reset(seed=seed)
-        self._index = self._pick_index(options)
-        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        messages.append({"role": "user", "content": self._prompts[self._index]["prompt"]})
-        self._messages = messages
-        self._done = False
-        self._started = True
-        return copy.deepcopy(messages), self._info()
-
-    def step(self, action: Any) -> tuple[list[dict], float, bool, bool, dict]:
-        if not self._started:
-            raise RuntimeError("IFEvalEnv.step() called before reset()")
-        if self._done:
-            raise RuntimeError(STEP_AFTER_END)
-        check_action(action)  # TypeError before any state change
-        text = clean_text(action if isinstance(action, str) else (action.get("content") or ""))  # lone surrogates
-        p = self._prompts[self._index]
-        too_long = len(text) > self.max_response_chars
-        if too_long:  # not graded: no checker runs on it (bounds the step's time)
+        if len(text) > self.max_response_chars:  # not graded: no checker runs on it (bounds the step's time)
             grade = _not_graded(p["instruction_id_list"])
+            error = RESPONSE_TOO_LONG.format(n=len(text), bound=self.max_response_chars)
         else:
             grade = score_response(text, p["instruction_id_list"], p["kwargs"], p["prompt"])
-        self._done = True
-        self._messages.append({"role": "assistant", "content": text})
-        info = self._info()
-        info.update(grade)
-        info["termination_reason"] = "answered"
-        if too_long:
-            info["action_error"] = RESPONSE_TOO_LONG.format(n=len(text), bound=self.max_response_chars)
-        elif "<tool_call>" in text:
-            info["action_error"] = TOOL_CALL_IN_ANSWER
-        elif _is_empty(text):
-            info["action_error"] = EMPTY_RESPONSE
-        return [], float(grade[self.reward_kind]), True, False, info
-
-    def render(self) -> str | None:
-        if self.render_mode != "ansi":
-            return None
-        return "\n\n".join(f"[{m['role']}]\n{m.get('content') or ''}" for m in self._messages)
-
+            error = TOOL_CALL_IN_ANSWER if "<tool_call>" in text else EMPTY_RESPONSE if _is_empty(text) else None
+        return float(grade[self.reward_kind]), grade, error
 
 def _not_graded(instruction_id_list: list[str]) -> dict:
     """:func:`score_response`'s result for a response that follows no instruction."""

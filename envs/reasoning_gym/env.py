@@ -9,17 +9,11 @@ episode terminates. The class docstring is the spec, in Gymnasium's sections; th
 from __future__ import annotations
 
 import copy
-import operator
-from typing import Any
-
-import gymnasium as gym
 
 from .data import (DEFAULT_TEST_SEED, DEFAULT_TEST_SIZE, DEFAULT_TRAIN_SEED, DEFAULT_TRAIN_SIZE, dataset_for,
                    resolve_spec, split_items)
 from .grading import MAX_TEXT_CHARS, score
-from envs.action_text import clean_text
-from envs.contract import STEP_AFTER_END, check_action, check_task_options
-from envs.spaces import AssistantAction, ChatMessages
+from envs.single_turn import SingleTurnTextEnv
 
 __all__ = ["ReasoningGymEnv", "DEFAULT_SYSTEM_PROMPT", "TOOL_CALL_IN_ANSWER"]
 
@@ -29,7 +23,7 @@ DEFAULT_SYSTEM_PROMPT = "Answer the question. End your reply with the final answ
 TOOL_CALL_IN_ANSWER = "the response holds a <tool_call> block, but ReasoningGym-v1 has no tools; it was graded as text"
 
 
-class ReasoningGymEnv(gym.Env):
+class ReasoningGymEnv(SingleTurnTextEnv):
     """One generated Reasoning Gym problem per episode, one step per episode (follows :mod:`envs.contract`).
 
     ## Description
@@ -149,8 +143,6 @@ class ReasoningGymEnv(gym.Env):
       security fix, issue 34); hexadecimal answers and gold answers over 4,096 characters read whole.
     """
 
-    metadata = {"render_modes": ["ansi"], "render_fps": 1}
-
     def __init__(
         self,
         task: str | None = None,
@@ -165,10 +157,7 @@ class ReasoningGymEnv(gym.Env):
         system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
         render_mode: str | None = None,
     ):
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
-        if system_prompt is not None and not isinstance(system_prompt, str):
-            raise ValueError(f"system_prompt must be a string or None, got {system_prompt!r:.80}")
+        self._check_common_args(system_prompt, render_mode)
         if task is None and tasks is None:
             task = "chain_sum"
         self.spec_tasks = resolve_spec(task, tasks, task_config, level)
@@ -177,37 +166,14 @@ class ReasoningGymEnv(gym.Env):
                                      train_size=train_size, test_size=test_size)
         self._scorer = dataset_for(self.spec_tasks, seed, len(self._problems))
         self._configs = self.spec_tasks.configs()
-        self.split = split
         self.level = level
-        self.system_prompt = system_prompt or None
-        self.render_mode = render_mode
-        self.observation_space = ChatMessages()
-        self.action_space = AssistantAction()
-        self._index: int | None = None
-        self._messages: list[dict] = []
-        self._done = True
-        self._started = False
+        self._init_single_turn(split, system_prompt, render_mode)
 
-    # ------------------------------------------------------------------ task listing (env contract)
+    # ------------------------------------------------------------------ data and grading (SingleTurnTextEnv hooks)
     @property
     def num_tasks(self) -> int:
         """Number of problems in the split (valid ``index`` range is ``[0, num_tasks)``)."""
         return len(self._problems)
-
-    @property
-    def task_ids(self) -> list[str]:
-        """``[str(i) for i in range(num_tasks)]``: a problem's id is its index in the split."""
-        return [str(i) for i in range(len(self._problems))]
-
-    def usable_task_indices(self, limit: int | None = None) -> list[int]:
-        """The first ``limit`` problem indices (``None``: all): every problem can be played."""
-        n = len(self._problems)
-        return list(range(n if limit is None else max(0, min(int(limit), n))))
-
-    @property
-    def do_nothing_action(self) -> None:
-        """``None``: no meaningful do-nothing baseline (an empty answer scores 0)."""
-        return None
 
     def demonstration(self, options: dict | None) -> list[dict]:
         """The gold answer of the problem ``options`` picks, written the way the env extracts answers:
@@ -219,79 +185,29 @@ class ReasoningGymEnv(gym.Env):
                 reasoning-gym 0.1.25: their verifiers check a solution), which has no demonstration (the message
                 names the task and not the problem, so a caller can group them).
         """
-        check_task_options(options)
-        p = self._problems[self._pick_index(options)]
+        p = self._problems[self._pick_task(options)]
         if p["answer"] is None:
             name = p["metadata"].get("source_dataset", self.spec_tasks.tasks[0][0])
             raise ValueError(f"reasoning_gym task {name!r} gives its items no gold answer (its verifier checks a "
                              f"solution), so it has no demonstration")
         return [{"role": "assistant", "content": f"<answer>{p['answer']}</answer>"}]
 
-    def _pick_index(self, options: dict | None) -> int:
-        options = {} if options is None else options
-        if not isinstance(options, dict):
-            raise ValueError(f"options must be a dict, got {type(options).__name__}")
-        index = options.get("index")
-        if index is None and options.get("task_id") is not None:
-            tid = options["task_id"]
-            if not isinstance(tid, str) or not tid.isdecimal() or int(tid) >= len(self._problems):
-                raise ValueError(f"task_id {tid!r} is not in split {self.split!r} (ids '0'..'{len(self._problems) - 1}')")
-            index = int(tid)
-        if index is None:
-            return int(self.np_random.integers(len(self._problems)))
-        try:
-            if isinstance(index, bool):
-                raise TypeError
-            index = operator.index(index)
-        except TypeError:
-            raise ValueError(f"options['index'] must be an int, got {index!r}") from None
-        if not 0 <= index < len(self._problems):
-            raise ValueError(f"options['index']={index} out of range for split {self.split!r} "
-                             f"({len(self._problems)} problems)")
-        return index
+    def _prompt(self, index: int) -> str:
+        return self._problems[index]["question"]
 
-    def _info(self) -> dict:
-        p = self._problems[self._index]
+    def _task_info(self, index: int) -> dict:
+        p = self._problems[index]
         name = p["metadata"].get("source_dataset", self.spec_tasks.tasks[0][0])
-        return {"messages": copy.deepcopy(self._messages), "tools": [], "index": self._index,
-                "task_id": str(self._index), "split": self.split, "question": p["question"], "answer": p["answer"],
-                "task": name, "task_config": dict(self._configs[name], seed=p["seed"]),
-                "source_index": p["source_index"]}
+        return {"question": p["question"], "answer": p["answer"], "task": name,
+                "task_config": dict(self._configs[name], seed=p["seed"]), "source_index": p["source_index"]}
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[list[dict], dict]:
-        super().reset(seed=seed)
-        self._index = self._pick_index(options)
-        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        messages.append({"role": "user", "content": self._problems[self._index]["question"]})
-        self._messages = messages
-        self._done = False
-        self._started = True
-        return copy.deepcopy(messages), self._info()
-
-    def step(self, action: Any) -> tuple[list[dict], float, bool, bool, dict]:
-        if not self._started:
-            raise RuntimeError("ReasoningGymEnv.step() called before reset()")
-        if self._done:
-            raise RuntimeError(STEP_AFTER_END)
-        check_action(action)  # TypeError before any state change
-        text = clean_text(action if isinstance(action, str) else (action.get("content") or ""))  # JSON-safe log
+    def _grade(self, text: str) -> tuple[float, dict, str | None]:
         p = self._problems[self._index]
         entry = {"question": p["question"], "answer": p["answer"], "metadata": copy.deepcopy(p["metadata"])}
         # the verifier that judges: the one task's, or the one a mix (the library's composite) dispatches the item to
         task = self.spec_tasks.tasks[0][0] if len(self.spec_tasks.tasks) == 1 else p["metadata"]["source_dataset"]
         reward, grade = score(self._scorer, text, entry, task)
-        self._done = True
-        self._messages.append({"role": "assistant", "content": text})
-        info = self._info()
-        info["extracted"] = grade["extracted"]
-        info["termination_reason"] = "answered"
-        if "error" in grade:
-            info["action_error"] = grade["error"]
-        elif "<tool_call>" in text[-MAX_TEXT_CHARS:]:
-            info["action_error"] = TOOL_CALL_IN_ANSWER
-        return [], reward, True, False, info
-
-    def render(self) -> str | None:
-        if self.render_mode != "ansi":
-            return None
-        return "\n\n".join(f"[{m['role']}]\n{m.get('content') or ''}" for m in self._messages)
+        error = grade.get("error")
+        if error is None and "<tool_call>" in text[-MAX_TEXT_CHARS:]:
+            error = TOOL_CALL_IN_ANSWER
+        return reward, {"extracted": grade["extracted"]}, error
