@@ -3,20 +3,14 @@
 A small procedurally generated family: each problem asks for the sum of the decimal digits of a number, the numbers
 are drawn from a seeded generator, and the answer is graded by a hand scanner (no regex, no ``eval``) over a bounded
 window of the response. It exists to show an env family added through the registry (:mod:`envs.families`) in its own
-folder; the contract it follows is :mod:`envs.contract`.
+folder; the contract plumbing comes from :class:`envs.single_turn.SingleTurnTextEnv`, which follows
+:mod:`envs.contract`.
 """
 from __future__ import annotations
 
-import copy
-import operator
-from typing import Any
-
-import gymnasium as gym
 import numpy as np
 
-from envs.action_text import clean_text
-from envs.contract import STEP_AFTER_END, check_action, check_task_options
-from envs.spaces import AssistantAction, ChatMessages
+from envs.single_turn import SingleTurnTextEnv
 
 __all__ = ["DigitSumEnv", "DEFAULT_SYSTEM_PROMPT", "MAX_GRADED_CHARS", "MAX_ANSWER_DIGITS", "extract_answer",
            "generate_numbers", "split_of"]
@@ -104,7 +98,7 @@ def extract_answer(text: str) -> tuple[int | None, str | None]:
     return int(window[begin:end]), None
 
 
-class DigitSumEnv(gym.Env):
+class DigitSumEnv(SingleTurnTextEnv):
     """One digit-sum problem per episode, one step per episode (follows :mod:`envs.contract`).
 
     ## Description
@@ -180,46 +174,18 @@ class DigitSumEnv(gym.Env):
       last 2,000 characters; hash-partitioned train/test numbers from seeded generators.
     """
 
-    metadata = {"render_modes": ["ansi"], "render_fps": 1}
-
     def __init__(self, split: str = "train", min_digits: int = 2, max_digits: int = 4, train_seed: int = 11,
                  test_seed: int = 22, train_size: int = 1000, test_size: int = 200,
                  system_prompt: str | None = DEFAULT_SYSTEM_PROMPT, render_mode: str | None = None):
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
-        if system_prompt is not None and not isinstance(system_prompt, str):
-            raise ValueError(f"system_prompt must be a string or None, got {system_prompt!r:.80}")
+        self._check_common_args(system_prompt, render_mode)
         seed, size = (train_seed, train_size) if split == "train" else (test_seed, test_size)
         self._numbers = generate_numbers(split, seed, size, min_digits, max_digits)
-        self.split = split
-        self.system_prompt = system_prompt or None
-        self.render_mode = render_mode
-        self.observation_space = ChatMessages()
-        self.action_space = AssistantAction()
-        self._index: int | None = None
-        self._messages: list[dict] = []
-        self._done = True
-        self._started = False
+        self._init_single_turn(split, system_prompt, render_mode)
 
     @property
     def num_tasks(self) -> int:
         """Number of problems in the split."""
         return len(self._numbers)
-
-    @property
-    def task_ids(self) -> list[str]:
-        """``[str(i) for i in range(num_tasks)]``."""
-        return [str(i) for i in range(len(self._numbers))]
-
-    def usable_task_indices(self, limit: int | None = None) -> list[int]:
-        """The first ``limit`` problem indices (``None``: all): every problem can be played."""
-        n = len(self._numbers)
-        return list(range(n if limit is None else min(int(limit), n)))
-
-    @property
-    def do_nothing_action(self) -> None:
-        """``None``: no meaningful do-nothing baseline (an empty answer scores 0)."""
-        return None
 
     def demonstration(self, options: dict | None) -> list[dict]:
         """The worked gold answer to the problem ``options`` picks (``"4 + 8 + 2 = 14\\n<answer>14</answer>"``),
@@ -228,67 +194,17 @@ class DigitSumEnv(gym.Env):
         Raises:
             ValueError: options that pick no problem (as for ``reset``).
         """
-        check_task_options(options)
-        n = self._numbers[self._pick_index(options)]
-        digits = str(n)
-        return [{"role": "assistant", "content": f"{' + '.join(digits)} = {sum(map(int, digits))}\n"
-                                                 f"<answer>{sum(map(int, digits))}</answer>"}]
+        digits = str(self._numbers[self._pick_task(options)])
+        total = sum(map(int, digits))
+        return [{"role": "assistant", "content": f"{' + '.join(digits)} = {total}\n<answer>{total}</answer>"}]
 
-    def _pick_index(self, options: dict | None) -> int:
-        options = {} if options is None else options
-        if not isinstance(options, dict):
-            raise ValueError(f"options must be a dict, got {type(options).__name__}")
-        index = options.get("index")
-        if index is None and options.get("task_id") is not None:
-            tid = options["task_id"]
-            if not isinstance(tid, str) or not tid.isascii() or not tid.isdigit() or len(tid) > 12:
-                raise ValueError(f"task_id must be an integer string, got {tid!r:.80}")
-            index = int(tid)
-        if index is None:
-            return int(self.np_random.integers(len(self._numbers)))
-        try:
-            if isinstance(index, bool):
-                raise TypeError
-            index = operator.index(index)
-        except TypeError:
-            raise ValueError(f"options['index'] must be an int, got {index!r:.80}") from None
-        if not 0 <= index < len(self._numbers):
-            raise ValueError(f"options['index']={index} out of range for split {self.split!r} "
-                             f"({len(self._numbers)} problems)")
-        return index
+    def _prompt(self, index: int) -> str:
+        return f"What is the sum of the digits of {self._numbers[index]}?"
 
-    def _info(self) -> dict:
-        return {"messages": copy.deepcopy(self._messages), "tools": [], "index": self._index,
-                "task_id": str(self._index), "split": self.split,
-                "answer": sum(map(int, str(self._numbers[self._index])))}
+    def _task_info(self, index: int) -> dict:
+        return {"answer": sum(map(int, str(self._numbers[index])))}
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[list[dict], dict]:
-        super().reset(seed=seed)
-        self._index = self._pick_index(options)
-        question = f"What is the sum of the digits of {self._numbers[self._index]}?"
-        self._messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else []) + [
-            {"role": "user", "content": question}]
-        self._done, self._started = False, True
-        return copy.deepcopy(self._messages), self._info()
-
-    def step(self, action: Any) -> tuple[list[dict], float, bool, bool, dict]:
-        if not self._started:
-            raise RuntimeError("DigitSumEnv.step() called before reset()")
-        if self._done:
-            raise RuntimeError(STEP_AFTER_END)
-        check_action(action)  # TypeError before any state change
-        text = clean_text(action if isinstance(action, str) else (action.get("content") or ""))
-        self._done = True
+    def _grade(self, text: str) -> tuple[float, dict, str | None]:
         extracted, error = extract_answer(text)
-        self._messages.append({"role": "assistant", "content": text})
-        info = self._info()
-        correct = extracted is not None and extracted == info["answer"]
-        info.update(extracted=extracted, correct=correct, termination_reason="answered")
-        if error is not None:
-            info["action_error"] = error
-        return [], 1.0 if correct else 0.0, True, False, info
-
-    def render(self) -> str | None:
-        if self.render_mode != "ansi":
-            return None
-        return "\n\n".join(f"[{m['role']}]\n{m.get('content') or ''}" for m in self._messages)
+        correct = extracted is not None and extracted == self._task_info(self._index)["answer"]
+        return 1.0 if correct else 0.0, {"extracted": extracted, "correct": correct}, error
