@@ -18,6 +18,9 @@ Discovery needs no central list: :func:`discover` (run by ``import envs``) loads
 data, no generator library): it imports only :mod:`envs.families`, and its entry points and data checks name the
 family's heavier modules lazily (strings, or imports inside the functions it registers).
 
+A one-turn family's env subclasses :class:`envs.single_turn.SingleTurnTextEnv` and keeps only its data and grading
+(``envs/digit_sum/``: the smallest example, added as ``env.py`` + ``family.py`` + ``configs/grpo_digit_sum.yaml``).
+
 ``tests/test_env_families.py`` fails when a registered family lacks a piece; ``tests/test_env_contract.py`` runs
 the contract over every id of :data:`envs.ENV_IDS`, which is derived from this registry.
 This module never imports ``torchrl_grpo``.
