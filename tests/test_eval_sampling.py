@@ -170,11 +170,11 @@ def test_trainer_evaluates_on_a_non_main_rank_and_returns_nothing_to_log(tmp_pat
 
             return getattr(SINGLE, name)
 
-    trainer.dp = Rank1()
+    trainer.components.dp = Rank1()
     try:
         out = trainer.evaluate()
     finally:
         trainer.close()
-    tasks = trainer.components.eval_tasks()
+    tasks = trainer.components.env_side.eval_tasks()
     assert seen == tasks[1::2]
     assert gathered and out == {}

@@ -243,7 +243,7 @@ def test_batch_std_leaves_out_the_groups_the_step_does_not_train(tmp_path, filte
             seen.append(b["advantage"].clone())
             return {}
 
-    trainer.updater = Recorder()
+    trainer.components.update = Recorder()
     m = trainer._learn(batch)
     trainer.close()
     kept = slice(0, 2) if filtered else slice(0, 6)

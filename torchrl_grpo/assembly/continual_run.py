@@ -104,7 +104,7 @@ def check_continual(cfg) -> dict | None:
 
 def domain_sides(cfg, components: Components) -> dict[str, EnvSide]:
     """Phase 3: domain -> its env side, in task order, on ``components``' backend, tokenizer and sampling settings:
-    the first domain's is the components' own collectors and task lists, every other one is built from its
+    the first domain's is the components' own ``env_side`` (the same object), every other one is built from its
     :func:`~torchrl_grpo.config.continual_domains.domain_config` (:func:`torchrl_grpo.assembly.environments.build_env_side`).
     Sides built before a failure are closed.
 
@@ -113,8 +113,7 @@ def domain_sides(cfg, components: Components) -> dict[str, EnvSide]:
     """
     c = components
     domains = [str(d) for d in cfg.cl.task_order]
-    sides = {domains[0]: EnvSide(user_fn=c.user_fn, collector=c.collector, eval_collector=c.eval_collector,
-                                 train_tasks=c.train_tasks, _eval_tasks=c.eval_tasks, _baseline=c.eval_baseline)}
+    sides = {domains[0]: c.env_side}  # the components' own (one object: use_env switches between these)
     try:
         for d in domains[1:]:
             sides[d] = build_env_side(domain_config(cfg, d), c.backend, c.tokenizer, c.sampling)
@@ -177,7 +176,7 @@ def build_continual_trainer(cfg, run_dir: str | Path | None, *, trainer_cls: typ
     try:
         sides = domain_sides(cfg, components)
     except Exception:
-        for part in (components.collector, components.eval_collector, components.logger, components.backend):
+        for part in (components.env_side, components.logger, components.backend):
             part.close()
         raise
     return trainer_cls(components, sides, continual_settings(cfg),

@@ -138,10 +138,9 @@ def build(cfg, run_dir: str | Path, *, model=None, tokenizer=None, backend: Roll
             side.collector.update_policy_weights_(policy.model)
     update = build_update(cfg, policy, opt, devices, backend, optimizer_steps)
     return Components(
-        model=policy.model, tokenizer=policy.tokenizer, backend=backend, sampling=sampling, user_fn=side.user_fn,
-        collector=side.collector, eval_collector=side.eval_collector, train_tasks=side.train_tasks,
-        eval_tasks=side.eval_tasks, eval_baseline=side.eval_baseline, loss_fn=opt.loss_fn, optimizer=opt.optimizer,
-        scheduler=opt.scheduler, update=update, logger=make_logger(cfg, run_dir, devices), device=devices.device,
+        model=policy.model, tokenizer=policy.tokenizer, backend=backend, sampling=sampling, env_side=side,
+        loss_fn=opt.loss_fn, optimizer=opt.optimizer, scheduler=opt.scheduler, update=update,
+        logger=make_logger(cfg, run_dir, devices), device=devices.device,
         settings=loop_settings(cfg, sampling), run_dir=run_dir, start_step=start_step,
         load_time_s=policy.load_time_s, dp=devices.dp, plan=devices.plan, placement=devices.placement,
     )

@@ -70,8 +70,9 @@ class EnvSide:
     """The env half of a run for one environment (:func:`make_env_side`): the train and eval collectors on a shared
     backend, the usable train task indices, the first ``n_eval`` (``eval.n_problems``) usable eval tasks
     (``eval_tasks()``, computed once) and the do-nothing baseline on a task list (``eval_baseline(tasks)``, once per
-    list; ``{}`` for envs without one). A continual run holds one per domain
-    (:mod:`torchrl_grpo.continual.trainer`)."""
+    list; ``{}`` for envs without one). It owns these: the run's :class:`~torchrl_grpo.training.components.Components`
+    hold it (``env_side``) and every reader (trainer, evaluator) goes through that field. A continual run holds one
+    per domain (:mod:`torchrl_grpo.continual.domains`) and switches the components' between them."""
 
     user_fn: Any  # local LLM user (None unless econfig.user / user_llm is "local")
     collector: Any
@@ -85,6 +86,12 @@ class EnvSide:
         if "tasks" not in self._cache:
             self._cache["tasks"] = self._eval_tasks()
         return self._cache["tasks"]
+
+    @property
+    def n_eval_tasks(self) -> int | None:
+        """How many eval tasks :meth:`eval_tasks` lists; None until it has listed them (nothing is listed here)."""
+        tasks = self._cache.get("tasks")
+        return None if tasks is None else len(tasks)
 
     def eval_baseline(self, tasks: list[int]) -> dict[str, float]:
         key = ("baseline", tuple(tasks))

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from torchrl_grpo.backends.base import RolloutBackend, SamplingConfig
+from torchrl_grpo.rollout.env_side import EnvSide
 from torchrl_grpo.training.update import GRPOUpdate
 
 __all__ = ["Components", "LoopSettings"]
@@ -49,21 +50,18 @@ class LoopSettings:
 class Components:
     """Everything a training loop needs, built by :func:`torchrl_grpo.assembly.build`.
 
-    ``collector`` / ``eval_collector`` sample train / greedy-eval episodes with ``backend``; ``train_tasks`` are the
-    usable train task indices; ``eval_tasks()`` lists the first usable eval tasks and ``eval_baseline(tasks)`` scores
-    the env's do-nothing action on them (``{}`` for envs without one); ``update`` is the optimizer side of a step.
+    ``env_side`` is the environment the loop trains and evaluates on (:class:`~torchrl_grpo.rollout.env_side.EnvSide`:
+    the train / greedy-eval collectors sampling with ``backend``, the usable train task indices, the eval tasks and
+    the do-nothing baseline, each listed once); it is the one owner of those: the trainer, its evaluator and
+    :meth:`close` read them through this field, and a continual run switches env by replacing it
+    (:meth:`torchrl_grpo.training.grpo_trainer.GRPOTrainer.use_env`). ``update`` is the optimizer side of a step.
     """
 
     model: torch.nn.Module
     tokenizer: Any
     backend: RolloutBackend
     sampling: SamplingConfig
-    user_fn: Any  # local LLM user (None unless econfig.user / user_llm is "local")
-    collector: Any
-    eval_collector: Any
-    train_tasks: list[int]
-    eval_tasks: Callable[[], list[int]]
-    eval_baseline: Callable[[list[int]], dict[str, float]]
+    env_side: EnvSide
     loss_fn: Any
     optimizer: torch.optim.Optimizer
     scheduler: Any
@@ -83,8 +81,7 @@ class Components:
         vLLM engine frees its memory), leave the data-parallel group and give the trainer thread its CPU mask back."""
         try:
             self.logger.close()
-            self.collector.close()
-            self.eval_collector.close()
+            self.env_side.close()
         finally:
             self.backend.close()
             if self.dp is not None:

@@ -27,6 +27,7 @@ from tensordict import TensorDict
 from torchrl_grpo.distributed.data_parallel import SINGLE, full_state_dicts, is_fsdp
 from torchrl_grpo.distributed.placement import Placement
 from torchrl_grpo.objectives.advantage import group_advantages, group_reward_std
+from torchrl_grpo.rollout.env_side import EnvSide
 from torchrl_grpo.rollout.episode_stats import LengthGuard, episode_metrics, sample_rows
 from torchrl_grpo.training.checkpoint import save_checkpoint, save_final_model
 from torchrl_grpo.training.components import Components
@@ -40,6 +41,31 @@ log = logging.getLogger(__name__)
 _NO_PLACEMENT = Placement(torch.device("cpu"), torch.device("cpu"), torch.device("cpu"))  # components built elsewhere
 
 
+class _FromComponents:
+    """A read-only trainer attribute that is ``trainer.components.<path>``: the components own the object, the trainer
+    keeps no copy of it (a public name kept for callers and tests: ``trainer.model``, ``trainer.collector``, ...).
+    Assigning it raises: replace the components' field instead (``trainer.components.update = ...``)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.__doc__ = f"``components.{path}`` (read-only)."
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        out = obj.components
+        for part in self.path.split("."):
+            out = getattr(out, part)
+        return out
+
+    def __set__(self, obj, value) -> None:
+        raise AttributeError(f"{type(obj).__name__}.{self.name} is components.{self.path} (its one owner): set "
+                             f"trainer.components.{self.path} instead")
+
+
 class GRPOTrainer:
     """Sync GRPO trainer on built components.
 
@@ -47,11 +73,18 @@ class GRPOTrainer:
     :func:`torchrl_grpo.assembly.build_trainer` ``(cfg, run_dir, model=..., tokenizer=..., backend=...)`` builds them
     (:func:`torchrl_grpo.assembly.build`, with this class's :attr:`own_backend_copy`) and returns the trainer.
 
+    The trainer owns its step counter (``step``), its :class:`~torchrl_grpo.training.evaluator.Evaluator` and
+    ``augment_batch``; everything else is read from ``components`` at each use (``model``, ``collector``, ``updater``,
+    ... are read-only views of it; the env side's collectors and tasks through ``components.env_side``), so
+    :meth:`use_env` switches every reader at once.
+
     Args:
         components: the built :class:`~torchrl_grpo.training.components.Components`.
-        cfg: accepted for old callers and ignored: the trainer reads no config (``self.settings`` are its plain
-            values). ``self.cfg`` is None, or the config :func:`torchrl_grpo.assembly.build_trainer` built it from (set
-            there, for callers).
+        cfg: accepted for old callers and ignored.
+
+    Attributes:
+        cfg: None, or the config :func:`torchrl_grpo.assembly.build_trainer` built it from (set there, for callers;
+            never read here: ``settings`` are the plain values the trainer reads).
 
     Raises:
         TypeError: ``components`` is not a :class:`~torchrl_grpo.training.components.Components` (e.g. the config of
@@ -61,29 +94,50 @@ class GRPOTrainer:
     #: the rollout engine must not share the training module (the async trainer's): build() gives it its own copy
     own_backend_copy = False
 
+    settings = _FromComponents("settings")
+    run_dir = _FromComponents("run_dir")
+    device = _FromComponents("device")
+    model = _FromComponents("model")
+    tokenizer = _FromComponents("tokenizer")
+    backend = _FromComponents("backend")
+    loss_fn = _FromComponents("loss_fn")
+    optimizer = _FromComponents("optimizer")
+    scheduler = _FromComponents("scheduler")
+    updater = _FromComponents("update")
+    logger = _FromComponents("logger")
+    collector = _FromComponents("env_side.collector")
+    eval_collector = _FromComponents("env_side.eval_collector")
+    train_tasks = _FromComponents("env_side.train_tasks")
+
     def __init__(self, components: Components, *, cfg=None) -> None:
         if not isinstance(components, Components):
             raise TypeError(f"{type(self).__name__} takes built Components, got {type(components).__name__}: build "
                             f"a trainer from a config with torchrl_grpo.assembly.build_trainer(cfg, run_dir, "
                             f"trainer_cls={type(self).__name__}, model=..., tokenizer=..., backend=...)")
-        c = self.components = components
+        self.components = components
         self.cfg = None  # build_trainer sets the config it built from, for callers; never read here
-        self.settings, self.run_dir, self.device = c.settings, c.run_dir, c.device
-        self.model, self.tokenizer, self.backend, self.sampling = c.model, c.tokenizer, c.backend, c.sampling
-        self.collector, self.eval_collector, self.train_tasks = c.collector, c.eval_collector, c.train_tasks
-        self.loss_fn, self.optimizer, self.scheduler, self.updater = c.loss_fn, c.optimizer, c.scheduler, c.update
-        self.logger, self.load_time_s, self.step = c.logger, c.load_time_s, c.start_step
+        self.step = components.start_step
         if self.step:  # resumed (train.resume_from): the logs continue from the checkpoint's step, rows after it cut
             self.logger.rewind(self.step)
-        self.dp = c.dp or SINGLE  # data parallel (torchrl_grpo.distributed.data_parallel): this rank's share, rank 0 writes
-        # a disjoint CPU plan (torchrl_grpo.distributed.placement): this thread trains on the train cores, collects on the
-        # inference cores; a colocated plan pins nothing
-        self.placement = c.placement if c.placement is not None else _NO_PLACEMENT
+        # a disjoint CPU plan (torchrl_grpo.distributed.placement): this thread trains on the train cores, collects on
+        # the inference cores; a colocated plan pins nothing
         self.placement.pin_thread("train")
         self._length_guard = LengthGuard(self.settings.max_new_tokens)
-        self.evaluator = Evaluator(c)  # the eval tasks, rollouts, episode rows and baseline (training/evaluator.py)
+        self.evaluator = Evaluator(components)  # rollouts, episode rows, table (training/evaluator.py)
         # optional callable(batch) -> batch run on each collected batch before advantages (continual replay)
         self.augment_batch = None
+
+    @property
+    def dp(self):
+        """Data parallel (:mod:`torchrl_grpo.distributed.data_parallel`): ``components.dp``, or one process
+        (``SINGLE``) when None. Each rank trains its share; rank 0 writes."""
+        return self.components.dp or SINGLE
+
+    @property
+    def placement(self) -> Placement:
+        """``components.placement``, or a CPU placement that pins nothing when None (components built elsewhere)."""
+        p = self.components.placement
+        return p if p is not None else _NO_PLACEMENT
 
     @property
     def optimizer_steps(self) -> int:
@@ -104,14 +158,11 @@ class GRPOTrainer:
             out.append({"index": self.train_tasks[int(perm[pos])]})
         return out
 
-    def use_env(self, side) -> None:
+    def use_env(self, side: EnvSide) -> None:
         """Train and evaluate on another environment from now on: a :class:`torchrl_grpo.rollout.env_side.EnvSide` on
-        this trainer's backend (one per domain in a continual run)."""
-        c = self.components
-        c.collector, c.eval_collector, c.train_tasks = side.collector, side.eval_collector, side.train_tasks
-        c.eval_tasks, c.eval_baseline, c.user_fn = side.eval_tasks, side.eval_baseline, side.user_fn
-        self.collector, self.eval_collector, self.train_tasks = side.collector, side.eval_collector, side.train_tasks
-        self.evaluator = Evaluator(c)
+        this trainer's backend (one per domain in a continual run). It becomes ``components.env_side``, the one
+        place every reader (collectors, train tasks, evaluator, :meth:`close`) looks it up."""
+        self.components.env_side = side
 
     # ------------------------------------------------------------------ one step
     def train_step(self) -> dict[str, Any]:
@@ -245,7 +296,7 @@ class GRPOTrainer:
                                            exists=lambda: self._checkpoint_dir().is_dir()),
             on_end=self._save_final_model if s.final_model else None,
             progress=Progress("GRPO", s.progress_bar), learning_curve=self._draw_learning_curve,
-            summary={"load_time_s": self.load_time_s})
+            summary={"load_time_s": self.components.load_time_s})
 
     def _save_final_model(self) -> dict[str, str]:
         """``<run_dir>/final_model`` (``checkpoint.final_model``; :func:`~torchrl_grpo.training.checkpoint.
