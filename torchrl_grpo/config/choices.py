@@ -16,7 +16,7 @@ __all__ = [
     "MODES", "DTYPES", "BACKENDS", "DECODE_MODES", "AGGREGATIONS", "SCALES", "BASELINES", "BEHAVIOUR_WEIGHT_MODES", "ANCHORS",
     "SHARED_PREFIX_MODES", "SCHEDULERS", "WANDB_MODES", "DEVICES", "STRATEGIES", "LAUNCHERS", "SFT_SOURCES", "USERS",
     "INFERENCE_ENGINES", "TRAIN_ENGINES", "FOREIGN_ENGINES", "CL_METRICS", "CL_ALGORITHMS", "TAU2_REWARD_KINDS",
-    "BY_KEY",
+    "IMPORTANCE_LEVELS", "BY_KEY",
 ]
 
 #: ``mode``: the sync trainer (:mod:`torchrl_grpo.training.grpo_trainer`) or the async one
@@ -44,6 +44,10 @@ BASELINES = ("mean", "loo")
 
 #: ``loss.behaviour_weight_mode`` (:class:`torchrl_grpo.objectives.loss.GRPOLoss`): truncate or mask.
 BEHAVIOUR_WEIGHT_MODES = ("truncate", "mask")
+
+#: ``loss.importance_level`` (:class:`torchrl_grpo.objectives.loss.GRPOLoss`): GRPO's per-token importance ratio or
+#: GSPO's sequence-level one.
+IMPORTANCE_LEVELS = ("token", "sequence")
 
 #: ``loss.anchor``: accepted ``anchor=`` values of :class:`torchrl_grpo.training.update.GRPOUpdate` (see its
 #: ``needs_anchor_recompute``).
@@ -108,6 +112,7 @@ BY_KEY: dict[str, tuple] = {
     "loss.adv_baseline": BASELINES,
     "loss.behaviour_weight_mode": BEHAVIOUR_WEIGHT_MODES,
     "loss.anchor": ANCHORS,
+    "loss.importance_level": IMPORTANCE_LEVELS,
     "optimizer.scheduler": SCHEDULERS,
     "stats_logger.wandb.mode": WANDB_MODES,
     "econfig.reward": TAU2_REWARD_KINDS,

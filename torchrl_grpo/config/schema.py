@@ -134,6 +134,10 @@ class LossConfig:
     # pass); a separate no-grad pass only for several updates per batch, stale (async) batches or dropout. Measured
     # (issue 35, H100, SmolLM2-135M shape, 64 episodes, one pass): the separate pass adds 0.093 s to a 0.32 s update
     anchor: str = "auto"  # auto | recompute | behaviour
+    # importance ratio: token (GRPO/DAPO, per token) | sequence (GSPO, Zheng et al. 2025, arXiv:2507.18071: the
+    # length-normalised sequence ratio, clipped per episode; the paper clips at clip_eps_low=3e-4, clip_eps_high=4e-4
+    # and means over sequences, aggregation=seq_mean_token_mean; objectives/loss.py)
+    importance_level: str = "token"
 
 
 @dataclass

@@ -37,6 +37,20 @@ see :mod:`torchrl_grpo.objectives.advantage`):
   in the token count). Without ``old_log_probs`` the anchor is the behaviour policy itself and no weight applies,
   unless the call passes ``anchor="current"`` (one optimizer step per batch): then π_prox is the current
   policy, i.e. this forward's own detached log-probs (the value a no-grad recompute gives, without that pass).
+* Sequence-level importance ratio (``importance_level="sequence"``) — GSPO, Group Sequence Policy Optimization
+  (Zheng et al., 2025, arXiv:2507.18071), Eq. (7):
+  :math:`s_i(\theta) = (\pi_\theta(y_i|x)/\pi_{old}(y_i|x))^{1/|y_i|}
+  = \exp(\frac{1}{|y_i|}\sum_t \log\frac{\pi_\theta(y_{i,t}|\cdot)}{\pi_{old}(y_{i,t}|\cdot)})`, the mean over
+  episode ``i``'s response tokens (the mask ``m``; prompt, tool/user turns and padding excluded), clipped at the
+  sequence level, Eq. (5): :math:`L^{clip}_i = \min(s_i A_i,\ \mathrm{clip}(s_i, 1-\epsilon_{low},
+  1+\epsilon_{high}) A_i)`. Every token of episode ``i`` carries :math:`L^{clip}_i`, so
+  ``aggregation="seq_mean_token_mean"`` gives Eq. (5)'s mean over the group's sequences exactly (``token_mean``
+  weights each sequence by its length). The gradient is that of Eq. (5) (:math:`\nabla s_i = s_i \cdot` the mean
+  of the tokens' :math:`\nabla\log\pi_\theta`); the paper's GSPO-token variant (per-token advantages) is not
+  implemented. The paper clips far tighter than GRPO: ``clip_eps_low=3e-4``, ``clip_eps_high=4e-4`` (its experiments),
+  not 0.2 / 0.28. The decoupled behaviour weight is then taken at the sequence level too:
+  :math:`w_i = \exp(\mathrm{mean}_t(\log\pi_{prox} - \log\pi_{behav}))`, truncated or masked per episode.
+  ``"token"`` (default) is the per-token ratio above (GRPO / DAPO).
 
 Metrics (all over response tokens only, never over prompt or padding):
 
@@ -45,6 +59,10 @@ Metrics (all over response tokens only, never over prompt or padding):
   :math:`\mathrm{ESS} = (\sum w)^2 / (N \sum w^2)` in (0, 1]; 1 when the policy equals the behaviour policy.
 * ``clip_fraction``: fraction of tokens whose ratio lies outside ``[1-eps_low, 1+eps_high]``
   (``clip_fraction_low`` / ``clip_fraction_high`` split it), the quantity TorchRL's ``GRPOLoss`` reports.
+  With ``importance_level="sequence"`` the ratio of every token is its episode's :math:`s_i`: the clip fraction is
+  the share of response tokens in episodes whose :math:`s_i` is clipped, and ``ratio_mean`` / ``ratio_max`` and
+  the ESS weights (:math:`\exp(\mathrm{mean}_t(\log\pi_\theta - \log\pi_{behav}))`) are per episode, each
+  episode counted once per response token (so micro-batches combine as token means do).
 * ``kl_ref`` (k3 to the reference), ``kl_behaviour`` (k1 estimate :math:`\log\pi_{behav}-\log\pi_\theta`),
   ``entropy`` (nats/token), ``ratio_mean``, ``ratio_max``.
 """
@@ -58,13 +76,15 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.objectives.common import LossModule
 
-from torchrl_grpo.config.choices import AGGREGATIONS, BEHAVIOUR_WEIGHT_MODES  # config loss.*: defined once there
+from torchrl_grpo.config.choices import (  # config loss.*: defined once there
+    AGGREGATIONS, BEHAVIOUR_WEIGHT_MODES, IMPORTANCE_LEVELS,
+)
 from torchrl_grpo.objectives.log_probs import Window, token_log_probs
 from torchrl_grpo.objectives.loss_interface import PolicyLossModule, resolve_anchor
 from torchrl_grpo.objectives.shared_prefix import SharedPrefix
 
 __all__ = ["GRPOLoss", "total_loss", "combine_ess", "BEHAVIOUR_WEIGHT_MODES", "token_log_probs", "masked_aggregate",
-           "AGGREGATIONS", "REDUCTIONS", "LossMetrics"]
+           "AGGREGATIONS", "IMPORTANCE_LEVELS", "REDUCTIONS", "LossMetrics", "sequence_mean"]
 
 
 def masked_aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str, max_tokens: int | None = None) -> torch.Tensor:
@@ -92,6 +112,15 @@ def masked_aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str, max_tokens:
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     m = mask.to(x.dtype)
     return (x * m).sum() / m.sum().clamp_min(1.0)
+
+
+def sequence_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each row's mean of ``x`` [B, T] over its ``mask`` [B, T] tokens, on every column of the row ([B, T]; 0 for a
+    row without a masked token). Values off the mask are ignored (never multiplied: an inf there stays out). With
+    ``x = log pi_theta - log pi_old`` it is GSPO's log s_i (module docstring)."""
+    m = mask.to(x.dtype)
+    per_row = torch.where(mask, x, torch.zeros_like(x)).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1.0)
+    return per_row.expand_as(x)
 
 
 class _Inputs(NamedTuple):
@@ -150,6 +179,9 @@ class GRPOLoss(PolicyLossModule):
             input has ``old_log_probs``; ``None``: no cap (plain importance weight).
         behaviour_weight_mode: ``"truncate"`` (min(w, c)) or ``"mask"`` (tokens with w > c get weight 0).
             ``None`` disables the correction.
+        importance_level: ``"token"`` (GRPO's per-token ratio) or ``"sequence"`` (GSPO's length-normalised
+            sequence ratio, clipped per episode; module docstring: use ``clip_eps_low=3e-4, clip_eps_high=4e-4``
+            and ``aggregation="seq_mean_token_mean"`` for the paper's setting). One of :data:`IMPORTANCE_LEVELS`.
 
     Raises:
         ValueError: on bad hyper-parameters, missing keys, or shape mismatches.
@@ -184,6 +216,7 @@ class GRPOLoss(PolicyLossModule):
         behaviour_weight_cap: float | None = None,
         behaviour_weight_mode: str = "truncate",
         logits_chunk: int = 0,
+        importance_level: str = "token",
     ) -> None:
         if not 0 <= clip_eps_low < 1:
             raise ValueError(f"clip_eps_low must be in [0, 1), got {clip_eps_low}")
@@ -197,6 +230,8 @@ class GRPOLoss(PolicyLossModule):
             raise ValueError("behaviour_weight_cap must be > 0 or None")
         if behaviour_weight_mode not in BEHAVIOUR_WEIGHT_MODES:
             raise ValueError(f"behaviour_weight_mode must be one of {BEHAVIOUR_WEIGHT_MODES}, got {behaviour_weight_mode!r}")
+        if importance_level not in IMPORTANCE_LEVELS:
+            raise ValueError(f"importance_level must be one of {IMPORTANCE_LEVELS}, got {importance_level!r}")
         super().__init__(actor, temperature=temperature, top_p=top_p, top_k=top_k)
         self.clip_eps_low = float(clip_eps_low)
         self.clip_eps_high = float(clip_eps_high)
@@ -207,6 +242,7 @@ class GRPOLoss(PolicyLossModule):
         self.behaviour_weight_cap = behaviour_weight_cap
         self.behaviour_weight_mode = behaviour_weight_mode
         self.logits_chunk = int(logits_chunk)
+        self.importance_level = importance_level
 
     @property
     def normaliser(self) -> str:
@@ -272,7 +308,10 @@ class GRPOLoss(PolicyLossModule):
         )
         old = logp.detach() if x.anchor == "current" else x.old
         zeros = torch.zeros_like(logp)
-        ratio = torch.where(x.mask, logp - old, zeros).exp()
+        log_ratio = torch.where(x.mask, logp - old, zeros)
+        if self.importance_level == "sequence":  # GSPO Eq. (7): log s_i on every token of episode i
+            log_ratio = sequence_mean(log_ratio, x.mask)
+        ratio = log_ratio.exp()
         A = x.adv[:, None].expand_as(ratio)
         clipped = ratio.clamp(1.0 - self.clip_eps_low, 1.0 + self.clip_eps_high)
         surrogate = torch.minimum(ratio * A, clipped * A)
@@ -292,8 +331,10 @@ class GRPOLoss(PolicyLossModule):
 
     def _behaviour_weight(self, old: torch.Tensor, behav: torch.Tensor, mask: torch.Tensor):
         """The decoupled weight π_prox/π_behav per token (1 off the mask), capped as ``behaviour_weight_mode`` says,
-        and the tokens the ``"mask"`` mode zeroed (None otherwise)."""
-        weight = torch.where(mask, (old - behav).exp(), torch.ones_like(old))
+        and the tokens the ``"mask"`` mode zeroed (None otherwise). ``importance_level="sequence"``: per episode,
+        exp of the mean log weight over its tokens, on each of them (so an episode is truncated or masked whole)."""
+        log_w = old - behav if self.importance_level == "token" else sequence_mean(old - behav, mask)
+        weight = torch.where(mask, log_w.exp(), torch.ones_like(old))
         c, masked = self.behaviour_weight_cap, None
         if c is not None and self.behaviour_weight_mode == "truncate":
             weight = weight.clamp(max=c)
@@ -318,7 +359,10 @@ class GRPOLoss(PolicyLossModule):
         n_tok = mask.sum()
         # log importance weights vs the behaviour policy, -inf off the mask (a zero weight): no boolean indexing,
         # no host read (a device sync each); no token gives log Σw = -inf and ESS = NaN
-        lw = torch.where(mask, logp.detach() - x.behav, torch.full_like(logp, float("-inf"))).flatten()
+        lw = logp.detach() - x.behav
+        if self.importance_level == "sequence":  # the episode's weight (module docstring), on each of its tokens
+            lw = sequence_mean(lw, mask)
+        lw = torch.where(mask, lw, torch.full_like(logp, float("-inf"))).flatten()
         log_sw, log_sw2 = torch.logsumexp(lw, 0), torch.logsumexp(2 * lw, 0)
         ess = (2 * log_sw - log_sw2).exp() / n_tok
         nan = torch.full_like(ess, float("nan"))
