@@ -291,14 +291,16 @@ def test_sft_py_command_line_writes_a_model_grpo_py_can_start_from(tmp_path):
 def test_sft_phase_lr_follows_optimizer_lr_after_warmup(tmp_path):
     """With optimizer.warmup_steps, the build's GRPO schedule had already scaled the lr by its warm-up factor at
     construction; the SFT phase's schedule must still peak at optimizer.lr (it once peaked at half of it)."""
-    cfg = sft_cfg(optimizer={"lr": 1e-3, "warmup_steps": 2, "scheduler": "constant"}, sft={"epochs": 2})
+    # through fit(): a gold phase on 3 tasks, then one RFT round keeping every episode (min_reward below any reward)
+    cfg = sft_cfg(optimizer={"lr": 1e-3, "warmup_steps": 2, "scheduler": "constant"},
+                  sft={"epochs": 2, "rft_rounds": 1, "rft_samples": 1, "min_reward": -1.0, "save_model": False},
+                  train_dataset={"limit": 3}, eval={"n_problems": 0})
     trainer = build_trainer(cfg, tmp_path, trainer_cls=SFTTrainer)
     try:
-        batch, _ = gold_demonstrations(trainer.collector, trainer.train_tasks[:3])
-        trainer._fine_tune(batch, "gold")
-        trainer._fine_tune(batch, "rft", round_=1)  # a second phase starts from optimizer.lr again
+        summary = trainer.fit()  # the RFT phase starts from optimizer.lr again
     finally:
         trainer.close()
+    assert summary["rft"] == [3]
     lrs = [r["sft/lr"] for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if "sft/lr" in r]
     assert len(lrs) == 4 and lrs[1] == pytest.approx(1e-3) and lrs[3] == pytest.approx(1e-3), lrs
     # each step logs the rate it used (issue 36.6): warm-up 1/2 then the peak, in each phase (not the next step's)

@@ -271,12 +271,6 @@ class SFTTrainer:
         self._phase_data = None
         self.collector.update_policy_weights_(self.model)  # the rollout engine samples the fine-tuned policy
 
-    def _fine_tune(self, data: TensorDict, phase: str, round_: int = 0) -> dict[str, float]:
-        """One phase alone on the loop shell (each step logged). Returns the last step's metrics."""
-        return run_loop(self._step, self._phase(data, phase, round_), position=lambda: self.step,
-                        logger=self.logger, progress=Progress(phase, self.settings.progress_bar, ("sft/nll",)),
-                        log=log)["last"]
-
     def rft_round(self, round_: int) -> TensorDict | None:
         """Sample ``sft.rft_samples`` episodes per train task (all usable ones; ``train_dataset.limit`` caps them)
         with the current policy; the successful ones (:func:`~torchrl_grpo.rollout.demonstrations.successful_episodes`),
