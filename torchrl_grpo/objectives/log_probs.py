@@ -310,15 +310,48 @@ def token_log_probs(
             ``prefix`` given but a row does not start with it, it reaches the first scored column, or the model's
             logits are not ``lm_head(decoder(...))``.
     """
+    _check_inputs(tokens, attention_mask, response_mask, temperature, top_p, top_k)
+    am = attention_mask.long()
+    # positions count only real tokens, so left padding does not shift rotary positions
+    position_ids = (am.cumsum(-1) - 1).clamp_min(0)
+    B, T = tokens.shape
+    start, n_scored, right_padded = _scored_window(window, response_mask)
+    from torchrl_grpo.distributed.data_parallel import is_fsdp
+
+    if is_fsdp(model):  # one forward per call, whatever the rows hold (see share_prefix)
+        share_prefix, logits_chunk = False, 0
+    step = logits_chunk if logits_chunk > 0 else B
+    score = (response_mask.bool() if response_mask is not None else torch.ones_like(am, dtype=torch.bool)) & am.bool()
+    dec_head = _decoder_and_head(model)
+    if prefix is not None:
+        _check_prefix(prefix, dec_head, tokens, am, start, checked_on_device=window is not None)
+    lps, ents = [], []
+    for s in range(0, B, step):
+        sl = slice(s, s + step)
+        out, _ = _window_outputs(model, dec_head, tokens[sl], am[sl], position_ids[sl], start, share_prefix, prefix,
+                                 causal_only=right_padded)
+        lp, ent = _scored_log_probs(out, dec_head, tokens[sl], score[sl], start,
+                                    n_scored if step == B else None, temperature, with_entropy, top_p, top_k)
+        lps.append(lp)
+        if with_entropy:
+            ents.append(ent)
+    lp = torch.cat(lps)
+    ent = torch.cat(ents) if with_entropy else None
+    return lp, ent
+
+
+def _check_inputs(tokens, attention_mask, response_mask, temperature: float, top_p: float, top_k: int) -> None:
+    """:func:`token_log_probs`'s argument checks (its Raises)."""
     if tokens.ndim != 2 or attention_mask.shape != tokens.shape:
         raise ValueError(f"tokens [B, T] and attention_mask [B, T] expected, got {tuple(tokens.shape)} / {tuple(attention_mask.shape)}")
     if response_mask is not None and response_mask.shape != tokens.shape:
         raise ValueError(f"response_mask must be [B, T] like tokens, got {tuple(response_mask.shape)}")
     check_processing(temperature, top_p, top_k)
-    am = attention_mask.long()
-    # positions count only real tokens, so left padding does not shift rotary positions
-    position_ids = (am.cumsum(-1) - 1).clamp_min(0)
-    B, T = tokens.shape
+
+
+def _scored_window(window: Window | tuple | None, response_mask: torch.Tensor | None) -> tuple[int, int | None, bool]:
+    """``(start, scored, right_padded)`` of a call: the caller's ``window`` (no device read), else the first column
+    any row scores, read from ``response_mask`` (one read; 1 without a mask), scored count unknown (None)."""
     start, n_scored, right_padded = 1, None, False
     if window is not None:
         window = Window(*window)
@@ -329,45 +362,44 @@ def token_log_probs(
         cols = response_mask.bool().any(0).nonzero()
         if cols.numel():
             start = max(1, int(cols[0]))
-    from torchrl_grpo.distributed.data_parallel import is_fsdp
+    return start, n_scored, right_padded
 
-    if is_fsdp(model):  # one forward per call, whatever the rows hold (see share_prefix)
-        share_prefix, logits_chunk = False, 0
-    step = logits_chunk if logits_chunk > 0 else B
-    score = (response_mask.bool() if response_mask is not None else torch.ones_like(am, dtype=torch.bool)) & am.bool()
-    dec_head = _decoder_and_head(model)
-    if prefix is not None:
-        why = (f"prefix of {prefix.length} tokens does not apply: rows must start with it (real tokens), end it before "
-               f"column {start - 1} (the output predicting the first scored token), and the model's logits must be "
-               "lm_head(decoder(...))")
-        if dec_head is None or prefix.length >= start or T <= prefix.length:
-            raise ValueError(why)
-        if window is None and not prefix.matches(tokens, am):
-            raise ValueError(why)
-        if window is not None:  # checked on the device, read by no one unless it fails
-            torch._assert_async(prefix.matches_on_device(tokens, am), why)
-    lps, ents = [], []
-    for s in range(0, B, step):
-        sl = slice(s, s + step)
-        out, _ = _window_outputs(model, dec_head, tokens[sl], am[sl], position_ids[sl], start, share_prefix, prefix,
-                                 causal_only=right_padded)
-        sel = score[sl, start:]  # [b, T-start]: positions whose log-prob is needed
-        zeros = torch.zeros(sel.shape, dtype=torch.float32, device=tokens.device)
-        if n_scored is not None and step == B:  # the count is known: static-size indices, no device sync
-            row, col = torch.nonzero_static(sel, size=n_scored, fill_value=sel.shape[0]).unbind(-1)
-            picked, targets = out[row, col], tokens[sl, start:][row, col]
-            put = lambda v: zeros.index_put((row, col), v)  # noqa: E731
-        else:
-            picked, targets = out[sel], tokens[sl, start:][sel]
-            put = lambda v: zeros.masked_scatter(sel, v)  # noqa: E731
-        if dec_head is not None:
-            lp_sel, ent_sel = _selected_log_probs(dec_head[1], picked, targets, temperature, with_entropy,
-                                                  chunk=HEAD_CHUNK, top_p=top_p, top_k=top_k)
-        else:
-            lp_sel, ent_sel = _head_log_probs(lambda x: x, picked, targets, temperature, with_entropy, top_p, top_k)
-        lps.append(F.pad(put(lp_sel), (start, 0)))
-        if with_entropy:
-            ents.append(F.pad(put(ent_sel), (start, 0)))
-    lp = torch.cat(lps)
-    ent = torch.cat(ents) if with_entropy else None
-    return lp, ent
+
+def _check_prefix(prefix: SharedPrefix, dec_head, tokens: torch.Tensor, am: torch.Tensor, start: int, *,
+                  checked_on_device: bool) -> None:
+    """Refuse a ``prefix`` that does not apply (ValueError, :func:`token_log_probs`'s Raises); with
+    ``checked_on_device`` (the caller gave a window) the rows-start-with-it check is a device-side assert, read by
+    no one unless it fails."""
+    T = tokens.shape[1]
+    why = (f"prefix of {prefix.length} tokens does not apply: rows must start with it (real tokens), end it before "
+           f"column {start - 1} (the output predicting the first scored token), and the model's logits must be "
+           "lm_head(decoder(...))")
+    if dec_head is None or prefix.length >= start or T <= prefix.length:
+        raise ValueError(why)
+    if not checked_on_device and not prefix.matches(tokens, am):
+        raise ValueError(why)
+    if checked_on_device:
+        torch._assert_async(prefix.matches_on_device(tokens, am), why)
+
+
+def _scored_log_probs(out: torch.Tensor, dec_head, tokens: torch.Tensor, score: torch.Tensor, start: int,
+                      n_scored: int | None, temperature: float, with_entropy: bool, top_p: float, top_k: int):
+    """Log-probs (and entropies) [b, T] of one chunk of rows from its window outputs ``out`` (hidden states or
+    logits at positions ``start-1 .. T-2``): the scored positions ``score[:, start:]`` gathered (static-size indices
+    when their count ``n_scored`` is known: no device sync), scored, and scattered back; 0 elsewhere."""
+    sel = score[:, start:]  # [b, T-start]: positions whose log-prob is needed
+    zeros = torch.zeros(sel.shape, dtype=torch.float32, device=tokens.device)
+    if n_scored is not None:  # the count is known: static-size indices, no device sync
+        row, col = torch.nonzero_static(sel, size=n_scored, fill_value=sel.shape[0]).unbind(-1)
+        picked, targets = out[row, col], tokens[:, start:][row, col]
+        put = lambda v: zeros.index_put((row, col), v)  # noqa: E731
+    else:
+        picked, targets = out[sel], tokens[:, start:][sel]
+        put = lambda v: zeros.masked_scatter(sel, v)  # noqa: E731
+    if dec_head is not None:
+        lp_sel, ent_sel = _selected_log_probs(dec_head[1], picked, targets, temperature, with_entropy,
+                                              chunk=HEAD_CHUNK, top_p=top_p, top_k=top_k)
+    else:
+        lp_sel, ent_sel = _head_log_probs(lambda x: x, picked, targets, temperature, with_entropy, top_p, top_k)
+    lp = F.pad(put(lp_sel), (start, 0))
+    return lp, F.pad(put(ent_sel), (start, 0)) if with_entropy else None
