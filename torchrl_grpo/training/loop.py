@@ -147,87 +147,141 @@ def run_loop(step: Callable[[Any], dict[str, Any]], steps: int | Iterable[Any], 
         TrainingInterrupted: on SIGINT / SIGTERM, after the interrupt handling (module docstring).
         Anything ``step``, ``evaluate``, ``save`` or ``on_end`` raise, unchanged (the bar closed).
     """
-    log = log or _log
-    summary = {} if summary is None else summary
-    ev, ck = evaluation, checkpoints
-    items = range(steps) if isinstance(steps, int) else steps
-    last_metrics: dict[str, Any] = {}
-    saved_at: list[int] = []  # positions this run saved
-    start = began = position()
-    bar = None
+    run = _Run(step, position=position, logger=logger, origin=origin, last=last, evaluation=evaluation,
+               checkpoints=checkpoints, progress=progress, summary={} if summary is None else summary,
+               log=log or _log)
     with handle_signals():
         try:
-            eval_s = None  # wall seconds of the first evaluation, for the ETA
-            if ev is not None and ev.at_start:
-                t_eval = time.perf_counter()
-                summary["eval_start"] = m = ev.evaluate()
-                eval_s = time.perf_counter() - t_eval
-                logger.log(m, step=position())
-            if progress is not None:
-                bar = tqdm(total=last, initial=start - origin if last is not None else 0, desc=progress.desc,
-                           disable=not progress.enabled)
-            t_loop, done = time.perf_counter(), 0
-            final_eval = ev is not None and ev.at_end
-            # no final evaluation: the `every` schedule evaluates the last step too (the curve ends there)
-            close_curve = ev is not None and bool(ev.every) and not ev.at_end and ev.at_last
-            evaluated_at = None  # position of the newest `every` evaluation
-            for item in items:
-                began = position()
-                with finish_step():  # a signal in here lets the step finish (evaluation, log, checkpoint) first
-                    last_metrics = step(item)
-                    n = position() - origin
-                    if ev is not None and ev.every and (close_curve if last is not None and n == last
-                                                        else n % ev.every == 0):
-                        last_metrics.update(ev.evaluate())
-                        evaluated_at = position()
-                    logger.log(last_metrics, step=position())
-                    done += 1
-                    step_s = (time.perf_counter() - t_loop) / done
-                    eta = run_eta_s(step_s, last - n, eval_s, final_eval) if last is not None else None
-                    if done == 1 and eta is not None:
-                        log.info("ETA: about %s to the end of the run (%d steps to go at %.0f s/step%s)", minutes(eta),
-                                 last - n, step_s, f" + final evaluation ~{eval_s:.0f} s" if eval_s and final_eval
-                                 else "")
-                    if bar is not None:
-                        bar.update(1)
-                        post = {k: f"{last_metrics[k]:.3g}" for k in progress.postfix
-                                if isinstance(last_metrics.get(k), float)}
-                        bar.set_postfix({**post, **({"run ETA": minutes(eta)} if eta is not None else {})})
-                    if ck is not None and ck.every and n % ck.every == 0:
-                        summary["checkpoint"] = str(ck.save())
-                        saved_at.append(position())
-            bar = bar.close() if bar is not None else None
-            if on_end is not None:
-                summary.update(on_end() or {})
-            if final_eval:
-                summary["eval_end"] = m = ev.evaluate()
-                logger.log(m, step=position())
-            elif close_curve and done and evaluated_at != position():  # an iterable's last step (``last`` unknown)
-                summary["eval_end"] = m = ev.evaluate()
-                logger.log(m, step=position())
-            if ck is not None and ck.at_end and (not saved_at or saved_at[-1] != position()):
-                summary["checkpoint"] = str(ck.save())
-                saved_at.append(position())
+            run.begin()
+            for item in range(steps) if isinstance(steps, int) else steps:
+                run.one_step(item)
+            run.end(on_end)
         except TrainingInterrupted as e:
-            bar = bar.close() if bar is not None else None
-            # consistent: raised between steps, or after the step returned (the counter is its last write)
-            completed = not e.mid_step or position() > began
-            if on_interrupt is not None:
-                on_interrupt(e, completed)
-            elif not completed:
-                log.warning("%s: step %d abandoned, not saved", e, position() + 1)
-            elif ck is not None and ck.on_interrupt and position() > start:
-                on_disk = ck.exists() if ck.exists is not None else bool(saved_at) and saved_at[-1] == position()
-                if not on_disk:
-                    log.warning("%s: saved the last completed step to %s", e, ck.save())
+            run.close_bar()
+            run.interrupted(e, on_interrupt)
             raise
         finally:  # an error out of a step, an evaluation or the items: the bar is closed too
-            if bar is not None:
-                bar.close()
-    summary["last"] = last_metrics
+            run.close_bar()
+    run.summary["last"] = run.last_metrics
     if learning_curve is not None:
-        summary["learning_curve"] = learning_curve()
-    return summary
+        run.summary["learning_curve"] = learning_curve()
+    return run.summary
+
+
+class _Run:
+    """The state of one :func:`run_loop` call and its named steps: :meth:`begin` (the first evaluation, the bar),
+    :meth:`one_step` (a step, its ``every`` evaluation, its log row, progress, its periodic checkpoint), :meth:`end`
+    (``on_end``, the final evaluation and checkpoint) and :meth:`interrupted` (the interrupt rule of the module
+    docstring). Private: :func:`run_loop` is the interface."""
+
+    def __init__(self, step: Callable[[Any], dict[str, Any]], *, position: Callable[[], int], logger, origin: int,
+                 last: int | None, evaluation: EvalSchedule | None, checkpoints: CheckpointSchedule | None,
+                 progress: Progress | None, summary: dict[str, Any], log: logging.Logger) -> None:
+        self.step, self.position, self.logger, self.origin, self.last = step, position, logger, origin, last
+        self.ev, self.ck, self.progress, self.summary, self.log = evaluation, checkpoints, progress, summary, log
+        self.last_metrics: dict[str, Any] = {}
+        self.saved_at: list[int] = []  # positions this run saved
+        self.start = self.began = position()  # the loop's start; the position before the step in flight
+        self.bar = None
+        self.eval_s: float | None = None  # wall seconds of the first evaluation, for the ETA
+        self.final_eval = evaluation is not None and evaluation.at_end
+        # no final evaluation: the `every` schedule evaluates the last step too (the curve ends there)
+        self.close_curve = (evaluation is not None and bool(evaluation.every) and not evaluation.at_end
+                            and evaluation.at_last)
+        self.evaluated_at: int | None = None  # position of the newest `every` evaluation
+        self.t_loop, self.done = 0.0, 0  # when the steps began; steps done
+
+    def begin(self) -> None:
+        """The evaluation at the start (timed for the ETA, logged at the current position), then the bar."""
+        if self.ev is not None and self.ev.at_start:
+            t_eval = time.perf_counter()
+            self.summary["eval_start"] = m = self.ev.evaluate()
+            self.eval_s = time.perf_counter() - t_eval
+            self.logger.log(m, step=self.position())
+        if self.progress is not None:
+            self.bar = tqdm(total=self.last, initial=self.start - self.origin if self.last is not None else 0,
+                            desc=self.progress.desc, disable=not self.progress.enabled)
+        self.t_loop = time.perf_counter()
+
+    def one_step(self, item: Any) -> None:
+        """One step under :func:`finish_step`: the step, its ``every`` evaluation (merged into its row), its log row,
+        the ETA and bar, its periodic checkpoint."""
+        self.began = self.position()
+        with finish_step():  # a signal in here lets the step finish (evaluation, log, checkpoint) first
+            self.last_metrics = self.step(item)
+            n = self.position() - self.origin
+            if self._evaluates_after(n):
+                self.last_metrics.update(self.ev.evaluate())
+                self.evaluated_at = self.position()
+            self.logger.log(self.last_metrics, step=self.position())
+            self.done += 1
+            self._show_progress(n)
+            if self.ck is not None and self.ck.every and n % self.ck.every == 0:
+                self._save()
+
+    def _evaluates_after(self, n: int) -> bool:
+        """Whether the ``every`` schedule evaluates after the ``n``-th step (:class:`EvalSchedule`)."""
+        ev = self.ev
+        if ev is None or not ev.every:
+            return False
+        return self.close_curve if self.last is not None and n == self.last else n % ev.every == 0
+
+    def _show_progress(self, n: int) -> None:
+        """The ETA line (once, after the first step) and the bar's step and postfix."""
+        step_s = (time.perf_counter() - self.t_loop) / self.done
+        last, eval_s = self.last, self.eval_s
+        eta = run_eta_s(step_s, last - n, eval_s, self.final_eval) if last is not None else None
+        if self.done == 1 and eta is not None:
+            self.log.info("ETA: about %s to the end of the run (%d steps to go at %.0f s/step%s)", minutes(eta),
+                          last - n, step_s, f" + final evaluation ~{eval_s:.0f} s" if eval_s and self.final_eval
+                          else "")
+        if self.bar is not None:
+            self.bar.update(1)
+            m = self.last_metrics
+            post = {k: f"{m[k]:.3g}" for k in self.progress.postfix if isinstance(m.get(k), float)}
+            self.bar.set_postfix({**post, **({"run ETA": minutes(eta)} if eta is not None else {})})
+
+    def _save(self) -> None:
+        self.summary["checkpoint"] = str(self.ck.save())
+        self.saved_at.append(self.position())
+
+    def _evaluate_end(self) -> None:
+        self.summary["eval_end"] = m = self.ev.evaluate()
+        self.logger.log(m, step=self.position())
+
+    def end(self, on_end: Callable[[], dict[str, Any] | None] | None) -> None:
+        """After the last step: the bar closed, ``on_end``, the final evaluation (or the curve's closing one after
+        an iterable's last step), the final checkpoint unless this run just saved the final position."""
+        self.close_bar()
+        if on_end is not None:
+            self.summary.update(on_end() or {})
+        if self.final_eval:
+            self._evaluate_end()
+        elif self.close_curve and self.done and self.evaluated_at != self.position():  # ``last`` unknown
+            self._evaluate_end()
+        if self.ck is not None and self.ck.at_end and (not self.saved_at or self.saved_at[-1] != self.position()):
+            self._save()
+
+    def interrupted(self, e: TrainingInterrupted,
+                    on_interrupt: Callable[[TrainingInterrupted, bool], None] | None) -> None:
+        """The interrupt rule (module docstring): the caller's ``on_interrupt``, else an abandoned step is logged
+        and a completed one newer than the start and not on disk yet is saved (``CheckpointSchedule.on_interrupt``)."""
+        pos, ck = self.position(), self.ck
+        # consistent: raised between steps, or after the step returned (the counter is its last write)
+        completed = not e.mid_step or pos > self.began
+        if on_interrupt is not None:
+            on_interrupt(e, completed)
+        elif not completed:
+            self.log.warning("%s: step %d abandoned, not saved", e, pos + 1)
+        elif ck is not None and ck.on_interrupt and pos > self.start:
+            on_disk = ck.exists() if ck.exists is not None else bool(self.saved_at) and self.saved_at[-1] == pos
+            if not on_disk:
+                self.log.warning("%s: saved the last completed step to %s", e, ck.save())
+
+    def close_bar(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
 
 def draw_learning_curve(logger, run_dir: Path, step: int, n_eval: int | None) -> str | None:
