@@ -27,7 +27,7 @@ from .logs import set_tau2_logging, tau2_logging_default
 if TYPE_CHECKING:  # pragma: no cover
     from tau2.data_model.tasks import Task
 
-__all__ = ["DOMAINS", "DEFAULT_SPLIT", "task_splits", "load_tasks", "get_task", "TaskSet"]
+__all__ = ["DOMAINS", "DEFAULT_SPLIT", "task_splits", "load_tasks", "TaskSet"]
 
 #: Domains served by :class:`envs.tau2.env.Tau2Env`.
 DOMAINS = ("airline", "retail", "telecom", "mock")
@@ -124,18 +124,3 @@ def load_tasks(domain: str, split: str = DEFAULT_SPLIT) -> TaskSet:
         raise ValueError(f"unknown split {split!r} for tau2 domain {domain!r}; valid: {sorted(splits)}")
     wanted = set(splits[split])
     return TaskSet(domain, split, tuple(t for t in _all_tasks(domain) if t.id in wanted))
-
-
-def get_task(domain: str, task_id: str, split: str | None = None) -> "Task":
-    """One task by id, from ``split`` or (``split=None``) from all tasks of the domain.
-
-    Raises:
-        KeyError: no such task.
-    """
-    if split is not None:
-        ts = load_tasks(domain, split)
-        return ts[ts.index_of(task_id)]
-    for t in _all_tasks(domain):
-        if t.id == str(task_id):
-            return t
-    raise KeyError(f"no task {task_id!r} in tau2 domain {domain!r}")

@@ -101,7 +101,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
 
     own_backend_copy = True  # build(own_backend_copy=True): a merged transformers copy, or vLLM's own engine
 
-    def __init__(self, components, *, cfg=None) -> None:  # cfg: ignored, as GRPOTrainer's
+    def __init__(self, components) -> None:
         super().__init__(components)
         self._cond = threading.Condition()
         self._gen_lock = threading.Lock()  # one user of the backend at a time: rollout thread or evaluation

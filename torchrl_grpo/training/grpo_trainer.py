@@ -80,7 +80,6 @@ class GRPOTrainer:
 
     Args:
         components: the built :class:`~torchrl_grpo.training.components.Components`.
-        cfg: accepted for old callers and ignored.
 
     Attributes:
         cfg: None, or the config :func:`torchrl_grpo.assembly.build_trainer` built it from (set there, for callers;
@@ -109,7 +108,7 @@ class GRPOTrainer:
     eval_collector = _FromComponents("env_side.eval_collector")
     train_tasks = _FromComponents("env_side.train_tasks")
 
-    def __init__(self, components: Components, *, cfg=None) -> None:
+    def __init__(self, components: Components) -> None:
         if not isinstance(components, Components):
             raise TypeError(f"{type(self).__name__} takes built Components, got {type(components).__name__}: build "
                             f"a trainer from a config with torchrl_grpo.assembly.build_trainer(cfg, run_dir, "
@@ -143,10 +142,6 @@ class GRPOTrainer:
     def optimizer_steps(self) -> int:
         """Optimizer steps actually taken (logged as ``train/optimizer_steps_total``; restored on resume)."""
         return self.updater.optimizer_steps
-
-    @property
-    def n_train_tasks(self) -> int:
-        return len(self.train_tasks)
 
     def tasks_for_step(self, step: int) -> list[dict]:
         """The task indices of ``step``: an epoch-wise permutation of the train tasks seeded by (seed, epoch)."""
