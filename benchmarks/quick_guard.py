@@ -44,10 +44,17 @@ RESULTS = ROOT / "benchmarks" / "results"
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 #: Ratios measured when the guard was set up: the mean of two runs on 2026-11-23 (benchmarks/results/quick_guard.md;
-#: SmolLM2-135M fp32, one thread on a shared core at load 6-9: 1.80 / 1.48, 4.20 / 3.74, 0.223 / 0.216).
+#: SmolLM2-135M fp32, one thread on a shared core at load 6-9: 1.80 / 1.48, 4.20 / 3.74, 0.223 / 0.216), except
+#: ``update_vs_plain``: its 2026-11-23 value (3.97) timed an update that trained 4 of the 8 rows. This batch is
+#: left-padded and GRPOUpdate.micro_batches then cut every micro-batch to its longest row's width keeping the first
+#: columns, so the shorter prompt's micro-batch (117 of 157 columns) lost all its response tokens and was skipped
+#: (fixed in a95792c): 128 of 256 tokens scored, 256 decoder tokens, 183 GFLOP per update, vs 256 / 512 / 366 GFLOP
+#: for the whole batch (the plain side: 1096 decoder tokens, 884 GFLOP). Re-recorded on the update that trains every
+#: row: the mean of 2.479 / 2.698 (benchmarks/results/issue35_cpu_ratios.md, final code); :func:`check_update_work`
+#: now refuses a measurement of an update that skips tokens or differs from the plain side's gradient.
 REFERENCE: dict[str, float] = {
     "rollout_vs_hf_generate": 1.64,
-    "update_vs_plain": 3.97,
+    "update_vs_plain": 2.59,
     "collector_vs_bare_env": 0.22,
 }
 DEFAULT_FACTOR = 0.6
@@ -78,6 +85,28 @@ def check_ratios(measured: dict[str, float], reference: dict[str, float], factor
             failures.append(f"{name}: {got:.3f} < {factor:g} x reference {ref:.3f} = {factor * ref:.3f} "
                             f"(our side is {ref / got:.2f}x slower relative to its baseline than when recorded)")
     return failures
+
+
+def check_update_work(ours_metrics: dict, scored_tokens: int, plain_grad_norm: float, rel: float = 1e-3) -> None:
+    """Check that the timed update did the plain side's work: its loss scored every response token of the batch
+    (metric ``num_tokens``) and its gradient norm before clipping (metric ``grad_norm``) equals the plain side's.
+    An update that skips rows runs less and would inflate ``update_vs_plain`` (the 2026-11-23 reference did).
+
+    Args:
+        ours_metrics: the metrics an update call returned. scored_tokens: response tokens in the batch, >= 1.
+        plain_grad_norm: the plain side's gradient norm before clipping. rel: relative tolerance on the norms.
+
+    Raises:
+        RuntimeError: naming the mismatch.
+    """
+    got = ours_metrics.get("num_tokens")
+    if got is None or not math.isfinite(got) or round(got) != scored_tokens:
+        raise RuntimeError(f"update_vs_plain: the update scored {got} tokens, the batch has {scored_tokens}: "
+                           "its timing is not comparable to the plain side's")
+    norm = ours_metrics.get("grad_norm")
+    if norm is None or not math.isclose(norm, plain_grad_norm, rel_tol=rel):
+        raise RuntimeError(f"update_vs_plain: the update's gradient norm {norm} differs from the plain side's "
+                           f"{plain_grad_norm:.6g} (rel. tolerance {rel:g}): the two sides compute different gradients")
 
 
 def _paired(fn_a: Callable[[], object], fn_b: Callable[[], object], repeats: int) -> tuple[float, float]:
@@ -169,10 +198,11 @@ def measure(model_name: str, prompts: int, samples: int, new_tokens: int, repeat
                      micro_batch_size=0, max_tokens_per_mb="auto", max_grad_norm=1.0, anchor="behaviour",
                      exact_log_probs=True, seed=0)
     step = [0]
+    last: dict = {}  # the last call's metrics / gradient norm of each side, checked after the timing
 
     def ours_update():
         step[0] += 1
-        upd(batch.clone(), step=step[0])
+        last["ours"] = upd(batch.clone(), step=step[0])
 
     def plain_update():
         opt.zero_grad(set_to_none=True)
@@ -182,10 +212,11 @@ def measure(model_name: str, prompts: int, samples: int, new_tokens: int, repeat
             lp = logp.gather(-1, x[0, 1:, None]).squeeze(-1)[len(rows[i]) - 1:]
             ratio = torch.exp(lp - lp.detach())
             (-(ratio * adv[i]).sum() / int(rmask.sum())).backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        last["plain"] = float(torch.nn.utils.clip_grad_norm_(params, 1.0))
         opt.step()
 
     details["ours_update_s"], details["plain_update_s"] = _paired(ours_update, plain_update, repeats)
+    check_update_work(last["ours"], int(rmask.sum()), last["plain"])  # lr 0: both saw the same weights
     model.eval()
 
     # 3. collector overhead: GroupCollector with a zero-cost backend vs the bare env resets/steps

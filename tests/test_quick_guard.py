@@ -90,3 +90,15 @@ def test_paired_timing_interleaves_the_two_sides_after_one_warm_up_each(monkeypa
     a_s, b_s = qg._paired(lambda: calls.append("a"), lambda: calls.append("b"), repeats=3)
     assert calls == ["a", "b", "a", "b", "a", "b", "a", "b"]  # warm-ups, then a/b alternating
     assert (a_s, b_s) == (1.0, 1.0)  # each timed call spans one tick of the fake clock
+
+
+def test_update_work_check_refuses_an_update_that_skipped_rows_or_differs_in_gradient():
+    """quick_guard's 2026-11-23 update scored 128 of its batch's 256 tokens (gradient norm 3.943 vs the plain
+    side's 4.859; /work/measure/qg): such a timing must not count. The correct update: 256 tokens, 4.85942."""
+    qg.check_update_work({"num_tokens": 256.0, "grad_norm": 4.859421}, 256, 4.859451)
+    with pytest.raises(RuntimeError, match="scored 128.0 tokens, the batch has 256"):
+        qg.check_update_work({"num_tokens": 128.0, "grad_norm": 4.859421}, 256, 4.859451)
+    with pytest.raises(RuntimeError, match="gradient norm 3.943"):
+        qg.check_update_work({"num_tokens": 256.0, "grad_norm": 3.943315}, 256, 4.859451)
+    with pytest.raises(RuntimeError, match="scored None tokens"):
+        qg.check_update_work({"grad_norm": 4.859421}, 256, 4.859451)
