@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from torchrl_grpo.backends.base import RolloutBackend, SamplingConfig
-from torchrl_grpo.rollout.env_side import EnvSide
 from torchrl_grpo.training.update import GRPOUpdate
+
+if TYPE_CHECKING:  # a trainer never imports the env side's constructors (and envs) itself: build() hands them over
+    from torchrl_grpo.rollout.env_side import EnvSide
 
 __all__ = ["Components", "LoopSettings"]
 

@@ -18,7 +18,7 @@ import logging
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -27,13 +27,15 @@ from tensordict import TensorDict
 from torchrl_grpo.distributed.data_parallel import SINGLE, full_state_dicts, is_fsdp
 from torchrl_grpo.distributed.placement import Placement
 from torchrl_grpo.objectives.advantage import group_advantages, group_reward_std
-from torchrl_grpo.rollout.env_side import EnvSide
 from torchrl_grpo.rollout.episode_stats import LengthGuard, episode_metrics, sample_rows
 from torchrl_grpo.training.checkpoint import save_checkpoint, save_final_model
 from torchrl_grpo.training.components import Components
 from torchrl_grpo.training.evaluator import Evaluator
 from torchrl_grpo.training.loop import CheckpointSchedule, EvalSchedule, Progress, draw_learning_curve, run_loop
 from torchrl_grpo.training.loop import run_eta_s  # noqa: F401  (its home before the loop shell; one release)
+
+if TYPE_CHECKING:  # the trainer does not import the env side's constructors (tests/test_build.py)
+    from torchrl_grpo.rollout.env_side import EnvSide
 
 __all__ = ["GRPOTrainer"]
 
