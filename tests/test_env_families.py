@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import envs
-from envs.families import EnvFamily, check_pieces, families, family_of
+from envs.families import check_pieces, families, family_of
 from torchrl_grpo.assembly.environments import check_data, env_kwargs_from_config
 from torchrl_grpo.config import GRPOConfig
 

@@ -221,6 +221,6 @@ def test_missing_nltk_warning_is_logged_once_per_process_not_once_per_env(monkey
     monkeypatch.setattr(ifeval_env, "_warned_unavailable", set(), raising=False)
     with caplog.at_level("WARNING", logger=ifeval_env._log.name):
         for _ in range(8):
-            gym.make("IFEval-v0", split="test").unwrapped
+            gym.make("IFEval-v0", split="test")
     lines = [r for r in caplog.records if "left out" in r.getMessage()]
     assert len(lines) == 1, [r.getMessage() for r in lines]

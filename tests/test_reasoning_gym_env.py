@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import reasoning_gym
 from reasoning_gym.factory import create_curriculum
 
 import envs
-from envs.reasoning_gym import ReasoningGymEnv, extract_answer
+from envs.reasoning_gym import extract_answer
 from envs.reasoning_gym import data as rg_data
 from envs.reasoning_gym.data import is_test_question
 from envs.reasoning_gym.grading import MAX_TEXT_CHARS

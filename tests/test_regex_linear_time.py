@@ -193,7 +193,7 @@ _BREAK = "\x01"  # matches nothing a pattern here looks for
 
 def _rep_char(items) -> str:
     """One character matched by an ``IN`` class (its items), ``""`` for a negated class."""
-    for op, av in items:
+    for op, _av in items:
         if op is sre_constants.NEGATE:
             return ""
     for op, av in items:

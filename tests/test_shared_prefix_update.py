@@ -21,7 +21,7 @@ def _multi_turn_rows(prefix_len=23, n=5, seed=0, vocab=200):
     g = torch.Generator().manual_seed(seed)
     prefix = torch.randint(3, vocab, (prefix_len,), generator=g)
     rows, masks = [], []
-    for i in range(n):
+    for _ in range(n):
         r1, tool, r2 = (int(torch.randint(2, 7, (1,), generator=g)) for _ in range(3))
         parts = [prefix] + [torch.randint(3, vocab, (k,), generator=g) for k in (r1, tool, r2)]
         rows.append(torch.cat(parts))

@@ -306,7 +306,8 @@ def test_current_anchor_equals_the_recompute_pass(tmp_path):
         trainer = _skewed_trainer(tmp_path / anchor, loss={"anchor": anchor})
         passes = []
         fill = trainer.updater.fill_log_probs
-        trainer.updater.fill_log_probs = lambda td, key, model: (passes.append(key), fill(td, key, model))
+        trainer.updater.fill_log_probs = (lambda td, key, model, passes=passes, fill=fill:
+                                          (passes.append(key), fill(td, key, model)))
         m = trainer.train_step()
         trainer.close()
         runs[anchor] = (m, passes, {n: p.detach().clone() for n, p in trainer.model.named_parameters()})

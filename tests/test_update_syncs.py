@@ -162,7 +162,7 @@ def test_any_micro_batch_plan_gives_the_same_update(policy, anchor, kl, padding)
         grads = {}
         step = upd.optimizer.step
 
-        def record(*a, _m=model, **k):
+        def record(*a, _m=model, grads=grads, step=step, **k):
             grads.update({n: p.grad.clone() for n, p in _m.named_parameters() if p.grad is not None})
             return step(*a, **k)
 

@@ -138,8 +138,8 @@ class RolloutBackend(abc.ABC):
         default) makes the trainer recompute the anchor with a no-grad pass (see :mod:`torchrl_grpo.objectives.loss`)."""
         return False
 
-    def close(self) -> None:  # pragma: no cover - optional
-        """Release engine resources."""
+    def close(self) -> None:  # noqa: B027 (optional hook: a backend without engine resources keeps this no-op)
+        """Release engine resources (a no-op unless the backend holds an engine)."""
 
 
 def iter_named_weights(weights: Iterable[tuple[str, torch.Tensor]] | dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:

@@ -300,9 +300,9 @@ class TransformersBackend(RolloutBackend):
                 tok, lp = sample_next_token(logits, sampling, self._generator if dev.type == "cpu" else None)
                 tok_l, lp_l, act_l = tok.tolist(), lp.tolist(), active.tolist()
                 v = self.policy_version
-                for r, t, l in zip(act_l, tok_l, lp_l):
+                for r, t, lp_r in zip(act_l, tok_l, lp_l):
                     toks[r].append(t)
-                    lps[r].append(l)
+                    lps[r].append(lp_r)
                     vers[r].append(v)
                 done = torch.isin(tok, stop_t) if stop_t is not None else torch.zeros_like(tok, dtype=torch.bool)
                 for j in done.nonzero().flatten().tolist():

@@ -248,9 +248,9 @@ def build_shared_prefix(model: torch.nn.Module, decoder: torch.nn.Module, prefix
         decoder(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=torch.arange(P, device=ids.device)[None],
                 past_key_values=cache, use_cache=True)
     layers = list(cache.layers)
-    if not layers or not all(getattr(l, "is_initialized", False) and l.keys is not None for l in layers):
+    if not layers or not all(getattr(layer, "is_initialized", False) and layer.keys is not None for layer in layers):
         return None
-    cap_k, cap_v = [l.keys for l in layers], [l.values for l in layers]
+    cap_k, cap_v = [layer.keys for layer in layers], [layer.values for layer in layers]
     grad = torch.is_grad_enabled()
 
     def leaf(t: torch.Tensor) -> torch.Tensor:

@@ -173,8 +173,8 @@ def activation_bytes_per_token(model: torch.nn.Module) -> int:
     dims = [getattr(cfg, k, None) for k in ("num_hidden_layers", "hidden_size", "intermediate_size")]
     if not all(isinstance(d, int) and d > 0 for d in dims):
         return UNKNOWN_MODEL_BYTES_PER_TOKEN
-    L, H, I = dims
-    return L * (8 * H + 5 * I) * 4
+    n_layers, hidden, inter = dims
+    return n_layers * (8 * hidden + 5 * inter) * 4
 
 
 def auto_token_budget(model: torch.nn.Module, device: torch.device, longest: int) -> int:

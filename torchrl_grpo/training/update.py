@@ -265,7 +265,7 @@ class GRPOUpdate:
             right = all(f.right_padded[r] for r in rows)
             if right:  # real tokens first: the columns after the longest episode are padding only (left: kept whole)
                 T = max(f.length[r] for r in rows)
-                mb = mb.apply(lambda x: x[:, :T] if x.ndim == 2 and x.shape[-1] == full_T else x,
+                mb = mb.apply(lambda x, T=T: x[:, :T] if x.ndim == 2 and x.shape[-1] == full_T else x,
                               batch_size=mb.batch_size)
             mb.set_non_tensor("window", Window(max(1, min(f.first[r] for r in rows)), sum(f.scored[r] for r in rows),
                                                right))
