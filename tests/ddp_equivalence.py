@@ -41,7 +41,7 @@ def main(out: str, strategy: str, micro: int, adv_scale: str = "group") -> None:
             f"loss.adv_scale={adv_scale}", "stats_logger.samples_per_step=0",
             "stats_logger.wandb.mode=disabled", "stats_logger.progress_bar=false", "train.device=cpu"])
     c = build(cfg, tempfile.mkdtemp(prefix="ddp-eq-"))
-    batch = c.collector.collect([{"index": i} for i in range(4)], 3, step=0)  # identical on every rank
+    batch = c.env_side.collector.collect([{"index": i} for i in range(4)], 3, step=0)  # identical on every rank
     batch["reward"] = torch.rand(batch.shape[0], generator=torch.Generator().manual_seed(0))
     # uneven response lengths (episode i keeps its first i + 1 sampled tokens), so the ranks' token counts differ
     keep = torch.arange(batch.shape[0]).unsqueeze(-1) + 1

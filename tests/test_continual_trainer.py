@@ -211,6 +211,7 @@ class RewardedEWC(EWC):
         return super().augment_batch(batch, domain)
 
 
+@pytest.mark.slow  # 26 s of the unit stage's 10-minute budget; CI's slow stage runs it
 def test_ewc_penalises_moving_away_from_the_previous_task(tmp_path):
     cfg = cl_cfg(num_steps_per_task=2, save_checkpoints=False, algorithm="ewc")
     cfg.optimizer.lr = 1e-2
@@ -279,6 +280,7 @@ def test_kl_to_base_is_zero_before_training_and_grows_after(tmp_path, lora):
     assert any("cl_eval/mock/kl_base" in r for r in rows)
 
 
+@pytest.mark.slow  # 17 s of the unit stage's 10-minute budget; CI's slow stage runs it
 def test_grpo_py_runs_a_joint_continual_config(tmp_path):
     import os
     import subprocess
