@@ -19,15 +19,9 @@ from torchrl_grpo.objectives.loss import GRPOLoss
 from torchrl_grpo.objectives.loss_interface import NORMALISERS, Penalty, PolicyLoss, check_policy_loss
 from torchrl_grpo.objectives.sft_loss import SFTLoss
 from torchrl_grpo.training.update import GRPOUpdate
+from tests.test_update_syncs import policy  # noqa: F401 (fixture: the tiny model, fp32, dropout off)
 
 
-@pytest.fixture()
-def policy(tiny_model_and_tokenizer):
-    model = copy.deepcopy(tiny_model_and_tokenizer[0]).float()
-    for m in model.modules():
-        if isinstance(m, torch.nn.Dropout):
-            m.p = 0.0
-    return model.train()
 
 
 def _batch(n=4, T=12, seed=0, vocab=500):

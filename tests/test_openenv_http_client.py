@@ -21,12 +21,7 @@ client writes one per env:
 """
 from __future__ import annotations
 
-import contextlib
 import os
-import subprocess
-import sys
-import threading
-import time
 
 import pytest
 
@@ -41,6 +36,7 @@ from openenv_core.client_types import StepResult
 from openenv_core.http_env_client import HTTPEnvClient
 
 import envs
+from tests.served import serve_process
 
 gym.register_envs(envs)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,28 +63,9 @@ class TextEnvClient(HTTPEnvClient[dict, dict]):
         return payload
 
 
-@contextlib.contextmanager
 def _serve(env_id: str):
     """``python -m envs.serve <env_id> --port 0 --max-sessions 4``: its URL, from the line it prints."""
-    p = subprocess.Popen([sys.executable, "-m", "envs.serve", env_id, "--port", "0", "--max-sessions", "4"], cwd=REPO,
-                         env=dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])),
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, "")), daemon=True).start()
-    try:
-        t0 = time.time()
-        while not any("listening on" in ln for ln in lines):
-            assert time.time() - t0 < 120 and p.poll() is None, "".join(lines)
-            time.sleep(0.1)
-        line = next(ln for ln in lines if "listening on" in ln)
-        yield line.split("listening on ", 1)[1].split()[0]
-    finally:
-        p.terminate()
-        try:
-            p.wait(15)
-        except subprocess.TimeoutExpired:  # pragma: no cover
-            p.kill()
-            p.wait()
+    return serve_process(env_id, "--max-sessions", "4")
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,6 @@ import contextlib
 import json
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -35,6 +33,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 from envs import serve
+from tests.served import serve_process
 from envs.serve import build_app
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -319,22 +318,9 @@ def test_session_counts_while_a_session_is_being_built():
 
 def test_cli_prints_a_listening_line_with_the_bound_port():
     """Issue 36: ``python -m envs.serve`` printed no 'listening on ...' line (and --port 0's port was unknowable)."""
-    env = dict(os.environ, PYTHONPATH=REPO)
-    p = subprocess.Popen([sys.executable, "-m", "envs.serve", "GSM8K-v1", "--port", "0", "--max-sessions", "1"], cwd=REPO,
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, "")), daemon=True)
-        reader.start()
-        t0 = time.time()
-        while not any("listening on" in ln for ln in lines):
-            assert time.time() - t0 < 60 and p.poll() is None, "".join(lines)
-            time.sleep(0.1)
+    lines: list[str] = []
+    with serve_process("GSM8K-v1", "--max-sessions", "1", timeout_s=60, lines=lines) as url:
         line = next(ln for ln in lines if "listening on" in ln)
-        url = line.split("listening on ", 1)[1].split()[0]
         assert url.startswith("http://127.0.0.1:") and int(url.rsplit(":", 1)[1]) > 0, line
         assert "GSM8K-v1" in line
         assert httpx.get(url + "/health", timeout=10).json()["status"] == "healthy"  # serving when it says so
-    finally:
-        p.terminate()
-        p.wait(15)

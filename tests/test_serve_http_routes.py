@@ -20,8 +20,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -45,6 +43,7 @@ from openenv.core.env_server.types import (
 from openenv.core.generic_client import GenericEnvClient
 
 import envs
+from tests.served import serve_process
 from envs import serve
 from envs.serve import GymTextEnvironment, TextAction, build_app
 
@@ -78,26 +77,9 @@ if "ServeHTTP/BigOpening-v0" not in gym.registry:
 @pytest.fixture(scope="module")
 def url():
     """``python -m envs.serve GSM8K-v1 --port 0 --max-sessions 2``: its URL, from the line it prints."""
-    p = subprocess.Popen([sys.executable, "-m", "envs.serve", ENV_ID, "--port", "0", "--max-sessions", "2"], cwd=REPO,
-                         env=dict(os.environ, PYTHONPATH=REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, "")), daemon=True).start()
-    try:
-        t0 = time.time()
-        while not any("listening on" in ln for ln in lines):
-            assert time.time() - t0 < 120 and p.poll() is None, "".join(lines)
-            time.sleep(0.1)
-        line = next(ln for ln in lines if "listening on" in ln)
-        base = line.split("listening on ", 1)[1].split()[0]
-        assert base.startswith("http://127.0.0.1:"), line
+    with serve_process(ENV_ID, "--max-sessions", "2") as base:
+        assert base.startswith("http://127.0.0.1:"), base
         yield base
-    finally:
-        p.terminate()
-        try:
-            p.wait(15)
-        except subprocess.TimeoutExpired:  # pragma: no cover
-            p.kill()
-            p.wait()
 
 
 def _in_process(index: int, answer: str) -> tuple[list, float, bool, dict]:
