@@ -1,14 +1,17 @@
-"""``python -m envs.serve`` as a subprocess for the tests that drive it over the network: one way to start it, wait
-for the ``listening on http://HOST:PORT ...`` line it prints, and stop it."""
+"""``envs.serve`` for the tests that drive it over the network, two ways: :func:`serve_process` runs
+``python -m envs.serve`` as a subprocess (start it, wait for the ``listening on http://HOST:PORT ...`` line it prints,
+stop it); :func:`serve_app` runs a built app in-process (uvicorn in a thread on a loopback socket)."""
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,3 +44,47 @@ def serve_process(env_id: str, *args: str, timeout_s: float = 120.0,
         except subprocess.TimeoutExpired:  # pragma: no cover
             p.kill()
             p.wait()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (bound, read, released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve_app(app, *, sndbuf: int | None = None, timeout_s: float = 20.0, **config: Any) -> Iterator[tuple[str, Any]]:
+    """Serve the ASGI ``app`` (from :func:`envs.serve.build_app`) in a daemon thread on a loopback socket bound here;
+    yield ``(url, server)`` (``http://127.0.0.1:PORT`` and the ``uvicorn.Server``).
+
+    ``config`` goes to :func:`envs.serve.uvicorn_config` (``max_body_bytes``, ``header_timeout_s``,
+    ``send_timeout_s``, ...; ``log_level`` defaults to ``"error"``). ``sndbuf`` (bytes) shrinks the kernel send
+    buffer of every accepted connection (Linux: accepted sockets inherit it from the listener), so that a reply of a
+    few hundred kB stalls on a client that does not read. Raises ``AssertionError`` when the server has not started
+    within ``timeout_s`` seconds (or its thread died), or has not shut down within ``timeout_s`` seconds on exit.
+    """
+    import uvicorn
+
+    from envs import serve
+
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if sndbuf:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    srv = uvicorn.Server(serve.uvicorn_config(app, host="127.0.0.1", port=port, **{"log_level": "error", **config}))
+    th = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    th.start()
+    try:
+        t0 = time.time()
+        while not srv.started:
+            assert th.is_alive() and time.time() - t0 < timeout_s, "server did not start"
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{port}", srv
+    finally:
+        srv.should_exit = True
+        th.join(timeout_s)
+        sock.close()
+        assert not th.is_alive(), "server did not shut down"

@@ -53,6 +53,7 @@ from websockets.sync.client import connect as ws_connect
 import envs
 from envs import serve
 from envs.contract import STEP_TIME_BOUND_S
+from tests.served import serve_app
 from tests.test_env_contract import CHEAP_KWARGS, REGISTERED
 
 gym.register_envs(envs)
@@ -278,32 +279,14 @@ def _rss_mb() -> float:
 
 @contextlib.contextmanager
 def serving(cfg, gsm8k_dir):
-    """``envs.serve`` of ``cfg`` in a thread on loopback; accepted sockets get a 16 kB kernel send buffer (inherited
-    from the listener), so a reply of a few hundred kB stalls on a client that does not read."""
-    import uvicorn
-
-    env_id = cfg[0]
-    app = serve.build_app(env_id, _kwargs(cfg, gsm8k_dir), max_sessions=16, idle_timeout_s=600, max_body_bytes=MAX_BODY,
+    """``envs.serve`` of ``cfg`` in a thread on loopback (:func:`tests.served.serve_app`); accepted sockets get a
+    16 kB kernel send buffer (inherited from the listener), so a reply of a few hundred kB stalls on a client that does
+    not read. Yields ``(url, port)``."""
+    app = serve.build_app(cfg[0], _kwargs(cfg, gsm8k_dir), max_sessions=16, idle_timeout_s=600, max_body_bytes=MAX_BODY,
                           max_session_bytes=CAP)
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16_384)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    srv = uvicorn.Server(serve.uvicorn_config(app, host="127.0.0.1", port=port, log_level="error", max_body_bytes=MAX_BODY,
-                                              header_timeout_s=HEADER_TIMEOUT_S, send_timeout_s=SEND_TIMEOUT_S))
-    th = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    th.start()
-    t0 = time.time()
-    while not srv.started:
-        assert th.is_alive() and time.time() - t0 < 30, "server did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}", port
-    finally:
-        srv.should_exit = True
-        th.join(30)
-        sock.close()
-        assert not th.is_alive(), "server did not shut down"
+    with serve_app(app, sndbuf=16_384, timeout_s=30, max_body_bytes=MAX_BODY, header_timeout_s=HEADER_TIMEOUT_S,
+                   send_timeout_s=SEND_TIMEOUT_S) as (url, _):
+        yield url, int(url.rsplit(":", 1)[1])
 
 
 def honest_episode(env, index: int) -> list:

@@ -10,10 +10,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -22,14 +20,14 @@ pytest.importorskip("openenv", reason="envs.serve needs the optional extra [serv
 
 import gymnasium as gym
 import httpx
-import uvicorn
 from openenv.core.generic_client import GenericEnvClient
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 import envs
-from envs.serve import build_app, uvicorn_config
+from envs.serve import build_app
 from envs.tau2.oracle import oracle_actions
+from tests.served import free_port, serve_app
 
 gym.register_envs(envs)
 LIMIT = 64 * 1024
@@ -58,28 +56,11 @@ if "ServeTest/Boom-v0" not in gym.registry:
     gym.register("ServeTest/Boom-v0", entry_point=BoomEnv, disable_env_checker=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def _serve(app):
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn_config(app, host="127.0.0.1", port=port, log_level="error", max_body_bytes=LIMIT))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    t0 = time.time()
-    while not srv.started:
-        assert th.is_alive() and time.time() - t0 < 20, "server did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        srv.should_exit = True
-        th.join(15)
-        assert not th.is_alive(), "server did not shut down"
+    """:func:`tests.served.serve_app` of ``app`` with this file's body cap, yielding its URL."""
+    with serve_app(app, max_body_bytes=LIMIT) as (url, _):
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +217,7 @@ def test_env_exception_cap_and_idle_timeout():
 
 
 def test_cli_serves_on_loopback_by_default():
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, PYTHONPATH=REPO)
     p = subprocess.Popen([sys.executable, "-m", "envs.serve", "GSM8K-v1", "--port", str(port), "--max-sessions", "2",
                           "--idle-timeout", "30"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

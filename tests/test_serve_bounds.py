@@ -33,7 +33,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 from envs import serve
-from tests.served import serve_process
+from tests.served import serve_app, serve_process
 from envs.serve import build_app
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -85,34 +85,11 @@ for _id, _cls in (("ServeBounds/Flood-v0", FloodEnv), ("ServeBounds/SlowMake-v0"
         gym.register(_id, entry_point=_cls, disable_env_checker=True)
 
 
-@contextlib.contextmanager
 def _serve(app, sndbuf: int | None = None, **config):
-    """Serve ``app`` in a thread on a loopback socket bound here; ``sndbuf`` shrinks the kernel send buffer of every
-    accepted connection (Linux: accepted sockets inherit it) so that a reply of a few hundred kB stalls on a client
-    that does not read. Yields ``(url, server)``."""
-    import uvicorn
-
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if sndbuf:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    srv = uvicorn.Server(serve.uvicorn_config(app, host="127.0.0.1", port=port, log_level="error", max_body_bytes=LIMIT,
-                                              **config))
-    th = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    th.start()
-    t0 = time.time()
-    while not srv.started:
-        assert th.is_alive() and time.time() - t0 < 20, "server did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}", srv
-    finally:
-        srv.should_exit = True
-        th.join(15)
-        sock.close()
-        assert not th.is_alive(), "server did not shut down"
+    """:func:`tests.served.serve_app` of ``app`` with this file's body cap; ``sndbuf`` shrinks the kernel send buffer
+    of every accepted connection so that a reply of a few hundred kB stalls on a client that does not read. A context
+    manager yielding ``(url, server)``."""
+    return serve_app(app, sndbuf=sndbuf, max_body_bytes=LIMIT, **config)
 
 
 def _app(**kw):

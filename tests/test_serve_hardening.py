@@ -25,6 +25,7 @@ from websockets.sync.client import connect as ws_connect
 
 from envs import serve
 from envs.serve import build_app
+from tests.served import serve_app
 
 LIMIT = 64 * 1024
 RELEASE = threading.Event()  # the blocking db hash of HashEnv waits on this
@@ -77,32 +78,15 @@ for _id, _cls in (("ServeTest/Echo-v0", EchoEnv), ("ServeTest/Hash-v0", HashEnv)
         gym.register(_id, entry_point=_cls, disable_env_checker=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def _serve(app, **config):
-    import uvicorn
-
-    port = _free_port()
-    srv = uvicorn.Server(serve.uvicorn_config(app, host="127.0.0.1", port=port, log_level="error", max_body_bytes=LIMIT,
-                                              **config))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    t0 = time.time()
-    while not srv.started:
-        assert th.is_alive() and time.time() - t0 < 20, "server did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        RELEASE.set()
-        srv.should_exit = True
-        th.join(15)
-        assert not th.is_alive(), "server did not shut down"
+    """:func:`tests.served.serve_app` of ``app`` with this file's body cap, yielding its URL; releases
+    :data:`RELEASE` (a blocked ``get_db_hash``) before the server shuts down."""
+    with serve_app(app, max_body_bytes=LIMIT, **config) as (url, _):
+        try:
+            yield url
+        finally:
+            RELEASE.set()
 
 
 def _echo_app(**kw):
