@@ -1,6 +1,7 @@
 """``envs.serve`` for the tests that drive it over the network, two ways: :func:`serve_process` runs
 ``python -m envs.serve`` as a subprocess (start it, wait for the ``listening on http://HOST:PORT ...`` line it prints,
-stop it); :func:`serve_app` runs a built app in-process (uvicorn in a thread on a loopback socket)."""
+stop it); :func:`serve_app` runs a built app in-process (uvicorn in a thread on a loopback socket). :class:`ToyChatEnv`
+is the never-ending toy chat the server tests register their envs from."""
 from __future__ import annotations
 
 import contextlib
@@ -12,6 +13,8 @@ import threading
 import time
 from collections.abc import Iterator
 from typing import Any
+
+import gymnasium as gym
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -45,6 +48,39 @@ def serve_process(env_id: str, *args: str, timeout_s: float = 120.0,
             p.kill()
             p.wait()
 
+
+
+class ToyChatEnv(gym.Env):
+    """Never-ending toy chat (fast, no data): ``reset`` opens with one user message (:attr:`opening`); each action
+    (a string, or a message dict whose ``content`` is read) is appended as the assistant's message, then
+    :meth:`reply`'s new messages; reward 0.0. ``info`` carries ``messages`` (the whole conversation), ``task_id``
+    ``"0"``, ``index`` 0 and :attr:`tools`."""
+
+    opening = "go"
+    tools: list[dict] = []
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Text(100)
+        self.action_space = gym.spaces.Text(100)
+        self.conv: list[dict] = []
+
+    def _info(self):
+        return {"messages": list(self.conv), "task_id": "0", "index": 0, "tools": list(self.tools)}
+
+    def reply(self, text: str) -> tuple[list[dict], bool]:
+        """The messages that answer ``text`` and whether the episode ends: here one user message echoing it, never."""
+        return [{"role": "user", "content": "you said: " + text}], False
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.conv = [{"role": "user", "content": self.opening}]
+        return list(self.conv), self._info()
+
+    def step(self, action):
+        text = action if isinstance(action, str) else (action.get("content") or "")
+        new, terminated = self.reply(text)
+        self.conv += [{"role": "assistant", "content": text}] + new
+        return new, 0.0, terminated, False, self._info()
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (bound, read, released)."""

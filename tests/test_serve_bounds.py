@@ -33,43 +33,26 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 from envs import serve
-from tests.served import serve_app, serve_process
+from tests.served import ToyChatEnv, serve_app, serve_process
 from envs.serve import build_app
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIMIT = 256 * 1024
 
 
-class FloodEnv(gym.Env):
+class FloodEnv(ToyChatEnv):
     """Never-ending toy chat whose output size the action picks: ``"flood N"`` answers with N tool messages of ~100
     bytes (a flood of tool calls, as tau2 answers 7,300 calls in one action), ``"big N"`` with one user message of N
     bytes, anything else with an echo."""
 
-    def __init__(self):
-        self.observation_space = gym.spaces.Text(100)
-        self.action_space = gym.spaces.Text(100)
-        self.conv: list[dict] = []
-
-    def _info(self):
-        return {"messages": list(self.conv), "task_id": "0", "index": 0, "tools": []}
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.conv = [{"role": "user", "content": "go"}]
-        return list(self.conv), self._info()
-
-    def step(self, action):
-        text = action if isinstance(action, str) else (action.get("content") or "")
+    def reply(self, text):
         word, _, n = text.partition(" ")
         if word == "flood":
-            new = [{"role": "tool", "tool_call_id": f"call_{i}", "content": "Error: unknown tool " + "z" * 60}
-                   for i in range(int(n))]
-        elif word == "big":
-            new = [{"role": "user", "content": "b" * int(n)}]
-        else:
-            new = [{"role": "user", "content": "you said: " + text}]
-        self.conv += [{"role": "assistant", "content": text}] + new
-        return new, 0.0, False, False, self._info()
+            return [{"role": "tool", "tool_call_id": f"call_{i}", "content": "Error: unknown tool " + "z" * 60}
+                    for i in range(int(n))], False
+        if word == "big":
+            return [{"role": "user", "content": "b" * int(n)}], False
+        return super().reply(text)
 
 
 class SlowMakeEnv(FloodEnv):

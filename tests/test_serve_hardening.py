@@ -25,37 +25,26 @@ from websockets.sync.client import connect as ws_connect
 
 from envs import serve
 from envs.serve import build_app
-from tests.served import serve_app
+from tests.served import ToyChatEnv, serve_app
 
 LIMIT = 64 * 1024
 RELEASE = threading.Event()  # the blocking db hash of HashEnv waits on this
 
 
-class EchoEnv(gym.Env):
+class EchoEnv(ToyChatEnv):
     """Never-ending toy chat: each action is answered by a user message echoing it (the conversation grows by 2x the
     action). ``"stop"`` ends the episode. Counts its instances (``made``)."""
 
     made = 0
+    opening = "say something"
+    tools = [{"type": "function", "name": "t"}]
 
     def __init__(self):
         type(self).made += 1
-        self.observation_space = gym.spaces.Text(100)
-        self.action_space = gym.spaces.Text(100)
-        self.conv: list[dict] = []
+        super().__init__()
 
-    def _info(self):
-        return {"messages": list(self.conv), "task_id": "0", "index": 0, "tools": [{"type": "function", "name": "t"}]}
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.conv = [{"role": "user", "content": "say something"}]
-        return list(self.conv), self._info()
-
-    def step(self, action):
-        text = action if isinstance(action, str) else (action.get("content") or "")
-        new = [{"role": "user", "content": "you said: " + text}]
-        self.conv += [{"role": "assistant", "content": text}] + new
-        return new, 0.0, text == "stop", False, self._info()
+    def reply(self, text):
+        return super().reply(text)[0], text == "stop"
 
 
 class _BlockingHash:
