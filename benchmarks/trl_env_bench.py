@@ -82,16 +82,20 @@ def tau2_side(cls, domain: str, solo: bool):
 
 
 def scripted_generate(tok, plans):
-    """A ``generate`` that plays ``plans[k]`` (list of completion texts) for the rollout tagged ``[k]``."""
+    """A ``generate`` (model.generate's signature: ``input_ids``/``attention_mask`` ``[batch, seq]`` -> ``[batch,
+    seq + new]``, right-padded with the pad token) that plays ``plans[k]`` (list of completion texts, one per turn) for
+    the k-th rollout of the batch: its first turn is tagged ``[k]`` (rows in input order), later turns find the tag
+    in the conversation after the last system message; turn = number of tool responses so far. Raises ``IndexError``
+    when a rollout asks for more turns than its plan has. Also used by tests/test_trl_env.py."""
 
     def generate(input_ids=None, attention_mask=None, **kwargs):
         outs = []
         for b in range(input_ids.shape[0]):
             text = tok.decode(input_ids[b][attention_mask[b].bool()])
-            if "<|im_start|>assistant\n[" in text.rsplit("<|im_start|>system", 1)[-1]:
-                k = int(text.split("<|im_start|>assistant\n[", 1)[1].split("]", 1)[0])
-                turn = text.count("<tool_response>")
-                say = plans[k][turn]
+            tail = text.rsplit("<|im_start|>system", 1)[-1]
+            if "<|im_start|>assistant\n[" in tail:
+                k = int(tail.split("<|im_start|>assistant\n[", 1)[1].split("]", 1)[0])
+                say = plans[k][text.count("<tool_response>")]
             else:  # first turn: rows in input order
                 k = generate.next_row
                 generate.next_row += 1

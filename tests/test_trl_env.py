@@ -7,11 +7,13 @@ and check that the rewards TRL logs are the rewards ``gym.make`` gives on the sa
 from __future__ import annotations
 
 import copy
+import importlib.util
 import inspect
 import json
 import os
 import pickle
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +28,18 @@ from envs.adapters.trl_env import SEND_MESSAGE_TOOL, dataset, environment_factor
 
 gym.register_envs(envs)
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+
+def _load_bench(name: str):
+    """``benchmarks/<name>.py`` as a module (the benchmarks folder is no package): its scripted ``generate`` serves
+    the trainer tests too."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_trl_env_bench = _load_bench("trl_env_bench")
 
 
 @pytest.fixture(scope="module")
@@ -352,31 +366,6 @@ def test_grpo_trainer_with_gsm8k_reward_function(tiny_dir, tmp_path):
 # ------------------------------------------------------------------------------------------------ multi-environment
 
 
-def _tagged_generate(tok, plans):
-    """A ``generate`` playing ``plans[k]`` for the k-th rollout of the batch: its first turn is tagged ``[k]`` (rows in
-    input order), later turns find the tag in the conversation; turn = number of tool responses so far."""
-
-    def generate(input_ids=None, attention_mask=None, **kwargs):
-        outs = []
-        for b in range(input_ids.shape[0]):
-            text = tok.decode(input_ids[b][attention_mask[b].bool()])
-            tail = text.rsplit("<|im_start|>system", 1)[-1]
-            if "<|im_start|>assistant\n[" in tail:
-                k = int(tail.split("<|im_start|>assistant\n[", 1)[1].split("]", 1)[0])
-                say = plans[k][text.count("<tool_response>")]
-            else:
-                k = generate.next_row
-                generate.next_row += 1
-                say = f"[{k}]" + plans[k][0]
-            outs.append(tok.encode(say + "<|im_end|>", add_special_tokens=False))
-        width = max(map(len, outs))
-        gen = torch.tensor([o + [tok.pad_token_id] * (width - len(o)) for o in outs])
-        return torch.cat([input_ids, gen], dim=1)
-
-    generate.next_row = 0
-    return generate
-
-
 @pytest.fixture(scope="module")
 def long_tiny_dir(tmp_path_factory):
     """tiny-random with its 4096-position limit lifted (RoPE, random weights): tau2 prompts with their tool schemas
@@ -438,7 +427,7 @@ def test_multi_environment_airline_retail_telecom_and_reasoning_gym_in_one_trl_b
         warnings.simplefilter("ignore")
         trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(long_tiny_dir), processing_class=tok, args=args,
                               **mix._asdict())
-    trainer.model.generate = _tagged_generate(tok, plans)
+    trainer.model.generate = _trl_env_bench.scripted_generate(tok, plans)
     out = trainer._generate_and_score_completions(copy.deepcopy(inputs))
     assert out["advantages"].shape == (len(inputs),)
     for r, env in zip(inputs, trainer.environments):
@@ -528,7 +517,7 @@ def test_grpo_trainer_with_a_served_env(served_mock, tiny_dir, tmp_path):
                        max_completion_length=400)
     e = gym.make("tau2/mock-v0").unwrapped
     plan = gold_tool_call_texts(e.tasks[e.tasks.index_of(rows[0]["task_id"])], solo=False)
-    trainer.model.generate = _tagged_generate(trainer.processing_class, [plan, ["I cannot help."]])
+    trainer.model.generate = _trl_env_bench.scripted_generate(trainer.processing_class, [plan, ["I cannot help."]])
     trainer.train()
     assert len(log) == 2
     assert sorted(r for *_, r in log)[-1] == 1.0
