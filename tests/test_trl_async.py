@@ -29,6 +29,7 @@ import torch
 
 import envs
 from envs.adapters.trl_env import EnvReward, dataset, environment_factory, gold_tool_call_texts, reward_function
+from tests.trl_tiny import save_tiny_for_trl, trl_tokenizer
 
 gym.register_envs(envs)
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -117,24 +118,11 @@ def test_async_tools_play_the_same_episode():
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from trl.chat_template_utils import qwen3_template
-
-    from torchrl_grpo.model_store import load_model_and_tokenizer
-
-    model, tok = load_model_and_tokenizer("tiny-random")
-    tok.response_template = qwen3_template
-    out = tmp_path_factory.mktemp("tiny")
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return save_tiny_for_trl(tmp_path_factory.mktemp("tiny"))
 
 
 def _tokenizer(tiny_dir):
-    from transformers import AutoTokenizer
-    from trl.chat_template_utils import qwen3_template
-
-    tok = AutoTokenizer.from_pretrained(tiny_dir)
-    tok.response_template = qwen3_template
+    tok = trl_tokenizer(tiny_dir)
     tok.padding_side = "left"
     return tok
 

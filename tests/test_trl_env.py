@@ -25,6 +25,7 @@ import torch
 import envs
 from envs.tau2.oracle import oracle_actions
 from envs.adapters.trl_env import SEND_MESSAGE_TOOL, dataset, environment_factory, gold_tool_call_texts, reward_function
+from tests.trl_tiny import save_tiny_for_trl, trl_tokenizer
 
 gym.register_envs(envs)
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -229,25 +230,14 @@ def test_reward_function_is_the_env_grader(env_id, make_kwargs, fmt):
 def tiny_dir(tmp_path_factory):
     """tiny-random saved for TRL, with the response template TRL needs to parse its Hermes tool calls (TRL knows
     only the exact templates of released models; ours is ChatML + Hermes like Qwen's)."""
-    from trl.chat_template_utils import qwen3_template
-
-    from torchrl_grpo.model_store import load_model_and_tokenizer
-
-    model, tok = load_model_and_tokenizer("tiny-random")
-    tok.response_template = qwen3_template
-    out = tmp_path_factory.mktemp("tiny")
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return save_tiny_for_trl(tmp_path_factory.mktemp("tiny"))
 
 
 def _trainer(tiny_dir, tmp_path, **kw):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from trl import GRPOConfig, GRPOTrainer
-    from trl.chat_template_utils import qwen3_template
 
-    tok = AutoTokenizer.from_pretrained(tiny_dir)
-    tok.response_template = qwen3_template
+    tok = trl_tokenizer(tiny_dir)
     tok.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
     args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2,
@@ -370,17 +360,7 @@ def test_grpo_trainer_with_gsm8k_reward_function(tiny_dir, tmp_path):
 def long_tiny_dir(tmp_path_factory):
     """tiny-random with its 4096-position limit lifted (RoPE, random weights): tau2 prompts with their tool schemas
     are ~10-25k tokens in its byte-level vocabulary, and TRL drops tool results past the model's limit."""
-    from trl.chat_template_utils import qwen3_template
-
-    from torchrl_grpo.model_store import load_model_and_tokenizer
-
-    model, tok = load_model_and_tokenizer("tiny-random")
-    model.config.max_position_embeddings = 1 << 16
-    tok.response_template = qwen3_template
-    out = tmp_path_factory.mktemp("tiny_long")
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return save_tiny_for_trl(tmp_path_factory.mktemp("tiny_long"), max_positions=1 << 16)
 
 
 def test_multi_environment_airline_retail_telecom_and_reasoning_gym_in_one_trl_batch(long_tiny_dir, tmp_path):
@@ -414,12 +394,10 @@ def test_multi_environment_airline_retail_telecom_and_reasoning_gym_in_one_trl_b
             e = gym.make(env_id, disable_env_checker=True, **spec[r["environment"]][1])
             _, info = e.reset(options={"task_id": r["task_id"]})
             plans.append([f"Reasoning.\n{info['answer']}"])
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from trl import GRPOConfig, GRPOTrainer
-    from trl.chat_template_utils import qwen3_template
 
-    tok = AutoTokenizer.from_pretrained(long_tiny_dir)
-    tok.response_template = qwen3_template
+    tok = trl_tokenizer(long_tiny_dir)
     args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=len(inputs), num_generations=2, max_steps=1,
                       max_completion_length=1 << 15, report_to=[], save_strategy="no", use_cpu=True, use_vllm=False,
                       max_tool_calling_iterations=64, shuffle_dataset=False)  # (retail's order records are long)
