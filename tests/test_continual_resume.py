@@ -184,17 +184,6 @@ def _algorithm(name: str, mid_at=None):
     return cls()
 
 
-def _run(cfg, run_dir, algo):
-    from torchrl_grpo.assembly import build_trainer
-
-    t = build_trainer(cfg, run_dir, algorithm=algo)
-    try:
-        t.train()
-    finally:
-        t.close()
-    return t, json.loads((run_dir / "metrics.json").read_text())
-
-
 def _jsonl_steps(run_dir):
     return [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -208,14 +197,16 @@ _NIGHTLY = pytest.mark.nightly  # the rest of the matrix: too long for CI's slow
     *[pytest.param(a, k, marks=_NIGHTLY) for a, k in [("sequential", 0.1), ("replay", 0.0), ("replay", 0.1),
                                                       ("ewc", 0.0), ("ewc", 0.1), ("lora_per_domain", 0.0)]]])
 def test_every_algorithm_resumes_as_the_uninterrupted_run(tmp_path, algorithm, kl):
+    from tests.test_continual_trainer import train_to_end
+
     run = tmp_path / "run"
-    _, full = _run(_e2e_cfg(algorithm, kl), run, _algorithm(algorithm, mid_at=3))
+    _, full = train_to_end(_e2e_cfg(algorithm, kl), run, _algorithm(algorithm, mid_at=3))
     full_steps = _jsonl_steps(run)
     keys = ("loss", "reward_mean", "kl_ref", "ess", "ewc_penalty", "replayed_episodes")
     if kl:
         assert all(r["kl_ref"] > 1e-6 for r in full["task_1/train"][1:])  # the anchor is a trained policy
     for ck, first in (("checkpoint_task_0", 0), ("checkpoint_task_1_mid", 1)):
-        t, res = _run(_e2e_cfg(algorithm, kl, resume_from=str(run / ck)), run, _algorithm(algorithm))
+        t, res = train_to_end(_e2e_cfg(algorithm, kl, resume_from=str(run / ck)), run, _algorithm(algorithm))
         assert (t.start_task, t.start_task_step) == (1, first), ck
         # (the mid-task checkpoint here is written from post_step, before step 3's row joins metrics.json: the rows
         # of the steps the resumed run takes are compared)

@@ -341,7 +341,10 @@ def _interrupted(cfg, run_dir, algo):
     return t
 
 
-def _train(cfg, run_dir, algo):
+def train_to_end(cfg, run_dir, algo):
+    """Build the trainer of ``cfg`` in ``run_dir`` with the continual algorithm ``algo``, train it to the end and close
+    it (also when training raises); return ``(trainer, metrics)``, ``metrics`` the run's ``metrics.json``. Also used by
+    tests/test_continual_resume.py."""
     t = build_trainer(cfg, run_dir, algorithm=algo)
     try:
         t.train()
@@ -352,7 +355,7 @@ def _train(cfg, run_dir, algo):
 
 @pytest.mark.slow  # end-to-end, 35-80 s on 2 cores: the slow stage (README: the unit command stays ~10 min)
 def test_sigint_mid_task_saves_a_checkpoint_and_resume_continues_exactly(tmp_path):
-    full_t, a = _train(cl_cfg(num_steps_per_task=2, eval_interval=1), tmp_path / "full", Rewarded())
+    full_t, a = train_to_end(cl_cfg(num_steps_per_task=2, eval_interval=1), tmp_path / "full", Rewarded())
     # SIGINT during step 3 = the first of two telecom steps: that step finishes, then a checkpoint of it is written
     algo = RewardedSigint()
     algo.at = 3
@@ -360,7 +363,7 @@ def test_sigint_mid_task_saves_a_checkpoint_and_resume_continues_exactly(tmp_pat
     ck = tmp_path / "int" / "checkpoint_task_1_interrupted"
     st = json.loads((ck / "cl_state.json").read_text())
     assert (st["task"], st["task_step"], st["task_done"], st["step"]) == (1, 1, False, 3)
-    t, b = _train(cl_cfg(num_steps_per_task=2, eval_interval=1, resume_from=str(ck)), tmp_path / "res", Rewarded())
+    t, b = train_to_end(cl_cfg(num_steps_per_task=2, eval_interval=1, resume_from=str(ck)), tmp_path / "res", Rewarded())
     assert (t.start_task, t.start_task_step) == (1, 1)
     # the resumed run's next step (4) is the uninterrupted run's step 4
     assert [r["step"] for r in b["task_1/train"]] == [3, 4]
@@ -391,7 +394,7 @@ def test_lora_per_domain_resume_restores_every_adapter(tmp_path):
         c.actor.peft.enable, c.optimizer.lr = True, 1e-2
         return c
 
-    full_t, a = _train(cfg(), tmp_path / "full", RewardedLoRA())
+    full_t, a = train_to_end(cfg(), tmp_path / "full", RewardedLoRA())
     algo = RewardedLoRASigint()
     algo.at = 3  # one step into telecom: the checkpoint holds the trained mock adapter and a half-trained telecom one
     mid = _interrupted(cfg(), tmp_path / "int", algo)
@@ -424,9 +427,9 @@ def test_ewc_fisher_and_anchor_survive_a_resume(tmp_path):
         return c
 
     full_algo = RewardedEWC(lam=1000.0)
-    _, a = _train(cfg(), tmp_path / "full", full_algo)
+    _, a = train_to_end(cfg(), tmp_path / "full", full_algo)
     res_algo = RewardedEWC(lam=1000.0)
-    t, b = _train(cfg(resume_from=str(tmp_path / "full" / "checkpoint_task_0")), tmp_path / "res", res_algo)
+    t, b = train_to_end(cfg(resume_from=str(tmp_path / "full" / "checkpoint_task_0")), tmp_path / "res", res_algo)
     pen_a, pen_b = [r["ewc_penalty"] for r in a["task_1/train"]], [r["ewc_penalty"] for r in b["task_1/train"]]
     assert pen_a[1] > 0  # the uninterrupted run pays the penalty in its second telecom step
     assert pen_b == pytest.approx(pen_a, rel=1e-5, abs=1e-9)
@@ -444,11 +447,11 @@ def test_kl_anchor_survives_a_mid_task_resume(tmp_path):
         c.optimizer.lr = 1e-2
         return c
 
-    _, a = _train(cfg(), tmp_path / "full", Rewarded())
+    _, a = train_to_end(cfg(), tmp_path / "full", Rewarded())
     algo = RewardedSigint()
     algo.at = 3
     _interrupted(cfg(), tmp_path / "int", algo)
-    _, b = _train(cfg(resume_from=str(tmp_path / "int" / "checkpoint_task_1_interrupted")), tmp_path / "res",
+    _, b = train_to_end(cfg(resume_from=str(tmp_path / "int" / "checkpoint_task_1_interrupted")), tmp_path / "res",
                   Rewarded())
     kl_a, kl_b = a["task_1/train"][1]["kl_ref"], b["task_1/train"][1]["kl_ref"]
     assert kl_a > 1e-6 and kl_b == pytest.approx(kl_a, rel=1e-4)
