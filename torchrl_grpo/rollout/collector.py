@@ -313,6 +313,7 @@ class GroupCollector(BaseCollector):
         *,
         step: int = 0,
         sampling: SamplingConfig | None = None,
+        on_turn: Callable[[int, int, int], None] | None = None,
     ) -> TensorDict:
         """Roll out ``n_samples`` episodes for each task.
 
@@ -321,6 +322,8 @@ class GroupCollector(BaseCollector):
             n_samples: group size G.
             step: trainer step, used to derive sampling seeds.
             sampling: overrides the collector's sampling settings (e.g. greedy for evaluation).
+            on_turn: called after each turn with (turns played, episodes still running, tokens generated so far):
+                the progress of a long multi-turn call (:func:`torchrl_grpo.rollout.evaluation.evaluate`).
 
         Returns:
             TensorDict [len(tasks) * n_samples] (see module docstring). ``self.last_stats`` holds timing and
@@ -355,6 +358,8 @@ class GroupCollector(BaseCollector):
             if acting:
                 self._step_envs(env, acting, last_turn=turn == self.max_turns - 1)
             env_time += time.perf_counter() - te
+            if on_turn is not None:
+                on_turn(turn + 1, sum(not e.done for e in episodes), gen_tokens)
         for ep in episodes:
             if not ep.done:  # played its last turn
                 ep.end(EndReason.TURN_LIMIT)

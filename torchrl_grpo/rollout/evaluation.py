@@ -27,7 +27,7 @@ from math import comb
 from torchrl_grpo.backends.base import SamplingConfig
 from torchrl_grpo.rollout.collector import GroupCollector
 
-__all__ = ["pass_at_k", "pass_hat_k", "evaluate", "eval_samplings", "eval_episode_rows",
+__all__ = ["pass_at_k", "pass_hat_k", "evaluate", "EvalProgress", "eval_samplings", "eval_episode_rows",
            "do_nothing_baseline", "format_eval_table"]
 
 
@@ -45,6 +45,71 @@ def pass_hat_k(n: int, c: int, k: int) -> float:
     if not 0 <= c <= n or not 1 <= k <= n:
         raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
     return comb(c, k) / comb(n, k)
+
+
+#: Seconds between two progress lines in the log of a running evaluation (the bar itself moves every turn).
+EVAL_LOG_EVERY_S = 60.0
+
+
+class EvalProgress:
+    """The progress of one :func:`evaluate` call, inside its collector calls: a multi-turn chunk (up to
+    :data:`EVAL_CHUNK` tasks whose episodes of up to ``max_turns`` turns finish together) moves the bar's postfix
+    every turn (turn, episodes still running, tokens generated, ETA) and writes a log line at most every
+    :data:`EVAL_LOG_EVERY_S` seconds, so a 7-minute evaluation no longer sits at ``0/4 episodes``.
+
+    The ETA is an upper bound: the turns left to this chunk's turn limit at this chunk's mean seconds per turn, plus
+    the chunks not started at the mean seconds of a finished chunk (before one finished: of a chunk run to its turn
+    limit at the current pace). Episodes that end early make the evaluation finish sooner.
+
+    Args:
+        bar: a tqdm bar over the episodes (``update(n)``, ``set_postfix_str``), or None: log lines only.
+        desc: the log lines' prefix (``"eval (step 2)"``).
+        chunks: collector calls this evaluation makes. max_turns: the collector's turn limit.
+        log: where the lines go. clock: seconds (monotonic; a test passes its own).
+    """
+
+    def __init__(self, bar, desc: str, chunks: int, max_turns: int, log=None, clock=None) -> None:
+        import logging
+        import time
+
+        self.bar, self.desc, self.chunks, self.max_turns = bar, desc, max(1, chunks), max(1, int(max_turns))
+        self.log = log or logging.getLogger(__name__)
+        self.clock = clock or time.monotonic
+        self.t0 = self.chunk_t0 = self.logged_at = self.clock()
+        self.done_chunks, self.done_episodes = 0, 0
+        self.tokens_before = 0  # tokens of the finished chunks
+
+    def eta_s(self, turn: int) -> float:
+        """Upper bound of the seconds left after ``turn`` turns of the current chunk (class docstring)."""
+        now = self.clock()
+        per_turn = (now - self.chunk_t0) / max(1, turn)
+        per_chunk = (self.chunk_t0 - self.t0) / self.done_chunks if self.done_chunks else per_turn * self.max_turns
+        return max(0, self.max_turns - turn) * per_turn + max(0, self.chunks - self.done_chunks - 1) * per_chunk
+
+    def on_turn(self, turn: int, live: int, tokens: int) -> None:
+        """The collector's per-turn callback (:meth:`GroupCollector.collect` ``on_turn``)."""
+        eta = self.eta_s(turn)
+        text = (f"chunk {self.done_chunks + 1}/{self.chunks}: turn {turn}/{self.max_turns}, {live} running, "
+                f"{self.tokens_before + tokens:,} tokens, ETA <= {_minutes(eta)}")
+        if self.bar is not None:
+            self.bar.set_postfix_str(text, refresh=True)
+        now = self.clock()
+        if now - self.logged_at >= EVAL_LOG_EVERY_S:
+            self.logged_at = now
+            self.log.info("%s: %d episodes done; %s", self.desc, self.done_episodes, text)
+
+    def chunk_done(self, episodes: int, tokens: int) -> None:
+        """A collector call returned ``episodes`` episodes after generating ``tokens`` tokens."""
+        self.done_chunks += 1
+        self.done_episodes += episodes
+        self.tokens_before += tokens
+        self.chunk_t0 = self.clock()
+        if self.bar is not None:
+            self.bar.update(episodes)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
 #: Tasks per collector call in :func:`evaluate` (the transformers backend's default ``max_batch_size``): a long
@@ -78,22 +143,26 @@ def eval_episode_rows(td, mode: str, n_samples: int, transcript: bool) -> list[d
 
 
 def _rewards(collector: GroupCollector, tasks: list[dict], n: int, step: int, sampling: SamplingConfig,
-             bar, stats: dict[str, float], episodes: list | None = None, mode: str = "greedy"):
+             progress: EvalProgress | None, stats: dict[str, float], episodes: list | None = None,
+             mode: str = "greedy"):
     """Final rewards ``[len(tasks) * n]`` (task-major) collected :data:`EVAL_CHUNK` tasks at a time; rows of
-    :func:`eval_episode_rows` appended to ``episodes`` when given (greedy ones with their conversation)."""
+    :func:`eval_episode_rows` appended to ``episodes`` when given (greedy ones with their conversation);
+    ``progress`` told of every turn and every chunk."""
     import torch
 
     out = [torch.zeros(0)]
     for s in range(0, len(tasks), EVAL_CHUNK):
         part = tasks[s : s + EVAL_CHUNK]
-        td = collector.collect(part, n, step=step, sampling=sampling)
+        # our collector reports each turn; another object with collect() (a test's stand-in) is told per chunk
+        hook = {"on_turn": progress.on_turn} if progress is not None and isinstance(collector, GroupCollector) else {}
+        td = collector.collect(part, n, step=step, sampling=sampling, **hook)
         out.append(td["reward"].float())
         if episodes is not None:
             episodes.extend(eval_episode_rows(td, mode, n, transcript=mode == "greedy"))
         for k in ("rollout/generated_tokens", "rollout/generate_time_s"):
             stats[k] = stats.get(k, 0.0) + float(collector.last_stats.get(k, 0.0))
-        if bar is not None:
-            bar.update(len(part) * n)
+        if progress is not None:
+            progress.chunk_done(len(part) * n, int(collector.last_stats.get("rollout/generated_tokens", 0)))
     return torch.cat(out)
 
 
@@ -120,14 +189,14 @@ def _merge_shares(parts: list, n_tasks: int, world: int) -> list:
     return out
 
 
-def _evaluate_mode(collector, tasks, n, step, sampling, bar, episodes, mode, dp, world):
+def _evaluate_mode(collector, tasks, n, step, sampling, progress, episodes, mode, dp, world):
     """One mode (greedy: n = 1, sampled: n = k) on this rank's share, gathered: per-task reward lists in task order,
     summed generated tokens and the longest rank's generation time; rank 0's ``episodes`` gets every row, in task
     order."""
     share = tasks[(dp.rank if world > 1 else 0)::world]
     stats: dict[str, float] = {}
     rows: list | None = [] if episodes is not None else None
-    r = _rewards(collector, share, n, step, sampling, bar, stats, rows, mode).reshape(len(share), n).tolist()
+    r = _rewards(collector, share, n, step, sampling, progress, stats, rows, mode).reshape(len(share), n).tolist()
     per_task_rows = [rows[i * n:(i + 1) * n] for i in range(len(share))] if rows is not None else None
     parts = dp.all_gather_object((r, stats, per_task_rows)) if dp is not None else [(r, stats, per_task_rows)]
     rewards = _merge_shares([p[0] for p in parts], len(tasks), world)
@@ -154,8 +223,9 @@ def evaluate(
     dp=None,
 ) -> dict[str, float]:
     """Evaluate on a fixed subset of the collector env's tasks (``options={"index": i}`` for i in ``task_indices``),
-    :data:`EVAL_CHUNK` tasks per collector call (``progress``: a tqdm bar over the episodes). ``episodes``: a list
-    that receives one :func:`eval_episode_rows` row per episode, greedy ones first.
+    :data:`EVAL_CHUNK` tasks per collector call (``progress``: a tqdm bar over the episodes; either way a running
+    evaluation logs its turn, tokens and ETA at most every :data:`EVAL_LOG_EVERY_S` s: :class:`EvalProgress`).
+    ``episodes``: a list that receives one :func:`eval_episode_rows` row per episode, greedy ones first.
 
     Args:
         sampling: the run's sampling config (``gconfig``; default ``SamplingConfig()``); the greedy and sampled
@@ -180,16 +250,19 @@ def evaluate(
     world = dp.world_size if dp is not None and dp.enabled else 1
     greedy_cfg, sampled_cfg = eval_samplings(sampling or SamplingConfig())
     out: dict[str, float] = {}
-    bar = None
-    if progress and (world == 1 or dp.is_main):
-        from tqdm.auto import tqdm
-
+    bar = shown = None
+    if world == 1 or dp.is_main:  # the log lines always, the bar when asked
         share = len(tasks[((dp.rank if world > 1 else 0))::world])
-        bar = tqdm(total=share * ((1 if greedy else 0) + pass_k), desc=f"{prefix} (step {step})", unit="episode",
-                   leave=False)
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=share * ((1 if greedy else 0) + pass_k), desc=f"{prefix} (step {step})",
+                       unit="episode", leave=False)
+        chunks = -(-share // EVAL_CHUNK) * ((1 if greedy else 0) + (1 if pass_k > 0 else 0))
+        shown = EvalProgress(bar, f"{prefix} (step {step})", chunks, getattr(collector, "max_turns", 1))
     try:
         if greedy:
-            r, tokens, gen_s = _evaluate_mode(collector, tasks, 1, step, greedy_cfg, bar, episodes, "greedy", dp,
+            r, tokens, gen_s = _evaluate_mode(collector, tasks, 1, step, greedy_cfg, shown, episodes, "greedy", dp,
                                               world)
             flat = [x for row in r for x in row]
             n = len(flat) or float("nan")  # no task: NaN, as the mean of nothing
@@ -197,7 +270,8 @@ def evaluate(
             out[f"{prefix}/reward"] = sum(flat) / n
             out[f"{prefix}/tokens_per_s"] = tokens / gen_s if gen_s > 0 else 0.0
         if pass_k > 0:
-            r, _, _ = _evaluate_mode(collector, tasks, pass_k, step, sampled_cfg, bar, episodes, "sampled", dp, world)
+            r, _, _ = _evaluate_mode(collector, tasks, pass_k, step, sampled_cfg, shown, episodes, "sampled", dp,
+                                     world)
             c = [sum(x >= success_threshold for x in row) for row in r]
             out[f"{prefix}/pass@{pass_k}"] = sum(pass_at_k(pass_k, ci, pass_k) for ci in c) / len(c)
             out[f"{prefix}/pass^{pass_k}"] = sum(pass_hat_k(pass_k, ci, pass_k) for ci in c) / len(c)
