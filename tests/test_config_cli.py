@@ -80,6 +80,10 @@ def test_cli_run_writes_outputs(tmp_path, gsm8k_dir):
     assert {r["step"] for r in rows} == {0, 1, 2}
     assert any("eval/accuracy" in r for r in rows) and any("reward/mean" in r for r in rows)
     assert sorted(x.name for x in (run / "checkpoints").iterdir()) == ["step_000002"]  # checkpoint.keep_last: 1 in the demo config
+    # the run ends with one line: greedy accuracy before -> after, n, Wilson intervals, the run dir (issue 45)
+    last = p.stdout.strip().splitlines()[-1]
+    assert "result: greedy accuracy " in last and " -> " in last and "(n=2; 95% Wilson [" in last, last
+    assert last.endswith(f"run dir: {run}") or str(run.name) in last, last
     # eval-only entry on the checkpoint
     p2 = _run(COMMON + [f"train_dataset.path={gsm8k_dir}", "eval_only=true",
                         f"train.resume_from={run / 'checkpoints'}"], cwd=tmp_path)
