@@ -1,0 +1,199 @@
+"""A session's tools over standard MCP: ``/sessions/{id}/mcp``, the ``mcp`` SDK's Streamable HTTP transport.
+
+For any agent that speaks MCP (coding agents, the OpenAI Agents SDK, Claude-style tool users, evaluation
+harnesses)::
+
+    POST /sessions                       -> {"session_id": ID}
+    POST /sessions/ID/reset  {"index": 0} -> the task's opening (system prompt with the policy, the customer's message)
+    MCP  http://HOST:PORT/sessions/ID/mcp -> tools/list: the domain's tools + ``respond``; tools/call: one env step
+    GET  /sessions/ID/state              -> the reward (``reward``, ``done``), for the evaluator, never the agent
+
+``tools/list`` answers the env's tools with the schemas of ``info["tools"]`` plus ``respond`` (a plain message to the
+customer; with a simulated customer their reply is its result); ``tools/call`` steps the session's env with that one
+call (:mod:`envs.serving.agent_tools`): its result is the tool's output or the customer's reply and ``done``, never
+the reward. A call after the episode ended, before ``reset``, over the session's byte cap, or that the env raised on
+is an error *result* (``isError``, the reason as its text), so the agent sees it; the session is closed when an env
+output went over the cap, as on the HTTP routes.
+
+The SDK serves the transport statelessly (JSON replies, no MCP session id of its own): the session is the one in the
+path, from the server's one session registry, so every bound of :mod:`envs.serve` applies unchanged -- the guard in
+front of every route (``Origin`` / ``Host`` allow-lists, body size and time), the JSON limits (nesting, integer
+digits: checked before the SDK parses the body), the session cap and idle timeout (each MCP request marks its session
+used), ``max_session_bytes`` (each step is a session step; a reply being sent counts as unsent bytes), the env's
+tool calls per action (one call per step here). Both MCP protocol eras the SDK serves work: the 2025 initialize
+handshake and the 2026-07-28 per-request one. An unknown or expired session is answered 404 saying how to open one.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import mcp_types as types
+from mcp.server.lowlevel import Server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPError
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from envs.serving.agent_tools import agent_tools, tool_call_action, visible_result
+
+__all__ = ["MCP_PATH", "add_session_mcp_routes", "unknown_session_detail"]
+
+#: Where a session's MCP endpoint is.
+MCP_PATH = "/sessions/{session_id}/mcp"
+
+
+def unknown_session_detail(session_id: str) -> str:
+    """The 404 message of an unknown / expired session on an MCP route: says how to get one."""
+    return (f"unknown session {session_id!r:.80} (never opened, deleted or idle-expired): open one with POST /sessions "
+            "(-> {\"session_id\": ID}), start its episode with POST /sessions/ID/reset, then connect to /sessions/ID/mcp")
+
+
+def _step_result(reply: dict) -> types.CallToolResult:
+    text, structured, is_error = visible_result(reply)
+    content = [types.TextContent(type="text", text=text)]
+    if structured["done"]:
+        content.append(types.TextContent(type="text", text="[the episode has ended]"))
+    return types.CallToolResult(content=content, structured_content=structured, is_error=is_error)
+
+
+def _error_result(message: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)
+
+
+class _SessionTools:
+    """The MCP handlers over the server's session registry ``sessions`` (``get``, ``touch``, ``destroy``,
+    ``server._run_in_session_executor``); ``run(env, op, payload) -> (kind, data)`` is the session routes' operation
+    (:func:`envs.serve._run`: the same checks as ``POST /sessions/{id}/step``)."""
+
+    def __init__(self, sessions: Any, run: Callable[[Any, str, Any], tuple[str, dict]]):
+        self.sessions, self.run = sessions, run
+
+    def _env(self, ctx) -> tuple[str, Any]:
+        sid = ctx.request.path_params["session_id"]
+        env = self.sessions.get(sid)
+        if env is None:
+            raise MCPError(types.INVALID_REQUEST, unknown_session_detail(sid))
+        return sid, env
+
+    async def list_tools(self, ctx, params) -> types.ListToolsResult:
+        sid, env = self._env(ctx)
+        tools = await self.sessions.server._run_in_session_executor(sid, _session_tools, env)
+        if tools is None:
+            raise MCPError(types.INVALID_REQUEST, f"session {sid} has no episode yet: POST /sessions/{sid}/reset "
+                           "first (its tools are its task's)")
+        return types.ListToolsResult(tools=[types.Tool.model_validate(t) for t in agent_tools(tools)])
+
+    async def call_tool(self, ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
+        sid, env = self._env(ctx)
+        try:
+            action = tool_call_action(params.name, params.arguments)
+        except ValueError as e:
+            return _error_result(str(e))
+        self.sessions.touch(sid)
+        ok, out, end = await self.sessions.server._run_in_session_executor(sid, _step, env, self.run, action)
+        self.sessions.touch(sid)
+        if end:  # the env's output went over max_session_bytes: the session is over, as on the HTTP routes
+            await self.sessions.destroy(sid)
+        return _step_result(out) if ok else _error_result(out)
+
+
+def _session_tools(env) -> list[dict] | None:
+    """The env's OpenAI tool schemas of its current episode (``None`` before the first reset)."""
+    info = getattr(env, "_info", None)
+    if not getattr(env, "_started", False) or not isinstance(info, dict):
+        return None
+    return info.get("tools") or []
+
+
+def _step(env, run, action: dict) -> tuple[bool, Any, bool]:
+    """One tool call on the session's thread: ``(True, step reply, False)`` or ``(False, error message, end the
+    session)``. A refused request (409 order, 413 bytes, 422 action, 429 unsent replies) or an env exception is an
+    error the agent reads."""
+    try:
+        env.check_unsent()
+        return True, run(env, "step", action)[1], False
+    except Exception as e:  # noqa: BLE001 - ClientError (its status) or an env failure
+        if getattr(e, "status", None) is None:
+            return False, f"env raised {type(e).__name__}: {e}", False
+        return False, f"refused ({e.status}): {e}", bool(getattr(e, "ends_session", False))
+
+
+class _Endpoint:
+    """The ASGI endpoint of :data:`MCP_PATH`: 404 for an unknown session, the JSON limits of ``parse`` on a POST body
+    (422 as a JSON-RPC parse error), then the SDK's transport; the session is marked used before and after, and the
+    bytes of a reply being sent count as the session's unsent bytes until the connection has taken them."""
+
+    def __init__(self, sessions: Any, manager: StreamableHTTPSessionManager, parse: Callable[[bytes], Any]):
+        self.sessions, self.manager, self.parse = sessions, manager, parse
+
+    async def __call__(self, scope, receive, send) -> None:
+        sid = scope["path_params"]["session_id"]
+        env = self.sessions.get(sid)
+        if env is None:
+            detail = unknown_session_detail(sid)
+            return await JSONResponse({"jsonrpc": "2.0", "id": None, "detail": detail,
+                                       "error": {"code": types.INVALID_REQUEST, "message": detail}}, 404)(scope, receive, send)
+        if scope["method"] == "POST":
+            first = await receive()  # the guard has read the whole body: one message
+            try:
+                self.parse(first.get("body", b""))
+            except Exception as e:  # noqa: BLE001 - ClientError: invalid JSON or over a JSON limit
+                return await JSONResponse({"jsonrpc": "2.0", "id": None, "detail": str(e),
+                                           "error": {"code": types.PARSE_ERROR, "message": str(e)}}, 422)(scope, receive, send)
+            receive = _replay(first, receive)
+        self.sessions.touch(sid)
+        try:
+            await self.manager.handle_request(scope, receive, functools.partial(_counted_send, env, send))
+        finally:
+            self.sessions.touch(sid)
+
+
+def _replay(first: dict, receive):
+    sent = False
+
+    async def again():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return first
+        return await receive()
+
+    return again
+
+
+async def _counted_send(env, send, message: dict) -> None:
+    n = len(message.get("body", b"")) if message.get("type") == "http.response.body" else 0
+    env.hold_unsent(n)
+    try:
+        await send(message)
+    finally:
+        env.release_unsent(n)
+
+
+def add_session_mcp_routes(app, sessions: Any, *, run: Callable[[Any, str, Any], tuple[str, dict]],
+                           parse: Callable[[bytes], Any], max_body_bytes: int) -> None:
+    """Serve :data:`MCP_PATH` on the FastAPI ``app``: one SDK ``Server`` and one stateless
+    ``StreamableHTTPSessionManager`` (started and stopped with the app) over the server's session registry
+    ``sessions``. ``run`` is the session routes' operation, ``parse`` their JSON parser (limits), ``max_body_bytes``
+    the body cap (the guard's; the SDK's own set to it). The SDK's DNS-rebinding check is off: the server's guard
+    checks ``Host`` and ``Origin`` for every route, with the server's allow-lists."""
+    handlers = _SessionTools(sessions, run)
+    server = Server("envs.serve", on_list_tools=handlers.list_tools, on_call_tool=handlers.call_tool)
+    manager = StreamableHTTPSessionManager(
+        server, json_response=True, stateless=True, max_request_body_size=max_body_bytes,
+        security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+    stack = contextlib.AsyncExitStack()
+
+    async def _start() -> None:
+        await stack.enter_async_context(manager.run())
+
+    async def _stop() -> None:
+        await stack.aclose()
+
+    app.router.on_startup.append(_start)
+    app.router.on_shutdown.insert(0, _stop)
+    app.router.routes.append(Route(MCP_PATH, endpoint=_Endpoint(sessions, manager, parse)))

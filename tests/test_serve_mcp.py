@@ -1,0 +1,208 @@
+"""A session's tools over standard MCP (``/sessions/{id}/mcp``, :mod:`envs.serving.mcp_routes`), through the ``mcp``
+SDK's own client: tau2's gold actions played over MCP on every domain score ``gym.make``'s reward (read from
+``GET /sessions/{id}/state``; it never appears in what the agent sees), with both protocol eras the SDK speaks (the
+2025 initialize handshake: ``streamable_http_client`` + ``ClientSession``; 2026-07-28: ``mcp.Client(mode=...)``).
+
+Hostile and negative cases of the MCP route live here (tests/test_hostile_property.py is the hardening suite's):
+unknown session (404 saying ``POST /sessions``), body over the cap (413), a foreign ``Origin`` / ``Host`` (403),
+JSON over the nesting / integer-digit limits (422), calls before reset / after the end / over the session's byte cap
+(error results), the session cap and the idle timeout applying to sessions driven only over MCP.
+
+The unit stage plays one or a few tasks per domain; every task of every domain is ``@pytest.mark.slow``.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import gymnasium as gym
+import httpx
+import pytest
+from mcp import Client, ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+import envs
+from envs import serve
+from tests.served import serve_app
+
+gym.register_envs(envs)
+
+#: (env id, gym.make kwargs, task indices in the unit stage): every domain, each in the user mode tau2 gives it.
+DOMAINS = [("tau2/mock-v0", {}, [0, 7]), ("tau2/airline-v0", {"user": "scripted"}, [0]),
+           ("tau2/retail-v0", {"user": "scripted"}, [1]), ("tau2/telecom-v0", {}, [0])]
+MODERN = "2026-07-28"
+
+
+def _gold_reward(env, index: int) -> tuple[list[dict], float]:
+    """The task's gold messages and the reward ``gym.make``'s env gives them."""
+    golds = env.unwrapped.demonstration({"index": index})
+    env.reset(options={"index": index})
+    reward = 0.0
+    for g in golds:
+        _, reward, term, trunc, _ = env.step(g)
+        if term or trunc:
+            break
+    return golds, float(reward)
+
+
+async def _play(call, golds: list[dict]) -> list:
+    """Each gold message as one MCP tool call (``respond`` for a message to the customer); the results."""
+    out = []
+    for g in golds:
+        if g.get("tool_calls"):
+            (tc,) = g["tool_calls"]
+            args = tc["function"]["arguments"]
+            out.append(await call(tc["function"]["name"], json.loads(args) if isinstance(args, str) else args))
+        else:
+            out.append(await call("respond", {"content": g["content"]}))
+    return out
+
+
+async def _episode(url: str, golds: list[dict], mode: str) -> tuple[list, list]:
+    """Play ``golds`` over MCP at ``url``: ``(tools, results)``; ``mode`` ``"legacy"`` (ClientSession over
+    streamable_http_client, initialize handshake) or a modern protocol version (``mcp.Client``)."""
+    if mode == "legacy":
+        async with streamable_http_client(url) as (read, write), ClientSession(read, write) as s:
+            await s.initialize()
+            tools = (await s.list_tools()).tools
+            return tools, await _play(s.call_tool, golds)
+    async with Client(url, mode=mode) as c:
+        tools = (await c.list_tools()).tools
+        return tools, await _play(c.call_tool, golds)
+
+
+def _open(http: httpx.Client, index: int | None = None) -> str:
+    sid = http.post("/sessions").json()["session_id"]
+    if index is not None:
+        assert http.post(f"/sessions/{sid}/reset", json={"index": index}).status_code == 200
+    return sid
+
+
+def _check_domain(env_id: str, kwargs: dict, indices, modes=("legacy", MODERN)) -> None:
+    env = gym.make(env_id, **kwargs)
+    with serve_app(serve.build_app(env_id, kwargs)) as (url, _), httpx.Client(base_url=url, timeout=120) as http:
+        for n, index in enumerate(indices):
+            golds, want = _gold_reward(env, index)
+            sid = _open(http, index)
+            tools, results = asyncio.run(_episode(f"{url}/sessions/{sid}/mcp", golds, modes[n % len(modes)]))
+            state = http.get(f"/sessions/{sid}/state").json()
+            assert state["done"] and state["reward"] == want, (env_id, index, state["reward"], want)
+            info_tools = env.unwrapped.tools
+            assert [t.name for t in tools] == [t["function"]["name"] for t in info_tools] + ["respond"]
+            assert [t.input_schema for t in tools[:-1]] == [t["function"]["parameters"] for t in info_tools]
+            for r in results:  # the agent never sees a reward
+                seen = json.dumps([c.model_dump() for c in r.content]) + json.dumps(r.structured_content)
+                assert "reward" not in seen, seen[:300]
+            assert results[-1].structured_content["done"] is True
+            http.delete(f"/sessions/{sid}")
+
+
+@pytest.mark.parametrize("env_id,kwargs,indices", DOMAINS, ids=[d[0] for d in DOMAINS])
+def test_gold_over_mcp_scores_gym_make_reward(env_id, kwargs, indices):
+    _check_domain(env_id, kwargs, indices)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env_id,kwargs,indices", DOMAINS, ids=[d[0] for d in DOMAINS])
+def test_gold_over_mcp_every_task(env_id, kwargs, indices):
+    env = gym.make(env_id, **kwargs)
+    _check_domain(env_id, kwargs, env.unwrapped.usable_task_indices())
+
+
+# ------------------------------------------------------------------ negative and hostile cases
+
+
+@pytest.fixture(scope="module")
+def mock_server():
+    app = serve.build_app("tau2/mock-v0", max_body_bytes=64 * 1024, max_session_bytes=64 * 1024)
+    with serve_app(app) as (url, _), httpx.Client(base_url=url, timeout=60) as http:
+        yield url, http
+
+
+def _rpc(method: str, params: dict | None = None, id_: int = 1) -> dict:
+    return {"jsonrpc": "2.0", "id": id_, "method": method, "params": params or {}}
+
+
+_HEADERS = {"accept": "application/json, text/event-stream", "mcp-protocol-version": "2025-06-18"}
+
+
+def test_unknown_session_is_404_saying_how_to_get_one(mock_server):
+    url, http = mock_server
+    r = http.post("/sessions/nope/mcp", json=_rpc("tools/list"), headers=_HEADERS)
+    assert r.status_code == 404 and "POST /sessions" in r.json()["detail"]
+    assert r.json()["jsonrpc"] == "2.0" and "POST /sessions" in r.json()["error"]["message"]
+    raised = ""
+    try:  # the SDK's own client fails on it (an exception group holding its MCPError), with that message
+        asyncio.run(_episode(f"{url}/sessions/nope/mcp", [], "legacy"))
+    except BaseException as e:  # noqa: BLE001
+        raised = repr(e)
+    assert "MCPError" in raised and "POST /sessions" in raised
+
+
+def test_oversized_body_bad_origin_bad_host_and_json_limits_are_refused(mock_server):
+    _, http = mock_server
+    sid = _open(http, 0)
+    path = f"/sessions/{sid}/mcp"
+    big = _rpc("tools/call", {"name": "respond", "arguments": {"content": "x" * 70_000}})
+    assert http.post(path, json=big, headers=_HEADERS).status_code == 413
+    r = http.post(path, json=_rpc("tools/list"), headers={**_HEADERS, "origin": "http://evil.example"})
+    assert r.status_code == 403 and "Origin" in r.json()["detail"]
+    assert http.post(path, json=_rpc("tools/list"), headers={**_HEADERS, "host": "evil.example"}).status_code == 403
+    deep = '{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": ' + "[" * 200 + "]" * 200 + "}"
+    r = http.post(path, content=deep, headers={**_HEADERS, "content-type": "application/json"})
+    assert r.status_code == 422 and "nested" in r.json()["detail"]
+    huge_int = '{"jsonrpc": "2.0", "id": ' + "9" * 5000 + ', "method": "tools/list"}'
+    r = http.post(path, content=huge_int, headers={**_HEADERS, "content-type": "application/json"})
+    assert r.status_code == 422 and "digits" in r.json()["detail"]
+    r = http.post(path, json=_rpc("tools/list"), headers=_HEADERS)  # the session still serves
+    assert r.status_code == 200 and "respond" in r.text
+
+
+async def _calls(url: str, calls: list[tuple[str, dict]]) -> list:
+    async with streamable_http_client(url) as (read, write), ClientSession(read, write) as s:
+        await s.initialize()
+        return [await s.call_tool(name, args) for name, args in calls]
+
+
+def test_errors_are_results_the_agent_reads(mock_server):
+    url, http = mock_server
+    sid = _open(http)  # no reset yet
+    r = http.post(f"/sessions/{sid}/mcp", json=_rpc("tools/list"), headers=_HEADERS)
+    assert "reset" in r.json()["error"]["message"]
+    (before,) = asyncio.run(_calls(f"{url}/sessions/{sid}/mcp", [("respond", {"content": "hi"})]))
+    assert before.is_error and "409" in before.content[0].text
+    http.post(f"/sessions/{sid}/reset", json={"index": 0})
+    res = asyncio.run(_calls(f"{url}/sessions/{sid}/mcp", [
+        ("respond", {"text": "wrong key"}), ("no_such_tool", {}), ("respond", {"content": "bye ###STOP###"}),
+        ("respond", {"content": "again"})]))
+    assert res[0].is_error and "content" in res[0].content[0].text  # refused before any step
+    assert res[1].is_error and "no_such_tool" in res[1].content[0].text  # the env's own tool error
+    assert res[2].structured_content["done"] is True and not res[2].is_error
+    assert res[3].is_error and "ended" in res[3].content[0].text
+    assert http.get(f"/sessions/{sid}/state").json()["step_count"] == 2
+
+
+def test_session_byte_cap_applies_over_mcp(mock_server):
+    url, http = mock_server
+    sid = _open(http, 0)
+    (r,) = asyncio.run(_calls(f"{url}/sessions/{sid}/mcp", [("respond", {"content": "y" * 65_200})]))
+    assert r.is_error and "413" in r.content[0].text and "max_session_bytes" in r.content[0].text
+    assert http.get(f"/sessions/{sid}/state").json()["step_count"] == 0  # refused before the step, episode kept
+
+
+def test_session_cap_and_idle_timeout_hold_for_mcp_sessions():
+    now = [0.0]
+    app = serve.build_app("tau2/mock-v0", max_sessions=1, idle_timeout_s=10.0, clock=lambda: now[0],
+                          reap_interval_s=0.05)
+    with serve_app(app) as (url, _), httpx.Client(base_url=url, timeout=60) as http:
+        sid = _open(http, 0)
+        assert http.post("/sessions").status_code == 429  # MCP opens no session of its own beside the cap
+        asyncio.run(_calls(f"{url}/sessions/{sid}/mcp", [("get_users", {})]))
+        now[0] = 100.0
+        for _ in range(100):
+            if http.get("/sessions").json()["active"] == 0:  # (a request on the session would mark it used)
+                break
+            time.sleep(0.05)
+        r = http.post(f"/sessions/{sid}/mcp", json=_rpc("tools/list"), headers=_HEADERS)
+        assert r.status_code == 404 and "POST /sessions" in r.json()["detail"]
