@@ -30,8 +30,12 @@ TRL's advanced modes (TRL 1.16; tests: ``tests/test_trl_async.py``, ``tests/test
 * multi-environment: :func:`dataset` ``environment=`` adds the column TRL routes on; :func:`multi_environment` builds
   the classes (one-turn envs as :class:`TRLOneTurnEnv`, scored by an :class:`EnvReward` restricted to their rows),
   rows and reward functions;
-* a served env: :class:`RemoteEnv` is one WebSocket session of ``python -m envs.serve`` with Gymnasium's
-  ``reset``/``step``; ``environment_factory(url=...)`` builds the same class over it.
+* a served env: :class:`RemoteEnv` (:mod:`envs.adapters.remote_env`) is one WebSocket session of
+  ``python -m envs.serve`` with Gymnasium's ``reset``/``step``; ``environment_factory(url=...)`` builds the same
+  class over it. The server is another party: its replies, redirects and tool schemas are bounded
+  (:class:`ClientBounds`: 8 MiB per reply after decompression, JSON 64 deep and 100,000 arrays/objects, 50,000
+  expanded schema nodes, no redirect to another origin; ``bounds=`` changes them) and a breach raises
+  :class:`RemoteBoundError` naming the bound.
 
 What TRL 1.16 does with an ``environment_factory`` (read from ``trl/trainer/grpo_trainer.py``): it calls the
 factory with no argument, once at start-up to probe it and then whenever a batch needs more instances (instances
@@ -101,9 +105,10 @@ from typing import Any, Callable, Literal, NamedTuple, Optional, Union
 import gymnasium as gym
 
 import envs as _envs
+from envs.adapters.remote_env import ClientBounds, RemoteBoundError, RemoteEnv, RemoteEnvError
 
-__all__ = ["EnvReward", "MultiEnvironment", "RemoteEnv", "RemoteEnvError", "TRLOneTurnEnv", "TRLToolEnv", "dataset",
-           "gold_tool_call_texts",
+__all__ = ["ClientBounds", "EnvReward", "MultiEnvironment", "RemoteBoundError", "RemoteEnv", "RemoteEnvError",
+           "TRLOneTurnEnv", "TRLToolEnv", "dataset", "gold_tool_call_texts",
            "environment_factory", "multi_environment", "reward_function", "SEND_MESSAGE_TOOL"]
 
 gym.register_envs(_envs)
@@ -138,18 +143,38 @@ def _probe(env: gym.Env) -> tuple[list[dict], dict]:
 # ---------------------------------------------------------------------------------------------------------------
 # OpenAI tool schema -> a Python method TRL (transformers.get_json_schema) turns back into a schema
 # ---------------------------------------------------------------------------------------------------------------
-def _resolve_refs(schema: Any, defs: dict, depth: int = 0) -> Any:
-    """``schema`` with every ``{"$ref": "#/$defs/X"}`` replaced by ``defs["X"]`` (depth-bounded: tool schemas are
-    ours, but a recursive ``$defs`` must not recurse forever)."""
+class _SchemaBudget:
+    """How many more schema nodes (objects, arrays, scalars) :func:`_resolve_refs` may build: one budget for all the
+    tools of a class (a hostile server's schemas could otherwise each stay just under a per-tool bound)."""
+
+    def __init__(self, max_nodes: int):
+        self.max_nodes, self.left = max_nodes, max_nodes
+
+    def spend(self) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise RemoteBoundError("max_schema_nodes", f"the tool schemas expand ($defs resolved) to more than "
+                                                       f"{self.max_nodes} nodes")
+
+
+def _resolve_refs(schema: Any, defs: dict, budget: _SchemaBudget, depth: int = 0) -> Any:
+    """``schema`` with every ``{"$ref": "#/$defs/X"}`` replaced by ``defs["X"]``: nesting past 20 is left as is
+    (a recursive ``$defs`` must not recurse forever) and every node built is paid from ``budget`` (a ``$defs``
+    that references itself k times per level expands as k**depth: 12 per level grew to 2.1 GB, issue 42).
+
+    Raises:
+        RemoteBoundError: ``bound`` ``"max_schema_nodes"``: the budget ran out.
+    """
+    budget.spend()
     if depth > 20:
         return schema
     if isinstance(schema, dict):
         ref = schema.get("$ref")
         if isinstance(ref, str) and ref.startswith("#/$defs/") and ref[8:] in defs:
-            return _resolve_refs(defs[ref[8:]], defs, depth + 1)
-        return {k: _resolve_refs(v, defs, depth + 1) for k, v in schema.items() if k != "$defs"}
+            return _resolve_refs(defs[ref[8:]], defs, budget, depth + 1)
+        return {k: _resolve_refs(v, defs, budget, depth + 1) for k, v in schema.items() if k != "$defs"}
     if isinstance(schema, list):
-        return [_resolve_refs(v, defs, depth + 1) for v in schema]
+        return [_resolve_refs(v, defs, budget, depth + 1) for v in schema]
     return schema
 
 
@@ -184,16 +209,20 @@ def _one_line(text: Any) -> str:
     return re.sub(r"\s+", " ", str(text or "")).strip()
 
 
-def _tool_method(schema: dict, asynchronous: bool = False) -> tuple[str, Callable]:
+def _tool_method(schema: dict, asynchronous: bool = False,
+                 budget: _SchemaBudget | None = None) -> tuple[str, Callable]:
     """``(name, function)`` for one OpenAI tool schema; the function forwards ``**kwargs`` to ``self._call_tool``
-    (``asynchronous``: an ``async def`` that runs it in a worker thread, ``asyncio.to_thread``).
+    (``asynchronous``: an ``async def`` that runs it in a worker thread, ``asyncio.to_thread``); ``$defs`` are
+    expanded within ``budget`` (default: :class:`ClientBounds`' ``max_schema_nodes``).
 
     ``__signature__``/``__annotations__``/``__doc__`` are set so that ``transformers.utils.get_json_schema`` gives
     back the tool's name, description, parameters (types, required ones, enums) and their descriptions.
 
     Raises:
         ValueError: a name that is not a Python identifier, or one :data:`_RESERVED`.
+        RemoteBoundError: the expanded schemas outgrow ``budget`` (``bound`` ``"max_schema_nodes"``).
     """
+    budget = budget or _SchemaBudget(ClientBounds().max_schema_nodes)
     fn_schema = schema.get("function", schema)
     name = fn_schema["name"]
     if not name.isidentifier() or keyword.iskeyword(name) or name.startswith("_") or name in _RESERVED:
@@ -206,7 +235,7 @@ def _tool_method(schema: dict, asynchronous: bool = False) -> tuple[str, Callabl
     for pname, raw in props.items():
         if not pname.isidentifier() or keyword.iskeyword(pname) or pname == "self":
             raise ValueError(f"tool {name!r}: parameter {pname!r} is not a Python identifier")
-        prop = _resolve_refs(raw, defs)
+        prop = _resolve_refs(raw, defs, budget)
         hint, complete = _hint(prop)
         desc = _one_line(prop.get("description") or prop.get("title") or pname)
         if not complete:
@@ -268,102 +297,12 @@ def _recipe_key(recipe: tuple) -> str:
     return json.dumps(recipe, sort_keys=True, default=repr)
 
 
-def _rebuild(kind: str, env_id: str | None, url: str | None, asynchronous: bool, make_kwargs: dict) -> type:
+def _rebuild(kind: str, env_id: str | None, url: str | None, asynchronous: bool, make_kwargs: dict,
+             bounds: ClientBounds | None = None) -> type:
     """The class of a pickled recipe (see :class:`_FactoryClass`)."""
     if kind == "one_turn":
         return _one_turn_class(env_id, make_kwargs)
-    return environment_factory(env_id, url=url, asynchronous=asynchronous, **make_kwargs)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# a served env (python -m envs.serve) with the Gymnasium reset / step of the env it serves
-# ---------------------------------------------------------------------------------------------------------------
-class RemoteEnvError(RuntimeError):
-    """The server answered an ``error`` message (``code``: OpenEnv's, e.g. ``VALIDATION_ERROR``, ``EXECUTION_ERROR``,
-    ``CAPACITY_REACHED``)."""
-
-    def __init__(self, message: str, code: str | None = None):
-        super().__init__(f"{code}: {message}" if code else message)
-        self.code = code
-
-
-def _ws_url(url: str) -> str:
-    """``ws[s]://host:port/ws`` of a server URL given as ``http[s]://host:port`` or ``ws[s]://host:port[/ws]``."""
-    if not isinstance(url, str) or "://" not in url:
-        raise ValueError(f"url must look like http://host:port or ws://host:port, got {url!r:.100}")
-    scheme, rest = url.split("://", 1)
-    scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(scheme.lower())
-    if scheme is None:
-        raise ValueError(f"url scheme must be http, https, ws or wss, got {url!r:.100}")
-    rest = rest.rstrip("/")
-    return f"{scheme}://{rest}" + ("" if rest.endswith("/ws") else "/ws")
-
-
-class RemoteEnv:
-    """One session of an env served by ``python -m envs.serve`` (its OpenEnv WebSocket ``/ws``: one socket, one env
-    instance on the server), with the Gymnasium ``reset`` / ``step`` / ``close`` of the env it serves.
-
-    Args:
-        url: the server, ``http://host:port`` or ``ws://host:port`` (``/ws`` is added).
-        timeout_s: seconds to wait for the connection and for each reply (> 0).
-
-    ``reset(seed=None, options=None) -> (obs, info)`` and ``step(action) -> (obs, reward, terminated, truncated,
-    info)`` as the served env's (``obs`` the new messages; ``info`` without ``messages``, and on ``step`` without
-    ``tools``, as the server sends it). An action is an assistant message dict or raw text; a dict without tool
-    calls is sent with an empty ``tool_calls`` list, so its text reaches the customer as is (never parsed for tool
-    calls), as with ``gym.make``.
-
-    Raises:
-        ValueError: a malformed ``url`` or ``timeout_s``.
-        RemoteEnvError: the server answered an error (bad task id, session cap reached, ...).
-        OSError, websockets.exceptions.WebSocketException, TimeoutError: the connection failed or timed out.
-    """
-
-    #: Largest reply accepted (bytes): an opening with a domain policy and tool schemas is ~100 KB.
-    MAX_REPLY_BYTES = 64 << 20
-
-    def __init__(self, url: str, timeout_s: float = 300.0):
-        from websockets.sync.client import connect
-
-        if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
-        self.url, self.timeout_s = _ws_url(url), float(timeout_s)
-        self._ws = connect(self.url, open_timeout=self.timeout_s, close_timeout=5, max_size=self.MAX_REPLY_BYTES)
-
-    def _call(self, kind: str, data: Any = None) -> dict:
-        self._ws.send(json.dumps({"type": kind, "data": data}))
-        reply = json.loads(self._ws.recv(timeout=self.timeout_s))
-        if not isinstance(reply, dict):
-            raise RemoteEnvError(f"unexpected reply {reply!r:.200}")
-        if reply.get("type") == "error":
-            err = reply.get("data") or {}
-            raise RemoteEnvError(str(err.get("message", "error")), err.get("code"))
-        return reply.get("data") or {}
-
-    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[list[dict], dict]:
-        data = dict(options or {})
-        if seed is not None:
-            data["seed"] = seed
-        out = self._call("reset", data).get("observation") or {}
-        return list(out.get("messages") or []), dict(out.get("info") or {})
-
-    def step(self, action: dict | str) -> tuple[list[dict], float, bool, bool, dict]:
-        if isinstance(action, str):
-            payload: dict = {"content": action}
-        else:
-            payload = {"content": action.get("content"), "tool_calls": list(action.get("tool_calls") or [])}
-        data = self._call("step", payload)
-        out = data.get("observation") or {}
-        reward = data.get("reward")
-        return (list(out.get("messages") or []), float(reward or 0.0), bool(out.get("terminated")),
-                bool(out.get("truncated")), dict(out.get("info") or {}))
-
-    def state(self) -> dict:
-        """The session's state (``env_id``, ``task_id``, whole conversation, ``db_hash`` for tau2)."""
-        return self._call("state")
-
-    def close(self) -> None:
-        self._ws.close()
+    return environment_factory(env_id, url=url, asynchronous=asynchronous, bounds=bounds, **make_kwargs)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -383,12 +322,13 @@ class TRLToolEnv(metaclass=_FactoryClass):
 
     _env_id: str = ""
     _url: str | None = None
+    _bounds: ClientBounds | None = None
     _make_kwargs: dict = {}
     _has_user: bool = False
     _do_nothing_action: dict = _DONE_CALL
 
     def __init__(self):
-        self.env = RemoteEnv(self._url) if self._url else _make(self._env_id, self._make_kwargs)
+        self.env = RemoteEnv(self._url, bounds=self._bounds) if self._url else _make(self._env_id, self._make_kwargs)
         self.actions: list[dict] = []
         self.info: dict = {}
         self.reward: float | None = None
@@ -526,7 +466,7 @@ def _class_name(env_id: str) -> str:
 
 
 def environment_factory(env_id: str | None = None, *, url: str | None = None, asynchronous: bool = False,
-                        **make_kwargs: Any) -> type[TRLToolEnv]:
+                        bounds: ClientBounds | None = None, **make_kwargs: Any) -> type[TRLToolEnv]:
     """A class for ``GRPOTrainer(environment_factory=...)`` over ``gym.make(env_id, **make_kwargs)``, or over a
     served env (``url``).
 
@@ -543,6 +483,10 @@ def environment_factory(env_id: str | None = None, *, url: str | None = None, as
             the experimental async rollout worker (``trl.experimental.async_grpo``) runs every in-flight rollout's
             calls concurrently on its event loop (its sync tools go to a thread pool: also concurrent). ``reset``
             stays synchronous: TRL calls it so.
+        bounds: what the class accepts from a server (:class:`~envs.adapters.remote_env.ClientBounds`; its
+            ``max_schema_nodes`` applies to a local env's schemas too). Defaults: replies at most 8 MiB after
+            decompression, JSON at most 64 deep with at most 100,000 arrays/objects, the tool schemas at most
+            50,000 nodes once ``$defs`` are expanded (all tools together), no redirect to another origin.
         **make_kwargs: forwarded to every ``gym.make`` (``split``, ``user``, ``max_steps``, ``reward``, ...). The
             class is built from one probe env reset on the first usable task, never with an LLM customer
             (``user="llm"`` is probed as ``"scripted"``: same tools); its instances use ``make_kwargs`` as given.
@@ -558,19 +502,22 @@ def environment_factory(env_id: str | None = None, *, url: str | None = None, as
         ValueError: an env without tools (use :func:`reward_function`), a tool name that cannot be a method;
             ``url`` with ``make_kwargs``, a malformed ``url``, or a server serving another id than ``env_id``.
         gymnasium.error.Error: unknown id.
+        RemoteBoundError: the server's replies, redirect or tool schemas went past ``bounds`` (``bound`` names
+            which; the message gives the value).
         RemoteEnvError, OSError: the server refused or could not be reached.
     """
     if url is None and env_id is None:
         raise ValueError("environment_factory needs an env id or a url")
     if url is not None and make_kwargs:
         raise ValueError(f"with url=..., the server's --env-kwargs configure the env; got make_kwargs {sorted(make_kwargs)}")
-    recipe = ("tool", env_id, url, bool(asynchronous), dict(make_kwargs))
+    bounds = bounds or ClientBounds()
+    recipe = ("tool", env_id, url, bool(asynchronous), dict(make_kwargs), bounds)
     key = _recipe_key(recipe)
     with _CLASSES_LOCK:
         if key in _CLASSES:
             return _CLASSES[key]
     if url is not None:
-        probe = RemoteEnv(url)
+        probe = RemoteEnv(url, bounds=bounds)
         try:
             obs, info = probe.reset(seed=0)
             served = probe.state().get("env_id")
@@ -591,9 +538,11 @@ def environment_factory(env_id: str | None = None, *, url: str | None = None, as
         raise ValueError(f"{env_id} has no tools: a one-turn env is trained with reward_funcs=reward_function({env_id!r})")
     has_user = any(m.get("role") == "user" for m in obs)
     members: dict[str, Any] = {"_env_id": env_id, "_url": url, "_make_kwargs": dict(make_kwargs), "_has_user": has_user,
-                               "_do_nothing_action": do_nothing, "_recipe": recipe, "__module__": __name__}
+                               "_do_nothing_action": do_nothing, "_recipe": recipe, "__module__": __name__,
+                               "_bounds": bounds}
+    budget = _SchemaBudget(bounds.max_schema_nodes)
     for schema in tools:
-        name, fn = _tool_method(schema, asynchronous)
+        name, fn = _tool_method(schema, asynchronous, budget)
         if name in members:
             raise ValueError(f"{env_id}: tool {name!r} listed twice")
         members[name] = fn
