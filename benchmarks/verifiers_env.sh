@@ -7,8 +7,9 @@
 #
 # Which version: 0.3.1, the last release with the classic in-process API (vf.SingleTurnEnv / vf.MultiTurnEnv /
 # vf.ToolEnv, vf.Rubric, env.evaluate(client, model, ...)) that envs/adapters/verifiers_env.py implements and
-# tests/test_verifiers_env.py drives. 0.4.0 is a rewrite (verifiers.v1) whose loop runs every rollout's agent as a
-# separate program launched by `uv` with dependencies resolved at run time: not drivable offline.
+# tests/test_verifiers_env.py drives. VERIFIERS_VERSION=0.4.0: the rewrite (verifiers.v1: Taskset / Harness / Env) that
+# envs/adapters/verifiers_v1_env.py implements (plugin package gym_taskset) and tests/test_verifiers_v1_env.py drives
+# offline (its built-in harnesses install their agents with `uv` at run time; ours runs in-process).
 #
 # Why its own venv: verifiers pins mcp (0.3.1: mcp<2; 0.4.0: mcp==2.0.0 exactly) while the project venv resolves
 # mcp 2.3.x, and it pulls ~30 more packages (anthropic, prime-*, renderers, gepa, ...); installing it into the

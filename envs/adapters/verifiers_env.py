@@ -3,8 +3,8 @@
 Needs verifiers' classic in-process API (``vf.MultiTurnEnv``, ``vf.SingleTurnEnv``, ``vf.Rubric``,
 ``env.evaluate(client, model, ...)``), i.e. verifiers 0.3.x, installed in its own venv layered over the project's
 (``benchmarks/verifiers_env.sh``: verifiers pins ``mcp<2`` while this project resolves mcp 2.x; an extra could not
-hold both). verifiers 0.4.0 is a rewrite (``verifiers.v1``) whose loop runs each rollout's agent as a separate
-program launched by ``uv``; it has no in-process environment API to implement. Importing this module does not import
+hold both). verifiers 0.4.0 is a rewrite (``verifiers.v1``: Taskset / Task / Harness / Env); its adapter is
+:mod:`envs.adapters.verifiers_v1_env` (plugin id ``gym-taskset``). Importing this module does not import
 verifiers; :func:`load_environment` does, and raises ``ImportError`` when the classic API is missing::
 
     import asyncio, verifiers as vf
@@ -84,7 +84,8 @@ def _verifiers():
     if not all(hasattr(vf, name) for name in ("MultiTurnEnv", "SingleTurnEnv", "Rubric")):
         raise ImportError(f"verifiers {getattr(vf, '__version__', '?')} lacks the classic in-process API "
                           "(vf.MultiTurnEnv / vf.SingleTurnEnv / vf.Rubric) that envs.adapters.verifiers_env implements; "
-                          "install verifiers 0.3.1 (benchmarks/verifiers_env.sh)")
+                          "install verifiers 0.3.1 (benchmarks/verifiers_env.sh), or use verifiers 0.4's adapter, "
+                          "envs.adapters.verifiers_v1_env (taskset id 'gym-taskset')")
     return vf
 
 
