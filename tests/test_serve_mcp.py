@@ -206,3 +206,69 @@ def test_session_cap_and_idle_timeout_hold_for_mcp_sessions():
             time.sleep(0.05)
         r = http.post(f"/sessions/{sid}/mcp", json=_rpc("tools/list"), headers=_HEADERS)
         assert r.status_code == 404 and "POST /sessions" in r.json()["detail"]
+
+
+# ------------------------------------------------------------------ OpenEnv's /mcp dialect and /openapi.json
+
+
+def _post_rpc(http: httpx.Client, method: str, params: dict | None = None) -> dict:
+    r = http.post("/mcp", json=_rpc(method, params))
+    assert r.status_code == 200 and r.json()["jsonrpc"] == "2.0", r.text[:300]
+    return r.json()
+
+
+def test_openenv_mcp_dialect_plays_gold_to_gym_make_reward(mock_server):
+    _, http = mock_server
+    assert http.post("/mcp", json={}).json()["error"]["code"] == -32600  # what openenv validate posts: a JSON-RPC reply
+    sid = _post_rpc(http, "openenv/session/create")["result"]["session_id"]
+    assert "reset it first" in _post_rpc(http, "tools/list", {"session_id": sid})["error"]["message"]
+    http.post(f"/sessions/{sid}/reset", json={"index": 0})  # (MCPToolClient resets over /ws?session_id=ID)
+    tools = _post_rpc(http, "tools/list", {"session_id": sid})["result"]["tools"]
+    env = gym.make("tau2/mock-v0")
+    golds, want = _gold_reward(env, 0)
+    assert [t["name"] for t in tools] == [t["function"]["name"] for t in env.unwrapped.tools] + ["respond"]
+    results = []
+    for g in golds:
+        if g.get("tool_calls"):
+            fn = g["tool_calls"][0]["function"]
+            params = {"name": fn["name"], "arguments": json.loads(fn["arguments"]), "session_id": sid}
+        else:
+            params = {"name": "respond", "arguments": {"content": g["content"]}, "session_id": sid}
+        results.append(_post_rpc(http, "tools/call", params)["result"])
+    assert results[-1]["data"]["done"] is True and all("reward" not in json.dumps(r) for r in results)
+    assert http.get(f"/sessions/{sid}/state").json()["reward"] == want == 1.0
+    assert _post_rpc(http, "openenv/session/close", {"session_id": sid})["result"]["closed"] is True
+    assert _post_rpc(http, "tools/list", {"session_id": sid})["error"]["code"] == -32602  # gone
+
+
+def test_openenv_mcp_without_session_uses_a_fresh_env_per_call(mock_server):
+    _, http = mock_server
+    before = http.get("/sessions").json()["active"]
+    tools = _post_rpc(http, "tools/list")["result"]["tools"]
+    assert "respond" in [t["name"] for t in tools]
+    r = _post_rpc(http, "tools/call", {"name": "get_users", "arguments": {}})["result"]
+    assert r["isError"] is False and r["data"]["done"] is False
+    assert http.get("/sessions").json()["active"] == before  # each request's env closed after its reply
+    assert _post_rpc(http, "no/such")["error"]["code"] == -32601
+    assert _post_rpc(http, "tools/call", {"arguments": {}})["error"]["code"] == -32602
+
+
+def test_openenv_mcp_refusals_keep_the_server_bounds(mock_server):
+    url, http = mock_server
+    r = http.post("/mcp", content="[" * 200 + "]" * 200, headers={"content-type": "application/json"})
+    assert r.json()["error"]["code"] == -32700 and "nested" in r.json()["error"]["message"]
+    assert http.post("/mcp", json=_rpc("tools/list"), headers={"origin": "http://evil.example"}).status_code == 403
+    assert http.post("/mcp", content=b"x" * 70_000).status_code == 413
+    app = serve.build_app("tau2/mock-v0", max_sessions=1)
+    with serve_app(app) as (url1, _), httpx.Client(base_url=url1, timeout=60) as one:
+        assert "session_id" in _post_rpc(one, "openenv/session/create")["result"]
+        err = _post_rpc(one, "openenv/session/create")["error"]
+        assert err["code"] == -32000 and err["data"] == {"active_sessions": 1, "max_sessions": 1}
+        assert _post_rpc(one, "tools/list")["error"]["code"] == -32000  # a fresh env needs a place under the cap too
+
+
+def test_openapi_json_lists_the_routes_openenv_validate_reads(mock_server):
+    _, http = mock_server
+    doc = http.get("/openapi.json").json()
+    assert isinstance(doc["info"]["version"], str)
+    assert {"/reset", "/step", "/state", "/health", "/schema", "/metadata", "/sessions"} <= set(doc["paths"])

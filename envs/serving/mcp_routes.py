@@ -40,7 +40,7 @@ from starlette.routing import Route
 
 from envs.serving.agent_tools import agent_tools, tool_call_action, visible_result
 
-__all__ = ["MCP_PATH", "add_session_mcp_routes", "unknown_session_detail"]
+__all__ = ["MCP_PATH", "add_session_mcp_routes", "counted_send", "session_tools", "step_tool_call", "unknown_session_detail"]
 
 #: Where a session's MCP endpoint is.
 MCP_PATH = "/sessions/{session_id}/mcp"
@@ -81,7 +81,7 @@ class _SessionTools:
 
     async def list_tools(self, ctx, params) -> types.ListToolsResult:
         sid, env = self._env(ctx)
-        tools = await self.sessions.server._run_in_session_executor(sid, _session_tools, env)
+        tools = await self.sessions.server._run_in_session_executor(sid, session_tools, env)
         if tools is None:
             raise MCPError(types.INVALID_REQUEST, f"session {sid} has no episode yet: POST /sessions/{sid}/reset "
                            "first (its tools are its task's)")
@@ -94,14 +94,14 @@ class _SessionTools:
         except ValueError as e:
             return _error_result(str(e))
         self.sessions.touch(sid)
-        ok, out, end = await self.sessions.server._run_in_session_executor(sid, _step, env, self.run, action)
+        ok, out, end = await self.sessions.server._run_in_session_executor(sid, step_tool_call, env, self.run, action)
         self.sessions.touch(sid)
         if end:  # the env's output went over max_session_bytes: the session is over, as on the HTTP routes
             await self.sessions.destroy(sid)
         return _step_result(out) if ok else _error_result(out)
 
 
-def _session_tools(env) -> list[dict] | None:
+def session_tools(env) -> list[dict] | None:
     """The env's OpenAI tool schemas of its current episode (``None`` before the first reset)."""
     info = getattr(env, "_info", None)
     if not getattr(env, "_started", False) or not isinstance(info, dict):
@@ -109,7 +109,7 @@ def _session_tools(env) -> list[dict] | None:
     return info.get("tools") or []
 
 
-def _step(env, run, action: dict) -> tuple[bool, Any, bool]:
+def step_tool_call(env, run, action: dict) -> tuple[bool, Any, bool]:
     """One tool call on the session's thread: ``(True, step reply, False)`` or ``(False, error message, end the
     session)``. A refused request (409 order, 413 bytes, 422 action, 429 unsent replies) or an env exception is an
     error the agent reads."""
@@ -147,7 +147,7 @@ class _Endpoint:
             receive = _replay(first, receive)
         self.sessions.touch(sid)
         try:
-            await self.manager.handle_request(scope, receive, functools.partial(_counted_send, env, send))
+            await self.manager.handle_request(scope, receive, functools.partial(counted_send, env, send))
         finally:
             self.sessions.touch(sid)
 
@@ -165,7 +165,8 @@ def _replay(first: dict, receive):
     return again
 
 
-async def _counted_send(env, send, message: dict) -> None:
+async def counted_send(env, send, message: dict) -> None:
+    """``await send(message)``, the bytes of an HTTP body message counted as ``env``'s unsent bytes until sent."""
     n = len(message.get("body", b"")) if message.get("type") == "http.response.body" else 0
     env.hold_unsent(n)
     try:
