@@ -272,3 +272,16 @@ def test_openapi_json_lists_the_routes_openenv_validate_reads(mock_server):
     doc = http.get("/openapi.json").json()
     assert isinstance(doc["info"]["version"], str)
     assert {"/reset", "/step", "/state", "/health", "/schema", "/metadata", "/sessions"} <= set(doc["paths"])
+
+
+def test_docs_snippet_runs(mock_server, capsys):
+    """docs/mcp.md's evaluation snippet, as written, against the mock server (its URL put in)."""
+    import re
+    from pathlib import Path
+
+    url, _ = mock_server
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "mcp.md").read_text(encoding="utf-8")
+    code = next(b for b in re.findall(r"```python\n(.*?)```", doc, re.S) if "async def evaluate" in b)
+    code = code.replace('URL = "http://127.0.0.1:8000"', f"URL = {url!r}")
+    exec(compile(code, "docs/mcp.md", "exec"), {"__name__": "__main__"})
+    assert capsys.readouterr().out.startswith("mean reward: ")
