@@ -62,6 +62,21 @@ Cost (issue 25: nothing a model emits can hang, crash or exhaust us)
     on a loaded 2-core machine (milliseconds in practice, plus the user simulator's own time for an
     LLM customer, which is not the model's input), no database change from a malformed call.
 
+Graders (issue 42: every error inside a grader is an observation, never a raise)
+    Code we do not own judges the model's text (reasoning-gym's ``score_answer``, if-verifiable's checkers, sympy,
+    tau2's evaluator), and it may raise anything on hostile text: ``IndexError`` on a one-character answer,
+    ``LookupError`` for missing NLTK data, ``RecursionError``, ``MemoryError``, ``SystemExit`` or a library's own
+    ``BaseException`` subclass; and the grader worker (:mod:`envs.grader_process`) may stop it past a bound.
+    Whatever happens, ``step`` returns an observation: the episode ends as the grading step would have ended it,
+    reward ``0.0``, ``info["action_error"]`` = ``"<kind>: <what happened>"`` (for a raise: the exception's type
+    and message) and the ``info`` flag of that kind ``True`` (:data:`GRADER_FAILURE_KINDS`: ``grader_timeout``,
+    ``grader_memory``, ``grader_error``; :func:`grader_flags`), so a run can count them. Only
+    ``KeyboardInterrupt`` is re-raised (the operator stopping the process). A grader's reward outside ``[0, 1]``
+    is clamped when within :data:`REWARD_TOLERANCE` of it (a float sum's 1.0000000000000002) and is otherwise a
+    ``grader_error`` observation too (:func:`checked_reward`). One implementation, :func:`call_grader`, used by
+    :class:`envs.single_turn.SingleTurnTextEnv` and tau2's episode end; ``tests/test_grader_errors.py`` checks it
+    on every registered id, in-process and through ``python -m envs.serve`` (a 200, never a 500).
+
 Reward
     ``0.0`` on every step before the episode ends; on the final step a ``float`` in ``[0, 1]``
     (GSM8K: 1 correct / ``format_reward`` / 0; IFEval: the fraction of the prompt's instructions
@@ -81,6 +96,8 @@ Info (every ``reset`` and ``step``; :data:`INFO_KEYS`)
     the task's position, ``task_ids[index] == task_id``); ``split``. On the final step also
     ``termination_reason`` (``str``; GSM8K ``"answered"``, tau2 its ``TerminationReason`` value).
     ``action_error`` (``str``) on a step whose action was unusable (above); absent otherwise.
+    ``grader_timeout`` / ``grader_memory`` / ``grader_error`` (``bool``) on a step whose grader failed, the one of
+    its kind ``True`` (see "Graders"); envs whose graders run in the worker set them on every graded step.
     Envs add their own keys (GSM8K ``answer``/``extracted``/``correct``; tau2 ``num_errors``,
     ``reward_info``, ...). Not an env key: the trainer's collector records ``info["error"]`` when an
     env *raised*, which is an infrastructure failure, not an ``action_error``.
@@ -119,12 +136,14 @@ Where we diverge from Gymnasium, and why
 """
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+import math
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from gymnasium import Space
 
-__all__ = ["ACTION_ERROR", "END_INFO_KEYS", "INFO_KEYS", "STEP_AFTER_END", "STEP_TIME_BOUND_S", "TextAgentEnv",
-           "check_action", "check_task_options"]
+__all__ = ["ACTION_ERROR", "END_INFO_KEYS", "GRADER_ERROR", "GRADER_FAILURE_KINDS", "INFO_KEYS", "REWARD_TOLERANCE",
+           "STEP_AFTER_END", "STEP_TIME_BOUND_S", "TextAgentEnv", "call_grader", "check_action", "check_task_options",
+           "checked_reward", "grader_flags"]
 
 #: ``info`` keys every env sets on every ``reset`` and ``step``.
 INFO_KEYS = frozenset({"messages", "tools", "task_id", "index", "split"})
@@ -137,6 +156,16 @@ STEP_AFTER_END = "episode has ended; call reset()"
 #: Upper bound (seconds) on one ``step`` whatever the model wrote (see "Cost"), with an offline user; generous for a
 #: loaded machine: bounded steps take milliseconds.
 STEP_TIME_BOUND_S = 2.0
+#: The kinds of grader failure, each an ``info`` flag (see "Graders"): past its CPU / wall-clock bound, past its
+#: memory bound (both from the grader worker, :mod:`envs.grader_process`), or it raised.
+GRADER_FAILURE_KINDS = ("grader_timeout", "grader_memory", "grader_error")
+#: The kind of a grader that raised (or returned a reward outside ``[0, 1]``).
+GRADER_ERROR = "grader_error"
+#: A reward this close outside ``[0, 1]`` is a rounding error and is clamped (:func:`checked_reward`); 1e-9 is far
+#: above a float sum's error over a few thousand terms (~1e-13) and far below any partial credit a grader gives.
+REWARD_TOLERANCE = 1e-9
+#: Characters of an exception's message kept in ``action_error``.
+_MAX_ERROR_CHARS = 500
 
 
 @runtime_checkable
@@ -225,3 +254,59 @@ def check_action(action: Any) -> None:
     tool_calls = action.get("tool_calls")
     if tool_calls is not None and not isinstance(tool_calls, list):
         raise TypeError(f"action 'tool_calls' must be a list, got {type(tool_calls).__name__}")
+
+
+def _describe(exc: BaseException) -> str:
+    """``"<Type>: <message>"`` of ``exc``, cut to :data:`_MAX_ERROR_CHARS`; never raises (a ``__str__`` may)."""
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001 -- an exception's own __str__ can fail; the type still names it
+        message = "<its message could not be read>"
+    if len(message) > _MAX_ERROR_CHARS:
+        message = message[:_MAX_ERROR_CHARS] + " [...]"
+    message = message.encode("utf-8", "replace").decode("utf-8")  # lone surrogates: info must encode as UTF-8
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def grader_flags(kind: str | None = None) -> dict[str, bool]:
+    """The ``info`` flags of a graded step: ``{k: k == kind for k in GRADER_FAILURE_KINDS}`` (all ``False`` for
+    ``None``: the grader did not fail).
+
+    Raises:
+        ValueError: ``kind`` not ``None`` nor one of :data:`GRADER_FAILURE_KINDS`.
+    """
+    if kind is not None and kind not in GRADER_FAILURE_KINDS:
+        raise ValueError(f"grader failure kind must be one of {GRADER_FAILURE_KINDS}, got {kind!r}")
+    return {k: k == kind for k in GRADER_FAILURE_KINDS}
+
+
+def call_grader(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, dict | None]:
+    """``(fn(*args, **kwargs), None)``, or ``(None, failure)`` when ``fn`` raised (see "Graders").
+
+    ``failure`` is the ``info`` of the failed grading: ``{ACTION_ERROR: "grader_error: the grader raised <Type>:
+    <message>"}`` and :func:`grader_flags` of :data:`GRADER_ERROR`. Every ``BaseException`` is caught
+    (``SystemExit``, ``GeneratorExit``, ``MemoryError``, ``RecursionError``, a library's own subclass, ...).
+
+    Raises:
+        KeyboardInterrupt: re-raised (the operator stopping the process), as is nothing else.
+    """
+    try:
+        return fn(*args, **kwargs), None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 -- the contract: any grader failure is an observation
+        return None, {ACTION_ERROR: f"{GRADER_ERROR}: the grader raised {_describe(exc)}", **grader_flags(GRADER_ERROR)}
+
+
+def checked_reward(reward: Any) -> tuple[float, str | None]:
+    """``(reward, None)`` for a grader's reward in ``[0, 1]`` (one within :data:`REWARD_TOLERANCE` outside it
+    clamped); ``(0.0, why)`` for anything else (NaN, infinite, further outside, not a number): a grader's bug
+    becomes an observation, not a raise.
+    """
+    try:
+        value = float(reward)
+    except (TypeError, ValueError, OverflowError):
+        return 0.0, f"{GRADER_ERROR}: the grader's reward {reward!r:.80} is not a number; scored 0"
+    if not math.isfinite(value) or not -REWARD_TOLERANCE <= value <= 1.0 + REWARD_TOLERANCE:
+        return 0.0, f"{GRADER_ERROR}: the grader's reward {value!r} is outside [0, 1]; scored 0"
+    return min(1.0, max(0.0, value)), None

@@ -5,7 +5,9 @@ A subclass keeps its data and its grading; this base does the rest of :mod:`envs
 one-turn env (GSM8K-v1, IFEval-v0, ReasoningGym-v1): ``reset`` (task picked by ``options["index"]`` /
 ``options["task_id"]`` or drawn from ``np_random``; observation ``[system?, user]``), ``step`` (the step-order
 errors, the action-space ``TypeError`` before any state change, lone surrogates cleaned, ``[]`` observation,
-``terminated=True``, ``termination_reason="answered"``, ``action_error`` when the grader names one), the task
+``terminated=True``, ``termination_reason="answered"``, ``action_error`` when the grader names one; whatever
+``_grade`` raises, ``KeyboardInterrupt`` aside, and a reward outside ``[0, 1]`` are observations: reward 0,
+``action_error`` and the ``grader_error`` flag, as :mod:`envs.contract`'s "Graders" says), the task
 listing, ``do_nothing_action`` (``None``), ``info`` and ``render``.
 
 What a subclass provides (call :meth:`_init_single_turn` in ``__init__``):
@@ -35,7 +37,8 @@ from typing import Any
 import gymnasium as gym
 
 from envs.action_text import clean_text
-from envs.contract import STEP_AFTER_END, check_action, check_task_options
+from envs.contract import (ACTION_ERROR, GRADER_ERROR, STEP_AFTER_END, call_grader, check_action, check_task_options,
+                           checked_reward, grader_flags)
 from envs.spaces import AssistantAction, ChatMessages
 
 __all__ = ["SingleTurnTextEnv"]
@@ -181,7 +184,15 @@ class SingleTurnTextEnv(gym.Env):
             raise RuntimeError(STEP_AFTER_END)
         check_action(action)  # TypeError before any state change: the episode is left as it was
         text = clean_text(action if isinstance(action, str) else (action.get("content") or ""))
-        reward, grade, error = self._grade(text)
+        graded, failure = call_grader(self._grade, text)  # whatever the grader raises is an observation
+        if failure is None:
+            reward, grade, error = graded
+            reward, bad_reward = checked_reward(reward)
+            if bad_reward is not None:
+                reward, grade, error = 0.0, {**grade, **grader_flags(GRADER_ERROR)}, bad_reward
+        else:
+            error = failure.pop(ACTION_ERROR)
+            reward, grade = 0.0, failure
         self._done = True
         self._messages.append({"role": "assistant", "content": text})
         info = self._info()

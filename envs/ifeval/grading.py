@@ -71,8 +71,12 @@ def _no_nltk_download():
         if asked:
             _log.warning("NLTK data %s is missing and was not downloaded (envs never reach the network unless asked): "
                          "%s, or set IFEVAL_NLTK_DOWNLOAD=1", asked, NLTK_DATA_HINT)
-#: A short text every checker can run on; used only to see whether the checker's NLTK data is there.
-_PROBE = "Hello world. This is a short probe text, with two sentences."
+#: Texts every checker can run on; used only to see whether the checker's NLTK data is there. The long one reaches
+#: the code a checker runs only on longer answers: IFBench's ``words:keywords_specific_position`` tokenizes words
+#: (NLTK ``punkt_tab``) only once the answer has its ``n``-th sentence (``n`` 20-30), so the short probe alone
+#: listed its prompts as usable and 23+ sentences raised ``LookupError`` (issue 42).
+_PROBES = ("Hello world. This is a short probe text, with two sentences.",
+           "This is one of many sentences in a longer probe text. " * 64)
 
 
 @functools.lru_cache(maxsize=None)
@@ -136,15 +140,16 @@ def check_kwargs(instruction_id: str, kwargs: dict | None, prompt: str) -> None:
 @functools.lru_cache(maxsize=None)
 def instruction_available(instruction_id: str) -> bool:
     """Whether the checker of ``instruction_id`` can run here: ``False`` when it needs NLTK data that is not
-    installed (it raises ``LookupError`` on a probe text). Cached per id.
+    installed (it raises ``LookupError`` on a probe text: a short one and one of 64 sentences). Cached per id.
     """
-    try:
-        with _keep_global_random():
-            _build(instruction_id, None, _PROBE).check_following(_PROBE)
-    except LookupError:
-        return False
-    except Exception:  # noqa: BLE001 - a probe with default kwargs may fail otherwise; only NLTK data matters here
-        return True
+    for probe in _PROBES:
+        try:
+            with _keep_global_random():
+                _build(instruction_id, None, probe).check_following(probe)
+        except LookupError:
+            return False
+        except Exception:  # noqa: BLE001 - a probe with default kwargs may fail otherwise; only NLTK data matters here
+            continue
     return True
 
 

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import gymnasium as gym
 
-from envs.contract import STEP_AFTER_END, check_action, check_task_options
+from envs.contract import ACTION_ERROR, STEP_AFTER_END, call_grader, check_action, check_task_options
 from envs.spaces import AssistantAction, ChatMessages
 
 from .actions import TOOL_CALL_FORMAT_HINT, ParsedAction, ToolCallRequest, parse_action
@@ -670,17 +670,29 @@ class Tau2Env(gym.Env):
             return self._finish(obs, "max_steps")
         return obs, 0.0, False, False, self._info()
 
-    def _finish(self, obs: list[dict], reason: str, error: str | None = None) -> tuple[list, float, bool, bool, dict]:
+    def _evaluate(self, reason: str) -> tuple[Any, float, float]:
+        """``(tau2 RewardInfo, tau2's reward, the progress reward)`` of the episode that ended with ``reason``."""
         from .rewards import partial_reward, tau2_reward, tau2_reward_reference
 
-        self._done = True
-        self.termination_reason = reason
         if self.evaluator == "tau2":
             info = tau2_reward_reference(self.simulation_run(), self._task, self.domain_name, self.solo)
         else:
             info = tau2_reward(self.domain, self._task, self._episode.env, self._trajectory, reason)
         binary = float(info.reward)
         partial = float(partial_reward(self.domain, self._task, self._trajectory, info, binary, self._episode.env))
+        return info, binary, partial
+
+    def _finish(self, obs: list[dict], reason: str, error: str | None = None) -> tuple[list, float, bool, bool, dict]:
+        self._done = True
+        self.termination_reason = reason
+        # tau2's evaluator reads the model's trajectory: whatever it raises is an observation (envs.contract, Graders)
+        evaluated, failure = call_grader(self._evaluate, reason)
+        if failure is None:
+            info, binary, partial = evaluated
+        else:
+            from tau2.data_model.simulation import RewardInfo
+
+            info, binary, partial = RewardInfo(reward=0.0, info={"note": failure[ACTION_ERROR]}), 0.0, 0.0
         self.reward_info = info
         self._end_info = {
             "termination_reason": reason,
@@ -692,6 +704,9 @@ class Tau2Env(gym.Env):
             self._end_info["user_error"] = error or "unknown customer failure"
         elif error:
             self._last_action_error = error
+        if failure is not None:
+            self._end_info.update({k: v for k, v in failure.items() if k != ACTION_ERROR})
+            self._last_action_error = "; ".join(e for e in (self._last_action_error, failure[ACTION_ERROR]) if e)
         reward = partial if self.reward_kind == "partial" else binary
         return obs, reward, reason != "max_steps", reason == "max_steps", self._info()
 
