@@ -47,6 +47,7 @@ import threading
 from typing import Any, Callable
 
 from envs.action_text import clean_text
+from envs.contract import checked_reward
 from envs.reasoning_gym.answer_formats import GRAMMARS, check_format
 
 __all__ = ["MAX_TEXT_CHARS", "GOLD_MARGIN_CHARS", "VERIFIER_DEADLINE_S", "window_chars", "MAX_DIGITS", "MAX_NESTING", "MAX_EXPONENT", "extract_answer", "last_answer_block",
@@ -333,6 +334,9 @@ def score(dataset: Any, text: str, entry: dict, task: str) -> tuple[float, dict]
     Returns:
         ``(reward, grade)``: ``reward`` in ``[0, 1]``; ``grade`` holds ``extracted`` (``str | None``) and, when the
         response was refused or unreadable, ``error`` (a non-empty ``str``: the env's ``action_error``).
+
+    A library score within :data:`envs.contract.REWARD_TOLERANCE` outside ``[0, 1]`` is clamped (spell_backward's
+    float sum gives 1.0000000000000002); one further outside is a library bug: 0 with an ``error``.
     """
     gold = str(entry["answer"])
     extracted = extract_answer(text, gold)
@@ -352,6 +356,7 @@ def score(dataset: Any, text: str, entry: dict, task: str) -> tuple[float, dict]
         reward = float(reward)
     except Exception as e:  # noqa: BLE001 -- a scorer's failure on a model's text is the model's 0, not a crash
         return 0.0, {"extracted": extracted, "error": f"the library's score_answer raised {type(e).__name__}: {e}"}
-    if not 0.0 <= reward <= 1.0:  # every library scorer returns [0, 1]; anything else is a library bug
-        raise RuntimeError(f"reasoning_gym score_answer returned {reward} outside [0, 1] for {entry['metadata']}")
+    reward, bad = checked_reward(reward)  # spell_backward's float sum gives 1.0000000000000002 for gold + "x": 1.0
+    if bad is not None:  # further outside [0, 1]: a library bug, scored 0 as an observation (envs.contract, Graders)
+        return 0.0, {"extracted": extracted, "error": bad}
     return reward, {"extracted": extracted}
