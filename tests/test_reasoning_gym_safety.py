@@ -156,8 +156,8 @@ def test_attack_payloads_score_zero_run_nothing_and_return_fast(task, tmp_path, 
 
 def test_a_verifier_that_runs_long_is_stopped_at_its_deadline():
     """Inside the grammar, sympy's simplify still has no cost bound: this answer took over 30 s in
-    intermediate_integration's verifier; it is stopped at VERIFIER_DEADLINE_S (even through the verifier's bare
-    ``except:``) and scores 0 with a reason."""
+    intermediate_integration's verifier; its worker process is killed at its CPU bound (envs/grader_process.py:
+    1 s; the wall time allows for a loaded machine) and the answer scores 0 with ``grader_timeout``."""
     env = _env("intermediate_integration")
     _, info = env.reset(options={"index": 0})
     v = env.unwrapped._problems[0]["metadata"]["variable"]
@@ -168,31 +168,15 @@ def test_a_verifier_that_runs_long_is_stopped_at_its_deadline():
         raise _Hang
 
     old = signal.signal(signal.SIGALRM, hang)
-    signal.alarm(10)
+    signal.alarm(60)
     t0 = time.perf_counter()
     try:
         _, reward, *_, info = env.step(f"<answer>{answer}</answer>")
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
-    assert time.perf_counter() - t0 < STEP_TIME_BOUND_S and reward == 0.0
-    assert "ran past" in info["action_error"]
-    from envs.reasoning_gym.grading import VERIFIER_DEADLINE_S, call_with_deadline
-
-    def swallows():  # swallows the first interruption, as a bare except: would
-        try:
-            while True:
-                time.sleep(0.001)
-        except BaseException:
-            pass
-        while True:
-            time.sleep(0.001)
-
-    t0 = time.perf_counter()
-    assert call_with_deadline(swallows, 0.2) == (None, True)
-    assert time.perf_counter() - t0 < 0.2 + 1.0
-    assert call_with_deadline(lambda: 7, VERIFIER_DEADLINE_S) == (7, False)
-    time.sleep(0.1)  # nothing is delivered after the call returned
+    assert time.perf_counter() - t0 < 20.0 and reward == 0.0
+    assert info["action_error"].startswith("grader_timeout: ") and info["grader_timeout"] is True
 
 
 def test_math_expression_grammar():

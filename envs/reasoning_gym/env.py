@@ -13,6 +13,7 @@ import copy
 from .data import (DEFAULT_TEST_SEED, DEFAULT_TEST_SIZE, DEFAULT_TRAIN_SEED, DEFAULT_TRAIN_SIZE, dataset_for,
                    resolve_spec, split_items)
 from .grading import MAX_TEXT_CHARS, score
+from envs.grader_process import default_pool
 from envs.single_turn import SingleTurnTextEnv
 
 __all__ = ["ReasoningGymEnv", "DEFAULT_SYSTEM_PROMPT", "TOOL_CALL_IN_ANSWER"]
@@ -52,8 +53,11 @@ class ReasoningGymEnv(SingleTurnTextEnv):
     (``eval`` / sympy's ``parse_expr``, found by :mod:`~envs.reasoning_gym.verifier_audit` in the installed
     library's source), an answer outside the task's grammar (:mod:`~envs.reasoning_gym.answer_formats`: nothing
     that can name an attribute, a dunder, an import or a call other than an allow-listed math function ever
-    reaches the evaluator) or whose verifier runs past
-    :data:`~envs.reasoning_gym.grading.VERIFIER_DEADLINE_S` (1.5 s); a scorer that raises. A ``<tool_call>``
+    reaches the evaluator); a verifier (any task's) that runs past a bound of its worker process
+    (:mod:`envs.grader_process`: 1 s of CPU time, 1 GiB of address space, 30 s of wall clock, retried once) or
+    raises: ``action_error`` ``grader_timeout: ...`` / ``grader_memory: ...`` / ``grader_error: ...`` and the
+    step's ``info["grader_timeout"]`` / ``["grader_memory"]`` / ``["grader_error"]`` (``bool``, on every step)
+    says which. A ``<tool_call>``
     block is graded as text and flagged (:data:`TOOL_CALL_IN_ANSWER`). An action outside the space (``12345``,
     ``None``, a list, a dict with another role or non-string content) is a caller's bug: ``step`` raises
     ``TypeError`` and the episode goes on unchanged. Every scan of the text is linear in its length.
@@ -165,6 +169,7 @@ class ReasoningGymEnv(SingleTurnTextEnv):
         self._problems = split_items(self.spec_tasks, split, train_seed=train_seed, test_seed=test_seed,
                                      train_size=train_size, test_size=test_size)
         self._scorer = dataset_for(self.spec_tasks, seed, len(self._problems))
+        default_pool().start()  # the verifiers run there (envs.grader_process): started now, not at the first step
         self._configs = self.spec_tasks.configs()
         self.level = level
         self._init_single_turn(split, system_prompt, render_mode)
@@ -210,4 +215,4 @@ class ReasoningGymEnv(SingleTurnTextEnv):
         error = grade.get("error")
         if error is None and "<tool_call>" in text[-MAX_TEXT_CHARS:]:
             error = TOOL_CALL_IN_ANSWER
-        return reward, {"extracted": grade["extracted"]}, error
+        return reward, {k: v for k, v in grade.items() if k != "error"}, error  # extracted, grader_* flags

@@ -29,38 +29,40 @@ answer scores 0 (with a reason) when it holds
 Each bound widens to the gold answer's own value, so a gold answer always passes (issue 36). Then, for a task whose
 verifier can evaluate text (:mod:`.verifier_audit`), the answer must match its task's grammar
 (:mod:`.answer_formats`) or it scores 0 (with a reason): no model text reaches ``eval`` or ``parse_expr`` unless
-it cannot name an attribute, a dunder, an import or a call (issue 34); and such a verifier gets
-:data:`VERIFIER_DEADLINE_S` seconds per answer (:func:`call_with_deadline`), past which the answer scores 0 (with a
-reason): sympy's ``simplify`` has no cost bound, even on expressions inside the grammar. Every scan of model text here is linear in
+it cannot name an attribute, a dunder, an import or a call (issue 34). Every scan of model text here is linear in
 its length (hand-written scans and regexes without nested or adjacent optional repeats; issue 34 measured the old
-exponent regexes at 6.5 s on 278 characters).
+exponent regexes at 6.5 s on 278 characters). The grammars are the first, cheap filter: they stop payloads.
+
+The cost of the library's verifier is bounded by running it in a killable worker process
+(:mod:`envs.grader_process`: CPU time, address space, a wall-clock backstop), every task's, not only the
+evaluating ones: sympy's ``simplify`` has no cost bound even on answers inside a grammar
+(``exp(100000000*log(3))`` is ``3**100000000``, one C call that held the GIL for 122 s, issue 42), and
+propositional_logic's parser is quadratic and recursive (``"¬"*4000 + "P"``: 9 s). A verifier past a bound, or one
+that raises, scores 0 with ``action_error`` ``grader_timeout: ...`` / ``grader_memory: ...`` / ``grader_error: ...``
+(:class:`envs.grader_process.GraderFailure`), and the grade carries the flags ``grader_timeout`` /
+``grader_memory`` / ``grader_error``. (Until issue 42 a watchdog thread raised an exception into the verifier's
+thread after 1.5 s: it could not interrupt one C call.)
 
 The library's score is then taken as it is (never re-written): e.g. chain_sum / products compare with ``Decimal``
 after removing commas and give ``len(gold) / len(answer)`` partial credit when the gold string occurs inside a
-wrong answer (``"15"`` for gold ``"5"`` scores 0.5); an exception inside a scorer scores 0 (with a reason).
+wrong answer (``"15"`` for gold ``"5"`` scores 0.5).
 """
 from __future__ import annotations
 
-import ctypes
 import re
-import threading
-from typing import Any, Callable
+from typing import Any
 
 from envs.action_text import clean_text
-from envs.contract import checked_reward
-from envs.reasoning_gym.answer_formats import GRAMMARS, check_format
+from envs.contract import GRADER_ERROR, checked_reward, grader_flags
+from envs.grader_process import grade, no_failure_flags, register_worker_module
+from envs.reasoning_gym.answer_formats import check_format
 
-__all__ = ["MAX_TEXT_CHARS", "GOLD_MARGIN_CHARS", "VERIFIER_DEADLINE_S", "window_chars", "MAX_DIGITS", "MAX_NESTING", "MAX_EXPONENT", "extract_answer", "last_answer_block",
+__all__ = ["MAX_TEXT_CHARS", "GOLD_MARGIN_CHARS", "window_chars", "MAX_DIGITS", "MAX_NESTING", "MAX_EXPONENT", "extract_answer", "last_answer_block",
            "answer_guard", "score"]
 
 #: Only the last this many characters of a response are read (the final answer is at its end), unless the gold
 #: answer is longer (:func:`window_chars`).
 MAX_TEXT_CHARS = 4096
-#: Seconds a verifier that evaluates text (a task in :data:`~envs.reasoning_gym.answer_formats.GRAMMARS`) may run
-#: on one answer. sympy's ``simplify`` has no cost bound: answers inside the grammar such as
-#: ``(x+1)**3*(x+2)**3*(x+3)**3*(x+4)**3*sin(x)*cos(x)*exp(x)*log(x)*tan(x)*atan(x) + C`` took over 30 s in
-#: intermediate_integration's verifier here, while its gold answers take ~0.1 s.
-VERIFIER_DEADLINE_S = 1.5
 #: Room for the tags and white space around a gold answer longer than :data:`MAX_TEXT_CHARS`.
 GOLD_MARGIN_CHARS = 256
 #: Longest run of digits an answer may hold (or the gold answer's longest run, if longer).
@@ -271,53 +273,32 @@ def answer_guard(answer: str, gold: str) -> str | None:
     return None
 
 
-class VerifierDeadline(BaseException):
-    """Raised inside a verifier that ran past its deadline (a ``BaseException``: the library's ``except Exception``
-    handlers let it through)."""
+#: Datasets rebuilt in a grader worker, by (class, repr of config): at most this many kept.
+_WORKER_DATASETS_MAX = 64
+_worker_datasets: dict[tuple[type, str], Any] = {}
 
 
-def call_with_deadline(fn: Callable[[], Any], seconds: float) -> tuple[Any, bool]:
-    """``(fn(), False)``, or ``(None, True)`` when ``fn`` ran past ``seconds``.
+def _score_in_worker(cls: type, config: Any, answer: str, entry: dict) -> float:
+    """In a grader worker (:mod:`envs.grader_process`): ``cls(config).score_answer(answer, entry)`` as a float, the
+    dataset built once per worker and config (a dataset is rebuilt from its config, not sent: some hold megabytes
+    of word lists, some hold lambdas that do not pickle)."""
+    key = (cls, repr(config))
+    dataset = _worker_datasets.get(key)
+    if dataset is None:
+        if len(_worker_datasets) >= _WORKER_DATASETS_MAX:
+            _worker_datasets.clear()
+        dataset = _worker_datasets[key] = cls(config)
+    return float(dataset.score_answer(answer, entry))
 
-    A watchdog thread raises :class:`VerifierDeadline` in the calling thread (CPython's
-    ``PyThreadState_SetAsyncExc``, delivered between bytecodes; any thread, e.g. envs.serve's session threads, where
-    a signal could not be used) once ``seconds`` have passed, and again every 50 ms while ``fn`` has not returned,
-    so a verifier that swallows it (simple_integration's bare ``except:``, a generator's ``__del__``) is stopped
-    too. A single C call is not interrupted (the grammars bound digits and exponents). A pending exception is
-    cleared when ``fn`` returns; the deadline counts as missed once it fired.
-    """
-    tid = threading.get_ident()
-    lock = threading.Lock()
-    state = {"done": False, "fired": False}
-    stop = threading.Event()
 
-    def watchdog() -> None:
-        wait = seconds
-        while not stop.wait(wait):
-            with lock:
-                if state["done"]:
-                    return
-                state["fired"] = True
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), ctypes.py_object(VerifierDeadline))
-            wait = 0.05
+def _judge(dataset: Any, task: str) -> Any:
+    """The dataset whose ``score_answer`` judges ``task``'s items: the one task's, or the one a mix (the library's
+    composite) dispatches them to (its ``score_answer`` forwards to ``datasets[source_dataset]``)."""
+    datasets = getattr(dataset, "datasets", None)
+    return datasets[task] if isinstance(datasets, dict) and task in datasets else dataset
 
-    threading.Thread(target=watchdog, name="verifier-deadline", daemon=True).start()
-    try:
-        try:
-            result = fn()
-        finally:
-            while True:  # mark done (and clear a pending exception) even if one lands here
-                try:
-                    with lock:
-                        state["done"] = True
-                        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), None)
-                    break
-                except VerifierDeadline:
-                    continue
-            stop.set()
-    except VerifierDeadline:
-        return None, True
-    return (None, True) if state["fired"] else (result, False)
+
+register_worker_module(__name__)
 
 
 def score(dataset: Any, text: str, entry: dict, task: str) -> tuple[float, dict]:
@@ -332,31 +313,27 @@ def score(dataset: Any, text: str, entry: dict, task: str) -> tuple[float, dict]
         task: the generator the item comes from (``metadata["source_dataset"]``): picks the grammar.
 
     Returns:
-        ``(reward, grade)``: ``reward`` in ``[0, 1]``; ``grade`` holds ``extracted`` (``str | None``) and, when the
-        response was refused or unreadable, ``error`` (a non-empty ``str``: the env's ``action_error``).
+        ``(reward, grade)``: ``reward`` in ``[0, 1]``; ``grade`` holds ``extracted`` (``str | None``), the flags
+        ``grader_timeout`` / ``grader_memory`` / ``grader_error`` (``bool``: the verifier ran past a bound of
+        :mod:`envs.grader_process` or raised) and, when the response was refused, unreadable or the verifier failed,
+        ``error`` (a non-empty ``str``: the env's ``action_error``; ``grader_<kind>: ...`` for a failed verifier).
 
     A library score within :data:`envs.contract.REWARD_TOLERANCE` outside ``[0, 1]`` is clamped (spell_backward's
-    float sum gives 1.0000000000000002); one further outside is a library bug: 0 with an ``error``.
+    float sum gives 1.0000000000000002); one further outside is a library bug: 0 with ``grader_error``.
     """
     gold = str(entry["answer"])
     extracted = extract_answer(text, gold)
     if extracted is None:
-        return 0.0, {"extracted": None, "error": "no answer could be read from the response (it is empty)"}
+        return 0.0, {"extracted": None, "error": "no answer could be read from the response (it is empty)",
+                     **no_failure_flags()}
     refused = answer_guard(extracted, gold) or check_format(task, extracted, entry)
     if refused:
-        return 0.0, {"extracted": extracted[:256], "error": refused}
-    try:
-        if task in GRAMMARS:  # a verifier that evaluates text: sympy's simplify has no cost bound
-            reward, missed = call_with_deadline(lambda: dataset.score_answer(extracted, entry), VERIFIER_DEADLINE_S)
-            if missed:
-                return 0.0, {"extracted": extracted, "error": f"the library's verifier ran past {VERIFIER_DEADLINE_S} s "
-                                                              f"on this answer; scored 0"}
-        else:
-            reward = dataset.score_answer(extracted, entry)
-        reward = float(reward)
-    except Exception as e:  # noqa: BLE001 -- a scorer's failure on a model's text is the model's 0, not a crash
-        return 0.0, {"extracted": extracted, "error": f"the library's score_answer raised {type(e).__name__}: {e}"}
+        return 0.0, {"extracted": extracted[:256], "error": refused, **no_failure_flags()}
+    judge = _judge(dataset, task)
+    reward, failure = grade(_score_in_worker, type(judge), judge.config, extracted, entry)
+    if failure is not None:  # past a bound, or raised: the model's 0, not a crash
+        return 0.0, {"extracted": extracted, "error": failure.action_error, **failure.flags()}
     reward, bad = checked_reward(reward)  # spell_backward's float sum gives 1.0000000000000002 for gold + "x": 1.0
     if bad is not None:  # further outside [0, 1]: a library bug, scored 0 as an observation (envs.contract, Graders)
-        return 0.0, {"extracted": extracted, "error": bad}
-    return reward, {"extracted": extracted}
+        return 0.0, {"extracted": extracted, "error": bad, **grader_flags(GRADER_ERROR)}
+    return reward, {"extracted": extracted, **no_failure_flags()}

@@ -1,0 +1,340 @@
+"""Graders we do not own run in killable worker processes, with a CPU-time, an address-space and a wall-clock bound.
+
+Why: the old deadline (a watchdog thread raising an exception into the verifier's thread) cannot interrupt one C call,
+and a C call holds the GIL: ``<answer>exp(100000000*log(3))</answer>`` passes countdown's grammar and sympy computes
+``3**100000000`` in one call (122 s here, issue 42), ``exp(exp(20))`` in puzzle24 never returns, and
+propositional_logic's recursive parser takes 9 s on ``"¬"*4000 + "P"``; meanwhile every other thread of the process
+(envs.serve's event loop: every client) stops. A separate process can be killed whatever it runs.
+
+What runs here: every call into a grader whose code we do not own and whose cost we cannot bound from its input:
+reasoning-gym's ``score_answer`` (:func:`envs.reasoning_gym.grading.score`: sympy's ``parse_expr`` / ``simplify``,
+``eval`` behind grammars, the library's own parsers) and the if-verifiable / IFBench checkers
+(:func:`envs.ifeval.grading.score_response`). Our own grading (GSM8K's, DigitSum's: no sympy, no ``eval``) and the
+cheap grammars (:mod:`envs.reasoning_gym.answer_formats`, the first filter: they stop payloads, the process bounds
+cost) stay in the caller's process.
+
+Bounds of one graded call (:class:`GraderPool`, defaults of :func:`default_pool`):
+
+* CPU time: ``cpu_s`` seconds of the worker's CPU (user + system) per call, enforced by the kernel: a profiling
+  timer (``setitimer(ITIMER_PROF)``, armed before the call and disarmed after it) sends ``SIGPROF``, whose default
+  action terminates the worker even inside a C call; ``RLIMIT_CPU`` (the CPU used so far + ``cpu_s``, rounded up,
+  + 1 s: ``SIGXCPU``) backs it up. CPU time, not wall time, so that a loaded machine does not turn an honest answer
+  into a timeout. -> ``grader_timeout``.
+* Wall clock: a backstop of ``wall_s`` seconds from the moment a worker takes the call (time queued for a free
+  worker does not count), for a grader that waits without using CPU or a worker starved of CPU: pebble kills the
+  worker (``SIGTERM``, ``SIGKILL`` 3 s later). A call that ran past ``wall_s`` is retried once in a fresh worker
+  (a starved worker is not the answer's fault); a second wall timeout -> ``grader_timeout``.
+* Address space: ``RLIMIT_AS`` of each worker = its size after start-up + ``memory_bytes``; an allocation past it
+  raises ``MemoryError`` (-> ``grader_memory``) or, in C code that cannot raise, ends the worker (-> ``grader_error``
+  naming the signal). ``RLIMIT_CORE`` is 0: a killed worker writes no core file.
+* Anything else the grader raises (``BaseException`` included) -> ``grader_error: <type>: <message>``.
+
+A worker past a bound is killed and replaced by pebble (``pebble.ProcessPool``, the maintained process-pool library:
+per-task timeouts, worker replacement); the caller gets a :class:`GraderFailure`, never an exception, and the env
+answers reward 0 with ``info["action_error"]`` = :attr:`GraderFailure.action_error` and ``info["grader_timeout"]`` /
+``info["grader_memory"]`` / ``info["grader_error"]`` set. :attr:`GraderPool.counts` counts each kind per pool.
+
+Workers are cheap to reuse: they start from a fork server that imported the grader modules once
+(:func:`register_worker_module`; ``reasoning_gym`` and sympy take seconds to import), run each module's
+``_worker_setup`` once, and then take calls until killed. Workers come from the ``forkserver`` start method, never
+a ``fork`` of the caller (which may hold threads: envs.serve's, torch's), so the caller may be multi-threaded.
+One exception: in a daemonic process (gymnasium's ``AsyncVectorEnv`` workers; multiprocessing forbids
+it children) the grader runs in that process, without the bounds (it is itself a separate process: a bomb stalls
+that env worker, not its parent), and a warning says so. The default pool is created on first use, again in a forked child (a child never uses its parent's pool; it
+starts its workers with ``spawn``: they import the grader modules themselves: Python 3.11's fork server cannot be reached
+from a fork of the process that started it), and closed at exit (:func:`close_default_pool`); closing stops and joins every worker.
+
+Cost (``benchmarks/results/grader_isolation.md``): one round trip to a worker per graded step (pickling the
+answer and the item, ~0.1-1 ms), and a few tens of MB of memory per worker.
+"""
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import dataclasses
+import importlib
+import logging
+import math
+import multiprocessing
+import os
+import resource
+import signal
+import threading
+from typing import Any, Callable
+
+import pebble
+
+__all__ = ["GraderFailure", "GraderPool", "FAILURE_KINDS", "DEFAULT_CPU_S", "DEFAULT_WALL_S", "DEFAULT_MEMORY_BYTES",
+           "DEFAULT_WORKERS", "register_worker_module", "default_pool", "close_default_pool", "grade"]
+
+#: The kinds of failure a graded call can end in (also the ``info`` flags the envs set).
+FAILURE_KINDS = ("grader_timeout", "grader_memory", "grader_error")
+#: CPU seconds one graded call may use. The slowest honest grading seen here: intermediate_integration's gold
+#: answers, ~0.1 s; IFBench's slowest checkers on 4,096 characters, well under 1 s (tests/test_step_bounds.py).
+DEFAULT_CPU_S = 1.0
+#: Wall-clock seconds from the moment a worker takes a call to its kill (the backstop; retried once).
+DEFAULT_WALL_S = 30.0
+#: Address space a worker may add to its size after start-up.
+DEFAULT_MEMORY_BYTES = 1 << 30
+#: Workers of the default pool: two, or half the CPUs when more (grading is a small part of a step).
+DEFAULT_WORKERS = max(2, (os.cpu_count() or 2) // 2)
+
+_log = logging.getLogger(__name__)
+_WORKER_MODULES: list[str] = []
+_registry_lock = threading.Lock()
+
+
+@dataclasses.dataclass(frozen=True)
+class GraderFailure:
+    """Why a graded call gave no result.
+
+    Attributes:
+        kind: one of :data:`FAILURE_KINDS`.
+        message: what happened, for a person (the bound and its value, or the exception's type and message).
+    """
+
+    kind: str
+    message: str
+
+    @property
+    def action_error(self) -> str:
+        """``"<kind>: <message>"``: the env's ``info["action_error"]``."""
+        return f"{self.kind}: {self.message}"
+
+    def flags(self) -> dict[str, bool]:
+        """``{kind: kind == self.kind for every kind}``: the env's ``info`` flags."""
+        return {k: k == self.kind for k in FAILURE_KINDS}
+
+
+def no_failure_flags() -> dict[str, bool]:
+    """The ``info`` flags of a call that did not fail (all ``False``)."""
+    return dict.fromkeys(FAILURE_KINDS, False)
+
+
+def register_worker_module(name: str) -> None:
+    """Import module ``name`` in every worker before it takes a call (into the fork server when it has not started
+    yet, so that workers inherit it), and run its ``_worker_setup()`` if it defines one. A grading module calls this
+    at import for itself; a module registered after a pool started reaches that pool's workers at their next start."""
+    with _registry_lock:
+        if name not in _WORKER_MODULES:
+            _WORKER_MODULES.append(name)
+
+
+def _init_worker(modules: tuple[str, ...], memory_bytes: int) -> None:
+    """pebble's worker initializer: import the grader modules and run their setup (before any limit), then no core
+    files and the address-space limit (its size now + ``memory_bytes``)."""
+    for name in modules:
+        setup = getattr(importlib.import_module(name), "_worker_setup", None)
+        if setup is not None:
+            setup()
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = _address_space() + memory_bytes
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+def _address_space() -> int:
+    """This process's virtual memory size in bytes (``VmSize`` of ``/proc/self/status``; 0 when unreadable)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _run_in_worker(fn: Callable, args: tuple, cpu_s: float) -> tuple[str, Any]:
+    """In a worker: set the CPU limit to this call's budget, run ``fn(*args)``: ``("ok", value)``, ``("memory",
+    message)`` or ``("error", "<type>: <message>")``."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    soft = math.ceil(usage.ru_utime + usage.ru_stime + cpu_s) + 1
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+    signal.signal(signal.SIGPROF, signal.SIG_DFL)  # terminate: no Python handler (it would wait for the C call)
+    signal.setitimer(signal.ITIMER_PROF, cpu_s)
+    try:
+        return "ok", fn(*args)
+    except MemoryError as e:
+        return "memory", f"MemoryError: {e}"[:500]
+    except BaseException as e:  # noqa: BLE001 -- whatever a grader we do not own raises is its failure, not ours
+        return "error", f"{type(e).__name__}: {e}"[:500]
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+
+
+def _noop() -> None:
+    return None
+
+
+class GraderPool:
+    """A pool of worker processes that run grader calls under the bounds of the module docstring.
+
+    Args:
+        workers: worker processes (each one call at a time; more calls wait in a queue, and waiting does not count
+            against any bound).
+        cpu_s: CPU seconds per call (a profiling timer; see the module docstring).
+        wall_s: wall-clock seconds per call from the moment a worker takes it (retried once).
+        memory_bytes: address space a worker may add to its size after start-up.
+        modules: grader modules every worker imports first (default: those given to :func:`register_worker_module`).
+
+    The pool starts on the first :meth:`call` (and again after :meth:`close`). Thread-safe.
+
+    Raises:
+        ValueError: a non-positive bound or worker count.
+    """
+
+    def __init__(self, workers: int = DEFAULT_WORKERS, cpu_s: float = DEFAULT_CPU_S, wall_s: float = DEFAULT_WALL_S,
+                 memory_bytes: int = DEFAULT_MEMORY_BYTES, modules: tuple[str, ...] | None = None) -> None:
+        if workers < 1 or cpu_s <= 0 or wall_s <= 0 or memory_bytes <= 0:
+            raise ValueError(f"workers, cpu_s, wall_s, memory_bytes must be positive, got {workers}, {cpu_s}, {wall_s}, "
+                             f"{memory_bytes}")
+        self.workers, self.cpu_s, self.wall_s, self.memory_bytes = workers, cpu_s, wall_s, memory_bytes
+        self._modules = modules
+        self._pool: pebble.ProcessPool | None = None
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        #: Failed calls by kind (:data:`FAILURE_KINDS`), and ``"wall_retries"``: calls retried after a wall timeout.
+        self.counts: dict[str, int] = dict.fromkeys((*FAILURE_KINDS, "wall_retries"), 0)
+        self._warned_daemon = False
+
+    def _started(self) -> pebble.ProcessPool:
+        with self._lock:
+            if self._pool is None or self._pid != os.getpid():
+                modules = tuple(_WORKER_MODULES) if self._modules is None else tuple(self._modules)
+                if _in_forked_child:  # Python 3.11's fork server cannot be reached from a fork of its owner
+                    ctx = multiprocessing.get_context("spawn")
+                else:
+                    ctx = multiprocessing.get_context("forkserver")
+                    ctx.set_forkserver_preload(["__main__", __name__, *modules])  # if the server starts now
+                self._pool = pebble.ProcessPool(max_workers=self.workers, initializer=_init_worker,
+                                                initargs=(modules, self.memory_bytes), context=ctx)
+                self._pid = os.getpid()
+            return self._pool
+
+    def start(self) -> None:
+        """Start the pool now and wait for a worker to take a call (the fork server imports the grader modules:
+        seconds, once per process), so that the first graded step does not wait for it. Envs whose graders run here
+        call it when they are made.
+
+        Raises:
+            RuntimeError: no worker could run a no-op call (the grader modules fail to import in a worker).
+        """
+        if multiprocessing.current_process().daemon:
+            return
+        _, failure = self.call(_noop)
+        if failure is not None:
+            raise RuntimeError(f"the grader pool could not start: {failure.action_error}")
+
+    def call(self, fn: Callable, *args: Any) -> tuple[Any, GraderFailure | None]:
+        """``(fn(*args), None)`` run in a worker, or ``(None, failure)`` when it ran past a bound or raised.
+
+        ``fn`` must be a module-level function (it is sent by name) and ``args`` picklable. Blocks the calling thread
+        (not the GIL) until the result; at most ``2 * wall_s`` plus the time queued for a worker.
+        """
+        if multiprocessing.current_process().daemon:
+            return self._call_here(fn, args)
+        for attempt in (0, 1):
+            future = self._started().schedule(_run_in_worker, args=(fn, args, self.cpu_s), timeout=self.wall_s)
+            try:
+                status, value = future.result()
+            except concurrent.futures.TimeoutError:
+                if attempt == 0:
+                    self.counts["wall_retries"] += 1
+                    continue
+                return None, self._failed("grader_timeout", f"the grader ran past {self.wall_s:g} s of wall-clock "
+                                                            f"time twice; scored 0")
+            except pebble.ProcessExpired as e:
+                return None, self._expired(e.exitcode)
+            except Exception as e:  # noqa: BLE001 -- the pool itself failed (e.g. an unpicklable result)
+                return None, self._failed("grader_error", f"{type(e).__name__}: {e}"[:500])
+            if status == "ok":
+                return value, None
+            return None, self._failed("grader_memory" if status == "memory" else "grader_error", value)
+        raise AssertionError("unreachable")
+
+    def _call_here(self, fn: Callable, args: tuple) -> tuple[Any, GraderFailure | None]:
+        """In a daemonic process (multiprocessing forbids it children): ``fn`` runs in this process, without the
+        CPU, memory and wall bounds; what it raises is still a failure."""
+        if not self._warned_daemon:
+            self._warned_daemon = True
+            _log.warning("grader calls run in this daemonic process %s without their CPU / memory / wall bounds: a "
+                         "daemonic process cannot start workers", multiprocessing.current_process().name)
+        try:
+            return fn(*args), None
+        except MemoryError as e:
+            return None, self._failed("grader_memory", f"MemoryError: {e}"[:500])
+        except Exception as e:  # noqa: BLE001 -- whatever a grader we do not own raises is its failure, not ours
+            return None, self._failed("grader_error", f"{type(e).__name__}: {e}"[:500])
+
+    def _expired(self, exitcode: int | None) -> GraderFailure:
+        if exitcode in (-signal.SIGPROF, -signal.SIGXCPU):
+            return self._failed("grader_timeout", f"the grader used more than {self.cpu_s:g} s of CPU time; its "
+                                                  f"worker was killed; scored 0")
+        name = signal.Signals(-exitcode).name if exitcode is not None and exitcode < 0 else f"exit code {exitcode}"
+        return self._failed("grader_error", f"the grader's worker died ({name}); scored 0")
+
+    def _failed(self, kind: str, message: str) -> GraderFailure:
+        self.counts[kind] += 1
+        return GraderFailure(kind, message)
+
+    def worker_pids(self) -> list[int]:
+        """The pids of the live workers (empty before the first call and after :meth:`close`)."""
+        pool = self._pool
+        if pool is None:
+            return []
+        return list(pool._pool_manager.worker_manager.workers)  # pebble keeps them by pid; no public accessor
+
+    def close(self) -> None:
+        """Stop every worker (a call in progress fails) and wait for them to end; the next :meth:`call` starts a
+        new pool."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None and self._pid == os.getpid():
+            pool.stop()
+            pool.join()
+
+
+_default: GraderPool | None = None
+_default_lock = threading.Lock()
+
+
+def default_pool() -> GraderPool:
+    """The process's shared pool (created on first use with the module's defaults; a forked child gets its own)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = GraderPool()
+        return _default
+
+
+def close_default_pool() -> None:
+    """Close the shared pool (registered with ``atexit``); the next :func:`default_pool` makes a new one."""
+    global _default
+    with _default_lock:
+        pool, _default = _default, None
+    if pool is not None:
+        pool.close()
+
+
+_in_forked_child = False
+
+
+def _forget_in_child() -> None:
+    global _default, _default_lock, _in_forked_child
+    _default, _default_lock = None, threading.Lock()  # the parent's pool and lock are the parent's
+    _in_forked_child = True
+
+
+def grade(fn: Callable, *args: Any) -> tuple[Any, GraderFailure | None]:
+    """``default_pool().call(fn, *args)``."""
+    return default_pool().call(fn, *args)
+
+
+atexit.register(close_default_pool)
+os.register_at_fork(after_in_child=_forget_in_child)
