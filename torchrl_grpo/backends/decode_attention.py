@@ -12,7 +12,9 @@ independently, so the result is the same attention. Query lengths > 1 (prefill, 
 through transformers' own SDPA function unchanged.
 
 :func:`decode_attention` switches a model to it for the duration of a ``with`` block (the rollout backend's decode
-loop) and restores the model's setting afterwards; it does nothing for models not on ``sdpa``.
+loop) and restores the model's setting afterwards; it does nothing for models where
+:func:`~torchrl_grpo.model_store.exact_paths.gqa_decode_refusal` refuses it (not on ``sdpa``, attention soft-capping,
+attention sinks).
 """
 from __future__ import annotations
 
@@ -21,9 +23,12 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
+from torchrl_grpo.model_store.exact_paths import GQA_DECODE_IMPLEMENTATION, gqa_decode_refusal, note_fallback, \
+    text_config
+
 __all__ = ["ATTN_IMPLEMENTATION", "gqa_decode_sdpa", "decode_attention"]
 
-ATTN_IMPLEMENTATION = "torchrl_grpo_gqa_decode"
+ATTN_IMPLEMENTATION = GQA_DECODE_IMPLEMENTATION
 _registered = False
 
 
@@ -68,7 +73,15 @@ def _register() -> None:
 
 @contextmanager
 def decode_attention(model: torch.nn.Module):
-    """Use :func:`gqa_decode_sdpa` in ``model`` (and its sub-configs) inside the block, if it runs on ``sdpa``."""
+    """Use :func:`gqa_decode_sdpa` in ``model`` (and its sub-configs) inside the block, if it runs on ``sdpa`` and
+    :func:`~torchrl_grpo.model_store.exact_paths.gqa_decode_refusal` accepts it (else the model's own attention, with
+    one warning when the model is on ``sdpa``)."""
+    reason = gqa_decode_refusal(model)
+    if reason is not None:
+        if getattr(text_config(model), "_attn_implementation", None) == "sdpa":
+            note_fallback(model, "GQA decode attention", reason)
+        yield model
+        return
     configs = []
     for m in model.modules():
         cfg = getattr(m, "config", None)

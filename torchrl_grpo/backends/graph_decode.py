@@ -21,8 +21,15 @@ runs the current one. This module removes both:
   (:func:`~torchrl_grpo.backends.transformers_backend.sample_next_token`) and a few index updates run eagerly. The
   weights are read from the module's own parameter storage, which the optimizer updates in place, so a captured graph
   stays valid across training steps; it is recaptured when the parameter storage changes (``data_ptr`` fingerprint:
-  a model moved, LoRA adapters added). If capture fails (a model whose forward synchronises), decoding falls back to
+  a model moved, LoRA adapters added) or when Python-level state that picks the forward's branches changes (peft's
+  active adapters, disabled and merged adapters, LoRA scaling; the attention implementation): a graph replays the
+  kernels of the branches taken at capture. If capture fails (a model whose forward synchronises), decoding falls back to
   the same fixed-shape loop run eagerly and says so once in the log.
+
+Only for models where :func:`torchrl_grpo.model_store.exact_paths.fixed_shape_decode_refusal` accepts it (SDPA
+attention, full attention or a window the decode never exceeds, no soft-capping; the backend checks): the boolean
+``[B, 1, 1, C]`` mask is passed as given, which only SDPA reads as "attend" (eager attention adds it to the scores)
+and which carries no sliding window.
 
 Same distribution as the eager loop: each step is one forward of the token just sampled, at its position, attending
 to the same keys/values. Greedy decoding gives the same tokens as the eager loop (tested on CPU, where the fixed-shape
@@ -39,7 +46,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
-__all__ = ["CAPACITY_ROUND", "STOP_CHECK_EVERY", "StaticDecodeCache", "StaticDecoder", "parameter_fingerprint"]
+__all__ = ["CAPACITY_ROUND", "STOP_CHECK_EVERY", "StaticDecodeCache", "StaticDecoder", "forward_state",
+           "parameter_fingerprint"]
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +98,55 @@ class StaticDecodeCache(DynamicCache):
             self.layers.append(layer)
 
 
-def parameter_fingerprint(model: torch.nn.Module) -> tuple:
-    """``(data_ptr, shape)`` of every parameter and buffer: changes when storage is replaced (not by in-place
-    optimizer updates), which is when a captured graph would read stale memory."""
+#: Python attributes of a module that choose which kernels its forward runs (peft's ``BaseTunerLayer``: the active
+#: adapter(s), disabled, merged adapters, per-adapter LoRA scaling); a captured graph replays the choice made at capture
+_FORWARD_STATE_ATTRS = ("_active_adapter", "_disable_adapters", "merged_adapters", "scaling")
+
+
+def _frozen(value):
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple, set)):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+def _state_holders(model: torch.nn.Module) -> list[tuple[str, object, tuple[str, ...]]]:
+    """``(name, holder, attributes)`` for every module holding :data:`_FORWARD_STATE_ATTRS` and every config with an
+    attention implementation: the walk :func:`forward_state` reads (cached by the decoder while the parameters'
+    storage is unchanged; adding an adapter adds parameters)."""
+    out = []
+    for name, m in model.named_modules():
+        attrs = tuple(a for a in _FORWARD_STATE_ATTRS if a in m.__dict__ or hasattr(type(m), a))
+        if attrs:
+            out.append((name, m, attrs))
+        cfg = m.__dict__.get("config")
+        if cfg is not None and hasattr(cfg, "_attn_implementation"):
+            out.append((name, cfg, ("_attn_implementation",)))
+    return out
+
+
+def _read_state(holders: list[tuple[str, object, tuple[str, ...]]]) -> tuple:
+    return tuple((name, tuple(_frozen(getattr(h, a)) for a in attrs)) for name, h, attrs in holders)
+
+
+def forward_state(model: torch.nn.Module) -> tuple:
+    """The Python-level state that selects ``model``'s forward branches: per module that has them, the values of
+    :data:`_FORWARD_STATE_ATTRS` (peft: ``set_adapter``, ``disable_adapter()``, ``merge_adapter``, ``set_scale``),
+    plus the attention implementation of every config. Changes with none of the parameters' storage."""
+    return _read_state(_state_holders(model))
+
+
+def _storage_fingerprint(model: torch.nn.Module) -> tuple:
     return tuple((t.data_ptr(), tuple(t.shape)) for t in model.parameters()) + \
         tuple((t.data_ptr(), tuple(t.shape)) for t in model.buffers())
+
+
+def parameter_fingerprint(model: torch.nn.Module) -> tuple:
+    """What a captured graph depends on besides its inputs: ``(data_ptr, shape)`` of every parameter and buffer
+    (changes when storage is replaced, not by in-place optimizer updates) and :func:`forward_state` (peft's active /
+    disabled / merged adapters, LoRA scaling, attention implementation). A graph is recaptured when it changes."""
+    return _storage_fingerprint(model) + forward_state(model)
 
 
 @dataclass
@@ -126,6 +178,8 @@ class StaticDecoder:
         self.use_graphs = bool(use_graphs)
         self._slots: dict[tuple, _Slot] = {}
         self._graph_failed = False
+        self._storage: tuple | None = None
+        self._holders: list = []
         self.stats = {"graph_captures": 0, "graph_replays": 0, "eager_steps": 0}
 
     @staticmethod
@@ -188,7 +242,7 @@ class StaticDecoder:
         slot.ids.copy_(tok[:, None])
         slot.mask.index_fill_(-1, slot.write_pos, True)
         if self.use_graphs and slot.ids.is_cuda and not self._graph_failed:
-            fp = parameter_fingerprint(self.model)
+            fp = self.fingerprint()
             if slot.graph is None or slot.fingerprint != fp:
                 self._capture(slot, fp)
             if slot.graph is not None:
@@ -201,6 +255,15 @@ class StaticDecoder:
         self.stats["eager_steps"] += 1
         self._advance(slot)
         return logits
+
+    def fingerprint(self) -> tuple:
+        """:func:`parameter_fingerprint` of the model, with the module walk of :func:`forward_state` redone only when
+        the parameters' storage changed (10 ms -> ~5 ms per decode step for a 30-layer LoRA model on a loaded
+        2-core CPU)."""
+        storage = _storage_fingerprint(self.model)
+        if storage != self._storage:
+            self._storage, self._holders = storage, _state_holders(self.model)
+        return storage + _read_state(self._holders)
 
     @staticmethod
     def _advance(slot: _Slot) -> None:

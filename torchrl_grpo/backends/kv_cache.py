@@ -13,13 +13,15 @@ Batch reordering (GRPO fan-out of a prompt's cache to its samples, dropping fini
 part.
 
 Full-attention layers only: a model with sliding-window layers keeps :class:`~transformers.DynamicCache`
-(:func:`supports_preallocation`).
+(:func:`supports_preallocation`, the rule of :func:`torchrl_grpo.model_store.exact_paths.full_attention_refusal`).
 """
 from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
+
+from torchrl_grpo.model_store.exact_paths import full_attention_refusal, note_fallback
 
 __all__ = ["PreallocatedLayer", "PreallocatedCache", "supports_preallocation"]
 
@@ -144,16 +146,10 @@ class PreallocatedCache(DynamicCache):
 
 
 def supports_preallocation(model: torch.nn.Module) -> bool:
-    """True when every decoder layer of ``model`` uses full attention (no sliding window / linear attention), the
-    layers :class:`PreallocatedCache` holds."""
-    cfg = getattr(model, "config", None)
-    if cfg is None:
-        return False
-    try:
-        text = cfg.get_text_config(decoder=True)
-    except (AttributeError, TypeError):
-        text = cfg
-    types = getattr(text, "layer_types", None)
-    if types is not None and any(t != "full_attention" for t in types):
-        return False
-    return not (getattr(text, "use_sliding_window", False) and getattr(text, "sliding_window", None))
+    """True when every decoder layer of ``model`` uses full attention (no sliding window / chunked / linear
+    attention), the layers :class:`PreallocatedCache` holds
+    (:func:`~torchrl_grpo.model_store.exact_paths.full_attention_refusal`); a refusal is logged once."""
+    reason = full_attention_refusal(model)
+    if reason is not None:
+        note_fallback(model, "preallocated KV cache", reason)
+    return reason is None

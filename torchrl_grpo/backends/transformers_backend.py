@@ -34,11 +34,12 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from torchrl_grpo.config.choices import DECODE_MODES
+from torchrl_grpo.model_store.exact_paths import fixed_shape_decode_refusal, full_attention_refusal, note_fallback
 from torchrl_grpo.objectives.sampling import processed_logits
 from torchrl_grpo.backends.base import Generation, RolloutBackend, SamplingConfig, iter_named_weights
 from torchrl_grpo.backends.decode_attention import decode_attention
 from torchrl_grpo.backends.factory import BackendInputs, BackendSpec, register_backend
-from torchrl_grpo.backends.graph_decode import STOP_CHECK_EVERY, StaticDecoder
+from torchrl_grpo.backends.graph_decode import STOP_CHECK_EVERY, StaticDecoder, forward_state
 from torchrl_grpo.backends.kv_cache import PreallocatedCache, supports_preallocation
 
 __all__ = ["DECODE_MODES", "TransformersBackend", "make_transformers_backend", "sample_next_token"]
@@ -46,7 +47,9 @@ __all__ = ["DECODE_MODES", "TransformersBackend", "make_transformers_backend", "
 # decode loops (TransformersBackend ``decode``, :data:`~torchrl_grpo.config.choices.DECODE_MODES`): "eager" drops
 # finished rows and reads each step's tokens on the host (best on CPU, where a step's arithmetic dominates); "static"
 # decodes fixed shapes with no per-step host read; "graph" is "static" with each step replayed as a CUDA graph (CUDA
-# only; :mod:`torchrl_grpo.backends.graph_decode`); "auto": "graph" on CUDA, "eager" elsewhere.
+# only; :mod:`torchrl_grpo.backends.graph_decode`); "auto": "graph" on CUDA, "eager" elsewhere. "static" and "graph"
+# run only where :func:`torchrl_grpo.model_store.exact_paths.fixed_shape_decode_refusal` accepts the model (else
+# "eager", logged once); :attr:`TransformersBackend.decode_path` says which loop ran.
 
 
 def sample_next_token(
@@ -95,7 +98,9 @@ class TransformersBackend(RolloutBackend):
             (:mod:`torchrl_grpo.backends.decode_attention`; same attention, less copying).
         preallocate_kv: decode into a preallocated KV cache (:class:`~torchrl_grpo.backends.kv_cache.PreallocatedCache`;
             same keys/values, no per-step concatenation) when the model has full-attention layers only.
-        decode: one of :data:`DECODE_MODES`. Partial rollouts (a ``weight_update_hook``) always decode eagerly.
+        decode: one of :data:`DECODE_MODES`. Partial rollouts (a ``weight_update_hook``) always decode eagerly, and
+            so does a model the fixed-shape decode is not exact for
+            (:func:`~torchrl_grpo.model_store.exact_paths.fixed_shape_decode_refusal`; logged once).
 
     Raises:
         ValueError: ``decode`` not in :data:`DECODE_MODES`.
@@ -127,6 +132,8 @@ class TransformersBackend(RolloutBackend):
         self.gqa_decode = bool(gqa_decode)
         self.preallocate_kv = bool(preallocate_kv) and supports_preallocation(model)
         self._prefix: tuple[tuple[int, ...], DynamicCache] | None = None
+        self._prefix_state: tuple = ()  # forward_state of the model when the prefix cache was built
+        self._decode_path: str | None = None
         self.stats = {"prefix_hits": 0, "prefix_builds": 0, "prefilled_tokens": 0}
 
     @property
@@ -134,6 +141,12 @@ class TransformersBackend(RolloutBackend):
         """Colocated (``share_module``): it samples from the trainer's own module in its own precision, so its
         behaviour log-probs equal the trainer's recompute (tested to 1e-4) and can anchor the ratio."""
         return self.share_module
+
+    @property
+    def decode_path(self) -> str:
+        """The decode loop of the last ``generate`` chunk ("eager" | "static" | "graph"; before any call, the one a
+        call of unknown length would use): what ``rollout.decode`` resolved to for this model and device."""
+        return self._decode_path or self.decode_mode()
 
     @property
     def device(self) -> torch.device:
@@ -188,10 +201,18 @@ class TransformersBackend(RolloutBackend):
     def _shared_prefix(self, uprompts: list[tuple[int, ...]], private: bool = True
                        ) -> tuple[tuple[int, ...], DynamicCache | None]:
         """The longest prefix all prompts share (leaving each >= 1 own token) and its KV cache (batch 1), built once
-        and reused while the weights are unchanged; ``((), None)`` when not worth it. ``private``: return a deep copy
+        and reused while the weights and the forward's Python-level state (peft's active / disabled adapters:
+        :func:`~torchrl_grpo.backends.graph_decode.forward_state`) are unchanged; ``((), None)`` when not worth it. ``private``: return a deep copy
         (the caller may write to it); otherwise the kept cache itself, which the caller must only read."""
         if self.prefix_cache_min_tokens <= 0:
             return (), None
+        refusal = full_attention_refusal(self.model)  # padding between prefix and suffix would shift a window
+        if refusal is not None:
+            note_fallback(self.model, "prompt-prefix KV cache", refusal)
+            return (), None
+        state = forward_state(self.model)
+        if self._prefix is not None and state != self._prefix_state:
+            self._prefix = None  # built under another adapter: its keys/values are another forward's
         if self._prefix is not None:
             pre, cache = self._prefix
             if all(len(p) > len(pre) and p[: len(pre)] == pre for p in uprompts):
@@ -212,7 +233,7 @@ class TransformersBackend(RolloutBackend):
         self.model(input_ids=ids, past_key_values=cache, use_cache=True)
         self.stats["prefix_builds"] += 1
         self.stats["prefilled_tokens"] += n
-        self._prefix = (pre, cache)
+        self._prefix, self._prefix_state = (pre, cache), state
         return pre, copy.deepcopy(cache) if private else cache
 
     def _prefill(self, prompts: list[list[int]], new_tokens: int = 0):
@@ -265,9 +286,16 @@ class TransformersBackend(RolloutBackend):
         self.stats["partial_interrupts"] = self.stats.get("partial_interrupts", 0) + 1
         return True
 
-    def decode_mode(self) -> str:
-        """The decode loop the next call uses: ``decode`` with ``auto`` resolved for the model's device; "eager"
-        while a partial-rollout hook is set (re-prefilling under new weights needs the row-dropping loop)."""
+    def decode_mode(self, columns: int | None = None) -> str:
+        """The decode loop a call uses: ``decode`` with ``auto`` resolved for the model's device; "eager" while a
+        partial-rollout hook is set (re-prefilling under new weights needs the row-dropping loop) and where the
+        fixed-shape decode is not exact for the model
+        (:func:`~torchrl_grpo.model_store.exact_paths.fixed_shape_decode_refusal`, logged once).
+
+        Args:
+            columns: cache columns the call fills (longest prompt + ``max_new_tokens``); None: unknown (a sliding
+                window then refuses the fixed-shape loop).
+        """
         if self.weight_update_hook is not None and self.partial_rollout_chunk > 0:
             return "eager"
         mode = self.decode
@@ -275,11 +303,17 @@ class TransformersBackend(RolloutBackend):
             mode = "graph" if self.device.type == "cuda" else "eager"
         if mode == "graph" and self.device.type != "cuda":
             mode = "static"
+        if mode != "eager":
+            refusal = fixed_shape_decode_refusal(self.model, columns)
+            if refusal is not None:
+                note_fallback(self.model, f"rollout.decode={mode}", refusal)
+                mode = "eager"
         return mode
 
     @torch.no_grad()
     def _generate_chunk(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
-        mode = self.decode_mode()
+        mode = self.decode_mode(max(map(len, prompts)) + sampling.max_new_tokens)
+        self._decode_path = mode
         if mode != "eager":
             return self._generate_chunk_static(prompts, sampling, graphs=mode == "graph")
         model, dev = self.model, self.device

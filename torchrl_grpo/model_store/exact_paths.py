@@ -1,0 +1,159 @@
+"""Which fast paths are exact for a model: the one rule, read from the model's config.
+
+Several fast paths rebuild what a transformers model's own code normally builds (its attention masks, position ids,
+KV cache). Each is exact only for the models whose own code would build the same thing:
+
+================================  ==========================================================================
+path (who uses it)                exact when (else the plain path runs, with one warning per model and path)
+================================  ==========================================================================
+fixed-shape / CUDA-graph decode   attention ``sdpa`` (a boolean ``[B, 1, 1, C]`` mask means "attend" only to
+(``graph_decode``, backend        SDPA: eager attention *adds* it to the scores, i.e. masks nothing), no
+``decode=static|graph``)          attention soft-capping or sinks, a model type run through the model matrix
+                                  (:data:`FIXED_SHAPE_VERIFIED`), and no sliding window that bites: every layer
+                                  full attention, or the window at least the decode's columns (prompt + new
+                                  tokens), since one mask serves every layer
+preallocated KV cache             every layer full attention (a sliding-window layer keeps only its window:
+(``kv_cache``)                    transformers' ``DynamicSlidingWindowLayer``)
+backend prompt-prefix cache       every layer full attention: prefix + left-padded suffix puts padding *between*
+(backend ``_shared_prefix``)      real tokens, which shifts a sliding window (it counts cache columns)
+GQA decode attention              attention ``sdpa`` without soft-capping or sinks (``decode_attention``
+(``decode_attention``)            replaces transformers' SDPA function at one-token steps)
+shared-prefix update              logits are ``lm_head(decoder(...))`` (checked in ``objectives/log_probs``) and
+(``objectives/shared_prefix``)    every layer full or sliding-window attention: its caches hold every column and
+                                  the prefix is real tokens from column 0, so transformers' window mask (on cache
+                                  columns) is the plain forward's (Mistral, gpt-oss: equal to 4e-6 in the matrix)
+================================  ==========================================================================
+
+Measured before this rule (tiny random models, CPU; ``tests/test_model_matrix.py``): Llama with eager attention under
+``decode=static`` gave behaviour log-probs 0.217 nats from the recompute (other greedy tokens); Mistral (SDPA) with a
+sliding window of 16 gave other greedy tokens than ``model.generate``. The plain paths (the eager decode loop, the
+plain update) run the model's own forward and are exact for every model in the matrix (<= 1e-4).
+
+Each ``*_refusal`` function returns None when the path is exact for the model, else a one-line reason.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+__all__ = ["FIXED_SHAPE_VERIFIED", "GQA_DECODE_IMPLEMENTATION", "SDPA_IMPLEMENTATIONS", "fixed_shape_decode_refusal", "full_attention_refusal",
+           "gqa_decode_refusal", "note_fallback", "shared_prefix_refusal", "sliding_window", "text_config"]
+
+log = logging.getLogger(__name__)
+
+#: model types whose fixed-shape decode we ran against ``model.generate`` and the recompute (tests/test_model_matrix.py)
+FIXED_SHAPE_VERIFIED = frozenset({"llama", "qwen2", "qwen3", "mistral", "phi3"})
+#: the name :mod:`torchrl_grpo.backends.decode_attention` registers its SDPA-based decode attention under
+GQA_DECODE_IMPLEMENTATION = "torchrl_grpo_gqa_decode"
+#: attention implementations that read a boolean mask as "attend": transformers' SDPA and our GQA decode over it
+SDPA_IMPLEMENTATIONS = frozenset({"sdpa", GQA_DECODE_IMPLEMENTATION})
+#: a window this small is "not full attention" whatever the length (attention chunking, linear attention, ...)
+_ALWAYS = 0
+
+_warned: set[tuple[int, str, str]] = set()
+
+
+def text_config(model: torch.nn.Module):
+    """The decoder's config of ``model`` (a peft wrapper's base model's; a multimodal model's text config); None if
+    the model has no config."""
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return None
+    try:
+        return cfg.get_text_config(decoder=True)
+    except (AttributeError, TypeError):
+        return cfg
+
+
+def sliding_window(cfg) -> int | None:
+    """The smallest number of key columns some layer may attend to, None when every layer attends to all columns.
+
+    Read from ``layer_types`` where the config has them (``"full_attention"`` everywhere: None; ``"sliding_attention"``:
+    ``cfg.sliding_window``; anything else, e.g. chunked or linear attention: 0), else from ``sliding_window`` (and
+    ``use_sliding_window``, which Qwen2 keeps off by default) and ``attention_chunk_size``."""
+    types = getattr(cfg, "layer_types", None)
+    window = getattr(cfg, "sliding_window", None)
+    if getattr(cfg, "attention_chunk_size", None):
+        return _ALWAYS
+    if types is not None:
+        kinds = set(types) - {"full_attention"}
+        if not kinds:
+            return None
+        return int(window) if kinds == {"sliding_attention"} and window else _ALWAYS
+    if getattr(cfg, "use_sliding_window", True) is False or not window:
+        return None
+    return int(window)
+
+
+def full_attention_refusal(model: torch.nn.Module) -> str | None:
+    """None when every decoder layer of ``model`` attends to all columns (no sliding window / chunked / linear
+    attention), else the reason: the preallocated KV cache and the backend's prompt-prefix cache need it."""
+    cfg = text_config(model)
+    if cfg is None:
+        return "the model has no config to read its attention layout from"
+    w = sliding_window(cfg)
+    if w is None:
+        return None
+    return (f"{cfg.model_type}: layers with a sliding window of {w}" if w else
+            f"{cfg.model_type}: layers that are not full attention ({sorted(set(getattr(cfg, 'layer_types', ())))})")
+
+
+def _attention_refusal(cfg) -> str | None:
+    impl = getattr(cfg, "_attn_implementation", None)
+    if impl not in SDPA_IMPLEMENTATIONS:
+        return f"{cfg.model_type}: attention {impl!r}, not sdpa"
+    if getattr(cfg, "attn_logit_softcapping", None) is not None:
+        return f"{cfg.model_type}: attention soft-capping ({cfg.attn_logit_softcapping})"
+    if cfg.model_type == "gpt_oss":
+        return "gpt_oss: attention sinks"
+    return None
+
+
+def gqa_decode_refusal(model: torch.nn.Module) -> str | None:
+    """None when :mod:`~torchrl_grpo.backends.decode_attention` may replace transformers' SDPA function at one-token
+    decode steps of ``model`` (SDPA, no soft-capping, no sinks), else the reason."""
+    cfg = text_config(model)
+    return "the model has no config" if cfg is None else _attention_refusal(cfg)
+
+
+def fixed_shape_decode_refusal(model: torch.nn.Module, columns: int | None = None) -> str | None:
+    """None when the fixed-shape (and CUDA-graph) decode of :mod:`~torchrl_grpo.backends.graph_decode` is exact for
+    ``model``, else the reason.
+
+    Args:
+        columns: cache columns the decode fills (padded prompt + new tokens); a sliding window at least this wide
+            never bites. None: refuse any sliding window.
+    """
+    cfg = text_config(model)
+    if cfg is None:
+        return "the model has no config"
+    if cfg.model_type not in FIXED_SHAPE_VERIFIED:
+        return f"model type {cfg.model_type!r} not verified for the fixed-shape decode ({sorted(FIXED_SHAPE_VERIFIED)})"
+    reason = _attention_refusal(cfg)
+    if reason is not None:
+        return reason
+    w = sliding_window(cfg)
+    if w is not None and (columns is None or columns > w):
+        return f"{cfg.model_type}: a sliding window of {w} columns < the decode's {columns or 'unknown'}"
+    return None
+
+
+def shared_prefix_refusal(model: torch.nn.Module) -> str | None:
+    """None when the shared-prefix update's caches (:mod:`~torchrl_grpo.objectives.shared_prefix`: full-length
+    capture and read-only layers) are exact for ``model``'s attention layout (full or sliding-window attention on
+    every layer), else the reason (chunked, linear or other attention kinds: not verified)."""
+    cfg = text_config(model)
+    if cfg is None:
+        return "the model has no config"
+    if sliding_window(cfg) == _ALWAYS:
+        return full_attention_refusal(model)
+    return None
+
+
+def note_fallback(model: torch.nn.Module, path: str, reason: str) -> None:
+    """Log once per (model, path, reason) that ``path`` is not taken for ``model`` and why (never silently)."""
+    key = (id(model), path, reason)
+    if key not in _warned:
+        _warned.add(key)
+        log.warning("%s not exact for this model (%s): the plain path runs", path, reason)
