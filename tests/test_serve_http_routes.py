@@ -178,7 +178,7 @@ def test_schema_documents_the_action_shape_and_a_raw_string_is_refused_naming_it
     ("post", "/step", b'{"action": {"content": "#### 72"}, "index": "zero"}', 400, ["index"]),
     ("post", "/step", b'{"action": {"content": "#### 72"}, "index": 0, "timeout_s": -1}', 422, ["timeout_s"]),
     ("get", "/docs", None, 404, ["/reset", "/sessions", "/ws"]),
-    ("post", "/mcp", b"{}", 404, ["/ws", "/step"]),
+    ("post", "/mcp/x", b"{}", 404, ["/ws", "/step"]),
 ])
 def test_malformed_requests_are_4xx_naming_the_problem(url, method, path, body, status, words):
     r = requests.request(method, url + path, data=body, headers={"content-type": "application/json"}, timeout=T)
