@@ -36,7 +36,8 @@ answers reward 0 with ``info["action_error"]`` = :attr:`GraderFailure.action_err
 
 Workers are cheap to reuse: they start from a fork server that imported the grader modules once
 (:func:`register_worker_module`; ``reasoning_gym`` and sympy take seconds to import), run each module's
-``_worker_setup`` once, and then take calls until killed. Workers come from the ``forkserver`` start method, never
+``_worker_setup`` once, and then take calls until killed (a module registered after the pool started: the pool is
+replaced, its calls in progress finish in the old workers). Workers come from the ``forkserver`` start method, never
 a ``fork`` of the caller (which may hold threads: envs.serve's, torch's), so the caller may be multi-threaded.
 One exception: in a daemonic process (gymnasium's ``AsyncVectorEnv`` workers; multiprocessing forbids
 it children) the grader runs in that process, without the bounds (it is itself a separate process: a bomb stalls
@@ -64,11 +65,13 @@ from typing import Any, Callable
 
 import pebble
 
+from envs.contract import GRADER_FAILURE_KINDS, grader_flags
+
 __all__ = ["GraderFailure", "GraderPool", "FAILURE_KINDS", "DEFAULT_CPU_S", "DEFAULT_WALL_S", "DEFAULT_MEMORY_BYTES",
            "DEFAULT_WORKERS", "register_worker_module", "default_pool", "close_default_pool", "grade"]
 
-#: The kinds of failure a graded call can end in (also the ``info`` flags the envs set).
-FAILURE_KINDS = ("grader_timeout", "grader_memory", "grader_error")
+#: The kinds of failure a graded call can end in (also the ``info`` flags the envs set: :func:`envs.contract.grader_flags`).
+FAILURE_KINDS = GRADER_FAILURE_KINDS
 #: CPU seconds one graded call may use. The slowest honest grading seen here: intermediate_integration's gold
 #: answers, ~0.1 s; IFBench's slowest checkers on 4,096 characters, well under 1 s (tests/test_step_bounds.py).
 DEFAULT_CPU_S = 1.0
@@ -102,19 +105,14 @@ class GraderFailure:
         return f"{self.kind}: {self.message}"
 
     def flags(self) -> dict[str, bool]:
-        """``{kind: kind == self.kind for every kind}``: the env's ``info`` flags."""
-        return {k: k == self.kind for k in FAILURE_KINDS}
-
-
-def no_failure_flags() -> dict[str, bool]:
-    """The ``info`` flags of a call that did not fail (all ``False``)."""
-    return dict.fromkeys(FAILURE_KINDS, False)
+        """``{kind: kind == self.kind for every kind}``: the env's ``info`` flags (:func:`envs.contract.grader_flags`)."""
+        return grader_flags(self.kind)
 
 
 def register_worker_module(name: str) -> None:
     """Import module ``name`` in every worker before it takes a call (into the fork server when it has not started
     yet, so that workers inherit it), and run its ``_worker_setup()`` if it defines one. A grading module calls this
-    at import for itself; a module registered after a pool started reaches that pool's workers at their next start."""
+    at import for itself; a pool started before replaces its workers at its next call (:class:`GraderPool`)."""
     with _registry_lock:
         if name not in _WORKER_MODULES:
             _WORKER_MODULES.append(name)
@@ -197,6 +195,7 @@ class GraderPool:
         self.workers, self.cpu_s, self.wall_s, self.memory_bytes = workers, cpu_s, wall_s, memory_bytes
         self._modules = modules
         self._pool: pebble.ProcessPool | None = None
+        self._pool_modules: tuple[str, ...] = ()
         self._pid = os.getpid()
         self._lock = threading.Lock()
         #: Failed calls by kind (:data:`FAILURE_KINDS`), and ``"wall_retries"``: calls retried after a wall timeout.
@@ -205,8 +204,13 @@ class GraderPool:
 
     def _started(self) -> pebble.ProcessPool:
         with self._lock:
+            modules = tuple(_WORKER_MODULES) if self._modules is None else tuple(self._modules)
+            if self._pool is not None and self._pid == os.getpid() and modules != self._pool_modules:
+                old, self._pool = self._pool, None  # a grader module registered since: new workers import it
+                old.close()  # its calls in progress finish; then its workers end
+                threading.Thread(target=old.join, name="grader-pool-retire", daemon=True).start()
             if self._pool is None or self._pid != os.getpid():
-                modules = tuple(_WORKER_MODULES) if self._modules is None else tuple(self._modules)
+                self._pool_modules = modules
                 if _in_forked_child:  # Python 3.11's fork server cannot be reached from a fork of its owner
                     ctx = multiprocessing.get_context("spawn")
                 else:

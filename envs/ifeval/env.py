@@ -12,10 +12,12 @@ import logging
 import os
 from typing import Any
 
+from envs.contract import grader_flags
+from envs.grader_process import default_pool
 from envs.single_turn import SingleTurnTextEnv
 
 from .data import load_prompts
-from .grading import instruction_available, score_response
+from .grading import instruction_available, not_followed, score_response
 
 __all__ = ["IFEvalEnv", "REWARD_KINDS", "EMPTY_RESPONSE", "TOOL_CALL_IN_ANSWER", "MAX_RESPONSE_CHARS",
            "RESPONSE_TOO_LONG"]
@@ -82,7 +84,11 @@ class IFEvalEnv(SingleTurnTextEnv):
     The fraction of the prompt's instructions followed, in ``[0, 1]``: strictly (``reward="strict"``,
     the default: the checker accepts the response as it is) or loosely (``reward="loose"``: it accepts
     the response or one of its variants with the first and/or last line removed and/or markdown ``*``
-    removed). Both are in ``info`` whichever is the reward.
+    removed). Both are in ``info`` whichever is the reward. The checkers run in a grader worker process
+    (:mod:`envs.grader_process`: 1 s of CPU time, 1 GiB of address space, 30 s of wall clock, retried once): past a
+    bound, or when a checker raises, the response follows no instruction, ``info["action_error"]`` is
+    ``grader_timeout: ...`` / ``grader_memory: ...`` / ``grader_error: ...`` and the flag of that kind
+    (``info["grader_timeout"]`` / ``["grader_memory"]`` / ``["grader_error"]``, ``bool``, on every step) is set.
 
     ## Starting State
 
@@ -187,6 +193,7 @@ class IFEvalEnv(SingleTurnTextEnv):
         self._usable_set = set(self._usable)
         self.reward_kind = reward
         self.max_response_chars = max_response_chars
+        default_pool().start()  # the checkers run there (envs.grader_process): started now, not at the first step
         self._init_single_turn(split, system_prompt, render_mode)
 
     # ------------------------------------------------------------------ data and grading (SingleTurnTextEnv hooks)
@@ -222,13 +229,14 @@ class IFEvalEnv(SingleTurnTextEnv):
             error = RESPONSE_TOO_LONG.format(n=len(text), bound=self.max_response_chars)
         else:
             grade = score_response(text, p["instruction_id_list"], p["kwargs"], p["prompt"])
-            error = TOOL_CALL_IN_ANSWER if "<tool_call>" in text else EMPTY_RESPONSE if _is_empty(text) else None
+            error = grade.pop("error", None)  # the checkers failed in their worker: "grader_<kind>: ..."
+            if error is None:
+                error = TOOL_CALL_IN_ANSWER if "<tool_call>" in text else EMPTY_RESPONSE if _is_empty(text) else None
         return float(grade[self.reward_kind]), grade, error
 
 def _not_graded(instruction_id_list: list[str]) -> dict:
-    """:func:`score_response`'s result for a response that follows no instruction."""
-    per = [{"instruction_id": i, "strict": False, "loose": False} for i in instruction_id_list]
-    return {"strict": 0.0, "loose": 0.0, "prompt_strict": 0.0, "prompt_loose": 0.0, "instructions": per}
+    """:func:`score_response`'s result for a response that follows no instruction (no checker ran)."""
+    return {**not_followed(instruction_id_list), **grader_flags()}
 
 
 def _is_empty(text: str) -> bool:

@@ -39,7 +39,10 @@ import os
 import random
 from typing import Any
 
-__all__ = ["get_checker_class", "check_kwargs", "instruction_available", "score_response"]
+from envs.contract import grader_flags
+from envs.grader_process import grade, register_worker_module
+
+__all__ = ["get_checker_class", "check_kwargs", "instruction_available", "score_response", "not_followed"]
 
 _INSTALL = "pip install 'torchrl-grpo[ifeval]' (or: pip install if-verifiable)"
 #: How to get the NLTK data some checkers need (said wherever it is missing).
@@ -153,8 +156,38 @@ def instruction_available(instruction_id: str) -> bool:
     return True
 
 
+def _evaluate_in_worker(response: str, instruction_id_list: list[str], kwargs: list[dict],
+                        prompt: str) -> list[tuple[str, bool, bool]]:
+    """In a grader worker (:mod:`envs.grader_process`): if-verifiable's ``evaluate_instructions`` as
+    ``[(instruction_id, strict, loose)]`` (``[]`` for an empty response), the worker's global ``random`` seeded to 0
+    and restored (checkers draw missing kwargs from it: the same response scores the same in every worker)."""
+    from if_verifiable.common import evaluate_instructions
+
+    registry = {i: get_checker_class(i) for i in instruction_id_list}
+    with _keep_global_random():
+        random.seed(0)
+        results, _ = evaluate_instructions(response=response, instruction_id_list=list(instruction_id_list),
+                                           kwargs_list=list(kwargs), prompt=prompt, instruction_registry=registry)
+    return [(r.instruction_id, bool(r.strict_pass), bool(r.loose_pass)) for r in results]
+
+
+def _worker_setup() -> None:
+    """Run once in each grader worker before its limits: import if-verifiable's registries (and NLTK), so that no
+    call pays for them."""
+    for name in ("ifeval", "ifbench"):
+        try:
+            _registry(name)
+        except ImportError:  # not installed: IFEval-v0 cannot be made, and no call comes
+            return
+
+
+register_worker_module(__name__)
+
+
 def score_response(response: str, instruction_id_list: list[str], kwargs: list[dict], prompt: str) -> dict[str, Any]:
-    """Check ``response`` against each instruction, strictly and loosely (if-verifiable's protocol).
+    """Check ``response`` against each instruction, strictly and loosely (if-verifiable's protocol), in a grader
+    worker process (:mod:`envs.grader_process`: CPU-time, memory and wall-clock bounds; the checkers are code we do
+    not own, some superlinear, some raising on odd text).
 
     Args:
         response: the model's text.
@@ -164,30 +197,32 @@ def score_response(response: str, instruction_id_list: list[str], kwargs: list[d
 
     Returns:
         ``{"strict": float, "loose": float, "prompt_strict": float, "prompt_loose": float,
-        "instructions": [{"instruction_id", "strict", "loose"}, ...]}`` (``n`` entries, prompt order).
-
-    Raises:
-        LookupError: a checker's NLTK data is missing (see :func:`instruction_available`).
-        KeyError: an unknown instruction id.
+        "instructions": [{"instruction_id", "strict", "loose"}, ...], "grader_timeout": bool, "grader_memory": bool,
+        "grader_error": bool}`` (``n`` instruction entries, prompt order). When the checkers failed (past a bound of
+        the worker, or raised: a checker's ``LookupError`` for missing NLTK data, an ``IndexError`` on one
+        character), every instruction counts as not followed, the flag of that kind is ``True`` and ``"error"`` holds
+        the env's ``action_error`` (``"grader_<kind>: ..."``).
 
     Cost: each checker runs up to 9 times (strict + 8 loose variants), and some of if-verifiable's checkers are
     superlinear in ``len(response)`` (``\\[.*?\\]`` placeholders, bullet lists, postscript, ``<<title>>``,
-    ``format:newline``); nothing here bounds the length: :class:`envs.ifeval.env.IFEvalEnv` grades responses of at
-    most ``max_response_chars`` characters (issue 34; ``tests/test_step_bounds.py`` times the slowest checkers there).
+    ``format:newline``); beyond the worker's bounds nothing here bounds the length: :class:`envs.ifeval.env.IFEvalEnv`
+    grades responses of at most ``max_response_chars`` characters (issue 34; ``tests/test_step_bounds.py`` times the
+    slowest checkers there). One round trip to a worker per call.
     """
-    from if_verifiable.common import evaluate_instructions
-
-    registry = {i: get_checker_class(i) for i in instruction_id_list}
-    with _keep_global_random():
-        results, _ = evaluate_instructions(response=response, instruction_id_list=list(instruction_id_list),
-                                           kwargs_list=list(kwargs), prompt=prompt, instruction_registry=registry)
-    if not results:  # an empty response (after removing <think>): if-verifiable returns no rows; none followed
-        per = [{"instruction_id": i, "strict": False, "loose": False} for i in instruction_id_list]
-    else:
-        per = [{"instruction_id": r.instruction_id, "strict": bool(r.strict_pass), "loose": bool(r.loose_pass)}
-               for r in results]
+    rows, failure = grade(_evaluate_in_worker, response, list(instruction_id_list), list(kwargs), prompt)
+    if failure is not None:
+        return {**not_followed(instruction_id_list), **failure.flags(), "error": failure.action_error}
+    if not rows:  # an empty response (after removing <think>): if-verifiable returns no rows; none followed
+        return {**not_followed(instruction_id_list), **grader_flags()}
+    per = [{"instruction_id": i, "strict": strict, "loose": loose} for i, strict, loose in rows]
     n = len(per)
     s = sum(p["strict"] for p in per)
     lo = sum(p["loose"] for p in per)
     return {"strict": s / n, "loose": lo / n, "prompt_strict": float(s == n), "prompt_loose": float(lo == n),
-            "instructions": per}
+            "instructions": per, **grader_flags()}
+
+
+def not_followed(instruction_id_list: list[str]) -> dict[str, Any]:
+    """:func:`score_response`'s scores for a response that follows no instruction (without the flags)."""
+    per = [{"instruction_id": i, "strict": False, "loose": False} for i in instruction_id_list]
+    return {"strict": 0.0, "loose": 0.0, "prompt_strict": 0.0, "prompt_loose": 0.0, "instructions": per}

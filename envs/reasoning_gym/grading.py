@@ -54,7 +54,7 @@ from typing import Any
 
 from envs.action_text import clean_text
 from envs.contract import GRADER_ERROR, checked_reward, grader_flags
-from envs.grader_process import grade, no_failure_flags, register_worker_module
+from envs.grader_process import grade, register_worker_module
 from envs.reasoning_gym.answer_formats import check_format
 
 __all__ = ["MAX_TEXT_CHARS", "GOLD_MARGIN_CHARS", "window_chars", "MAX_DIGITS", "MAX_NESTING", "MAX_EXPONENT", "extract_answer", "last_answer_block",
@@ -325,10 +325,10 @@ def score(dataset: Any, text: str, entry: dict, task: str) -> tuple[float, dict]
     extracted = extract_answer(text, gold)
     if extracted is None:
         return 0.0, {"extracted": None, "error": "no answer could be read from the response (it is empty)",
-                     **no_failure_flags()}
+                     **grader_flags()}
     refused = answer_guard(extracted, gold) or check_format(task, extracted, entry)
     if refused:
-        return 0.0, {"extracted": extracted[:256], "error": refused, **no_failure_flags()}
+        return 0.0, {"extracted": extracted[:256], "error": refused, **grader_flags()}
     judge = _judge(dataset, task)
     reward, failure = grade(_score_in_worker, type(judge), judge.config, extracted, entry)
     if failure is not None:  # past a bound, or raised: the model's 0, not a crash
@@ -336,4 +336,4 @@ def score(dataset: Any, text: str, entry: dict, task: str) -> tuple[float, dict]
     reward, bad = checked_reward(reward)  # spell_backward's float sum gives 1.0000000000000002 for gold + "x": 1.0
     if bad is not None:  # further outside [0, 1]: a library bug, scored 0 as an observation (envs.contract, Graders)
         return 0.0, {"extracted": extracted, "error": bad, **grader_flags(GRADER_ERROR)}
-    return reward, {"extracted": extracted, **no_failure_flags()}
+    return reward, {"extracted": extracted, **grader_flags()}
