@@ -267,3 +267,25 @@ def test_honest_golds_under_eight_concurrent_bombs_still_score_one(small_default
     assert all(r == 1.0 for _, r, _ in results), results
     assert all(r == 0.0 and i["grader_timeout"] for r, i, _ in bomb_results)
     assert ticker.max_gap < TICKER_GAP_BOUND_S, ticker.max_gap
+
+
+def test_the_training_metrics_count_grader_failures_per_step():
+    import torch
+    from tensordict import NonTensorStack, TensorDict
+
+    from envs.contract import grader_flags
+    from torchrl_grpo.rollout.episode_stats import episode_metrics
+
+    infos = [{"termination_reason": "answered", **grader_flags(k)}
+             for k in ("grader_timeout", "grader_timeout", None, "grader_error")]
+    infos.append({"termination_reason": "answered"})  # an env without the flags (GSM8K)
+    b = len(infos)
+    batch = TensorDict({"reward": torch.zeros(b), "response_tokens": torch.ones(b, dtype=torch.long),
+                        "attention_mask": torch.ones(b, 4, dtype=torch.bool), "num_turns": torch.ones(b),
+                        "context_truncated": torch.zeros(b, dtype=torch.bool),
+                        "length_truncated": torch.zeros(b, dtype=torch.bool), "action_errors": torch.zeros(b)},
+                       batch_size=[b])
+    batch["info"] = NonTensorStack(*infos)
+    m = episode_metrics(batch)
+    assert (m["rollout/grader_timeouts"], m["rollout/grader_memory_failures"], m["rollout/grader_errors"]) == (
+        2.0, 0.0, 1.0)

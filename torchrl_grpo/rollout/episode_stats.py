@@ -2,8 +2,10 @@
 length-hacking guard, and the decoded example rows of ``samples.jsonl``.
 
 Every metric is a mean over the batch's episodes (B = ``batch_size * n_samples`` rows of the collector's TensorDict,
-see :mod:`torchrl_grpo.rollout.collector`), except ``episode/action_error_rate`` (action errors per turn: a ratio of sums)
-and ``termination/<reason>`` (fraction of episodes that ended for that reason).
+see :mod:`torchrl_grpo.rollout.collector`), except ``episode/action_error_rate`` (action errors per turn: a ratio of sums),
+``termination/<reason>`` (fraction of episodes that ended for that reason) and ``rollout/grader_timeouts`` /
+``rollout/grader_memory_failures`` / ``rollout/grader_errors`` (the number of episodes whose final ``info`` flags a grader that
+ran past its CPU / wall bound, its memory bound, or raised: a count per step, so a run sees its grader timing out).
 """
 from __future__ import annotations
 
@@ -14,6 +16,10 @@ from tensordict import TensorDict
 __all__ = ["episode_metrics", "LengthGuard", "sample_rows", "non_tensor_list"]
 
 log = logging.getLogger(__name__)
+#: The env's grader-failure flags (``info["grader_timeout"]`` etc., envs.contract's GRADER_FAILURE_KINDS; the
+#: trainer does not import envs) -> the metric that counts them.
+GRADER_FAILURES = {"grader_timeout": "rollout/grader_timeouts", "grader_memory": "rollout/grader_memory_failures",
+                   "grader_error": "rollout/grader_errors"}
 
 
 def non_tensor_list(batch: TensorDict, key: str) -> list:
@@ -44,6 +50,8 @@ def episode_metrics(batch: TensorDict) -> dict[str, float]:
             reasons[str(i["termination_reason"])] = reasons.get(str(i["termination_reason"]), 0) + 1
     for k, v in reasons.items():
         out[f"termination/{k}"] = v / len(infos)
+    for flag, name in GRADER_FAILURES.items():  # episodes whose grader (envs.grader_process) failed: a count per step
+        out[name] = float(sum(1 for i in infos if isinstance(i, dict) and i.get(flag) is True))
     return out
 
 
