@@ -142,9 +142,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
+import ctypes.util
 import functools
 import json
 import math
+import re
 import sys
 import threading
 import time
@@ -189,6 +192,23 @@ gym.register_envs(_envs)
 
 #: Default limit on a request body / WebSocket message (bytes).
 DEFAULT_MAX_BODY_BYTES = 1 << 20
+#: Default cap on the bytes of request bodies being received or served at once, across all connections (a body over
+#: :data:`SMALL_BODY_BYTES` is counted from its head -- its ``Content-Length``, or as it arrives when chunked -- until
+#: the app has answered it; one that would go over the cap is refused, 503, before a byte of it is read).
+DEFAULT_MAX_INFLIGHT_BODY_BYTES = 64 << 20
+#: Bodies of at most this many bytes are not counted against ``max_inflight_body_bytes``: uvicorn buffers this much per
+#: connection before it stops reading anyway, and the connection cap bounds their total, so held large bodies never
+#: refuse an honest step (whose body is a few kB).
+SMALL_BODY_BYTES = 64 * 1024
+#: After this many bytes of counted bodies have been freed, the C allocator is asked to give its free memory back to the
+#: system (glibc's ``malloc_trim``, in a worker thread; elsewhere nothing): glibc keeps freed body buffers in its
+#: arenas, and 64 held 1 MiB bodies left the server +70 MB above its baseline after they closed (+3 MB with the trim).
+TRIM_AFTER_FREED_BYTES = 32 << 20
+#: Default cap on open connections (HTTP and WebSocket, counted by uvicorn); one more is answered 503 and closed.
+DEFAULT_MAX_CONNECTIONS = 256
+#: Seconds a connection refused at the cap stays half-closed (its 503 sent, what it sends read and dropped) before it
+#: is aborted: a client whose request was still on its way reads the 503 instead of a connection reset.
+REFUSED_LINGER_S = 2.0
 #: Default limit on one session's conversation (UTF-8 JSON bytes of its messages and actions).
 DEFAULT_MAX_SESSION_BYTES = 8 << 20
 #: Default seconds a client has to send a request's headers / its body.
@@ -816,11 +836,17 @@ class _TimedWSProtocol(_WriteDeadline, WebSocketsSansIOProtocol):
 # ------------------------------------------------------------------ ASGI guard: origin / host, body size and time
 
 
-def _host_name(value: str) -> str:
-    value = value.strip().lower()
-    if value.startswith("["):  # [::1]:8000
-        return value[1:value.find("]")] if "]" in value else value
-    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+#: A ``Host`` header (RFC 9110 7.2, RFC 3986 3.2.2), parsed strictly: a bracketed IPv6 literal or a name of ASCII
+#: letters, digits, ``.``, ``-``, ``_``, then optionally ``:`` and 1 to 5 ASCII digits; nothing else.
+_HOST_RE = re.compile(r"(\[[0-9a-f:.]+\]|[a-z0-9._-]+)(?::[0-9]{1,5})?", re.ASCII)
+
+
+def _host_name(value: str) -> str | None:
+    """The name of a ``Host`` header, lower-cased, without its port (an IPv6 literal without its brackets:
+    ``[::1]:8000`` -> ``::1``); ``None`` when the header is not exactly of that form (``[::1]evil``, ``a:1:2``,
+    ``a:8x``, a bare ``::1``, spaces or non-ASCII inside)."""
+    m = _HOST_RE.fullmatch(value.strip().lower())
+    return None if m is None else m.group(1).strip("[]")
 
 
 class _Guard:
@@ -831,13 +857,32 @@ class _Guard:
     * HTTP bodies: read whole before the app sees them; over ``max_body_bytes`` -> 413 (by
       Content-Length or while streaming, chunked included), not received within ``body_timeout_s``
       -> 408; both close the connection.
+    * Bodies in flight: a body over :data:`SMALL_BODY_BYTES` is counted (``inflight``) from its head -- all of its
+      ``Content-Length`` at once, a chunked one as it arrives -- until the app has answered it; one that would bring
+      the count over ``max_inflight_body_bytes`` -> 503 (``Retry-After: 1``) naming the cap, before any more of it is
+      read; the connection stays open (a client still sending reads the 503, not a reset) and uvicorn drops the rest
+      of the body as it arrives, which the client must finish within the header timeout (:class:`_TimedH11Protocol`).
+      Small bodies are not counted (the connection cap bounds them).
     """
 
     def __init__(self, app, *, max_body_bytes: int, body_timeout_s: float, allowed_hosts: list[str],
-                 allowed_origins: list[str]):
+                 allowed_origins: list[str], max_inflight_body_bytes: int = DEFAULT_MAX_INFLIGHT_BODY_BYTES):
         self.app, self.limit, self.body_timeout_s = app, max_body_bytes, body_timeout_s
         self.allowed_hosts = {h.lower().strip("[]") for h in allowed_hosts}
         self.allowed_origins = {o.rstrip("/").lower() for o in allowed_origins}
+        self.max_inflight = max_inflight_body_bytes
+        self.inflight = 0  # bytes of counted bodies being received or served (one event loop: no lock)
+        self.freed = 0  # bytes of counted bodies freed since the allocator was last trimmed
+
+    def _reserve(self, n: int) -> str | None:
+        """Count ``n`` more bytes of bodies in flight; or, when that would go over the cap, count nothing and return
+        the 503's message."""
+        if self.inflight + n > self.max_inflight:
+            return (f"server busy: request bodies being received total {self.inflight} bytes and this one needs {n} "
+                    f"more, over max_inflight_body_bytes={self.max_inflight} (across all connections; bodies of at most "
+                    f"{SMALL_BODY_BYTES} bytes are not counted); retry later")
+        self.inflight += n
+        return None
 
     def _refusal(self, scope) -> str | None:
         headers = dict(scope.get("headers") or [])
@@ -865,9 +910,46 @@ class _Guard:
                 return None
         if refusal is not None:
             return await _reply(send, 403, refusal)
-        for k, v in scope.get("headers", []):
-            if k == b"content-length" and v.isdigit() and int(v) > self.limit:
-                return await _reply(send, 413, f"request body over the limit of {self.limit} bytes", close=True)
+        length = next((int(v) for k, v in scope.get("headers", []) if k == b"content-length" and v.isdigit()), None)
+        if length is not None and length > self.limit:
+            return await _reply(send, 413, f"request body over the limit of {self.limit} bytes", close=True)
+        held = [0]  # bytes this request counts in self.inflight
+        try:
+            if length is not None and length > SMALL_BODY_BYTES:
+                busy = self._reserve(length)
+                if busy is not None:  # answered at once; uvicorn drops the rest of the body as it comes
+                    return await _reply(send, 503, busy)
+                held[0] = length
+            body = await self._receive_body(receive, send, held)
+            if body is None:  # answered (408, 413, 503) or the client left
+                return None
+            replayed = False
+
+            async def replay():
+                nonlocal replayed, body
+                if not replayed:
+                    replayed = True
+                    msg, body = {"type": "http.request", "body": body, "more_body": False}, b""
+                    return msg
+                return await receive()
+
+            return await self.app(scope, replay, send)
+        finally:
+            self._release(held[0])
+
+    def _release(self, n: int) -> None:
+        """Uncount ``n`` bytes of a body that is gone; every :data:`TRIM_AFTER_FREED_BYTES` freed, trim the C
+        allocator in a worker thread (:func:`_malloc_trim`)."""
+        self.inflight -= n
+        self.freed += n
+        if self.freed >= TRIM_AFTER_FREED_BYTES:
+            self.freed = 0
+            asyncio.get_running_loop().run_in_executor(None, _malloc_trim)
+
+    async def _receive_body(self, receive, send, held: list[int]) -> bytes | None:
+        """The request's whole body, or ``None`` once answered (408 not received within ``body_timeout_s``, 413 over
+        ``max_body_bytes``, 503 a chunked body over :data:`SMALL_BODY_BYTES` that would bring the bodies in flight over
+        their cap: counted in ``held[0]`` as it arrives) or the client left."""
         chunks, seen, more = [], 0, True
         deadline = asyncio.get_running_loop().time() + self.body_timeout_s
         while more:
@@ -877,27 +959,45 @@ class _Guard:
                 return await _reply(send, 408, f"request body not received within {self.body_timeout_s} s", close=True)
             if msg["type"] == "http.disconnect":
                 return None
-            body = msg.get("body", b"")
-            seen += len(body)
+            piece = msg.get("body", b"")
+            seen += len(piece)
             if seen > self.limit:
                 return await _reply(send, 413, f"request body over the limit of {self.limit} bytes", close=True)
-            chunks.append(body)
+            if seen > max(held[0], SMALL_BODY_BYTES):  # chunked (or over its Content-Length: h11 refuses that first)
+                busy = self._reserve(seen - held[0])
+                if busy is not None:
+                    return await _reply(send, 503, busy)
+                held[0] = seen
+            chunks.append(piece)
             more = msg.get("more_body", False)
-        replayed = False
+        body = b"".join(chunks)
+        chunks.clear()
+        return body
 
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-            return await receive()
 
-        return await self.app(scope, replay, send)
+@functools.cache
+def _libc_malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+def _malloc_trim() -> None:
+    """Give the C allocator's free memory back to the system (glibc's ``malloc_trim(0)``: every arena, free pages
+    anywhere in them); nothing where there is no such call."""
+    trim = _libc_malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 async def _reply(send, status: int, detail: str, close: bool = False) -> None:
+    """Answer ``status`` with ``{"detail": detail}`` (a 503 with ``Retry-After: 1``; ``close``: and close the
+    connection)."""
     body = _dumps({"detail": detail}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 503:
+        headers.append((b"retry-after", b"1"))
     if close:
         headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -906,10 +1006,28 @@ async def _reply(send, status: int, detail: str, close: bool = False) -> None:
 
 class _TimedH11Protocol(_WriteDeadline, H11Protocol):
     """uvicorn's h11 protocol with a header deadline: a connection that has not sent a complete request head
-    within ``header_timeout_s`` of opening (or of its last response) is closed. uvicorn has no such timer
+    within ``header_timeout_s`` of opening (or of its last response) is closed, and so is one still sending the body
+    of a request answered before its body was read (a 503) ``header_timeout_s`` after that answer. uvicorn has no such timer
     (its keep-alive timer stops at the first byte), so half-open connections were held forever. And with a send
     deadline (:class:`_WriteDeadline`): a reply must be taken within ``send_timeout_s`` of the connection's buffer
-    filling up (the timer runs from the first stall to the reply's last piece leaving the buffer)."""
+    filling up (the timer runs from the first stall to the reply's last piece leaving the buffer). And with a cap on
+    open connections: a connection that finds ``max_connections`` open (uvicorn's count: HTTP and WebSocket) is
+    answered 503 naming the cap at once, then half-closed and aborted after :data:`REFUSED_LINGER_S` (what it sends
+    meanwhile is dropped); it is not counted meanwhile."""
+
+    max_connections = DEFAULT_MAX_CONNECTIONS
+    _refused = False
+    _linger_timer = None
+
+    def _refuse_connection(self) -> None:
+        self._refused = True
+        self.connections.discard(self)
+        body = _dumps({"detail": f"server busy: {self.max_connections} connections open, the cap (max_connections); "
+                                 "retry later"}).encode()
+        self.transport.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\nretry-after: 1\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+        self.transport.write_eof()
+        self._linger_timer = self.loop.call_later(REFUSED_LINGER_S, self.transport.abort)
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -934,7 +1052,8 @@ class _TimedH11Protocol(_WriteDeadline, H11Protocol):
 
     def _head_expired(self) -> None:
         self._head_timer = None
-        if not self.transport.is_closing() and self.conn.their_state in (h11.IDLE,):
+        answered = self.conn.our_state in (h11.DONE, h11.MUST_CLOSE) and self.conn.their_state is h11.SEND_BODY
+        if not self.transport.is_closing() and (self.conn.their_state is h11.IDLE or answered):
             if self.transport.get_write_buffer_size():  # it has not even read our last reply: close() would wait on it
                 self.transport.abort()
             else:
@@ -942,14 +1061,21 @@ class _TimedH11Protocol(_WriteDeadline, H11Protocol):
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._arm()
+        if len(self.connections) > self.max_connections:
+            self._refuse_connection()
+        else:
+            self._arm()
 
     def connection_lost(self, exc) -> None:
         self._disarm()
         self._disarm_write()
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:  # answered 503 already: what it sends is dropped
+            return
         super().data_received(data)
         if self.conn.their_state is not h11.IDLE:  # the request head is complete
             self._disarm()
@@ -968,18 +1094,22 @@ class _TimedH11Protocol(_WriteDeadline, H11Protocol):
 
 def uvicorn_config(app, *, host: str = "127.0.0.1", port: int = 8000, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S,
-                   log_level: str = "warning", **kwargs):
+                   max_connections: int = DEFAULT_MAX_CONNECTIONS, log_level: str = "warning", **kwargs):
     """The ``uvicorn.Config`` that serves ``app``: WebSocket messages capped at ``max_body_bytes``, the h11
     protocol with a ``header_timeout_s`` head deadline (:class:`_TimedH11Protocol`), HTTP and WebSocket connections
-    dropped when a reply is not taken within ``send_timeout_s`` seconds of their send buffer filling up.
+    dropped when a reply is not taken within ``send_timeout_s`` seconds of their send buffer filling up, and at most
+    ``max_connections`` open connections (default :data:`DEFAULT_MAX_CONNECTIONS`, 256; one more is answered 503 and
+    closed).
 
     Raises:
-        ValueError: a non-positive timeout.
+        ValueError: a non-positive timeout or ``max_connections`` < 1.
     """
-    for name, v in (("header_timeout_s", header_timeout_s), ("send_timeout_s", send_timeout_s)):
+    for name, v in (("header_timeout_s", header_timeout_s), ("send_timeout_s", send_timeout_s),
+                    ("max_connections", max_connections)):
         if v <= 0:
             raise ValueError(f"{name} must be > 0, got {v}")
-    timers = {"header_timeout_s": float(header_timeout_s), "send_timeout_s": float(send_timeout_s)}
+    timers = {"header_timeout_s": float(header_timeout_s), "send_timeout_s": float(send_timeout_s),
+              "max_connections": int(max_connections)}
     http = type("TimedH11Protocol", (_TimedH11Protocol,), timers)
     ws = type("TimedWSProtocol", (_TimedWSProtocol,), {"send_timeout_s": float(send_timeout_s)})
     return uvicorn.Config(app, host=host, port=port, http=http, ws=ws, ws_max_size=max_body_bytes, log_level=log_level,
@@ -1295,7 +1425,7 @@ def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int 
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_session_bytes: int | None = DEFAULT_MAX_SESSION_BYTES,
               body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S, allowed_origins: list[str] | tuple = (),
               allowed_hosts: list[str] | tuple = LOOPBACK_HOSTS, clock: Callable[[], float] = time.monotonic,
-              reap_interval_s: float | None = None):
+              reap_interval_s: float | None = None, max_inflight_body_bytes: int = DEFAULT_MAX_INFLIGHT_BODY_BYTES):
     """The ASGI app serving ``env_id`` (see the module docstring for routes, errors and bounds).
 
     Args:
@@ -1306,6 +1436,9 @@ def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int 
         idle_timeout_s: seconds (of ``clock``) without a request after which a session is closed (``None``: never).
         max_body_bytes: largest HTTP body accepted (the WebSocket message limit is uvicorn's ``ws_max_size``:
             :func:`uvicorn_config`).
+        max_inflight_body_bytes: cap on the bytes of HTTP bodies being received or served at once, across all
+            connections (default :data:`DEFAULT_MAX_INFLIGHT_BODY_BYTES`, 64 MiB; bodies of at most
+            :data:`SMALL_BODY_BYTES` are not counted); a body that would go over it -> 503 before it is read.
         max_session_bytes: cap on one session's conversation in UTF-8 JSON bytes, checked on every append and reply,
             with the session's unsent replies counted against it too (``None``: none; see the module docstring).
         body_timeout_s: seconds a client has to send a whole request body (else 408).
@@ -1322,6 +1455,8 @@ def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int 
     """
     gym.spec(env_id)  # fail fast on an unknown id
     _check_bounds(max_sessions, idle_timeout_s, max_body_bytes, body_timeout_s, max_session_bytes)
+    if max_inflight_body_bytes < max_body_bytes:
+        raise ValueError(f"max_inflight_body_bytes ({max_inflight_body_bytes}) must be >= max_body_bytes ({max_body_bytes})")
     factory = functools.partial(GymTextEnvironment, env_id, dict(env_kwargs or {}), max_session_bytes)
     # OpenEnv's session registry (cap, one thread per session, env built and closed on it); its reaper is off
     # (ours, _Sessions.reap_forever, runs on `clock`), and its routes are not registered (see the module docstring).
@@ -1338,7 +1473,7 @@ def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int 
     _add_info_routes(app, env_id)
     _add_websocket_route(app, sessions, env_id)
     return _Guard(app, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s, allowed_hosts=list(allowed_hosts),
-                  allowed_origins=list(allowed_origins))
+                  allowed_origins=list(allowed_origins), max_inflight_body_bytes=max_inflight_body_bytes)
 
 
 class _Server(uvicorn.Server):
@@ -1367,7 +1502,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-sessions", type=int, default=64, help="most concurrent sessions (default 64)")
     p.add_argument("--idle-timeout", type=float, default=600.0, help="seconds before an idle session is closed; 0 = never")
-    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="largest request body / WS message")
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                   help="largest request body / WS message (default 1 MiB)")
+    p.add_argument("--max-inflight-body-bytes", type=int, default=DEFAULT_MAX_INFLIGHT_BODY_BYTES,
+                   help="cap on the bytes of request bodies being received or served at once, across all connections "
+                        f"(default 64 MiB; bodies of at most {SMALL_BODY_BYTES} bytes not counted); beyond: 503")
+    p.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+                   help="most open connections, HTTP and WebSocket (default 256); beyond: 503 and closed")
     p.add_argument("--max-session-bytes", type=int, default=DEFAULT_MAX_SESSION_BYTES,
                    help="cap on one session's conversation (UTF-8 JSON bytes; default 8 MiB); 0 = none")
     p.add_argument("--header-timeout", type=float, default=DEFAULT_HEADER_TIMEOUT_S, help="seconds to send request headers")
@@ -1400,9 +1541,11 @@ def main(argv: list[str] | None = None) -> None:
         hosts.append(a.host)
     app = build_app(a.env_id, env_kwargs, max_sessions=a.max_sessions, idle_timeout_s=a.idle_timeout or None,
                     max_body_bytes=a.max_body_bytes, max_session_bytes=a.max_session_bytes or None,
-                    body_timeout_s=a.body_timeout, allowed_origins=a.allow_origin, allowed_hosts=hosts)
+                    body_timeout_s=a.body_timeout, allowed_origins=a.allow_origin, allowed_hosts=hosts,
+                    max_inflight_body_bytes=a.max_inflight_body_bytes)
     _Server(uvicorn_config(app, host=a.host, port=a.port, max_body_bytes=a.max_body_bytes, header_timeout_s=a.header_timeout,
-                           send_timeout_s=a.send_timeout, log_level=a.log_level), env_id=a.env_id).run()
+                           send_timeout_s=a.send_timeout, max_connections=a.max_connections, log_level=a.log_level),
+            env_id=a.env_id).run()
 
 
 if __name__ == "__main__":

@@ -273,7 +273,141 @@ def test_session_counts_while_a_session_is_being_built():
         assert r.status_code == 200 and r.json()["unsent_bytes"] == 0, r.text
 
 
-# ---------------------------------------------------------------- 4. the CLI says where it listens
+# ---------------------------------------------------------------- 4. bodies in flight and open connections (issue 42)
+
+
+def _post_head(port: int, n: int, path: str = "/sessions") -> socket.socket:
+    """A connection that sent the head of a ``POST path`` announcing an ``n``-byte body, and nothing more yet."""
+    s = socket.socket()
+    s.connect(("127.0.0.1", port))
+    s.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {n}\r\n\r\n".encode())
+    return s
+
+
+def _answered(socks: list[socket.socket], wait_s: float) -> list[bytes | None]:
+    """The first bytes each socket has been answered with within ``wait_s`` seconds (``None``: nothing yet)."""
+    time.sleep(wait_s)
+    out = []
+    for s in socks:
+        s.setblocking(False)
+        try:
+            out.append(s.recv(4096) or b"EOF")
+        except BlockingIOError:
+            out.append(None)
+        except OSError as e:
+            out.append(repr(e).encode())
+        s.setblocking(True)
+    return out
+
+
+def _hold_bodies(port: int, n_conns: int, body: int, path: str = "/sessions") -> tuple[list, list]:
+    """``n_conns`` connections announcing a ``body``-byte body; those the server did not refuse at once send all but
+    its last byte and hold. Returns ``(held sockets, refusals)`` (the refused ones' first reply bytes; closed)."""
+    socks = [_post_head(port, body, path) for _ in range(n_conns)]
+    replies = _answered(socks, 1.0)
+    held = [s for s, r in zip(socks, replies) if r is None]
+    for s in held:
+        s.settimeout(30)
+        s.sendall(b"x" * (body - 1))
+    for s, r in zip(socks, replies):
+        if r is not None:
+            s.close()
+    return held, [r for r in replies if r is not None]
+
+
+def test_bodies_in_flight_are_capped_across_connections():
+    """Issue 42: bodies being received were unbounded across connections: 1,500 connections each holding all but one
+    byte of a 1 MiB body took the server from 209 MB to 1,686 MB RSS. Now their total is capped
+    (``max_inflight_body_bytes``): a body that would go over it is refused at once, 503 naming the cap, before a byte
+    of it is read; bodies of at most :data:`envs.serve.SMALL_BODY_BYTES` are not counted (an honest step is never
+    refused because of held bodies), and the room comes back when the held bodies go."""
+    cap = 4 * LIMIT
+    app = _app(max_inflight_body_bytes=cap)
+    with _serve(app) as (url, _), httpx.Client(base_url=url, timeout=30) as c:
+        port = int(url.rsplit(":", 1)[1])
+        held, refused = _hold_bodies(port, 7, LIMIT)
+        assert len(held) == 4 and len(refused) == 3, (len(held), refused)
+        for r in refused:
+            assert r.startswith(b"HTTP/1.1 503") and b"max_inflight_body_bytes" in r, r[:400]
+        assert _answered(held, 0.3) == [None] * 4  # still receiving: nothing answered, nothing refused
+        assert c.get("/health").status_code == 200
+        sid = _open(c)  # a small body (an honest step) is served beside the held ones
+        assert c.post(f"/sessions/{sid}/reset", json={}).status_code == 200
+        assert c.post(f"/sessions/{sid}/step", json={"action": {"content": "hi " * 1000}}).status_code == 200
+        big = {"action": {"content": "y" * (LIMIT // 2)}}  # a large body while the cap is full: refused
+        r = c.post(f"/sessions/{sid}/step", json=big)
+        assert r.status_code == 503 and "max_inflight_body_bytes" in r.json()["detail"], r.text[:300]
+        chunked = c.post(f"/sessions/{sid}/step", content=iter([json.dumps(big).encode()]),
+                         headers={"content-type": "application/json"})  # chunked: counted as it arrives
+        assert chunked.status_code == 503, chunked.text[:300]
+        for s in held:
+            s.close()
+        t0 = time.time()
+        while (r := c.post(f"/sessions/{sid}/step", json=big)).status_code == 503:  # the room is back
+            assert time.time() - t0 < 10, r.text[:300]
+            time.sleep(0.1)
+        assert r.status_code == 200, r.text[:300]
+
+
+def test_connections_over_the_cap_are_refused_with_503():
+    """Issue 42: the number of open connections was unbounded (each holds buffers, a protocol and a socket). Past
+    ``max_connections`` a new connection is answered 503 naming the cap and closed; the room comes back when
+    connections close."""
+    with _serve(_app(), max_connections=4) as (url, _):
+        port = int(url.rsplit(":", 1)[1])
+        idle = []
+        for _ in range(4):
+            s = socket.socket()
+            s.connect(("127.0.0.1", port))
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # a head never finished
+            idle.append(s)
+        time.sleep(0.3)
+        with httpx.Client(base_url=url, timeout=30) as c:
+            r = c.get("/health")
+        assert r.status_code == 503 and "max_connections" in r.json()["detail"], r.text[:300]
+        for s in idle:
+            s.close()
+        t0 = time.time()
+        while (r := httpx.get(url + "/health", timeout=30)).status_code == 503:
+            assert time.time() - t0 < 10
+            time.sleep(0.1)
+        assert r.status_code == 200
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(ln.split()[1]) for ln in f if ln.startswith("VmRSS:")) / 1024
+
+
+def test_held_bodies_leave_the_server_memory_bounded_and_back_near_baseline():
+    """Issue 42's measurement, at the defaults, over ``python -m envs.serve``: connections each holding all but one
+    byte of a 1 MiB body took the server from 209 MB to 1,686 MB RSS (1,302 MB after they closed; here 300 of them,
+    +300 MB before the fix). Now at most ``max_inflight_body_bytes`` (64 MiB) of them are received at once, the rest
+    answered 503, and once they leave the server's RSS is back within 40 MB of its baseline."""
+    psutil = pytest.importorskip("psutil")
+    body = serve.DEFAULT_MAX_BODY_BYTES
+    with serve_process("GSM8K-v1", timeout_s=120) as url:
+        pid = next(p.pid for p in psutil.Process().children() if "envs.serve" in " ".join(p.cmdline()))
+        port = int(url.rsplit(":", 1)[1])
+        assert httpx.get(url + "/health", timeout=30).status_code == 200
+        base = _rss_mb(pid)
+        held, refused = _hold_bodies(port, 300, body, "/step")
+        time.sleep(0.5)
+        during = _rss_mb(pid)
+        assert httpx.get(url + "/health", timeout=30).status_code == 200
+        for s in held:
+            s.close()
+        t0 = time.time()
+        while (after := _rss_mb(pid)) - base > 40 and time.time() - t0 < 10:
+            time.sleep(0.2)
+        assert len(held) <= serve.DEFAULT_MAX_INFLIGHT_BODY_BYTES // body, (len(held), len(refused))
+        assert refused and all(r.startswith(b"HTTP/1.1 503") for r in refused), refused[:2]
+        assert during - base < 2 * serve.DEFAULT_MAX_INFLIGHT_BODY_BYTES / 2**20 + 40, (base, during)
+        assert after - base < 40, (base, during, after)
+
+
+# ---------------------------------------------------------------- 5. the CLI says where it listens
 
 
 def test_cli_prints_a_listening_line_with_the_bound_port():

@@ -206,6 +206,23 @@ def test_cross_origin_and_foreign_host_rejected_unless_allowed():
         assert c.get("/health", headers={"Host": f"localhost:{url.rsplit(':', 1)[1]}"}).status_code == 200  # loopback names
 
 
+def test_host_header_is_parsed_strictly():
+    """Issue 42: ``Host: [::1]evil`` passed the Host check (``_host_name`` took whatever stood between the brackets and
+    ignored the rest). An IPv6 literal is served only as exactly ``[::1]`` with an optional ``:port``; a name only with
+    an optional ``:port`` of ASCII digits."""
+    with _serve(_echo_app()) as url, httpx.Client(base_url=url, timeout=20) as c:
+        url_port = url.rsplit(":", 1)[1]
+        for host in ("[::1]evil", "[::1]evil.example", "[::1]:80evil", "[::1]:", "[::1]]", "[::1", "[::1]:8000:1",
+                     "localhost:80:80", "localhost:80x", "localhost:8O", "localhost.evil.example", "127.0.0.1 evil",
+                     "[::2]", "[0::1]evil", "::1evil", "localhost:99999999"):
+            r = c.get("/health", headers={"Host": host})
+            assert r.status_code == 403 and "host" in r.json()["detail"].lower(), (host, r.status_code, r.text[:200])
+        for host in ("[::1]", f"[::1]:{url_port}", "[::1]:80", "localhost", f"LOCALHOST:{url_port}", "127.0.0.1",
+                     f"127.0.0.1:{url_port}"):
+            r = c.get("/health", headers={"Host": host})
+            assert r.status_code == 200, (host, r.status_code, r.text[:200])
+
+
 def test_cli_warns_on_all_interfaces(monkeypatch, capsys):
     """Defect B3: --host 0.0.0.0 served every interface silently."""
     import uvicorn
@@ -279,10 +296,11 @@ def test_only_documented_routes_and_none_builds_an_env_outside_the_cap():
     with _serve(_echo_app(max_sessions=1)) as url, httpx.Client(base_url=url, timeout=20) as c:
         _open(c)
         made = EchoEnv.made
-        for path in ("/docs", "/redoc", "/openapi.json"):
+        for path in ("/docs", "/redoc"):
             assert c.get(path).status_code == 404, path
+        assert c.get("/openapi.json").status_code == 200  # issue 44: served (what openenv validate reads)
         rpc = {"jsonrpc": "2.0", "id": 1, "method": "openenv/session/create", "params": {}}
-        assert c.post("/mcp", json=rpc).status_code in (404, 405)
+        assert c.post("/mcp", json=rpc).json()["error"]["code"] == -32000  # issue 44: served, inside the session cap
         with pytest.raises(InvalidStatus), ws_connect(url.replace("http", "ws") + "/mcp"):
             pass
         assert c.get("/metadata").json()["name"] == "ServeTest/Echo-v0"
