@@ -17,6 +17,12 @@ not follow data flow, so a verifier that evaluates only the generator's own prob
 grammar like the others. :func:`envs.reasoning_gym.data.resolve_spec` refuses, at ``gym.make``, a task reported
 here that has no grammar; ``tests/test_reasoning_gym_safety.py`` checks every registered task.
 
+The grammar stops payloads, not cost: an answer inside countdown's grammar, ``exp(100000000*log(3))``, is one C call
+in sympy that held the GIL for 122 s (issue 42). So every task's ``score_answer`` (reported here or not: the
+audit sees names, not cost; propositional_logic's own parser is quadratic) runs in a killable worker process with
+CPU-time, memory and wall-clock bounds (:mod:`envs.grader_process`, called by
+:func:`envs.reasoning_gym.grading.score`).
+
 Cost: ~0.3 s for all ~100 tasks on first use (then cached per task).
 """
 from __future__ import annotations
