@@ -159,6 +159,7 @@ import gymnasium as gym
 import envs as _envs
 from envs.action_text import json_depth
 from envs.contract import check_action
+from envs.serving.protocols import add_mcp_protocols
 
 __all__ = ["GymTextEnvironment", "TextAction", "TextObservation", "TextState", "build_app", "main", "uvicorn_config"]
 
@@ -1472,6 +1473,7 @@ def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int 
     _add_not_found_handler(app)
     _add_info_routes(app, env_id)
     _add_websocket_route(app, sessions, env_id)
+    add_mcp_protocols(app, sessions, run=_run, parse=_parse, max_body_bytes=max_body_bytes)
     return _Guard(app, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s, allowed_hosts=list(allowed_hosts),
                   allowed_origins=list(allowed_origins), max_inflight_body_bytes=max_inflight_body_bytes)
 
