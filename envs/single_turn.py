@@ -101,14 +101,19 @@ class SingleTurnTextEnv(gym.Env):
         return str(index)
 
     def _task_index(self, task_id: Any) -> int:
-        """The index ``options["task_id"]`` names.
+        """The index ``options["task_id"]`` names: the id is ``str(index)`` exactly (ASCII digits, no sign, no
+        white space, no leading zero), so ``"٣"``, ``"１"``, ``"0001"`` and ``" 1"`` name no task (issue 42: they
+        were read as 3 and 1).
 
         Raises:
             ValueError: not one of ``"0"`` .. ``str(num_tasks - 1)``.
         """
         n = self.num_tasks
-        if not isinstance(task_id, str) or not task_id.isdecimal() or int(task_id) >= n:
-            raise ValueError(f"task_id {task_id!r} is not in split {self.split!r} (ids '0'..'{n - 1}')")
+        canonical = (isinstance(task_id, str) and 0 < len(task_id) <= len(str(n)) and task_id.isascii()
+                     and task_id.isdigit() and (task_id == "0" or task_id[0] != "0"))
+        if not canonical or int(task_id) >= n:
+            raise ValueError(f"task_id {task_id!r:.40} is not in split {self.split!r} (ids '0'..'{n - 1}', written "
+                             f"as str(index))")
         return int(task_id)
 
     def _check_usable(self, index: int) -> None:

@@ -116,6 +116,21 @@ def test_protocol_and_task_listing(env):
     assert obs_i == obs_t
 
 
+#: Spellings of an index that are not its id: other scripts' digits, full-width digits, leading zeros, white space,
+#: signs, underscores (issue 42: GSM8K, ReasoningGym and DigitSum read "٣" as 3 and "１", "0001" as 1).
+NON_CANONICAL_IDS = ["٣", "１", "0001", "00", " 1", "1 ", "\t1", "+1", "-0", "1_0", "1.0", "¹"]
+
+
+@pytest.mark.parametrize("task_id", NON_CANONICAL_IDS, ids=ascii)
+def test_reset_refuses_a_task_id_that_is_not_an_id(env, task_id):
+    """A task id is one of ``task_ids`` exactly; anything else is a ``ValueError`` / ``KeyError`` (bad reset input)."""
+    u = env.unwrapped
+    if task_id in u.task_ids:
+        pytest.skip("an id of this split")
+    with pytest.raises((ValueError, KeyError)):
+        env.reset(seed=0, options={"task_id": task_id})
+
+
 def test_reset_and_plain_text_step(env):
     with pytest.raises(RuntimeError):
         env.unwrapped.step(PLAIN_TEXT)  # before reset

@@ -205,13 +205,6 @@ class GSM8KEnv(SingleTurnTextEnv):
         text = re.sub(r"<<[^<>]*>>", "", problem.get("solution") or f"#### {problem['answer']}")
         return [{"role": "assistant", "content": text}]
 
-    def _task_index(self, task_id: Any) -> int:
-        """``options["task_id"]`` -> index: a problem's id is ``str(index)``."""
-        try:
-            return int(task_id)
-        except (TypeError, ValueError):
-            raise ValueError(f"task_id must be an integer string, got {task_id!r}") from None
-
     def _prompt(self, index: int) -> str:
         return self._problems[index]["question"]
 
