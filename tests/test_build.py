@@ -98,7 +98,7 @@ def test_loss_metrics_reduce_as_declared():
         acc.add(_fake_losses({"loss_objective": 1.0, "clip_fraction": clip, "ratio_max": rmax, "kl_ref": kl,
                               "num_tokens": float(w.numel()), "ess": 0.5,
                               "ess_log_sum_w": float(w.sum().log()), "ess_log_sum_w2": float((w**2).sum().log())}),
-                tokens=float(w.numel()), scaled_loss=0.5)
+                tokens=float(w.numel()), scaled_loss=0.5, share=0.5)
     out = acc.finish(n_minibatches=1)
     w = torch.cat([w1, w2])
     assert out["clip_fraction"] == pytest.approx((0.2 * 3 + 0.6 * 1) / 4)

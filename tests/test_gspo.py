@@ -161,3 +161,54 @@ def test_a_gspo_update_on_a_tiny_model_runs(tiny_model_and_tokenizer):
         assert math.isfinite(m[k]), k
     assert 0.0 < m["ess"] <= 1.0 + 1e-6 and 0.0 <= m["clip_fraction"] <= 1.0
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+@pytest.mark.parametrize("config", ["grpo_gsm8k", "grpo_tau2", "grpo_cl"])
+def test_sequence_level_takes_the_papers_clip_range_unless_the_user_set_one(config, caplog):
+    """Issue 43 (5): ``loss.importance_level=sequence`` kept GRPO's 0.2 / 0.28 and token_mean silently. With the clip
+    range and aggregation unset (null, as every shipped config leaves them) it now takes GSPO's 3e-4 / 4e-4 and the
+    sequence mean (Eq. 5); the token level keeps DAPO's 0.2 / 0.28 and token_mean; a value the user sets is kept, and a
+    GRPO-sized clip range at the sequence level is warned about."""
+    from torchrl_grpo.assembly.optimisation import loss_settings
+
+    def built(overrides):
+        cfg = _compose_named(config, overrides)
+        validate_config(cfg)
+        return GRPOLoss(torch.nn.Linear(1, 1), **loss_settings(cfg.loss), max_tokens=64)
+
+    seq = built(["loss.importance_level=sequence"])
+    assert (seq.clip_eps_low, seq.clip_eps_high, seq.aggregation) == (3e-4, 4e-4, "seq_mean_token_mean")
+    tok = built([])
+    assert (tok.clip_eps_low, tok.clip_eps_high, tok.aggregation) == (0.2, 0.28, "token_mean")
+    caplog.clear()
+    mine = built(["loss.importance_level=sequence", "loss.clip_eps_low=0.1", "loss.clip_eps_high=0.15",
+                  "loss.aggregation=token_mean"])
+    assert (mine.clip_eps_low, mine.clip_eps_high, mine.aggregation) == (0.1, 0.15, "token_mean")
+    assert any("rarely clips" in r.getMessage() for r in caplog.records)
+    half = built(["loss.importance_level=sequence", "loss.clip_eps_high=5e-4"])  # one set, the other the paper's
+    assert (half.clip_eps_low, half.clip_eps_high) == (3e-4, 5e-4)
+    with pytest.raises(ValueError, match="loss.clip_eps_low"):
+        built(["loss.clip_eps_low=1.5"])
+
+
+def _compose_named(name, overrides):
+    from hydra import compose, initialize_config_dir
+
+    from tests.test_config_cli import REPO
+    from torchrl_grpo.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        return compose(config_name=name, overrides=overrides)
+
+
+def test_library_defaults_follow_the_importance_level():
+    """The same rule for a library caller of GRPOLoss (no config)."""
+    lin = torch.nn.Linear(1, 1)
+    g = GRPOLoss(lin, importance_level="sequence")
+    assert (g.clip_eps_low, g.clip_eps_high, g.aggregation, g.normaliser) == (3e-4, 4e-4, "seq_mean_token_mean",
+                                                                              "episode")
+    t = GRPOLoss(lin)
+    assert (t.clip_eps_low, t.clip_eps_high, t.aggregation, t.normaliser) == (0.2, 0.28, "token_mean", "token")
+    kept = GRPOLoss(lin, importance_level="sequence", clip_eps_low=1e-3, aggregation="token_mean")
+    assert (kept.clip_eps_low, kept.clip_eps_high, kept.aggregation) == (1e-3, 4e-4, "token_mean")

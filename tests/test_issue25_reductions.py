@@ -68,15 +68,16 @@ def test_loss_metrics_reduced_over_ranks_equal_one_process():
            (_losses(0.1, 1.1, [0.0, 0.3, -0.1, 0.2]), 4, 0.04)]
     one, r0, r1 = LossMetrics(), LossMetrics(), LossMetrics()
     for i, (losses, tokens, scaled) in enumerate(mbs):
-        one.add(losses, tokens=tokens, scaled_loss=scaled)
-        (r0 if i < 2 else r1).add(losses, tokens=tokens, scaled_loss=scaled)
+        share = scaled / float(losses["loss_objective"])  # the micro-batch's share of the minibatch (issue 43)
+        one.add(losses, tokens=tokens, scaled_loss=scaled, share=share)
+        (r0 if i < 2 else r1).add(losses, tokens=tokens, scaled_loss=scaled, share=share)
     want = one.finish(1)
     got = r0.finish(1, _FakeGroup(r1))
     assert set(got) == set(want)
     for k in want:
         assert got[k] == pytest.approx(want[k], rel=1e-9), k
     assert got["num_tokens"] == 8.0 and got["loss/total"] == pytest.approx(0.09)
-    assert got["loss_objective"] == pytest.approx((0.3 * 3 - 0.5 + 0.1 * 4) / 8)
+    assert got["loss_objective"] == pytest.approx(got["loss/total"])  # loss terms weighted by share, as the total
     assert got["ratio_max"] == pytest.approx(1.5) and "kl_ref" not in got
     w = torch.tensor([0.1, -0.2, 0.0, 0.4, 0.0, 0.3, -0.1, 0.2], dtype=torch.float64).exp()
     assert got["ess"] == pytest.approx(float(w.sum() ** 2 / (8 * (w * w).sum())), rel=1e-6)

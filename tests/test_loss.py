@@ -133,14 +133,12 @@ def _hand_expected(eps_low, eps_high, mode, max_tokens, kl_coef, ent_coef, cap=N
     n = len(ratios)
     below = sum(r < 1 - eps_low for r in ratios)
     above = sum(r > 1 + eps_high for r in ratios)
-    kl_ref = _agg_py(kl, mode, max_tokens)
-    entropy = _agg_py(ent, mode, max_tokens)
     return {
         "loss_objective": -_agg_py(surr, mode, max_tokens),
-        "loss_kl": kl_coef * kl_ref,
-        "loss_entropy": -ent_coef * entropy,
-        "kl_ref": kl_ref,
-        "entropy": entropy,
+        "loss_kl": kl_coef * _agg_py(kl, mode, max_tokens),
+        "loss_entropy": -ent_coef * _agg_py(ent, mode, max_tokens),
+        "kl_ref": _agg_py(kl, "token_mean", None),  # the logged metrics: nats per response token (issue 43)
+        "entropy": _agg_py(ent, "token_mean", None),
         "ess": sum(iw) ** 2 / (n * sum(w * w for w in iw)),
         "clip_fraction": (below + above) / n,
         "clip_fraction_low": below / n,
@@ -182,11 +180,11 @@ def test_hand_computed_example(aggregation, eps):
                                                    rel=1e-5)
 
 
-def test_hand_aggregations_are_distinct_and_default_norm_is_T():
-    """The three modes give three different numbers here (so the test above discriminates them), and
-    seq_mean_token_sum_norm without max_tokens divides by the padded length T."""
+def test_hand_aggregations_are_distinct():
+    """The three modes give three different numbers here (so the test above discriminates them);
+    seq_mean_token_sum_norm divides by its constant (here the padded length T)."""
     model, td = _hand_batch()
-    vals = {m: GRPOLoss(model, aggregation=m)(td)["loss_objective"].item() for m in AGGREGATIONS}
+    vals = {m: GRPOLoss(model, aggregation=m, max_tokens=T_HAND)(td)["loss_objective"].item() for m in AGGREGATIONS}
     assert len({round(v, 6) for v in vals.values()}) == 3
     exp = _hand_expected(0.2, 0.28, "seq_mean_token_sum_norm", T_HAND, 0.0, 0.0)
     assert vals["seq_mean_token_sum_norm"] == pytest.approx(exp["loss_objective"], rel=1e-5)
@@ -265,9 +263,8 @@ def test_masked_aggregate_direct():
     assert masked_aggregate(x, m, "token_mean").item() == pytest.approx((1 + 2 + 3 + 4) / 4)
     assert masked_aggregate(x, m, "seq_mean_token_mean").item() == pytest.approx((2 + 4) / 2)  # empty row skipped
     assert masked_aggregate(x, m, "seq_mean_token_sum_norm", max_tokens=10).item() == pytest.approx((6 / 10 + 4 / 10) / 2)
-    assert masked_aggregate(x, m, "seq_mean_token_sum_norm").item() == pytest.approx((6 / 4 + 4 / 4) / 2)
     for mode in AGGREGATIONS:  # an all-empty mask gives 0, not NaN
-        assert masked_aggregate(x, torch.zeros_like(m), mode).item() == 0.0
+        assert masked_aggregate(x, torch.zeros_like(m), mode, max_tokens=4).item() == 0.0
     with pytest.raises(ValueError, match="unknown aggregation"):
         masked_aggregate(x, m, "sum")
 
@@ -555,15 +552,6 @@ def test_left_padding_with_absolute_positions():
         torch.testing.assert_close(left[b, -L + 1:], right[b, 1:L], rtol=1e-5, atol=1e-5)
 
 
-def test_default_sum_norm_uses_padded_length(model, tok):
-    """Documented behaviour: seq_mean_token_sum_norm without max_tokens normalises by T (so it scales as 1/T)."""
-    td = _hf_batch(model, tok)
-    T = td["tokens"].shape[1]
-    a = GRPOLoss(model, aggregation="seq_mean_token_sum_norm")(td)["loss_objective"].item()
-    b = GRPOLoss(model, aggregation="seq_mean_token_sum_norm")(_pad_right(td, T, tok.pad_token_id))["loss_objective"].item()
-    assert b == pytest.approx(a / 2, rel=1e-5)
-
-
 def test_token_log_probs_chunking_and_positions(model, tok):
     td = _hf_batch(model, tok)
     lp, ent = token_log_probs(model, td["tokens"], td["attention_mask"], with_entropy=True)
@@ -703,3 +691,17 @@ def test_truncated_log_prob_gradient_is_the_renormalised_softmax_gradient():
     lp, _ = token_log_probs(stub, tokens, attn, temperature=T, top_p=top_p, top_k=top_k)
     lp[0, 1:].sum().backward()
     torch.testing.assert_close(stub.table.grad, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_sum_norm_needs_its_constant():
+    """Issue 43 (4): without ``max_tokens`` seq_mean_token_sum_norm divided by each call's own padded width, so the
+    gradient depended on the micro-batch plan (rel. diff 0.89). Construction (and masked_aggregate) now refuse it."""
+    model, td = _hand_batch()
+    with pytest.raises(ValueError, match="max_tokens"):
+        GRPOLoss(model, aggregation="seq_mean_token_sum_norm")
+    with pytest.raises(ValueError, match="max_tokens"):
+        masked_aggregate(td["sample_log_probs"], td["response_mask"], "seq_mean_token_sum_norm")
+    for bad in (0, -3):
+        with pytest.raises(ValueError, match="max_tokens"):
+            GRPOLoss(model, aggregation="seq_mean_token_sum_norm", max_tokens=bad)
+    GRPOLoss(model, aggregation="seq_mean_token_mean")  # the other aggregations need no constant

@@ -81,3 +81,63 @@ def test_activation_estimate_matches_the_measured_qwen_slope_and_sets_the_cpu_bu
     # an episode longer than the budget still gets its own micro-batch; a model without dimensions: the fallback
     assert auto_token_budget(qwen, torch.device("cpu"), 10**6) == 10**6
     assert activation_bytes_per_token(torch.nn.Linear(2, 2)) == UNKNOWN_MODEL_BYTES_PER_TOKEN
+
+
+# ------------------------------------------------------------------ issue 43 (3): logged loss terms and the plan
+import copy  # noqa: E402
+import contextlib  # noqa: E402
+
+from torchrl_grpo.objectives.log_probs import token_log_probs  # noqa: E402
+from torchrl_grpo.objectives.loss import AGGREGATIONS, GRPOLoss  # noqa: E402
+from torchrl_grpo.training.update import GRPOUpdate  # noqa: E402
+from tests.test_update_syncs import _gsm8k_like_batch, policy  # noqa: E402,F401  (a fixture, used by name)
+
+#: the logged terms of the loss: each must not depend on how the batch is cut into micro-batches
+LOSS_TERMS = ("loss_objective", "loss_kl", "loss_entropy", "kl_ref", "entropy", "loss/total")
+
+
+def _term_update(model, aggregation, *, micro_batch_size, max_tokens_per_mb, minibatch_size=0, anchor="recompute"):
+    """A GRPO update with KL (to a perturbed copy) and entropy on, lr 0 (the model stays put: every minibatch sees
+    the same policy, so the terms can be checked against one independent forward)."""
+    ref = copy.deepcopy(model).eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    loss = GRPOLoss(model, kl_coef=0.05, entropy_coef=0.01, aggregation=aggregation, max_tokens=48)
+    return GRPOUpdate(model, loss, torch.optim.SGD(model.parameters(), lr=0.0),
+                      reference=lambda: contextlib.nullcontext(ref), device=torch.device("cpu"),
+                      autocast=contextlib.nullcontext, ppo_epochs=1, minibatch_size=minibatch_size,
+                      micro_batch_size=micro_batch_size, max_tokens_per_mb=max_tokens_per_mb, max_grad_norm=1e9,
+                      anchor=anchor, exact_log_probs=True, seed=0)
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_logged_loss_terms_do_not_depend_on_the_micro_batch_plan(policy, aggregation):  # noqa: F811
+    """Issue 43 (3): under the seq-mean aggregations the terms were combined weighted by response tokens (kl_ref
+    0.1155 in one pass, 0.1083 one episode per pass) and no longer added up to ``loss/total``. Now: every plan logs
+    the same terms (1e-5), ``loss_objective + loss_kl + loss_entropy == loss/total`` (also over two minibatches,
+    where the terms are the mean of the minibatches' own, as ``loss/total`` is), and ``entropy`` / ``kl_ref`` are
+    nats per response token (a token mean, whatever the aggregation and the minibatches), computed here from one
+    independent forward."""
+    batch = _gsm8k_like_batch(seed=1)
+    longest = int(batch["attention_mask"].sum(-1).max())
+    plans = {"one pass": (0, 0, 0), "one episode each": (1, 0, 0), "3 episodes": (3, 0, 0),
+             "token budget": (0, 2 * longest, 0), "two minibatches of 8, 3 each": (3, 0, 8)}
+    logged = {}
+    for name, (size, budget, mb) in plans.items():
+        upd = _term_update(copy.deepcopy(policy), aggregation, micro_batch_size=size, max_tokens_per_mb=budget,
+                           minibatch_size=mb)
+        td = batch.clone()
+        logged[name] = upd(td, step=1)
+    ref = logged["one pass"]
+    for name, m in logged.items():
+        for k in LOSS_TERMS if "minibatches" not in name else ("kl_ref", "entropy"):  # another objective
+            assert m[k] == pytest.approx(ref[k], abs=1e-5), (name, k)
+        assert m["loss_objective"] + m["loss_kl"] + m["loss_entropy"] == pytest.approx(m["loss/total"], abs=1e-6), name
+    mask = td["response_mask"] & td["attention_mask"]
+    with torch.no_grad():
+        logp, ent = token_log_probs(policy, td["tokens"], td["attention_mask"], with_entropy=True, response_mask=mask)
+    d = torch.where(mask, td["ref_log_probs"] - logp, torch.zeros_like(logp))
+    k3 = d.exp() - d - 1
+    assert ref["entropy"] == pytest.approx(float(ent[mask].mean()), rel=1e-4)
+    assert ref["kl_ref"] == pytest.approx(float(k3[mask].mean()), rel=1e-4)

@@ -116,11 +116,16 @@ class RolloutConfig:
 
 @dataclass
 class LossConfig:
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.28
+    # clip range and aggregation: null (default) = by importance_level (objectives/loss.py LEVEL_DEFAULTS):
+    # token -> 0.2 / 0.28 and token_mean (DAPO); sequence -> 3e-4 / 4e-4 and seq_mean_token_mean (the GSPO paper's,
+    # arXiv:2507.18071). A value set here (or on the command line) is kept.
+    clip_eps_low: Optional[float] = None
+    clip_eps_high: Optional[float] = None
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
-    aggregation: str = "token_mean"  # token_mean | seq_mean_token_mean | seq_mean_token_sum_norm
+    # token_mean | seq_mean_token_mean | seq_mean_token_sum_norm (divides by gconfig.max_new_tokens x
+    # econfig.max_turns) | null (by importance_level, above)
+    aggregation: Optional[str] = None
     adv_scale: str = "group"  # group (GRPO) | none (Dr. GRPO) | batch
     adv_baseline: str = "mean"  # mean | loo
     filter_zero_variance_groups: bool = False
@@ -135,8 +140,9 @@ class LossConfig:
     # (issue 35, H100, SmolLM2-135M shape, 64 episodes, one pass): the separate pass adds 0.093 s to a 0.32 s update
     anchor: str = "auto"  # auto | recompute | behaviour
     # importance ratio: token (GRPO/DAPO, per token) | sequence (GSPO, Zheng et al. 2025, arXiv:2507.18071: the
-    # length-normalised sequence ratio, clipped per episode; the paper clips at clip_eps_low=3e-4, clip_eps_high=4e-4
-    # and means over sequences, aggregation=seq_mean_token_mean; objectives/loss.py)
+    # length-normalised sequence ratio, clipped per episode; objectives/loss.py). With the clip range and aggregation
+    # left null, sequence takes the paper's clip_eps_low=3e-4, clip_eps_high=4e-4 and seq_mean_token_mean; a clip range
+    # above 0.01 set with sequence is kept, with a warning
     importance_level: str = "token"
 
 

@@ -29,6 +29,10 @@ def is_data_parallel(strategy: str) -> bool:
     return strategy != "single"
 
 
+#: choice keys whose null means "by ``loss.importance_level``" (:data:`torchrl_grpo.objectives.loss.LEVEL_DEFAULTS`)
+_NULL_BY_LEVEL = ("loss.aggregation",)
+
+
 def _choices() -> dict[str, tuple]:
     """Config key -> allowed values: :data:`torchrl_grpo.config.choices.BY_KEY` (a new choice set is declared
     there once and validated here with no edit)."""
@@ -43,6 +47,8 @@ def validate_config(cfg) -> None:
     """
     for key, allowed in _choices().items():
         val = OmegaConf.select(cfg, key)
+        if val is None and key in _NULL_BY_LEVEL:
+            continue
         if val not in allowed:
             raise ValueError(f"config {key}={val!r} is not one of {allowed}")
     tau2_user(cfg.econfig)  # econfig.solo_mode / user / user_llm agree (tau2 envs only)
@@ -64,6 +70,10 @@ def validate_config(cfg) -> None:
     budget = cfg.train.max_tokens_per_mb
     if budget != "auto" and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
         raise ValueError(f"config train.max_tokens_per_mb must be auto or an int >= 0 (0: no budget), got {budget!r}")
+    low, high = cfg.loss.clip_eps_low, cfg.loss.clip_eps_high  # null: by loss.importance_level
+    if (low is not None and not 0 <= low < 1) or (high is not None and high < 0):
+        raise ValueError(f"config loss.clip_eps_low must be in [0, 1) and loss.clip_eps_high >= 0 (or null: by "
+                         f"loss.importance_level), got {low!r}, {high!r}")
     if cfg.loss.behaviour_weight_cap is not None and cfg.loss.behaviour_weight_cap <= 0:
         raise ValueError(f"config loss.behaviour_weight_cap must be > 0 or null, got {cfg.loss.behaviour_weight_cap}")
     if cfg.train.max_staleness is not None and cfg.train.max_staleness < 0:

@@ -24,7 +24,9 @@ see :mod:`torchrl_grpo.objectives.advantage`):
     :math:`\sum_{i,t} m_{i,t} x_{i,t} / \sum_{i,t} m_{i,t}`.
   - ``"seq_mean_token_mean"`` — DeepSeekMath Eq. (3): mean over each sequence's tokens, then over sequences.
   - ``"seq_mean_token_sum_norm"`` — Dr. GRPO (Liu et al., 2025, arXiv:2503.20783), Eq. (3): per-sequence token
-    sum divided by a constant ``max_tokens`` (not the sequence length), then mean over sequences.
+    sum divided by a constant ``max_tokens`` (not the sequence length), then mean over sequences. The constant is
+    required (the trainer passes the episode's token budget, ``gconfig.max_new_tokens x econfig.max_turns``): a
+    default of "this call's padded width" made the gradient depend on how a batch is cut into micro-batches.
 
 * Decoupled (off-policy) correction — AReaL (Fu et al., 2025, arXiv:2505.24298), Eq. (5): whenever the batch
   carries proximal ``old_log_probs`` (recomputed by the trainer: the PPO anchor) beside the behaviour log-probs
@@ -48,7 +50,8 @@ see :mod:`torchrl_grpo.objectives.advantage`):
   weights each sequence by its length). The gradient is that of Eq. (5) (:math:`\nabla s_i = s_i \cdot` the mean
   of the tokens' :math:`\nabla\log\pi_\theta`); the paper's GSPO-token variant (per-token advantages) is not
   implemented. The paper clips far tighter than GRPO: ``clip_eps_low=3e-4``, ``clip_eps_high=4e-4`` (its experiments),
-  not 0.2 / 0.28. The decoupled behaviour weight is then taken at the sequence level too:
+  not 0.2 / 0.28, and :class:`GRPOLoss` takes those (and ``seq_mean_token_mean``) when the caller sets none
+  (:data:`LEVEL_DEFAULTS`). The decoupled behaviour weight is then taken at the sequence level too:
   :math:`w_i = \exp(\mathrm{mean}_t(\log\pi_{prox} - \log\pi_{behav}))`, truncated or masked per episode.
   ``"token"`` (default) is the per-token ratio above (GRPO / DAPO).
 
@@ -63,11 +66,14 @@ Metrics (all over response tokens only, never over prompt or padding):
   the share of response tokens in episodes whose :math:`s_i` is clipped, and ``ratio_mean`` / ``ratio_max`` and
   the ESS weights (:math:`\exp(\mathrm{mean}_t(\log\pi_\theta - \log\pi_{behav}))`) are per episode, each
   episode counted once per response token (so micro-batches combine as token means do).
-* ``kl_ref`` (k3 to the reference), ``kl_behaviour`` (k1 estimate :math:`\log\pi_{behav}-\log\pi_\theta`),
-  ``entropy`` (nats/token), ``ratio_mean``, ``ratio_max``.
+* ``kl_ref`` (k3 to the reference) and ``entropy``: nats per response token, the token mean over the call's response
+  tokens whatever the aggregation (the loss terms ``loss_kl`` = β agg(D) and ``loss_entropy`` = -c_H agg(H) use the
+  aggregation; under ``token_mean`` the two coincide). ``kl_behaviour`` (k1 estimate
+  :math:`\log\pi_{behav}-\log\pi_\theta`), ``ratio_mean``, ``ratio_max``.
 """
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -84,14 +90,32 @@ from torchrl_grpo.objectives.loss_interface import PolicyLossModule, resolve_anc
 from torchrl_grpo.objectives.shared_prefix import SharedPrefix
 
 __all__ = ["GRPOLoss", "total_loss", "combine_ess", "BEHAVIOUR_WEIGHT_MODES", "token_log_probs", "masked_aggregate",
-           "AGGREGATIONS", "IMPORTANCE_LEVELS", "REDUCTIONS", "LossMetrics", "sequence_mean"]
+           "AGGREGATIONS", "IMPORTANCE_LEVELS", "REDUCTIONS", "reduction_of", "LossMetrics", "sequence_mean",
+           "LEVEL_DEFAULTS"]
+
+log = logging.getLogger(__name__)
+
+#: What :class:`GRPOLoss` takes for ``clip_eps_low`` / ``clip_eps_high`` / ``aggregation`` when the caller leaves them
+#: None (config ``loss.*: null``, the default), by ``importance_level``: ``"token"`` — GRPO with DAPO's clip-higher
+#: (Yu et al., 2025, arXiv:2503.14476, Eq. 10: 0.2 / 0.28) and DAPO's token-level mean (Eq. 8); ``"sequence"`` —
+#: GSPO (Zheng et al., 2025, arXiv:2507.18071): the clip range of its experiments, 3e-4 / 4e-4 (Sec. 5.1; a sequence
+#: ratio, the geometric mean of the token ratios, stays far closer to 1 than a token's: 0.2 would almost never clip),
+#: and Eq. (5)'s mean over the group's sequences (``seq_mean_token_mean``). A value the caller sets is kept.
+LEVEL_DEFAULTS: dict[str, dict] = {
+    "token": {"clip_eps_low": 0.2, "clip_eps_high": 0.28, "aggregation": "token_mean"},
+    "sequence": {"clip_eps_low": 3e-4, "clip_eps_high": 4e-4, "aggregation": "seq_mean_token_mean"},
+}
+
+#: A sequence-level clip range wider than this is GRPO-sized, not GSPO-sized: :class:`GRPOLoss` warns (as TRL's docs
+#: advise 3e-4 / 4e-4 for GSPO) but keeps it.
+_GSPO_WIDE_CLIP = 0.01
 
 
 def masked_aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str, max_tokens: int | None = None) -> torch.Tensor:
     """Reduce a per-token quantity [B, T] over masked tokens to a scalar (see module docstring).
 
     Raises:
-        ValueError: unknown ``mode``.
+        ValueError: unknown ``mode``; ``seq_mean_token_sum_norm`` without a ``max_tokens`` >= 1.
     """
     m = mask.to(x.dtype)
     if mode == "token_mean":
@@ -103,15 +127,50 @@ def masked_aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str, max_tokens:
         per_seq = (x * m).sum(-1) / per_seq_count.clamp_min(1.0)
         return (per_seq * has_tokens).sum() / n_seq
     if mode == "seq_mean_token_sum_norm":
-        norm = float(max_tokens) if max_tokens else float(x.shape[-1])
-        per_seq = (x * m).sum(-1) / norm
+        per_seq = (x * m).sum(-1) / float(_sum_norm_constant(max_tokens))
         return (per_seq * has_tokens).sum() / n_seq
     raise ValueError(f"unknown aggregation {mode!r}; expected one of {AGGREGATIONS}")
 
 
+def _sum_norm_constant(max_tokens: int | None) -> int:
+    """``max_tokens``, the Dr. GRPO constant of ``seq_mean_token_sum_norm``, checked.
+
+    Raises:
+        ValueError: None or < 1.
+    """
+    if max_tokens is None or isinstance(max_tokens, bool) or int(max_tokens) < 1:
+        raise ValueError("aggregation='seq_mean_token_sum_norm' needs max_tokens >= 1 (Dr. GRPO's constant: the most "
+                         f"response tokens an episode may have), got {max_tokens!r}")
+    return int(max_tokens)
+
+
+def _level_settings(level: str, clip_eps_low: float | None, clip_eps_high: float | None,
+                    aggregation: str | None) -> tuple[float, float, str]:
+    """``(clip_eps_low, clip_eps_high, aggregation)`` of a :class:`GRPOLoss` at importance level ``level``: the
+    caller's values, each None replaced by :data:`LEVEL_DEFAULTS`; logs which defaults a sequence level took, and warns
+    when a sequence level keeps a GRPO-sized clip range."""
+    d = LEVEL_DEFAULTS[level]
+    unset = [k for k, v in (("clip_eps_low", clip_eps_low), ("clip_eps_high", clip_eps_high),
+                            ("aggregation", aggregation)) if v is None]
+    low = d["clip_eps_low"] if clip_eps_low is None else float(clip_eps_low)
+    high = d["clip_eps_high"] if clip_eps_high is None else float(clip_eps_high)
+    agg = d["aggregation"] if aggregation is None else aggregation
+    if level == "sequence":
+        if unset:
+            log.info("importance_level=sequence (GSPO): %s from the paper (arXiv:2507.18071)",
+                     ", ".join(f"{k}={d[k]}" for k in unset))
+        if max(low, high) > _GSPO_WIDE_CLIP:
+            log.warning("importance_level=sequence with clip_eps_low=%g, clip_eps_high=%g: GSPO's sequence ratios (geometric "
+                        "means of token ratios) stay much closer to 1 than token ratios, so this range rarely clips; "
+                        "the paper uses 3e-4 / 4e-4 (unset "
+                        "loss.clip_eps_low / clip_eps_high to take them)", low, high)
+    return low, high, agg
+
+
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean of ``x`` [B, T] over the ``mask`` tokens (values off the mask never read: a NaN there stays out)."""
     m = mask.to(x.dtype)
-    return (x * m).sum() / m.sum().clamp_min(1.0)
+    return torch.where(mask, x, torch.zeros_like(x)).sum() / m.sum().clamp_min(1.0)
 
 
 def sequence_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -166,11 +225,15 @@ class GRPOLoss(PolicyLossModule):
 
     Args:
         actor: HF causal LM (a ``torch.nn.Module`` returning ``.logits``), possibly wrapped by peft.
-        clip_eps_low / clip_eps_high: ε_low / ε_high (DAPO recommends 0.2 / 0.28; symmetric GRPO 0.2 / 0.2).
+        clip_eps_low / clip_eps_high: ε_low / ε_high; None (default): :data:`LEVEL_DEFAULTS` of the
+            ``importance_level`` (token: DAPO's 0.2 / 0.28; sequence: GSPO's 3e-4 / 4e-4). Symmetric GRPO: 0.2 / 0.2.
         kl_coef: β of the k3 KL penalty to the reference (0 disables it; then ``ref_log_probs`` is not needed).
         entropy_coef: c_H of the entropy bonus (0 disables the term, entropy is still logged when cheap).
-        aggregation: one of :data:`AGGREGATIONS`.
-        max_tokens: the Dr. GRPO constant for ``seq_mean_token_sum_norm`` (defaults to T).
+        aggregation: one of :data:`AGGREGATIONS`; None (default): :data:`LEVEL_DEFAULTS` of the ``importance_level``
+            (token: ``token_mean``; sequence: ``seq_mean_token_mean``, GSPO's Eq. 5).
+        max_tokens: the Dr. GRPO constant for ``seq_mean_token_sum_norm`` (required there: the most response
+            tokens an episode may have; the trainer passes ``gconfig.max_new_tokens x econfig.max_turns``), unused
+            by the other aggregations.
         temperature: the sampling temperature; logits are divided by it before the log-softmax so the ratio
             compares the same distributions the behaviour policy sampled from.
         top_p: the sampling nucleus mass in (0, 1] (1: none); applied after temperature and top-k, as when sampling.
@@ -180,8 +243,9 @@ class GRPOLoss(PolicyLossModule):
         behaviour_weight_mode: ``"truncate"`` (min(w, c)) or ``"mask"`` (tokens with w > c get weight 0).
             ``None`` disables the correction.
         importance_level: ``"token"`` (GRPO's per-token ratio) or ``"sequence"`` (GSPO's length-normalised
-            sequence ratio, clipped per episode; module docstring: use ``clip_eps_low=3e-4, clip_eps_high=4e-4``
-            and ``aggregation="seq_mean_token_mean"`` for the paper's setting). One of :data:`IMPORTANCE_LEVELS`.
+            sequence ratio, clipped per episode; module docstring). One of :data:`IMPORTANCE_LEVELS`. It picks the
+            defaults of the clip range and the aggregation (:data:`LEVEL_DEFAULTS`: the paper's setting for
+            ``"sequence"``); a sequence level with a clip range above 0.01 set by the caller is kept, with a warning.
 
     Raises:
         ValueError: on bad hyper-parameters, missing keys, or shape mismatches.
@@ -204,11 +268,11 @@ class GRPOLoss(PolicyLossModule):
         self,
         actor: torch.nn.Module,
         *,
-        clip_eps_low: float = 0.2,
-        clip_eps_high: float = 0.28,
+        clip_eps_low: float | None = None,
+        clip_eps_high: float | None = None,
         kl_coef: float = 0.0,
         entropy_coef: float = 0.0,
-        aggregation: str = "token_mean",
+        aggregation: str | None = None,
         max_tokens: int | None = None,
         temperature: float = 1.0,
         top_p: float = 1.0,
@@ -218,6 +282,10 @@ class GRPOLoss(PolicyLossModule):
         logits_chunk: int = 0,
         importance_level: str = "token",
     ) -> None:
+        if importance_level not in IMPORTANCE_LEVELS:
+            raise ValueError(f"importance_level must be one of {IMPORTANCE_LEVELS}, got {importance_level!r}")
+        clip_eps_low, clip_eps_high, aggregation = _level_settings(importance_level, clip_eps_low, clip_eps_high,
+                                                                   aggregation)
         if not 0 <= clip_eps_low < 1:
             raise ValueError(f"clip_eps_low must be in [0, 1), got {clip_eps_low}")
         if clip_eps_high < 0:
@@ -230,8 +298,8 @@ class GRPOLoss(PolicyLossModule):
             raise ValueError("behaviour_weight_cap must be > 0 or None")
         if behaviour_weight_mode not in BEHAVIOUR_WEIGHT_MODES:
             raise ValueError(f"behaviour_weight_mode must be one of {BEHAVIOUR_WEIGHT_MODES}, got {behaviour_weight_mode!r}")
-        if importance_level not in IMPORTANCE_LEVELS:
-            raise ValueError(f"importance_level must be one of {IMPORTANCE_LEVELS}, got {importance_level!r}")
+        if aggregation == "seq_mean_token_sum_norm":
+            _sum_norm_constant(max_tokens)
         super().__init__(actor, temperature=temperature, top_p=top_p, top_k=top_k)
         self.clip_eps_low = float(clip_eps_low)
         self.clip_eps_high = float(clip_eps_high)
@@ -321,12 +389,12 @@ class GRPOLoss(PolicyLossModule):
             surrogate = surrogate * behaviour_weight
         agg = lambda v: masked_aggregate(v, x.mask, self.aggregation, self.max_tokens)  # noqa: E731
         loss_objective = -agg(surrogate)
-        kl_ref = agg(self._k3(tensordict, logp, x.mask)) if self.kl_coef > 0 else None
-        entropy = agg(ent) if self.entropy_coef > 0 else None
-        out = self._metrics(x, logp, ratio, behaviour_weight, weight_masked, kl_ref, entropy)
+        k3 = self._k3(tensordict, logp, x.mask) if self.kl_coef > 0 else None
+        ent = ent if self.entropy_coef > 0 else None
+        out = self._metrics(x, logp, ratio, behaviour_weight, weight_masked, k3, ent)
         out["loss_objective"] = loss_objective
-        out["loss_kl"] = self.kl_coef * kl_ref if kl_ref is not None else loss_objective.new_zeros(())
-        out["loss_entropy"] = -self.entropy_coef * entropy if entropy is not None else loss_objective.new_zeros(())
+        out["loss_kl"] = self.kl_coef * agg(k3) if k3 is not None else loss_objective.new_zeros(())
+        out["loss_entropy"] = -self.entropy_coef * agg(ent) if ent is not None else loss_objective.new_zeros(())
         return TensorDict(out, batch_size=[])
 
     def _behaviour_weight(self, old: torch.Tensor, behav: torch.Tensor, mask: torch.Tensor):
@@ -350,8 +418,10 @@ class GRPOLoss(PolicyLossModule):
         return d.exp() - d - 1.0
 
     @torch.no_grad()
-    def _metrics(self, x: _Inputs, logp, ratio, behaviour_weight, weight_masked, kl_ref, entropy) -> dict:
-        """The detached metrics of one call (class docstring), over the response tokens ``x.mask``; no host read."""
+    def _metrics(self, x: _Inputs, logp, ratio, behaviour_weight, weight_masked, k3, ent) -> dict:
+        """The detached metrics of one call (class docstring), over the response tokens ``x.mask``; no host read.
+        ``k3`` / ``ent``: the per-token KL estimate and entropy [B, T] (None: that term is off), logged as token
+        means (nats per response token, whatever the aggregation)."""
         mask = x.mask
         r = ratio.detach()
         below = (r < 1.0 - self.clip_eps_low) & mask
@@ -377,8 +447,8 @@ class GRPOLoss(PolicyLossModule):
             "ratio_mean": _masked_mean(r, mask),
             "ratio_max": ratio_max,
             "num_tokens": n_tok.float(),
-            "kl_ref": kl_ref.detach() if kl_ref is not None else nan,
-            "entropy": entropy.detach() if entropy is not None else nan,
+            "kl_ref": _masked_mean(k3.detach(), mask) if k3 is not None else nan,
+            "entropy": _masked_mean(ent.detach(), mask) if ent is not None else nan,
             "behaviour_weight_mean": (_masked_mean(behaviour_weight, mask) if behaviour_weight is not None
                                       else torch.ones_like(ess)),
             "behaviour_weight_masked": (_masked_mean(weight_masked.float(), mask) if weight_masked is not None
@@ -415,16 +485,29 @@ def combine_ess(log_sum_w: list[float], log_sum_w2: list[float], n_tokens: float
 
 
 #: How each :class:`GRPOLoss` output combines over the micro-batches of one step into a batch-level number
-#: (:class:`LossMetrics`): ``"token_mean"`` weights each micro-batch's value by its response tokens (the default
-#: for any key not listed; non-finite values, e.g. ``kl_ref`` without a KL term, are left out), ``"max"`` keeps the
-#: largest, ``"sum"`` adds them, ``"ess"`` marks the accumulators of the batch-level ESS (:func:`combine_ess`).
+#: (:class:`LossMetrics`; :func:`reduction_of` reads it): ``"token_mean"`` weights each micro-batch's value by its
+#: response tokens (the default for any key not listed and not a loss term; non-finite values, e.g. ``kl_ref`` without
+#: a KL term, are left out), ``"max"`` keeps the largest, ``"sum"`` adds them, ``"ess"`` marks the accumulators of the
+#: batch-level ESS (:func:`combine_ess`), and ``"share"`` — every ``loss_*`` term (the loss's own and the update's
+#: ``loss_penalty_*``) — weights each micro-batch's value by its share of its minibatch's normaliser (the weight its
+#: loss is backpropagated with: response tokens for ``token_mean``, episodes for the seq-mean aggregations), summed
+#: and divided by the minibatches, as ``loss/total`` is. So a term is its minibatches' own (the same for every
+#: micro-batch plan) and the terms add up to ``loss/total``; token weights gave other numbers under the seq-mean
+#: aggregations (issue 43: ``loss_kl`` 0.1155 in one pass, 0.1083 with one episode per pass).
 REDUCTIONS: dict[str, str] = {
     "ratio_max": "max",
     "num_tokens": "sum",
     "ess": "ess",
     "ess_log_sum_w": "ess",
     "ess_log_sum_w2": "ess",
+    "logp_diff_max": "max",
 }
+
+
+def reduction_of(key: str) -> str:
+    """How the loss output ``key`` combines over micro-batches: :data:`REDUCTIONS`' entry, else ``"share"`` for a
+    ``loss_*`` term, else ``"token_mean"``."""
+    return REDUCTIONS.get(key, "share" if key.startswith("loss_") else "token_mean")
 
 
 class LossMetrics:
@@ -439,6 +522,7 @@ class LossMetrics:
 
     def __init__(self) -> None:
         self._vec: dict[tuple[str, ...], list[torch.Tensor]] = {}  # token-mean keys -> [Σ value x tokens, Σ tokens]
+        self._shared: dict[tuple[str, ...], torch.Tensor] = {}  # loss terms -> Σ value x share
         self._max: dict[str, torch.Tensor] = {}
         self._added: dict[str, torch.Tensor] = {}
         self._log_sw: list[torch.Tensor] = []
@@ -448,19 +532,28 @@ class LossMetrics:
         self._host: dict | None = None  # the accumulators read back (:meth:`_read`), plain floats
 
     def add(self, losses: TensorDictBase, tokens: float, scaled_loss: torch.Tensor | float,
-            finite: torch.Tensor | None = None) -> None:
+            finite: torch.Tensor | None = None, *, share: float) -> None:
         """Record one micro-batch.
 
         Args:
             losses: its :class:`GRPOLoss` output.
             tokens: its number of response tokens (the weight of its token means; N of the batch ESS), a host number.
             scaled_loss: the loss backpropagated for it (total loss times its share of the minibatch), detached.
+            share: its share of its minibatch's loss normaliser (the factor ``scaled_loss`` carries; the
+                micro-batches of a minibatch add up to 1), the weight of its ``loss_*`` terms (:data:`REDUCTIONS`).
             finite: optional bool 0-d tensor: where False (a non-finite loss) the micro-batch adds nothing, decided on
                 the device. Token-mean metrics that are themselves non-finite (``kl_ref`` without a KL term) are left
                 out either way.
         """
-        keys = tuple(k for k in losses.keys() if isinstance(k, str) and REDUCTIONS.get(k, "token_mean") == "token_mean")
+        named = [k for k in losses.keys() if isinstance(k, str)]
+        keys = tuple(k for k in named if reduction_of(k) == "token_mean")
         ok_mb = finite
+        terms = tuple(k for k in named if reduction_of(k) == "share")
+        if terms:  # Σ value x share, 0 where the micro-batch is not finite (as its loss/total part)
+            vals = torch.stack([losses[k].detach().double().reshape(()) for k in terms]) * float(share)
+            if ok_mb is not None:
+                vals = torch.where(ok_mb, vals, torch.zeros_like(vals))
+            self._shared[terms] = self._shared[terms] + vals if terms in self._shared else vals
         if keys:
             vals = torch.stack([losses[k].detach().double().reshape(()) for k in keys])
             ok = torch.isfinite(vals) if ok_mb is None else torch.isfinite(vals) & ok_mb
@@ -495,6 +588,7 @@ class LossMetrics:
         pieces: list[torch.Tensor] = []
         for s_, w_ in self._vec.values():
             pieces += [s_, w_]
+        pieces += list(self._shared.values())
         scalars = [*self._max.values(), *self._added.values(), *self._log_sw, *self._log_sw2]
         if self._total is not None:
             scalars.append(self._total)
@@ -512,14 +606,18 @@ class LossMetrics:
             for k, v, w in zip(keys, vs, ws):
                 sums[k] = sums.get(k, 0.0) + v
                 weights[k] = weights.get(k, 0.0) + w
+        shared: dict[str, float] = {}
+        for keys in self._shared:
+            for k in keys:
+                shared[k] = shared.get(k, 0.0) + next(it)
         mx = {k: next(it) for k in self._max}
         added = {k: next(it) for k in self._added}
         log_sw = [next(it) for _ in self._log_sw]
         log_sw2 = [next(it) for _ in self._log_sw2]
         total = next(it) if self._total is not None else None
         tokens = next(it) if isinstance(self._tokens, torch.Tensor) else float(self._tokens)
-        self._host = {"sum": sums, "weight": weights, "log_sw": log_sw, "log_sw2": log_sw2, "max": mx,
-                      "added": added, "total": total, "tokens": tokens}
+        self._host = {"sum": sums, "weight": weights, "shared": shared, "log_sw": log_sw, "log_sw2": log_sw2,
+                      "max": mx, "added": added, "total": total, "tokens": tokens}
         return self._host
 
     def _state(self) -> dict:
@@ -529,10 +627,10 @@ class LossMetrics:
     def _merged(states: list[dict]) -> dict:
         """The union of ``states`` (one per rank, in rank order): sums and token weights added, maxima maxed, ESS
         accumulators concatenated (so ``log Σw`` is over every rank's tokens)."""
-        out = {"sum": {}, "weight": {}, "log_sw": [], "log_sw2": [], "max": {}, "added": {}, "total": None,
-               "tokens": 0.0}
+        out = {"sum": {}, "weight": {}, "shared": {}, "log_sw": [], "log_sw2": [], "max": {}, "added": {},
+               "total": None, "tokens": 0.0}
         for st in states:
-            for key in ("sum", "weight", "added"):
+            for key in ("sum", "weight", "shared", "added"):
                 for k, v in st[key].items():
                     out[key][k] = out[key].get(k, 0.0) + v
             for k, v in st["max"].items():
@@ -556,17 +654,19 @@ class LossMetrics:
         token means weighted by each micro-batch's response tokens (sum over ranks and micro-batches of value x
         tokens / sum of tokens; not the plain mean of per-rank means), ``num_tokens`` and ``loss/total`` summed
         (each rank's micro-batch losses are already scaled by the all-ranks normaliser,
-        :class:`torchrl_grpo.training.update.GRPOUpdate`), ``ratio_max`` maxed, ``ess`` over every rank's tokens
+        :class:`torchrl_grpo.training.update.GRPOUpdate`), the ``loss_*`` terms likewise (each micro-batch's value
+        times its share, summed, over ``n_minibatches``: they add up to ``loss/total``), ``ratio_max`` maxed, ``ess`` over every rank's tokens
         (:func:`combine_ess`)."""
         st = self._read()
         if dp is not None and dp.enabled:
             st = self._merged(dp.all_gather_object(self._state()))
         out = {k: st["sum"][k] / w for k, w in st["weight"].items() if w > 0}
+        out.update({k: v / max(1, n_minibatches) for k, v in st["shared"].items()})  # as loss/total
         if st["total"] is not None:
             out["loss/total"] = st["total"] / max(1, n_minibatches)
         out["ess"] = combine_ess(st["log_sw"], st["log_sw2"], st["tokens"])
         for k, how in REDUCTIONS.items():
-            if how == "max":
+            if how == "max" and (k in st["max"] or k == "ratio_max"):  # ratio_max: NaN without tokens; others if seen
                 v = st["max"].get(k, float("nan")) if st["log_sw"] else float("nan")
                 out[k] = v if v != float("-inf") else float("nan")
             elif how == "sum":

@@ -542,7 +542,7 @@ class GRPOUpdate:
         loss = total_loss(losses)
         finite = torch.isfinite(loss.detach())
         (loss * share).backward()
-        acc.add(losses, tokens=tokens, scaled_loss=loss.detach() * share, finite=finite)
+        acc.add(losses, tokens=tokens, scaled_loss=loss.detach() * share, finite=finite, share=share)
         return finite
 
     def _skip(self, tally: _Tally, step: int, why: str) -> None:
