@@ -1,7 +1,8 @@
 """``envs.serve`` for the tests that drive it over the network, two ways: :func:`serve_process` runs
 ``python -m envs.serve`` as a subprocess (start it, wait for the ``listening on http://HOST:PORT ...`` line it prints,
 stop it); :func:`serve_app` runs a built app in-process (uvicorn in a thread on a loopback socket). :class:`ToyChatEnv`
-is the never-ending toy chat the server tests register their envs from."""
+is the never-ending toy chat the server tests register their envs from; :func:`hold_bodies` is the held-bodies
+adversary (connections that send all but the last byte of a large body and wait)."""
 from __future__ import annotations
 
 import contextlib
@@ -124,3 +125,43 @@ def serve_app(app, *, sndbuf: int | None = None, timeout_s: float = 20.0, **conf
         th.join(timeout_s)
         sock.close()
         assert not th.is_alive(), "server did not shut down"
+
+
+def post_head(port: int, n: int, path: str = "/sessions") -> socket.socket:
+    """A connection that sent the head of a ``POST path`` announcing an ``n``-byte body, and nothing more yet."""
+    s = socket.socket()
+    s.connect(("127.0.0.1", port))
+    s.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {n}\r\n\r\n".encode())
+    return s
+
+
+def answered(socks: list[socket.socket], wait_s: float) -> list[bytes | None]:
+    """The first bytes each socket has been answered with within ``wait_s`` seconds (``None``: nothing yet)."""
+    time.sleep(wait_s)
+    out = []
+    for s in socks:
+        s.setblocking(False)
+        try:
+            out.append(s.recv(4096) or b"EOF")
+        except BlockingIOError:
+            out.append(None)
+        except OSError as e:
+            out.append(repr(e).encode())
+        s.setblocking(True)
+    return out
+
+
+def hold_bodies(port: int, n_conns: int, body: int, path: str = "/sessions") -> tuple[list, list]:
+    """``n_conns`` connections announcing a ``body``-byte body; those the server did not refuse at once send all but
+    its last byte and hold. Returns ``(held sockets, refusals)`` (the refused ones' first reply bytes; closed)."""
+    socks = [post_head(port, body, path) for _ in range(n_conns)]
+    replies = answered(socks, 1.0)
+    held = [s for s, r in zip(socks, replies) if r is None]
+    for s in held:
+        s.settimeout(30)
+        s.sendall(b"x" * (body - 1))
+    for s, r in zip(socks, replies):
+        if r is not None:
+            s.close()
+    return held, [r for r in replies if r is not None]

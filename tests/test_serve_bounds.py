@@ -33,7 +33,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 from envs import serve
-from tests.served import ToyChatEnv, serve_app, serve_process
+from tests.served import ToyChatEnv, answered, hold_bodies, serve_app, serve_process
 from envs.serve import build_app
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -276,46 +276,6 @@ def test_session_counts_while_a_session_is_being_built():
 # ---------------------------------------------------------------- 4. bodies in flight and open connections (issue 42)
 
 
-def _post_head(port: int, n: int, path: str = "/sessions") -> socket.socket:
-    """A connection that sent the head of a ``POST path`` announcing an ``n``-byte body, and nothing more yet."""
-    s = socket.socket()
-    s.connect(("127.0.0.1", port))
-    s.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-              f"Content-Length: {n}\r\n\r\n".encode())
-    return s
-
-
-def _answered(socks: list[socket.socket], wait_s: float) -> list[bytes | None]:
-    """The first bytes each socket has been answered with within ``wait_s`` seconds (``None``: nothing yet)."""
-    time.sleep(wait_s)
-    out = []
-    for s in socks:
-        s.setblocking(False)
-        try:
-            out.append(s.recv(4096) or b"EOF")
-        except BlockingIOError:
-            out.append(None)
-        except OSError as e:
-            out.append(repr(e).encode())
-        s.setblocking(True)
-    return out
-
-
-def _hold_bodies(port: int, n_conns: int, body: int, path: str = "/sessions") -> tuple[list, list]:
-    """``n_conns`` connections announcing a ``body``-byte body; those the server did not refuse at once send all but
-    its last byte and hold. Returns ``(held sockets, refusals)`` (the refused ones' first reply bytes; closed)."""
-    socks = [_post_head(port, body, path) for _ in range(n_conns)]
-    replies = _answered(socks, 1.0)
-    held = [s for s, r in zip(socks, replies) if r is None]
-    for s in held:
-        s.settimeout(30)
-        s.sendall(b"x" * (body - 1))
-    for s, r in zip(socks, replies):
-        if r is not None:
-            s.close()
-    return held, [r for r in replies if r is not None]
-
-
 def test_bodies_in_flight_are_capped_across_connections():
     """Issue 42: bodies being received were unbounded across connections: 1,500 connections each holding all but one
     byte of a 1 MiB body took the server from 209 MB to 1,686 MB RSS. Now their total is capped
@@ -326,11 +286,11 @@ def test_bodies_in_flight_are_capped_across_connections():
     app = _app(max_inflight_body_bytes=cap)
     with _serve(app) as (url, _), httpx.Client(base_url=url, timeout=30) as c:
         port = int(url.rsplit(":", 1)[1])
-        held, refused = _hold_bodies(port, 7, LIMIT)
+        held, refused = hold_bodies(port, 7, LIMIT)
         assert len(held) == 4 and len(refused) == 3, (len(held), refused)
         for r in refused:
             assert r.startswith(b"HTTP/1.1 503") and b"max_inflight_body_bytes" in r, r[:400]
-        assert _answered(held, 0.3) == [None] * 4  # still receiving: nothing answered, nothing refused
+        assert answered(held, 0.3) == [None] * 4  # still receiving: nothing answered, nothing refused
         assert c.get("/health").status_code == 200
         sid = _open(c)  # a small body (an honest step) is served beside the held ones
         assert c.post(f"/sessions/{sid}/reset", json={}).status_code == 200
@@ -392,7 +352,7 @@ def test_held_bodies_leave_the_server_memory_bounded_and_back_near_baseline():
         port = int(url.rsplit(":", 1)[1])
         assert httpx.get(url + "/health", timeout=30).status_code == 200
         base = _rss_mb(pid)
-        held, refused = _hold_bodies(port, 300, body, "/step")
+        held, refused = hold_bodies(port, 300, body, "/step")
         time.sleep(0.5)
         during = _rss_mb(pid)
         assert httpx.get(url + "/health", timeout=30).status_code == 200
