@@ -181,7 +181,7 @@ def _worker_setup() -> None:
             return
 
 
-register_worker_module(__name__)
+register_worker_module(__name__, preload=("if_verifiable.ifeval.instructions_registry",))  # not IFBench's: it downloads
 
 
 def score_response(response: str, instruction_id_list: list[str], kwargs: list[dict], prompt: str) -> dict[str, Any]:
