@@ -3,6 +3,8 @@ log-probs equal to the trainer's recompute, and no host-device synchronisation i
 CUDA graph capture it and the CPU run ahead of the GPU). CUDA graph capture itself runs only on a GPU."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -95,3 +97,42 @@ def test_decode_mode_resolution(model):
     assert be.decode_mode() == "eager"  # partial rollouts re-prefill under new weights: the row-dropping loop
     with pytest.raises(ValueError, match="decode must be one of"):
         TransformersBackend(model, pad_token_id=0, decode="fast")
+
+
+def test_decode_mode_refuses_the_fixed_shape_loop_where_it_is_not_exact(model, caplog):
+    """Eager attention adds the boolean mask to the scores (masks nothing): decode=static|graph runs the eager loop
+    instead, says so once, and decode_path tells which loop ran (tests/test_model_matrix.py: every architecture)."""
+    eager = copy.deepcopy(model)
+    eager.config._attn_implementation = "eager"
+    be = TransformersBackend(eager, pad_token_id=0, decode="graph")
+    with caplog.at_level("WARNING"):
+        assert be.decode_mode() == "eager"
+        be.generate(PROMPTS[:2], SamplingConfig(max_new_tokens=3, temperature=0.0))
+    assert be.decode_path == "eager" and caplog.text.count("attention 'eager', not sdpa") == 1
+    assert be._static is None  # the fixed-shape decoder never ran
+    ok = TransformersBackend(model, pad_token_id=0, decode="static")
+    ok.generate(PROMPTS[:2], SamplingConfig(max_new_tokens=3, temperature=0.0))
+    assert ok.decode_path == "static" and ok._static.stats["eager_steps"] == 2
+
+
+def test_the_graph_fingerprint_sees_python_level_forward_state(model):
+    """A captured graph replays the branches taken at capture: the fingerprint covers the attention implementation
+    and peft's active / disabled adapters (tests/test_model_matrix.py decodes under each), not only storage."""
+    from peft import LoraConfig, get_peft_model
+
+    from torchrl_grpo.backends.graph_decode import parameter_fingerprint
+
+    pm = get_peft_model(copy.deepcopy(model), LoraConfig(r=2, target_modules=["q_proj"]))
+    pm.add_adapter("b", LoraConfig(r=2, target_modules=["q_proj"]))
+    dec = StaticDecoder(pm, use_graphs=True)
+    fp = dec.fingerprint()
+    assert fp == parameter_fingerprint(pm)
+    pm.set_adapter("b")
+    fp_b = dec.fingerprint()
+    assert fp_b != fp
+    with pm.disable_adapter():
+        assert dec.fingerprint() not in (fp, fp_b)
+    pm.base_model.model.config._attn_implementation = "eager"
+    assert dec.fingerprint() != fp_b
+    pm.base_model.model.config._attn_implementation = "sdpa"
+    assert dec.fingerprint() == fp_b

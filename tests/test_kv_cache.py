@@ -79,3 +79,20 @@ def test_sliding_window_models_keep_the_dynamic_cache():
     assert supports_preallocation(full)
     assert not supports_preallocation(sliding)
     assert not TransformersBackend(sliding, pad_token_id=0).preallocate_kv
+
+
+def test_the_rule_reads_mistral_and_layer_types():
+    """The rule (torchrl_grpo/model_store/exact_paths.py) on configs without ``use_sliding_window``: Mistral's
+    ``sliding_window`` applies (its default 4096 included; None: full attention), and ``layer_types`` with a sliding
+    kind refuse too."""
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+    shape = dict(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1)
+    assert not supports_preallocation(MistralForCausalLM(MistralConfig(**shape)))  # default window 4096
+    assert supports_preallocation(MistralForCausalLM(MistralConfig(**shape, sliding_window=None)))
+    mixed = LlamaForCausalLM(LlamaConfig(**shape))
+    mixed.config.layer_types = ["sliding_attention", "full_attention"]
+    mixed.config.sliding_window = 8
+    assert not supports_preallocation(mixed)
+    assert not TransformersBackend(mixed, pad_token_id=0).preallocate_kv

@@ -13,6 +13,8 @@ backend's prompt-prefix cache and the group fan-out all bite.
 """
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import transformers
@@ -60,14 +62,19 @@ DECODES = ["eager", "static"] + (["graph"] if torch.cuda.is_available() else [])
 
 
 def make_model(name: str) -> torch.nn.Module:
-    """The seeded tiny random model of one matrix row (float32, eval mode)."""
+    """The seeded tiny random model of one matrix row (float32, eval mode, CPU)."""
     cls, impl, extra, _ = MATRIX[name]
     cfg = getattr(transformers, cls)(**{**_SHAPE, **extra})
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation=impl).float().eval()
     model.generation_config.eos_token_id = None  # no stop: every call decodes NEW tokens
     model.generation_config.pad_token_id = 0
-    return model.to("cuda") if torch.cuda.is_available() else model
+    return model
+
+
+def on_device_for(decode: str, model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` itself, or for the CUDA-graph rows a copy on CUDA."""
+    return copy.deepcopy(model).cuda() if decode == "graph" else model
 
 
 def generate_greedy(model, prompts):
@@ -105,6 +112,9 @@ def behaviour_vs_recompute(model, prompts, gens, s: SamplingConfig) -> float:
 @pytest.mark.parametrize("decode", DECODES)
 def test_every_decode_path_is_exact_or_falls_back(row, decode):
     name, model, want = row
+    if decode == "graph":
+        model = on_device_for(decode, model)
+        want = generate_greedy(model, PROMPTS)
     be = TransformersBackend(model, pad_token_id=0, decode=decode, prefix_cache_min_tokens=4)
     gens = be.generate(PROMPTS, GREEDY)
     assert be.decode_path == (decode if MATRIX[name][3] == "static" else "eager")
@@ -158,7 +168,7 @@ def _two_adapters():
 
 @pytest.mark.parametrize("decode", DECODES)
 def test_switching_or_disabling_an_adapter_changes_the_next_decode(decode):
-    model = _two_adapters()
+    model = on_device_for(decode, _two_adapters())
     be = TransformersBackend(model, pad_token_id=0, decode=decode, prefix_cache_min_tokens=4)
     seen = {}
     for state in ("default", "other", "disabled", "default"):
@@ -176,3 +186,5 @@ def test_switching_or_disabling_an_adapter_changes_the_next_decode(decode):
         assert seen[state] == (got, fp)  # back on the first adapter: its tokens and fingerprint again
     assert len({tuple(map(tuple, g)) for g, _ in seen.values()}) == 3  # each adapter state decodes differently
     assert len({fp for _, fp in seen.values()}) == 3  # and a captured graph would be recaptured for each
+    if decode == "graph":  # CUDA only: one capture per adapter state (4 switches)
+        assert be._static.stats["graph_captures"] >= 4, be._static.stats

@@ -315,3 +315,19 @@ def test_grpo_run_with_a_prompt_at_the_context_limit(tmp_path, gsm8k_dir):
     assert [r["step"] for r in rows] == [1]
     assert rows[0]["train/shared_prefix_tokens"] > 0  # the shared prefix ran, next to the prompt-only episode
     assert rows[0]["train/optimizer_steps"] == 1.0
+
+
+def test_an_attention_layout_the_rule_does_not_know_takes_the_plain_path(tiny_model_and_tokenizer, caplog):
+    """Full and sliding-window layers are exact (tests/test_model_matrix.py); any other layer kind (chunked, linear
+    attention) is refused by torchrl_grpo/model_store/exact_paths.py: build_shared_prefix returns None, with a
+    warning, and the caller runs the plain path."""
+    model = _model(tiny_model_and_tokenizer, gc=False, lora=False)
+    tokens, _, _ = _multi_turn_rows()
+    assert build_shared_prefix(model, _decoder_and_head(model)[0], tokens[0, :22]) is not None
+    model.config.layer_types = ["chunked_attention", "full_attention"]
+    try:
+        with caplog.at_level("WARNING"):
+            assert build_shared_prefix(model, _decoder_and_head(model)[0], tokens[0, :22]) is None
+    finally:
+        del model.config.layer_types
+    assert "shared-prefix update not exact" in caplog.text and "chunked_attention" in caplog.text

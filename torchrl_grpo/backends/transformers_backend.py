@@ -139,7 +139,9 @@ class TransformersBackend(RolloutBackend):
     @property
     def exact_log_probs(self) -> bool:
         """Colocated (``share_module``): it samples from the trainer's own module in its own precision, so its
-        behaviour log-probs equal the trainer's recompute (tested to 1e-4) and can anchor the ratio."""
+        behaviour log-probs equal the trainer's recompute (tested to 1e-4) and can anchor the ratio: every decode loop
+        and cache that runs is exact for the model (:mod:`torchrl_grpo.model_store.exact_paths`; the model matrix,
+        tests/test_model_matrix.py)."""
         return self.share_module
 
     @property

@@ -34,6 +34,7 @@ Each ``*_refusal`` function returns None when the path is exact for the model, e
 from __future__ import annotations
 
 import logging
+import weakref
 
 import torch
 
@@ -51,7 +52,7 @@ SDPA_IMPLEMENTATIONS = frozenset({"sdpa", GQA_DECODE_IMPLEMENTATION})
 #: a window this small is "not full attention" whatever the length (attention chunking, linear attention, ...)
 _ALWAYS = 0
 
-_warned: set[tuple[int, str, str]] = set()
+_warned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(path, reason)} already logged
 
 
 def text_config(model: torch.nn.Module):
@@ -153,7 +154,10 @@ def shared_prefix_refusal(model: torch.nn.Module) -> str | None:
 
 def note_fallback(model: torch.nn.Module, path: str, reason: str) -> None:
     """Log once per (model, path, reason) that ``path`` is not taken for ``model`` and why (never silently)."""
-    key = (id(model), path, reason)
-    if key not in _warned:
-        _warned.add(key)
+    try:
+        seen = _warned.setdefault(model, set())
+    except TypeError:  # not weak-referenceable: log every time rather than never
+        seen = set()
+    if (path, reason) not in seen:
+        seen.add((path, reason))
         log.warning("%s not exact for this model (%s): the plain path runs", path, reason)
