@@ -18,9 +18,14 @@ Measured per domain:
   (``/proc/self/status`` VmRSS; our first env, which holds the shared domain data, apart);
 - the rewards of both envs, which must be identical (and 1.0).
 
+``--graders`` measures something else (issue 42): ReasoningGym and IFEval steps/s with their graders in worker
+processes (:mod:`envs.grader_process`, the default) vs in the calling process, the arms alternating in one process
+(``benchmarks/results/grader_isolation.md``).
+
 Usage::
 
     python benchmarks/env_bench.py                     # airline, retail, telecom; 10 tasks each
+    python benchmarks/env_bench.py --graders --rounds 5 --steps 40
     python benchmarks/env_bench.py --tasks 3 --domains airline --no-write
 
 Writes ``benchmarks/results/env_bench.json`` and ``env_bench.md`` (with command, versions and
@@ -264,6 +269,73 @@ def to_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+class InProcessGrader:
+    """The grader calls of :mod:`envs.grader_process` run in the calling process, without bounds (the baseline arm
+    of ``--graders``: what grading cost before issue 42's isolation, minus the old thread deadline)."""
+
+    def start(self) -> None:
+        return None
+
+    def call(self, fn, *args):
+        return fn(*args), None
+
+
+#: (env id, make kwargs, answer index -> response): gold / wrong answers of three reasoning-gym tasks (one with
+#: sympy's simplify), and IFEval responses.
+_GRADER_ARMS = {
+    "ReasoningGym countdown": ("ReasoningGym-v1", {"task": "countdown"}),
+    "ReasoningGym intermediate_integration": ("ReasoningGym-v1", {"task": "intermediate_integration"}),
+    "ReasoningGym chain_sum": ("ReasoningGym-v1", {"task": "chain_sum"}),
+    "IFEval": ("IFEval-v0", {}),
+}
+
+
+def _grader_steps(env, n: int) -> float:
+    """Seconds spent in ``step`` over ``n`` reset+step episodes (problem ``i % 8``; gold answers where the env has a
+    demonstration, alternating with a wrong one)."""
+    spent = 0.0
+    usable = env.unwrapped.usable_task_indices(limit=8)
+    for i in range(n):
+        index = usable[i % len(usable)]
+        env.reset(options={"index": index})
+        try:
+            text = env.unwrapped.demonstration({"index": index})[0]["content"] if i % 2 == 0 else "<answer>7</answer>"
+        except (ValueError, AttributeError, NotImplementedError):
+            text = "Hello world. This is an answer, with a comma.\n" * (1 + i % 4)
+        t0 = time.perf_counter()
+        env.step(text)
+        spent += time.perf_counter() - t0
+    return spent
+
+
+def bench_graders(rounds: int, steps: int) -> dict:
+    """ReasoningGym and IFEval steps/s with the graders in worker processes (:mod:`envs.grader_process`, the default)
+    vs in this process (:class:`InProcessGrader`), the two arms alternating round by round in one process; the
+    ratio isolated / in-process of each round, and its median."""
+    from envs import grader_process
+
+    isolated = grader_process.default_pool()
+    arms = {"isolated": isolated, "in_process": InProcessGrader()}
+    out = {}
+    for name, (env_id, kw) in _GRADER_ARMS.items():
+        env = gym.make(env_id, split="test", **kw)
+        _grader_steps(env, 4)  # warm: the pool started, datasets built in the workers
+        per = {"isolated": [], "in_process": []}
+        for _ in range(rounds):
+            for arm, pool in arms.items():
+                grader_process._default = pool
+                per[arm].append(steps / _grader_steps(env, steps))
+        grader_process._default = isolated
+        ratios = [a / b for a, b in zip(per["isolated"], per["in_process"])]
+        out[name] = {"steps_per_s": {k: [round(x, 1) for x in v] for k, v in per.items()},
+                     "median_steps_per_s": {k: round(statistics.median(v), 1) for k, v in per.items()},
+                     "ratio_isolated_over_in_process": [round(r, 3) for r in ratios],
+                     "median_ratio": round(statistics.median(ratios), 3)}
+        print(name, json.dumps(out[name]), flush=True)
+    return {"arms": out, "pool": {"workers": isolated.workers, "cpu_s": isolated.cpu_s, "wall_s": isolated.wall_s,
+                                  "memory_bytes": isolated.memory_bytes, "counts": isolated.counts}}
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--domains", nargs="+", default=["airline", "retail", "telecom"])
@@ -271,12 +343,26 @@ def main(argv=None) -> dict:
     p.add_argument("--rss-envs", type=int, default=4, help="extra live AgentGymEnvs for the RSS measurement (ours: 4x)")
     p.add_argument("--rss-child", nargs=3, metavar=("DOMAIN", "SIDE", "N"), help=argparse.SUPPRESS)
     p.add_argument("--no-write", action="store_true", help="print only, do not write results/")
+    p.add_argument("--graders", action="store_true", help="instead: ReasoningGym / IFEval steps/s with the graders in "
+                   "worker processes vs in process (issue 42); writes results/grader_isolation.json")
+    p.add_argument("--rounds", type=int, default=5, help="--graders: alternating rounds per arm")
+    p.add_argument("--steps", type=int, default=40, help="--graders: steps per round")
     args = p.parse_args(argv)
     if args.rss_child:
         domain, side, n = args.rss_child
         print(json.dumps(_rss_child(domain, side, int(n))))
         return {}
     from importlib.metadata import version
+
+    if args.graders:
+        report = {"command": "python benchmarks/env_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                  "date": time.strftime("%Y-%m-%d %H:%M:%S"), "python": platform.python_version(),
+                  "versions": {k: version(k) for k in ("pebble", "reasoning-gym", "if-verifiable", "sympy")},
+                  "cpus": os.cpu_count(), "loadavg_before": [round(x, 2) for x in os.getloadavg()],
+                  **bench_graders(args.rounds, args.steps), "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
+        if not args.no_write:
+            (RESULTS / "grader_isolation.json").write_text(json.dumps(report, indent=2) + "\n")
+        return report
 
     report = {
         "command": "python benchmarks/env_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
