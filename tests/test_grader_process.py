@@ -8,7 +8,8 @@ B. Through the envs (issue 42's breaks): ``exp(100000000*log(3))`` in every symp
    puzzle24, ``"¬"*4000 + "P"`` in propositional_logic answer reward 0 with ``action_error`` naming
    ``grader_timeout`` and ``info["grader_timeout"]``, while a ticker thread's longest gap stays under 0.5 s; honest
    gold answers under 8 concurrent bombs still score 1.0. The first test runs the step in a child process with a
-   timeout (on the code before the isolation it froze the process for ~120 s: the test failed by timeout).
+   timeout (on the code before the isolation it froze the process for ~120 s: the test failed by timeout). These
+   end-to-end bombs are in the slow stage; the unit stage keeps the pool's C-level bomb (A), the same property.
 """
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ from envs.grader_process import GraderPool
 
 gym.register_envs(envs)
 REPO = Path(__file__).resolve().parents[1]
-#: Wall seconds a bomb may take to be answered on a loaded 2-core machine (the bound it hits is CPU time: 1-2 s
-#: with the tests' pools, 2-3 s by default; the rest is waiting for a CPU).
+#: Wall seconds a bomb may take to be answered on a loaded 2-core machine (the bound it hits is CPU time: 0.5 s
+#: or 1 s; the rest is waiting for a CPU).
 BOMB_WALL_BOUND_S = 20.0
 #: Longest pause of another thread of the process while a bomb is graded (it was the whole bomb: 122 s).
 TICKER_GAP_BOUND_S = 0.5
@@ -87,14 +88,14 @@ class Ticker:
 
 @pytest.fixture
 def pool():
-    p = GraderPool(workers=2, cpu_s=1.0, wall_s=30.0, memory_bytes=512 << 20)
+    p = GraderPool(workers=2, cpu_s=0.5, wall_s=30.0, memory_bytes=512 << 20)
     yield p
     p.close()
 
 
 @pytest.fixture
 def small_default_pool(monkeypatch):
-    """The envs' shared pool replaced by one with a 1 s CPU budget (the bombs cost 1-2 CPU s instead of 2-3)."""
+    """The envs' shared pool replaced by a fresh one (the default bounds), closed after the test."""
     p = GraderPool(workers=2, cpu_s=1.0)
     monkeypatch.setattr(grader_process, "_default", p)
     yield p
@@ -204,6 +205,7 @@ print(json.dumps({"reward": reward, "error": info.get("action_error"), "flag": i
 """
 
 
+@pytest.mark.slow
 def test_issue42_a_sympy_bomb_does_not_freeze_the_process():
     """Before the isolation: the step took ~120 s holding the GIL (this child was killed at the timeout)."""
     import json
