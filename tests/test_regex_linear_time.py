@@ -117,6 +117,7 @@ def model_text_patterns() -> dict[tuple[str, str], int]:
 #: (file, the variable the pattern is assigned to, or its source when inline) -> why it never sees model text.
 NOT_MODEL_TEXT: dict[tuple[str, str], str] = {
     ("envs/gsm8k/data.py", "_HF_ID_RE"): "a dataset id from the config",
+    ("envs/serving/guard.py", "_HOST_RE"): "a request's Host header (uvicorn caps a header line), never model text",
     ("envs/gsm8k/env.py", "text"): "the dataset's reference solution (demonstrations)",
     ("envs/reasoning_gym/grading.py", "_NUMERIC_GOLD"): "the gold answer",
     ("envs/tau2/users.py", "p"): "_PRONOUN_RES: tau2's task instructions (first_person)",

@@ -285,3 +285,28 @@ def test_docs_snippet_runs(mock_server, capsys):
     code = code.replace('URL = "http://127.0.0.1:8000"', f"URL = {url!r}")
     exec(compile(code, "docs/mcp.md", "exec"), {"__name__": "__main__"})
     assert capsys.readouterr().out.startswith("mean reward: ")
+
+
+def test_websocket_attaches_to_an_open_session_and_leaves_it_open(mock_server):
+    """``/ws?session_id=ID`` (OpenEnv 0.10's MCPToolClient: session from ``openenv/session/create``, reset over the
+    socket, tools over ``/mcp``): one episode for both; the session outlives the socket; unknown or already attached
+    ids are refused with ``SESSION_ERROR``."""
+    from websockets.sync.client import connect as ws_connect
+
+    url, http = mock_server
+    ws_url = url.replace("http", "ws") + "/ws"
+    sid = _post_rpc(http, "openenv/session/create")["result"]["session_id"]
+    active = http.get("/sessions").json()["active"]
+    with ws_connect(f"{ws_url}?session_id={sid}") as ws:
+        ws.send(json.dumps({"type": "reset", "data": {"index": 0}}))
+        assert json.loads(ws.recv())["type"] == "observation"
+        with ws_connect(f"{ws_url}?session_id={sid}") as second:
+            assert "already" in json.loads(second.recv())["data"]["message"]
+        tools = _post_rpc(http, "tools/list", {"session_id": sid})["result"]["tools"]  # the socket's episode
+        assert "respond" in [t["name"] for t in tools]
+        assert http.get("/sessions").json()["active"] == active  # attached: no session of its own
+    assert http.get(f"/sessions/{sid}/state").json()["task_id"] is not None  # still open after the socket closed
+    assert _post_rpc(http, "openenv/session/close", {"session_id": sid})["result"]["closed"] is True
+    with ws_connect(f"{ws_url}?session_id={sid}") as gone:
+        err = json.loads(gone.recv())["data"]
+        assert err["code"] == "SESSION_ERROR" and "POST /sessions" in err["message"]

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
-from typing import Any
 
 import mcp_types as types
 from mcp.server.lowlevel import Server
@@ -39,6 +37,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from envs.serving.agent_tools import agent_tools, tool_call_action, visible_result
+from envs.serving.environment import ClientError, GymTextEnvironment, _parse, _run
+from envs.serving.sessions import _Sessions
 
 __all__ = ["MCP_PATH", "add_session_mcp_routes", "counted_send", "session_tools", "step_tool_call", "unknown_session_detail"]
 
@@ -65,14 +65,13 @@ def _error_result(message: str) -> types.CallToolResult:
 
 
 class _SessionTools:
-    """The MCP handlers over the server's session registry ``sessions`` (``get``, ``touch``, ``destroy``,
-    ``server._run_in_session_executor``); ``run(env, op, payload) -> (kind, data)`` is the session routes' operation
-    (:func:`envs.serve._run`: the same checks as ``POST /sessions/{id}/step``)."""
+    """The MCP handlers over the server's session registry ``sessions``: each env operation on the session's own
+    thread."""
 
-    def __init__(self, sessions: Any, run: Callable[[Any, str, Any], tuple[str, dict]]):
-        self.sessions, self.run = sessions, run
+    def __init__(self, sessions: _Sessions):
+        self.sessions = sessions
 
-    def _env(self, ctx) -> tuple[str, Any]:
+    def _env(self, ctx) -> tuple[str, GymTextEnvironment]:
         sid = ctx.request.path_params["session_id"]
         env = self.sessions.get(sid)
         if env is None:
@@ -94,41 +93,40 @@ class _SessionTools:
         except ValueError as e:
             return _error_result(str(e))
         self.sessions.touch(sid)
-        ok, out, end = await self.sessions.server._run_in_session_executor(sid, step_tool_call, env, self.run, action)
+        ok, out, end = await self.sessions.server._run_in_session_executor(sid, step_tool_call, env, action)
         self.sessions.touch(sid)
         if end:  # the env's output went over max_session_bytes: the session is over, as on the HTTP routes
             await self.sessions.destroy(sid)
         return _step_result(out) if ok else _error_result(out)
 
 
-def session_tools(env) -> list[dict] | None:
-    """The env's OpenAI tool schemas of its current episode (``None`` before the first reset)."""
-    info = getattr(env, "_info", None)
-    if not getattr(env, "_started", False) or not isinstance(info, dict):
-        return None
-    return info.get("tools") or []
+def session_tools(env: GymTextEnvironment) -> list[dict] | None:
+    """The env's OpenAI tool schemas of its current episode (``None`` before the first reset), on its thread."""
+    return env.tools
 
 
-def step_tool_call(env, run, action: dict) -> tuple[bool, Any, bool]:
-    """One tool call on the session's thread: ``(True, step reply, False)`` or ``(False, error message, end the
-    session)``. A refused request (409 order, 413 bytes, 422 action, 429 unsent replies) or an env exception is an
-    error the agent reads."""
+def step_tool_call(env: GymTextEnvironment, action: dict) -> tuple[bool, dict | str, bool]:
+    """One tool call on the session's thread, through the session routes' own step (:func:`_run`: the same checks as
+    ``POST /sessions/{id}/step``): ``(True, step reply, False)`` or ``(False, error message, end the session)``. A
+    refused request (409 order, 413 bytes, 422 action, 429 unsent replies) or an env exception is an error the agent
+    reads."""
     try:
         env.check_unsent()
-        return True, run(env, "step", action)[1], False
-    except Exception as e:  # noqa: BLE001 - ClientError (its status) or an env failure
-        if getattr(e, "status", None) is None:
-            return False, f"env raised {type(e).__name__}: {e}", False
+        return True, _run(env, "step", action)[1], False
+    except ClientError as e:
         return False, f"refused ({e.status}): {e}", bool(getattr(e, "ends_session", False))
+    except Exception as e:  # noqa: BLE001 - an env failure: this call only, the session goes on
+        return False, f"env raised {type(e).__name__}: {e}", False
 
 
 class _Endpoint:
-    """The ASGI endpoint of :data:`MCP_PATH`: 404 for an unknown session, the JSON limits of ``parse`` on a POST body
-    (422 as a JSON-RPC parse error), then the SDK's transport; the session is marked used before and after, and the
-    bytes of a reply being sent count as the session's unsent bytes until the connection has taken them."""
+    """The ASGI endpoint of :data:`MCP_PATH`: 404 for an unknown session, the server's JSON limits on a POST body
+    (:func:`_parse`; 422 as a JSON-RPC parse error), then the SDK's transport; the session is marked used before and
+    after, and the bytes of a reply being sent count as the session's unsent bytes until the connection has taken
+    them."""
 
-    def __init__(self, sessions: Any, manager: StreamableHTTPSessionManager, parse: Callable[[bytes], Any]):
-        self.sessions, self.manager, self.parse = sessions, manager, parse
+    def __init__(self, sessions: _Sessions, manager: StreamableHTTPSessionManager):
+        self.sessions, self.manager = sessions, manager
 
     async def __call__(self, scope, receive, send) -> None:
         sid = scope["path_params"]["session_id"]
@@ -140,8 +138,8 @@ class _Endpoint:
         if scope["method"] == "POST":
             first = await receive()  # the guard has read the whole body: one message
             try:
-                self.parse(first.get("body", b""))
-            except Exception as e:  # noqa: BLE001 - ClientError: invalid JSON or over a JSON limit
+                _parse(first.get("body", b""))
+            except ClientError as e:  # invalid JSON or over a JSON limit
                 return await JSONResponse({"jsonrpc": "2.0", "id": None, "detail": str(e),
                                            "error": {"code": types.PARSE_ERROR, "message": str(e)}}, 422)(scope, receive, send)
             receive = _replay(first, receive)
@@ -175,14 +173,12 @@ async def counted_send(env, send, message: dict) -> None:
         env.release_unsent(n)
 
 
-def add_session_mcp_routes(app, sessions: Any, *, run: Callable[[Any, str, Any], tuple[str, dict]],
-                           parse: Callable[[bytes], Any], max_body_bytes: int) -> None:
+def add_session_mcp_routes(app, sessions: _Sessions, *, max_body_bytes: int) -> None:
     """Serve :data:`MCP_PATH` on the FastAPI ``app``: one SDK ``Server`` and one stateless
     ``StreamableHTTPSessionManager`` (started and stopped with the app) over the server's session registry
-    ``sessions``. ``run`` is the session routes' operation, ``parse`` their JSON parser (limits), ``max_body_bytes``
-    the body cap (the guard's; the SDK's own set to it). The SDK's DNS-rebinding check is off: the server's guard
-    checks ``Host`` and ``Origin`` for every route, with the server's allow-lists."""
-    handlers = _SessionTools(sessions, run)
+    ``sessions``; ``max_body_bytes`` is the body cap (the guard's; the SDK's own set to it). The SDK's DNS-rebinding
+    check is off: the server's guard checks ``Host`` and ``Origin`` for every route, with the server's allow-lists."""
+    handlers = _SessionTools(sessions)
     server = Server("envs.serve", on_list_tools=handlers.list_tools, on_call_tool=handlers.call_tool)
     manager = StreamableHTTPSessionManager(
         server, json_response=True, stateless=True, max_request_body_size=max_body_bytes,
@@ -197,4 +193,4 @@ def add_session_mcp_routes(app, sessions: Any, *, run: Callable[[Any, str, Any],
 
     app.router.on_startup.append(_start)
     app.router.on_shutdown.insert(0, _stop)
-    app.router.routes.append(Route(MCP_PATH, endpoint=_Endpoint(sessions, manager, parse)))
+    app.router.routes.append(Route(MCP_PATH, endpoint=_Endpoint(sessions, manager)))

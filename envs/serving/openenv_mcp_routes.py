@@ -25,13 +25,14 @@ guard in front, the JSON limits, each session operation on its session's thread,
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 from starlette.routing import Route
 
 from envs.serving.agent_tools import agent_tools, tool_call_action, visible_result
+from envs.serving.environment import ClientError, _parse
 from envs.serving.mcp_routes import counted_send, session_tools, step_tool_call
+from envs.serving.sessions import _Sessions
 
 __all__ = ["add_openenv_mcp_routes", "add_openapi_route"]
 
@@ -52,14 +53,14 @@ class RpcError(Exception):
         return {"jsonrpc": "2.0", "id": request_id, "error": error}
 
 
-def _request(raw: bytes, parse: Callable[[bytes], Any]) -> dict:
+def _request(raw: bytes) -> dict:
     """A JSON-RPC request body as a dict with a ``method`` (``params`` an object when present).
 
     Raises:
         RpcError: -32700 not JSON or over the server's JSON limits, -32600 not a request object."""
     try:
-        msg = parse(raw)
-    except Exception as e:  # noqa: BLE001 - ClientError: not JSON, or over a JSON limit
+        msg = _parse(raw)
+    except ClientError as e:  # not JSON, or over a JSON limit
         raise RpcError(PARSE_ERROR, f"parse error: {e}") from e
     if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0" or not isinstance(msg.get("method"), str) \
             or not isinstance(msg.get("params", {}), dict):
@@ -81,11 +82,10 @@ def _call_result(ok: bool, out: Any) -> dict:
 
 
 class _OpenEnvMcp:
-    """The ``/mcp`` endpoint over the server's session registry ``sessions`` (see :mod:`envs.serving.mcp_routes`
-    for what it offers); ``run`` and ``parse`` are the session routes' operation and JSON parser."""
+    """The ``/mcp`` endpoint over the server's session registry ``sessions`` (see the module docstring)."""
 
-    def __init__(self, sessions: Any, run: Callable, parse: Callable[[bytes], Any]):
-        self.sessions, self.run, self.parse = sessions, run, parse
+    def __init__(self, sessions: _Sessions):
+        self.sessions = sessions
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["method"] != "POST":
@@ -96,7 +96,7 @@ class _OpenEnvMcp:
             raw, more = raw + msg.get("body", b""), msg.get("more_body", False)
         msg, env = {}, None
         try:
-            msg = _request(raw, self.parse)
+            msg = _request(raw)
             env, result = await self._dispatch(msg["method"], msg.get("params", {}))
             reply = {"jsonrpc": "2.0", "id": msg.get("id"), "result": result}
         except RpcError as e:
@@ -155,7 +155,7 @@ class _OpenEnvMcp:
             action = tool_call_action(name, arguments)
         except ValueError as e:
             return _call_result(False, str(e))
-        ok, out, end = await run(sid, step_tool_call, env, self.run, action)
+        ok, out, end = await run(sid, step_tool_call, env, action)
         if end:
             await self.sessions.destroy(sid)
         return _call_result(ok, out)
@@ -169,10 +169,9 @@ async def _send_json(send, status: int, body: dict, env: Any) -> None:
     await (counted_send(env, send, message) if env is not None else send(message))
 
 
-def add_openenv_mcp_routes(app, sessions: Any, *, run: Callable, parse: Callable[[bytes], Any]) -> None:
-    """Serve OpenEnv's ``POST /mcp`` on the FastAPI ``app`` over the server's session registry ``sessions``
-    (``run``: the session routes' operation; ``parse``: their JSON parser with its limits)."""
-    app.router.routes.append(Route("/mcp", endpoint=_OpenEnvMcp(sessions, run, parse)))
+def add_openenv_mcp_routes(app, sessions: _Sessions) -> None:
+    """Serve OpenEnv's ``POST /mcp`` on the FastAPI ``app`` over the server's session registry ``sessions``."""
+    app.router.routes.append(Route("/mcp", endpoint=_OpenEnvMcp(sessions)))
 
 
 def add_openapi_route(app) -> None:

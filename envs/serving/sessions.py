@@ -1,0 +1,130 @@
+"""The server's one session registry (:class:`_Sessions`: OpenEnv's ``HTTPEnvServer`` cap and threads, last
+use, the idle reaper) and what every route shares to answer: :class:`_ChunkedReply`, :func:`_json`,
+:func:`_open_failed`."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+
+try:  # the optional extra [serve]
+    from fastapi import FastAPI
+    from fastapi.responses import Response
+    from openenv.core.env_server.exceptions import SessionCapacityError
+    from openenv.core.env_server.http_server import HTTPEnvServer
+    from starlette.websockets import WebSocket
+except ImportError as e:  # pragma: no cover - exercised only without the extra
+    raise ImportError("envs.serve needs the [serve] extra: pip install -e '.[serve]' (openenv-core)") from e
+
+from envs.serving.limits import REPLY_CHUNK_BYTES
+from envs.serving.environment import GymTextEnvironment, _dumps
+
+
+class _ChunkedReply(Response):
+    """A JSON reply handed to the connection :data:`REPLY_CHUNK_BYTES` at a time; ``on_done()`` runs once the last piece
+    is handed over (or the client is gone), then ``await after()`` if given (a stateless request's env is closed
+    there). uvicorn waits before each piece while the connection's buffer is full, so an unread reply waits here,
+    counted against its session, and the transport buffers at most about one piece."""
+
+    media_type = "application/json"
+
+    def __init__(self, body: bytes, status_code: int, on_done: Callable[[], None],
+                 after: Callable[[], Any] | None = None):
+        super().__init__(content=body, status_code=status_code)
+        self._on_done, self._after = on_done, after
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            body, n = memoryview(self.body), len(self.body)
+            for i in range(0, max(n, 1), REPLY_CHUNK_BYTES):
+                await send({"type": "http.response.body", "body": bytes(body[i:i + REPLY_CHUNK_BYTES]),
+                            "more_body": i + REPLY_CHUNK_BYTES < n})
+        finally:
+            self.body = b""
+            self._on_done()
+            if self._after is not None:
+                await self._after()
+
+
+class _Sessions:
+    """The app's open sessions: OpenEnv's session registry ``server`` (an ``HTTPEnvServer``: the cap, one thread per
+    session, each env built and closed on its thread; its own reaper off) plus when each session was last used
+    (seconds of ``clock``), the WebSocket that owns a session, and the idle reaper that closes a session unused for more
+    than ``idle_timeout_s`` (``None``: never), looking every ``reap_interval_s`` real seconds (``None``: ``idle_timeout_s
+    / 4`` within [0.05, 5])."""
+
+    def __init__(self, server: HTTPEnvServer, clock: Callable[[], float], idle_timeout_s: float | None,
+                 reap_interval_s: float | None):
+        self.server, self.clock = server, clock
+        self.idle_timeout_s, self.reap_interval_s = idle_timeout_s, reap_interval_s
+        self.last_seen: dict[str, float] = {}
+        self.sockets: dict[str, WebSocket] = {}
+
+    def get(self, sid: str) -> GymTextEnvironment | None:
+        """The open session ``sid``'s env, or ``None`` (never opened, closed or reaped)."""
+        return self.server._sessions.get(sid)
+
+    def touch(self, sid: str) -> None:
+        """Mark ``sid`` as used now (a closed session is not brought back)."""
+        if sid in self.server._sessions:
+            self.last_seen[sid] = self.clock()
+
+    async def destroy(self, sid: str) -> None:
+        """Close ``sid`` (its env closed on its thread) and forget it."""
+        self.last_seen.pop(sid, None)
+        await self.server._destroy_session(sid)
+
+    async def open(self) -> tuple[str, GymTextEnvironment]:
+        """A new session: ``(id, env)``. Raises: ``SessionCapacityError`` at the cap; the env's build error, chained."""
+        sid, env = await self.server._create_session()
+        self.touch(sid)
+        return sid, env
+
+    async def reap_forever(self) -> None:
+        """The idle reaper (runs until cancelled): close every session idle for more than ``idle_timeout_s`` and its
+        WebSocket, if any (code 1001)."""
+        interval = self.reap_interval_s or min(max(self.idle_timeout_s / 4, 0.05), 5.0)
+        while True:
+            await asyncio.sleep(interval)
+            for sid, seen in list(self.last_seen.items()):
+                if self.clock() - seen > self.idle_timeout_s and self.last_seen.get(sid) == seen:
+                    await self.destroy(sid)
+                    ws = self.sockets.pop(sid, None)
+                    if ws is not None:
+                        try:
+                            await ws.close(code=1001, reason="idle timeout")
+                        except Exception:  # noqa: BLE001, S110 - the client may be gone already
+                            pass
+
+
+def _add_lifecycle(app: FastAPI, sessions: _Sessions) -> None:
+    """On startup, start ``sessions``' idle reaper (``app.state.reaper``; none without an idle timeout); on shutdown,
+    stop it and close every session."""
+    async def _start() -> None:
+        if sessions.idle_timeout_s is not None:
+            app.state.reaper = asyncio.create_task(sessions.reap_forever())
+
+    async def _stop() -> None:
+        task = getattr(app.state, "reaper", None)
+        if task is not None:
+            task.cancel()
+        for sid in list(sessions.server._sessions):
+            await sessions.destroy(sid)
+
+    app.router.on_startup.append(_start)
+    app.router.on_shutdown.append(_stop)
+
+
+def _json(status: int, text: str) -> Response:
+    """A JSON reply of ``text`` (UTF-8) with ``status``."""
+    return Response(content=text.encode("utf-8"), status_code=status, media_type="application/json")
+
+
+def _open_failed(env_id: str, e: Exception, cap_note: str = "") -> Response:
+    """The reply to a session that could not be opened: 429 at the session cap (``cap_note`` appended to its detail),
+    500 when the env could not be built (the build error named)."""
+    if isinstance(e, SessionCapacityError):
+        return _json(429, _dumps({"detail": f"session cap reached: {e.active_sessions}/{e.max_sessions} open{cap_note}"}))
+    return _json(500, _dumps({"detail": f"could not create env {env_id}: {e.__cause__ or e}"}))
