@@ -130,10 +130,13 @@ def register_worker_module(name: str, preload: tuple[str, ...] = ()) -> None:
 def _init_worker(modules: tuple[str, ...], memory_bytes: int) -> None:
     """pebble's worker initializer: import the grader modules and run their setup (before any limit), then no core
     files and the address-space limit (its size now + ``memory_bytes``)."""
-    for name in modules:
-        setup = getattr(importlib.import_module(name), "_worker_setup", None)
-        if setup is not None:
-            setup()
+    for name in modules:  # a failure here is logged, not raised: pebble would restart the worker forever, and
+        try:              # the calls that need the module fail on their own (grader_error), instead of waiting
+            setup = getattr(importlib.import_module(name), "_worker_setup", None)
+            if setup is not None:
+                setup()
+        except Exception:  # noqa: BLE001
+            _log.exception("grader worker: importing / setting up %s failed", name)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     limit = _address_space() + memory_bytes

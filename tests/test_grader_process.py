@@ -64,6 +64,10 @@ def _pid():
     return os.getpid()
 
 
+def _worker_setup():  # run by a pool given this module in `modules`: a setup that fails
+    raise RuntimeError("setup failed")
+
+
 class Ticker:
     """A thread that wakes every 10 ms and records the longest gap between wake-ups (a frozen GIL shows here)."""
 
@@ -135,6 +139,16 @@ def test_memory_bomb_error_and_exit_are_typed_failures(pool):
     assert failure.kind == "grader_error" and "SystemExit" in failure.message
     assert pool.call(_add_one, 1) == (2, None)
     assert pool.counts == {"grader_timeout": 0, "grader_memory": 1, "grader_error": 2, "wall_retries": 0}
+
+
+def test_a_worker_whose_setup_fails_still_takes_calls():
+    """pebble restarts a worker whose initializer raises, forever, and a call would wait for ever: the failure is
+    logged and the worker serves."""
+    p = GraderPool(workers=1, modules=(__name__,))
+    try:
+        assert p.call(_add_one, 1) == (2, None)
+    finally:
+        p.close()
 
 
 def test_a_wall_timeout_is_retried_once_then_reported():
