@@ -36,10 +36,11 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks" / "experiments"))  # the instruments' shared harness
+# the instruments' shared harness: the package experiments/ beside this script (benchmarks/ is sys.path[0] for
+# ``python benchmarks/gpu_table.py``)
+from experiments.harness import child_env, instrument_meta, read_metrics, resolve_device, same_weights
 
-from harness import child_env, instrument_meta, read_metrics, resolve_device, same_weights  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 TTA = REPO / "benchmarks" / "experiments" / "time_to_accuracy.py"
 ARMS = ("ours", "trl", "trl_same_mb")

@@ -46,9 +46,10 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks" / "experiments"))  # the instruments' shared harness (device, metadata)
 
-from harness import add_device_args, instrument_meta, meta_line, resolve_device, same_weights  # noqa: E402
+# the instruments' shared harness (device, metadata): the package experiments/ beside this script (benchmarks/ is
+# sys.path[0] for ``python benchmarks/rollout_bench.py``)
+from experiments.harness import add_device_args, instrument_meta, meta_line, resolve_device, same_weights  # noqa: E402
 
 from torchrl_grpo.backends.base import SamplingConfig  # noqa: E402
 from torchrl_grpo.backends.transformers_backend import TransformersBackend  # noqa: E402

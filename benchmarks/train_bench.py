@@ -48,6 +48,7 @@ import json
 import os
 import platform
 import shlex
+import site
 import statistics
 import sys
 import tempfile
@@ -61,10 +62,11 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks" / "experiments"))  # the instruments' shared harness (device, metadata)
 
 import torch  # noqa: E402
-from harness import add_device_args, instrument_meta, meta_line, precision, resolve_device, same_weights  # noqa: E402
+# the instruments' shared harness (device, metadata): the package experiments/ beside this script (benchmarks/ is
+# sys.path[0] for ``python benchmarks/train_bench.py``)
+from experiments.harness import add_device_args, instrument_meta, meta_line, precision, resolve_device, same_weights  # noqa: E402
 
 
 def _loadavg() -> list[float]:
@@ -398,10 +400,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ours-vllm", action="store_true",
                    help="also run ours with the vLLM rollout backend (interleaved; run from the vLLM venv)")
     p.add_argument("--append-sys-path", action="append", default=[],
-                   help="directory appended to sys.path (after this venv's site-packages), e.g. the project venv's "
-                        "site-packages for trl when running from the vLLM venv")
+                   help="a site directory added after this venv's own (site.addsitedir: its .pth files processed), "
+                        "e.g. the project venv's site-packages for trl when running from the vLLM venv")
     args = p.parse_args(argv)
-    sys.path.extend(args.append_sys_path)
+    for site_dir in args.append_sys_path:  # the user's interpreter composition, not an import of ours
+        site.addsitedir(site_dir)
     if args.ours_vllm and args.order != "interleave":
         raise SystemExit("--ours-vllm needs --order interleave")
     if not args.data_dir:

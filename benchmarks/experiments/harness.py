@@ -19,7 +19,7 @@ The instruments that compare two systems (``benchmarks/train_bench.py``, ``rollo
 :func:`same_weights` (a ``.gguf`` converted once, so both arms load the same Hugging Face directory).
 
 Import it as ``from harness import ...``: ``python benchmarks/experiments/<driver>.py`` puts this folder first on
-``sys.path``; the package itself is installed (``pip install -e .``). ``grpo.py`` children get the checkout first
+``sys.path`` (the instruments one folder up import it as ``from experiments.harness import ...``, theirs first); the package itself is installed (``pip install -e .``). ``grpo.py`` children get the checkout first
 on ``PYTHONPATH`` (:func:`child_env`), so that ``--py`` another interpreter (the vLLM venv) runs this checkout's code.
 """
 from __future__ import annotations
