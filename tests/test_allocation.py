@@ -216,13 +216,14 @@ def test_in_process_vllm_off_cuda0_is_refused_at_resolve(conf, kwargs, match):
 
 
 def _readme_commands():
-    """Every command in README.md that sets a device plan: (command, config overrides, torchrun processes,
-    GPUs its comment states or None)."""
+    """Every command in README.md and docs/cluster.md (where the cluster section moved) that sets a device plan:
+    (command, config overrides, torchrun processes, GPUs its comment states or None)."""
     import re
     import shlex
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "README.md").read_text() + (root / "docs" / "cluster.md").read_text()
     cmds = []
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
         for line in block.replace("\\\n", " ").splitlines():
