@@ -38,12 +38,14 @@ Workers are cheap to reuse: they start from a fork server that imported the grad
 (:func:`register_worker_module`; ``reasoning_gym`` and sympy take seconds to import), run each module's
 ``_worker_setup`` once, and then take calls until killed (a module registered after the pool started: the pool is
 replaced, its calls in progress finish in the old workers). Workers come from the ``forkserver`` start method, never
-a ``fork`` of the caller (which may hold threads: envs.serve's, torch's), so the caller may be multi-threaded.
-One exception: in a daemonic process (gymnasium's ``AsyncVectorEnv`` workers; multiprocessing forbids
-it children) the grader runs in that process, without the bounds (it is itself a separate process: a bomb stalls
-that env worker, not its parent), and a warning says so. The default pool is created on first use, again in a forked child (a child never uses its parent's pool; it
-starts its workers with ``spawn``: they import the grader modules themselves: Python 3.11's fork server cannot be reached
-from a fork of the process that started it), and closed at exit (:func:`close_default_pool`); closing stops and joins every worker.
+a ``fork`` of the caller (which may hold threads: envs.serve's, torch's), so the caller may be multi-threaded; the
+fork server imports the caller's ``__main__`` once (multiprocessing would otherwise import it in every worker).
+The default pool is created on first use, again in a forked child (a child never uses its parent's pool; it starts
+its workers with ``spawn``, which import the grader modules themselves: Python 3.11's fork server cannot be reached
+from a fork of the process that started it), and closed at exit (:func:`close_default_pool`: every worker stopped
+and joined). One exception: in a daemonic process (gymnasium's ``AsyncVectorEnv`` workers; multiprocessing forbids
+it children) the grader runs in that process, without the bounds (it is itself a separate process: a bomb stalls that
+env worker, not its parent), and a warning says so.
 
 Cost (``benchmarks/results/grader_isolation.md``, 2 shared cores at load 9-14): a round trip per graded call (a
 no-op: 0.11 ms p50; a graded step 0.4-1 ms more than in process: chain_sum 33,000 -> 1,050 steps/s,
@@ -261,7 +263,8 @@ class GraderPool:
                 status, value = future.result()
             except concurrent.futures.TimeoutError:
                 if attempt == 0:
-                    self.counts["wall_retries"] += 1
+                    with self._lock:
+                        self.counts["wall_retries"] += 1
                     continue
                 return None, self._failed("grader_timeout", f"the grader ran past {self.wall_s:g} s of wall-clock "
                                                             f"time twice; scored 0")
@@ -296,7 +299,8 @@ class GraderPool:
         return self._failed("grader_error", f"the grader's worker died ({name}); scored 0")
 
     def _failed(self, kind: str, message: str) -> GraderFailure:
-        self.counts[kind] += 1
+        with self._lock:  # callers are threads (envs.serve's sessions)
+            self.counts[kind] += 1
         return GraderFailure(kind, message)
 
     def worker_pids(self) -> list[int]:
