@@ -8,7 +8,8 @@ trainer's recompute within 1e-4, and ``decode_path`` says which loop ran. Per mo
 log-probs and gradients equal the plain per-episode ones, or ``build_shared_prefix`` refuses the model. With peft
 adapters: switching or disabling an adapter changes what the next decode uses, and the CUDA-graph fingerprint sees it.
 
-Prompts are longer than the sliding windows (4 columns) and share a 6-token prefix, so windows, left padding, the
+Prompts are longer than the sliding windows (4 columns; one Mistral row has a window of 64 that the calls never
+exceed, so its fixed-shape decode runs) and share a 6-token prefix, so windows, left padding, the
 backend's prompt-prefix cache and the group fan-out all bite.
 """
 from __future__ import annotations
@@ -43,6 +44,7 @@ MATRIX = {
     "qwen2": ("Qwen2Config", "sdpa", {}, "static"),
     "qwen3": ("Qwen3Config", "sdpa", {"head_dim": 8}, "static"),
     "mistral_window": ("MistralConfig", "sdpa", _WINDOWED, "eager"),
+    "mistral_wide_window": ("MistralConfig", "sdpa", {**_WINDOWED, "sliding_window": 64}, "static"),  # never bites
     "gemma2": ("Gemma2Config", "eager", {**_WINDOWED, **_TWO_KINDS, "query_pre_attn_scalar": 8}, "eager"),
     "gemma3": ("Gemma3TextConfig", "sdpa", {**_WINDOWED, **_TWO_KINDS, "query_pre_attn_scalar": 8,
                                             "attn_logit_softcapping": 20.0, "final_logit_softcapping": 15.0},

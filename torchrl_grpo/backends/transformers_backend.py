@@ -204,8 +204,10 @@ class TransformersBackend(RolloutBackend):
                        ) -> tuple[tuple[int, ...], DynamicCache | None]:
         """The longest prefix all prompts share (leaving each >= 1 own token) and its KV cache (batch 1), built once
         and reused while the weights and the forward's Python-level state (peft's active / disabled adapters:
-        :func:`~torchrl_grpo.backends.graph_decode.forward_state`) are unchanged; ``((), None)`` when not worth it. ``private``: return a deep copy
-        (the caller may write to it); otherwise the kept cache itself, which the caller must only read."""
+        :func:`~torchrl_grpo.backends.graph_decode.forward_state`) are unchanged; ``((), None)`` when not worth it or
+        not exact (a sliding window: :func:`~torchrl_grpo.model_store.exact_paths.full_attention_refusal`).
+        ``private``: return a deep copy (the caller may write to it); otherwise the kept cache itself, which the
+        caller must only read."""
         if self.prefix_cache_min_tokens <= 0:
             return (), None
         refusal = full_attention_refusal(self.model)  # padding between prefix and suffix would shift a window

@@ -38,8 +38,9 @@ import weakref
 
 import torch
 
-__all__ = ["FIXED_SHAPE_VERIFIED", "GQA_DECODE_IMPLEMENTATION", "SDPA_IMPLEMENTATIONS", "fixed_shape_decode_refusal", "full_attention_refusal",
-           "gqa_decode_refusal", "note_fallback", "shared_prefix_refusal", "sliding_window", "text_config"]
+__all__ = ["FIXED_SHAPE_VERIFIED", "GQA_DECODE_IMPLEMENTATION", "SDPA_IMPLEMENTATIONS", "fixed_shape_decode_refusal",
+           "full_attention_refusal", "gqa_decode_refusal", "note_fallback", "shared_prefix_refusal", "sliding_window",
+           "text_config"]
 
 log = logging.getLogger(__name__)
 
