@@ -15,13 +15,19 @@ from envs.serving.environment import _dumps, _http_call
 from envs.serving.sessions import _ChunkedReply, _Sessions, _json, _open_failed
 
 
+def _unknown(session_id: str) -> str:
+    """A 404's detail: the id is unknown, and how to get one (issue 45)."""
+    return (f"unknown session {session_id!r:.80} (never opened, deleted or idle-expired): open one with POST /sessions "
+            f"(201 {{\"session_id\": ...}}), then use /sessions/{{session_id}}/reset, /step, /state")
+
+
 async def _session_call(sessions: _Sessions, session_id: str, op: str, raw: bytes = b"") -> Response:
     """A ``/sessions/{id}/...`` request: ``op`` (``reset`` / ``step`` / ``state``) of body ``raw`` run on the session's
     thread (:func:`_http_call`), answered in pieces (:class:`_ChunkedReply`); 404 for an unknown session; a session
     whose output went over its cap is closed before the answer."""
     env = sessions.get(session_id)
     if env is None:
-        return _json(404, _dumps({"detail": f"unknown session {session_id!r:.80} (never opened, deleted or idle-expired)"}))
+        return _json(404, _dumps({"detail": _unknown(session_id)}))
     sessions.touch(session_id)
     try:
         status, body, end = await sessions.server._run_in_session_executor(session_id, _http_call, env, op, raw)
@@ -59,7 +65,7 @@ def _add_session_routes(app: FastAPI, sessions: _Sessions, env_id: str, max_sess
     @app.delete("/sessions/{session_id}", tags=["Sessions"])
     async def close_session(session_id: str) -> Response:
         if session_id not in sessions.server._sessions:
-            return _json(404, _dumps({"detail": f"unknown session {session_id!r:.80}"}))
+            return _json(404, _dumps({"detail": _unknown(session_id)}))
         await sessions.destroy(session_id)
         return _json(200, _dumps({"closed": session_id}))
 
