@@ -11,7 +11,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import envs
-from envs.gsm8k import data as gsm8k_data
+from envs import task_list_cache
 from envs.gsm8k.data import load_gsm8k
 from envs.gsm8k.env import DEFAULT_SYSTEM_PROMPT, GSM8KEnv
 from envs.spaces import AssistantAction, ChatMessages
@@ -93,7 +93,7 @@ def test_hf_dataset_id(monkeypatch):
         return [{"question": "q", "answer": "x\n#### 3"}]
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
-    monkeypatch.setattr(gsm8k_data, "_CACHE", {})
+    monkeypatch.setattr(task_list_cache, "TASK_LISTS", task_list_cache.TaskListCache())  # a fresh cache
     probs = load_gsm8k("test", "openai/gsm8k")
     assert probs == [{"question": "q", "answer": "3", "solution": "x\n#### 3"}]
     assert calls == [("openai/gsm8k", "main", "test")]
@@ -105,7 +105,7 @@ def test_hf_dataset_id(monkeypatch):
 
 def test_hf_id_without_datasets(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # import fails
-    monkeypatch.setattr(gsm8k_data, "_CACHE", {})
+    monkeypatch.setattr(task_list_cache, "TASK_LISTS", task_list_cache.TaskListCache())  # a fresh cache
     with pytest.raises(ImportError, match="datasets"):
         load_gsm8k("test", "openai/gsm8k")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from envs.single_turn import SingleTurnTextEnv
+from envs.task_list_cache import cached_task_list
 
 __all__ = ["DigitSumEnv", "DEFAULT_SYSTEM_PROMPT", "MAX_GRADED_CHARS", "MAX_ANSWER_DIGITS", "extract_answer",
            "generate_numbers", "split_of"]
@@ -39,7 +40,8 @@ def split_of(n: int) -> str:
 
 def generate_numbers(split: str, seed: int, size: int, min_digits: int, max_digits: int) -> list[int]:
     """``size`` distinct integers of ``min_digits..max_digits`` digits in ``split``'s part, drawn by
-    ``numpy.random.default_rng(seed)`` (reproducible: the same arguments give the same list).
+    ``numpy.random.default_rng(seed)`` (reproducible: the same arguments give the same list; drawn once per
+    arguments and kept in :mod:`envs.task_list_cache`, a new list each call).
 
     Raises:
         ValueError: a split other than ``train``/``test``, ``size < 1``, digits outside ``1..MAX_NUMBER_DIGITS`` or
@@ -50,6 +52,12 @@ def generate_numbers(split: str, seed: int, size: int, min_digits: int, max_digi
     if not (1 <= int(min_digits) <= int(max_digits) <= MAX_NUMBER_DIGITS) or int(size) < 1:
         raise ValueError(f"need size >= 1 and 1 <= min_digits <= max_digits <= {MAX_NUMBER_DIGITS}, got "
                          f"size={size}, min_digits={min_digits}, max_digits={max_digits}")
+    key = ("digit_sum", split, int(seed), int(size), int(min_digits), int(max_digits))  # envs.task_list_cache
+    return list(cached_task_list(key, lambda: _draw_numbers(split, seed, size, min_digits, max_digits)))
+
+
+def _draw_numbers(split: str, seed: int, size: int, min_digits: int, max_digits: int) -> list[int]:
+    """:func:`generate_numbers`' draw (uncached, arguments checked)."""
     rng = np.random.default_rng(int(seed))
     seen: dict[int, None] = {}
     for _ in range(50 * int(size) + 1_000):

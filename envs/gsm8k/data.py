@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import os
 import re
-import threading
 from pathlib import Path
 
 from ..jsonl import iter_jsonl
+from ..task_list_cache import cached_task_list
 from .grading import parse_gold
 
 __all__ = ["load_gsm8k", "resolve_data_dir", "data_source", "SPLITS", "DATA_DIR_ENV", "PACKAGED_DATA_DIR"]
@@ -41,8 +41,6 @@ SPLITS = ("train", "test")
 #: The GSM8K copy shipped in the package (``{split}.jsonl.gz`` + ``LICENSE``): the default source.
 PACKAGED_DATA_DIR = Path(__file__).resolve().parent / "data"
 
-_CACHE: dict[tuple[str, str], tuple[dict, ...]] = {}
-_LOCK = threading.Lock()
 _HF_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
@@ -155,8 +153,8 @@ def load_gsm8k(
 
     Returns:
         A new list of problem dicts ``{"question", "answer", "solution"}`` in file order. The
-        dicts are shared with an in-process cache keyed by (resolved path or id, split):
-        treat them as read-only.
+        dicts are shared with an in-process cache keyed by (resolved path or id, split)
+        (:mod:`envs.task_list_cache`, a bounded LRU): treat them as read-only.
 
     Raises:
         ValueError: unknown split; a malformed line (bad JSON, missing field, no ``####``
@@ -167,16 +165,7 @@ def load_gsm8k(
     """
     where = data_source(split, data_dir)  # ValueError / FileNotFoundError for a bad split / location
     if not where.startswith("hf:"):
-        key = (where, split)
-        if key not in _CACHE:
-            with _LOCK:
-                if key not in _CACHE:
-                    _CACHE[key] = _load_jsonl(Path(where))
-        return list(_CACHE[key])
+        return list(cached_task_list(("gsm8k", where, split), lambda: _load_jsonl(Path(where))))
     source = where[3:]
-    key = (f"hf:{source}:{hf_config}", split)
-    if key not in _CACHE:
-        with _LOCK:
-            if key not in _CACHE:
-                _CACHE[key] = _load_hf(source, split, hf_config)
-    return list(_CACHE[key])
+    return list(cached_task_list(("gsm8k", f"hf:{source}:{hf_config}", split),
+                                 lambda: _load_hf(source, split, hf_config)))

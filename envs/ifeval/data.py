@@ -28,12 +28,12 @@ numbers as in-distribution, not as IFEval / IFBench scores.
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 
 import numpy as np
 
 from ..jsonl import iter_jsonl
+from ..task_list_cache import cached_task_list
 from .grading import check_kwargs
 
 __all__ = ["load_prompts", "packaged_path", "data_source", "SPLITS", "SPLIT_SEED", "TEST_FRACTION", "DEFAULT_HF_ID"]
@@ -46,8 +46,6 @@ TEST_FRACTION = 0.2
 #: The original IFEval prompts on the Hugging Face hub.
 DEFAULT_HF_ID = "google/IFEval"
 
-_CACHE: dict[str, tuple[dict, ...]] = {}
-_LOCK = threading.Lock()
 
 
 def packaged_path() -> Path:
@@ -190,10 +188,7 @@ def load_prompts(split: str = "train", data_path: str | os.PathLike | None = Non
         ImportError: ``if-verifiable`` (or ``datasets`` for a hub id) is not installed.
     """
     where = data_source(split, data_path)
-    if where not in _CACHE:
-        with _LOCK:
-            if where not in _CACHE:
-                _CACHE[where] = _load_hf(where[3:]) if where.startswith("hf:") else _load_jsonl(Path(where))
-    rows = _CACHE[where]
+    rows = cached_task_list(("ifeval", where),  # envs.task_list_cache: a bounded LRU, read-only rows
+                            lambda: _load_hf(where[3:]) if where.startswith("hf:") else _load_jsonl(Path(where)))
     single = data_path is None or os.fspath(data_path) == "" or not Path(os.fspath(data_path)).expanduser().is_dir()
     return _split(rows, split) if single else list(rows)

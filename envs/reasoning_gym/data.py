@@ -39,6 +39,8 @@ import sympy
 from reasoning_gym.composite import DatasetSpec
 from reasoning_gym.factory import CURRICULA, DATASETS, create_curriculum
 
+from envs.task_list_cache import cached_task_list
+
 from .answer_formats import GRAMMARS
 from .verifier_audit import evaluating_calls
 
@@ -230,7 +232,9 @@ def evaluated_gold(item: dict) -> dict:
 
 def split_items(spec: TaskSpec, split: str, *, train_seed: int, test_seed: int, train_size: int,
                 test_size: int) -> list[dict]:
-    """The problems of ``split``: ``[{"question", "answer", "metadata", "source_index", "seed"}]``, index order.
+    """The problems of ``split``: ``[{"question", "answer", "metadata", "source_index", "seed"}]``, index order (a
+    new list; the dicts are built once per (spec, split, seed, size) and shared through
+    :mod:`envs.task_list_cache`: read-only).
 
     The question space is partitioned by a hash of the question text (:func:`is_test_question`): train takes the
     generator items of ``train_seed`` whose question is on the train side, test the items of ``test_seed`` on the
@@ -254,6 +258,13 @@ def split_items(spec: TaskSpec, split: str, *, train_seed: int, test_seed: int, 
     if train_seed == test_seed:
         raise ValueError(f"train_seed and test_seed must differ (both {train_seed}): the splits would coincide")
     seed, size = (train_seed, train_size) if split == "train" else (test_seed, test_size)
+    # built once per (spec, split, seed, size) and shared read-only (envs.task_list_cache, bounded LRU; issue 42)
+    return list(cached_task_list(("reasoning_gym", spec, split, seed, size),
+                                 lambda: _draw_split(spec, split, seed, size)))
+
+
+def _draw_split(spec: TaskSpec, split: str, seed: int, size: int) -> list[dict]:
+    """:func:`split_items`' problems of ``split``, drawn from the generator seeded ``seed`` (uncached)."""
     limit = MAX_TEST_DRAWS_FACTOR * TEST_BUCKETS * size
     ds = dataset_for(spec, seed, limit)  # the library generates item i on access (Random(seed + i))
     want_test = split == "test"
