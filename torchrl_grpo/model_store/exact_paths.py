@@ -59,31 +59,31 @@ _warned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(p
 def text_config(model: torch.nn.Module):
     """The decoder's config of ``model`` (a peft wrapper's base model's; a multimodal model's text config); None if
     the model has no config."""
-    cfg = getattr(model, "config", None)
-    if cfg is None:
+    config = getattr(model, "config", None)
+    if config is None:
         return None
     try:
-        return cfg.get_text_config(decoder=True)
+        return config.get_text_config(decoder=True)
     except (AttributeError, TypeError):
-        return cfg
+        return config
 
 
-def sliding_window(cfg) -> int | None:
+def sliding_window(config) -> int | None:
     """The smallest number of key columns some layer may attend to, None when every layer attends to all columns.
 
     Read from ``layer_types`` where the config has them (``"full_attention"`` everywhere: None; ``"sliding_attention"``:
-    ``cfg.sliding_window``; anything else, e.g. chunked or linear attention: 0), else from ``sliding_window`` (and
+    ``config.sliding_window``; anything else, e.g. chunked or linear attention: 0), else from ``sliding_window`` (and
     ``use_sliding_window``, which Qwen2 keeps off by default) and ``attention_chunk_size``."""
-    types = getattr(cfg, "layer_types", None)
-    window = getattr(cfg, "sliding_window", None)
-    if getattr(cfg, "attention_chunk_size", None):
+    types = getattr(config, "layer_types", None)
+    window = getattr(config, "sliding_window", None)
+    if getattr(config, "attention_chunk_size", None):
         return _ALWAYS
     if types is not None:
         kinds = set(types) - {"full_attention"}
         if not kinds:
             return None
         return int(window) if kinds == {"sliding_attention"} and window else _ALWAYS
-    if getattr(cfg, "use_sliding_window", True) is False or not window:
+    if getattr(config, "use_sliding_window", True) is False or not window:
         return None
     return int(window)
 
@@ -91,23 +91,23 @@ def sliding_window(cfg) -> int | None:
 def full_attention_refusal(model: torch.nn.Module) -> str | None:
     """None when every decoder layer of ``model`` attends to all columns (no sliding window / chunked / linear
     attention), else the reason: the preallocated KV cache and the backend's prompt-prefix cache need it."""
-    cfg = text_config(model)
-    if cfg is None:
+    config = text_config(model)
+    if config is None:
         return "the model has no config to read its attention layout from"
-    w = sliding_window(cfg)
+    w = sliding_window(config)
     if w is None:
         return None
-    return (f"{cfg.model_type}: layers with a sliding window of {w}" if w else
-            f"{cfg.model_type}: layers that are not full attention ({sorted(set(getattr(cfg, 'layer_types', ())))})")
+    return (f"{config.model_type}: layers with a sliding window of {w}" if w else
+            f"{config.model_type}: layers that are not full attention ({sorted(set(getattr(config, 'layer_types', ())))})")
 
 
-def _attention_refusal(cfg) -> str | None:
-    impl = getattr(cfg, "_attn_implementation", None)
+def _attention_refusal(config) -> str | None:
+    impl = getattr(config, "_attn_implementation", None)
     if impl not in SDPA_IMPLEMENTATIONS:
-        return f"{cfg.model_type}: attention {impl!r}, not sdpa"
-    if getattr(cfg, "attn_logit_softcapping", None) is not None:
-        return f"{cfg.model_type}: attention soft-capping ({cfg.attn_logit_softcapping})"
-    if cfg.model_type == "gpt_oss":
+        return f"{config.model_type}: attention {impl!r}, not sdpa"
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        return f"{config.model_type}: attention soft-capping ({config.attn_logit_softcapping})"
+    if config.model_type == "gpt_oss":
         return "gpt_oss: attention sinks"
     return None
 
@@ -115,8 +115,8 @@ def _attention_refusal(cfg) -> str | None:
 def gqa_decode_refusal(model: torch.nn.Module) -> str | None:
     """None when :mod:`~torchrl_grpo.backends.decode_attention` may replace transformers' SDPA function at one-token
     decode steps of ``model`` (SDPA, no soft-capping, no sinks), else the reason."""
-    cfg = text_config(model)
-    return "the model has no config" if cfg is None else _attention_refusal(cfg)
+    config = text_config(model)
+    return "the model has no config" if config is None else _attention_refusal(config)
 
 
 def fixed_shape_decode_refusal(model: torch.nn.Module, columns: int | None = None) -> str | None:
@@ -127,17 +127,17 @@ def fixed_shape_decode_refusal(model: torch.nn.Module, columns: int | None = Non
         columns: cache columns the decode fills (padded prompt + new tokens); a sliding window at least this wide
             never bites. None: refuse any sliding window.
     """
-    cfg = text_config(model)
-    if cfg is None:
+    config = text_config(model)
+    if config is None:
         return "the model has no config"
-    if cfg.model_type not in FIXED_SHAPE_VERIFIED:
-        return f"model type {cfg.model_type!r} not verified for the fixed-shape decode ({sorted(FIXED_SHAPE_VERIFIED)})"
-    reason = _attention_refusal(cfg)
+    if config.model_type not in FIXED_SHAPE_VERIFIED:
+        return f"model type {config.model_type!r} not verified for the fixed-shape decode ({sorted(FIXED_SHAPE_VERIFIED)})"
+    reason = _attention_refusal(config)
     if reason is not None:
         return reason
-    w = sliding_window(cfg)
+    w = sliding_window(config)
     if w is not None and (columns is None or columns > w):
-        return f"{cfg.model_type}: a sliding window of {w} columns < the decode's {columns or 'unknown'}"
+        return f"{config.model_type}: a sliding window of {w} columns < the decode's {columns or 'unknown'}"
     return None
 
 
@@ -145,10 +145,10 @@ def shared_prefix_refusal(model: torch.nn.Module) -> str | None:
     """None when the shared-prefix update's caches (:mod:`~torchrl_grpo.objectives.shared_prefix`: full-length
     capture and read-only layers) are exact for ``model``'s attention layout (full or sliding-window attention on
     every layer), else the reason (chunked, linear or other attention kinds: not verified)."""
-    cfg = text_config(model)
-    if cfg is None:
+    config = text_config(model)
+    if config is None:
         return "the model has no config"
-    if sliding_window(cfg) == _ALWAYS:
+    if sliding_window(config) == _ALWAYS:
         return full_attention_refusal(model)
     return None
 
