@@ -138,6 +138,15 @@ class RolloutBackend(abc.ABC):
         default) makes the trainer recompute the anchor with a no-grad pass (see :mod:`torchrl_grpo.objectives.loss`)."""
         return False
 
+    @property
+    def decode_path(self) -> str:
+        """The decode path of this backend's last ``generate`` (before any, the one it would take), a short name the
+        trainers log every step as ``rollout/decode`` (docs/metrics.md) beside ``rollout/logp_diff_*``, the gap
+        between its behaviour log-probs and the trainer's recompute: a fast path that is not exact for the model
+        shows up there. ``"default"`` (this default) for a backend with one path; the transformers backend says
+        ``"eager"`` | ``"static"`` | ``"graph"`` (``rollout.decode`` resolved for the model and device), vLLM ``"vllm"``."""
+        return "default"
+
     def close(self) -> None:  # noqa: B027 (optional hook: a backend without engine resources keeps this no-op)
         """Release engine resources (a no-op unless the backend holds an engine)."""
 

@@ -344,6 +344,11 @@ class VLLMBackend(RolloutBackend):
             skip_special_tokens=False,
         )
 
+    @property
+    def decode_path(self) -> str:
+        """``"vllm"``: vLLM's engine samples (its own kernels and precision; logged as ``rollout/decode``)."""
+        return "vllm"
+
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
         """Sample one continuation per prompt.
 

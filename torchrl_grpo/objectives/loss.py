@@ -219,7 +219,8 @@ class GRPOLoss(PolicyLossModule):
     backpropagate; :func:`total_loss` does it), and metrics ``ess``, ``clip_fraction``, ``clip_fraction_low``,
     ``clip_fraction_high``, ``kl_ref``, ``kl_behaviour``, ``entropy``, ``ratio_mean``, ``ratio_max``,
     ``behaviour_weight_mean``, ``behaviour_weight_masked`` (fraction of tokens masked in ``"mask"`` mode),
-    ``num_tokens``, and the batch accumulators ``ess_log_sum_w`` = log Σw, ``ess_log_sum_w2`` = log Σw² (over this
+    ``logp_diff_mean`` / ``logp_diff_max`` (|behaviour - the trainer's log-prob| over response tokens, nats:
+    :meth:`_behaviour_gap`), ``num_tokens``, and the batch accumulators ``ess_log_sum_w`` = log Σw, ``ess_log_sum_w2`` = log Σw² (over this
     call's response tokens) so that a trainer can combine micro-batches into one batch-level ESS
     (:func:`combine_ess`) instead of averaging per-micro-batch ESS values.
 
@@ -392,6 +393,7 @@ class GRPOLoss(PolicyLossModule):
         k3 = self._k3(tensordict, logp, x.mask) if self.kl_coef > 0 else None
         ent = ent if self.entropy_coef > 0 else None
         out = self._metrics(x, logp, ratio, behaviour_weight, weight_masked, k3, ent)
+        out.update(self._behaviour_gap(x, logp))
         out["loss_objective"] = loss_objective
         out["loss_kl"] = self.kl_coef * agg(k3) if k3 is not None else loss_objective.new_zeros(())
         out["loss_entropy"] = -self.entropy_coef * agg(ent) if ent is not None else loss_objective.new_zeros(())
@@ -416,6 +418,23 @@ class GRPOLoss(PolicyLossModule):
         ref = self._get(td, self.tensor_keys.ref_log_probs).float()
         d = torch.where(mask, ref - logp, torch.zeros_like(logp))
         return d.exp() - d - 1.0
+
+    @torch.no_grad()
+    def _behaviour_gap(self, x: _Inputs, logp: torch.Tensor) -> dict:
+        """``logp_diff_mean`` / ``logp_diff_max``: mean and max over the response tokens of |behaviour log-prob -
+        the trainer's log-prob of the same token| (nats), the trainer's being the recomputed anchor
+        (``old_log_probs``) when the call has one, else this forward's own (the policy before this call's optimizer
+        step, when it is the batch's first: :class:`~torchrl_grpo.training.update.GRPOUpdate` logs them as
+        ``rollout/logp_diff_*`` then). 0 for a sampler with the trainer's own numerics; NaN without a response token."""
+        mask = x.mask
+        mine = x.old if x.anchor == "recomputed" else logp.detach()
+        gap = torch.where(mask, (x.behav - mine).abs(), torch.zeros_like(mine))
+        nan = gap.new_full((), float("nan"))
+        if not gap.numel():
+            return {"logp_diff_mean": nan, "logp_diff_max": nan}
+        some = mask.any()  # no host read
+        return {"logp_diff_mean": torch.where(some, _masked_mean(gap, mask), nan),
+                "logp_diff_max": torch.where(some, gap.max(), nan)}
 
     @torch.no_grad()
     def _metrics(self, x: _Inputs, logp, ratio, behaviour_weight, weight_masked, k3, ent) -> dict:

@@ -168,6 +168,9 @@ class GRPOTrainer:
         values averaged over torchrun ranks)."""
         t0 = time.perf_counter()
         batch, metrics, stale = self._next_batch()
+        # the backend's decode path (a string: metrics.jsonl keeps it, wandb takes numbers only); the update adds the
+        # gap it leaves between behaviour and recomputed log-probs, rollout/logp_diff_* (docs/metrics.md)
+        metrics["rollout/decode"] = self.backend.decode_path
         if self.augment_batch is not None:
             batch = self.augment_batch(batch)
         metrics.update(self._learn(batch, stale=stale))

@@ -4,8 +4,9 @@ optimizer steps with gradient accumulation over token-budgeted micro-batches.
 Input: the collector's batch TensorDict [B] (see :mod:`torchrl_grpo.rollout.collector`) with an ``advantage`` column [B]
 (:mod:`torchrl_grpo.objectives.advantage`), after the trainer's group filters. Output: the step's batch-level metrics, each
 reduced over micro-batches (and, data-parallel, over every rank's micro-batches: the same values on every rank) as
-:data:`torchrl_grpo.objectives.loss.REDUCTIONS` declares (:class:`~torchrl_grpo.objectives.loss.LossMetrics`), plus ``train/*`` counters
-and ``grad_norm``.
+:data:`torchrl_grpo.objectives.loss.REDUCTIONS` declares (:class:`~torchrl_grpo.objectives.loss.LossMetrics`), plus ``train/*`` counters,
+``grad_norm`` and ``rollout/logp_diff_mean`` / ``rollout/logp_diff_max`` (the gap between the sampler's behaviour
+log-probs and the trainer's recompute: :meth:`GRPOUpdate._behaviour_gap`).
 
 No host-device synchronisation inside the micro-batch loop: what the plan needs of a minibatch (each row's length,
 first scored column, scored tokens, normaliser count, prompt identity, the common prefix) is read back in one
@@ -545,6 +546,18 @@ class GRPOUpdate:
         acc.add(losses, tokens=tokens, scaled_loss=loss.detach() * share, finite=finite, share=share)
         return finite
 
+    def _behaviour_gap(self, out: dict[str, float], anchored: bool) -> dict[str, float]:
+        """The loss's ``logp_diff_mean`` / ``logp_diff_max`` (popped from ``out``) as ``rollout/logp_diff_*``: mean and
+        max over the step's response tokens of |behaviour log-prob - the trainer's recompute| (nats; TRL and verl log
+        the same gap), the recompute being the PPO anchor: the no-grad pass (``old_log_probs``) or the loss forward's
+        own log-probs (``anchored``: ``anchor="current"``). With the behaviour anchor (one on-policy step, an exact
+        sampler) the loss forward is that recompute too, unless the model has dropout (train mode then differs from
+        the sampler's eval mode): nothing is logged then. Async: the gap includes the batch's policy lag."""
+        gap = {k: out.pop(k) for k in ("logp_diff_mean", "logp_diff_max") if k in out}
+        if not gap or not (anchored or not _has_dropout(self.model)):
+            return {}
+        return {f"rollout/{k}": v for k, v in gap.items()}
+
     def _skip(self, tally: _Tally, step: int, why: str) -> None:
         """Drop this minibatch's gradient (no optimizer step) and count it as skipped."""
         self.optimizer.zero_grad(set_to_none=True)
@@ -554,8 +567,9 @@ class GRPOUpdate:
     def _metrics(self, batch: TensorDict, tally: _Tally, current: bool) -> dict[str, float]:
         """The update's metrics: the loss metrics reduced over micro-batches and ranks as
         :data:`~torchrl_grpo.objectives.loss.REDUCTIONS` declares (a collective), ``train/*`` counters and
-        ``grad_norm``."""
+        ``grad_norm``, and ``rollout/logp_diff_mean`` / ``rollout/logp_diff_max`` (:meth:`_behaviour_gap`)."""
         out = tally.acc.finish(tally.steps + tally.skipped, self.dp)
+        out.update(self._behaviour_gap(out, "old_log_probs" in batch.keys() or current))
         out["train/anchor_recomputed"] = float("old_log_probs" in batch.keys() or current)
         out["train/anchor_current"] = float(current)
         out["train/optimizer_steps"] = float(tally.steps)
