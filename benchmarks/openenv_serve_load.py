@@ -8,6 +8,10 @@ task). Every served reward is compared with the same episode replayed in this pr
 ``gym.make("tau2/<domain>-v0")``. Bounded: ``--sessions`` episodes per domain and ``--timeout``
 seconds per domain (the run fails past it).
 
+Every :data:`MCP_EVERY`-th honest session is an MCP agent instead (issue 44): ``POST /sessions``, reset over HTTP,
+the gold as tool calls on ``/sessions/{id}/mcp`` through the ``mcp`` SDK's own client, the reward read from
+``GET /sessions/{id}/state`` (:func:`one_mcp_session`); its steps are timed and its reward compared like the others.
+
 Each domain runs twice on the same server: the honest sessions alone, then the same honest sessions
 beside adversarial clients (``--no-adversaries`` skips that phase), all bounded in count and time and
 all on 127.0.0.1:
@@ -40,6 +44,16 @@ and load average (the machine may be shared: the load average is in the report).
 Run pinned to one core (server and clients share it)::
 
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 taskset -c 0 python benchmarks/openenv_serve_load.py
+
+``--graders`` runs the issue-42 adversaries instead (:func:`bench_graders`; writes
+``benchmarks/results/serve_adversaries.{json,md}``): per config (ReasoningGym countdown and puzzle24, IFEval-v0 test),
+``python -m envs.serve`` with ``--max-inflight-body-bytes`` of 4 bodies, honest HTTP sessions replaying gold answers
+(IFEval: a plain reply) alone, then beside **C-level cost bombs** (``exp(100000000*log(3))``, ``exp(exp(20))``: one
+sympy C call of minutes before the graders ran in killable workers), **raising graders** (if-verifiable's IndexError
+on ``"1"``) and **held bodies** (connections holding all but one byte of a 1 MiB body, 3 more than the cap admits);
+reports honest-step and ``/health`` p50/p99 in both phases, what each adversary got, and the server's RSS::
+
+    python benchmarks/openenv_serve_load.py --graders
 """
 from __future__ import annotations
 
@@ -63,6 +77,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 import gymnasium as gym
 import httpx
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
 from openenv.core.generic_client import GenericEnvClient
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -122,9 +138,49 @@ async def one_session(url: str, ep: dict, start: asyncio.Event) -> dict:
         await client.close()
 
 
+#: Every MCP_EVERY-th honest session (i % MCP_EVERY == MCP_EVERY - 1) plays over MCP (:func:`one_mcp_session`).
+MCP_EVERY = 4
+
+
+def _mcp_call(action: dict) -> tuple[str, dict]:
+    """A gold wire action as one MCP tool call: its tool call, or ``respond`` with its message."""
+    if action.get("tool_calls"):
+        (tc,) = action["tool_calls"]
+        args = tc["function"]["arguments"]
+        return tc["function"]["name"], json.loads(args) if isinstance(args, str) else args
+    return "respond", {"content": action["content"]}
+
+
+async def one_mcp_session(url: str, ep: dict, start: asyncio.Event) -> dict:
+    """An honest MCP agent (issue 44): a session over HTTP, the gold as tool calls on ``/sessions/{id}/mcp`` (the
+    ``mcp`` SDK's streamable HTTP client and ``ClientSession``), the reward from ``GET /sessions/{id}/state``."""
+    await start.wait()
+    async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+        sid = (await http.post("/sessions")).raise_for_status().json()["session_id"]
+        try:
+            t0 = time.perf_counter()
+            (await http.post(f"/sessions/{sid}/reset", json={"index": ep["index"]})).raise_for_status()
+            reset_s, steps = time.perf_counter() - t0, []
+            async with streamable_http_client(f"{url}/sessions/{sid}/mcp") as (read, write), \
+                    ClientSession(read, write) as mcp:
+                await mcp.initialize()
+                for a in ep["actions"]:
+                    t0 = time.perf_counter()
+                    res = await mcp.call_tool(*_mcp_call(a))
+                    steps.append(time.perf_counter() - t0)
+                    if (res.structured_content or {}).get("done"):
+                        break
+            state = (await http.get(f"/sessions/{sid}/state")).json()
+            return {"index": ep["index"], "reward": state["reward"], "expected": ep["reward"], "done": state["done"],
+                    "reset_s": reset_s, "step_s": steps, "protocol": "mcp"}
+        finally:
+            await http.delete(f"/sessions/{sid}")
+
+
 async def load(url: str, episodes: list[dict], sessions: int) -> tuple[list[dict], float]:
     start = asyncio.Event()
-    tasks = [asyncio.create_task(one_session(url, episodes[i % len(episodes)], start)) for i in range(sessions)]
+    tasks = [asyncio.create_task((one_mcp_session if i % MCP_EVERY == MCP_EVERY - 1 else one_session)(
+        url, episodes[i % len(episodes)], start)) for i in range(sessions)]
     await asyncio.sleep(0)
     t0 = time.perf_counter()
     start.set()
@@ -469,6 +525,7 @@ def _summary(domain: str, label: str, sessions: int, episodes: list[dict], ph: d
         "domain": domain,
         "phase": label,
         "sessions": sessions,
+        "mcp_sessions": sum(r.get("protocol") == "mcp" for r in results),
         "tasks": [e["task_id"] for e in episodes],
         "steps": len(steps),
         "wall_s": wall,
@@ -565,7 +622,8 @@ def to_markdown(rep: dict) -> str:
             lines.append(f"- {d['domain']}: " + "; ".join(f"{k}: {json.dumps(v)}" for k, v in d["adversaries"].items()))
     lines += [
         "",
-        ("All honest sessions are open at once (one WebSocket each, OpenEnv's `GenericEnvClient`); session i replays the "
+        ("All honest sessions are open at once (one WebSocket each, OpenEnv's `GenericEnvClient`; every "
+        f"{MCP_EVERY}th an MCP agent instead: the `mcp` SDK's client on `/sessions/{{id}}/mcp`, `mcp_sessions` in the JSON); session i replays the "
          "gold episode of the (i mod tasks)-th usable task; latencies are client-side round trips while all sessions run, so "
          "they include queueing behind the other sessions (and the adversaries) on the shared core. The server is warmed by "
          "one episode first (domain load not timed). Customer: the envs' default (airline/retail: deterministic "
@@ -579,7 +637,218 @@ def to_markdown(rep: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ------------------------------------------------------------ issue 42: graders we do not own, held bodies (--graders)
+
+#: (env id, gym.make kwargs, adversary answers: (name, task index, text)); the bombs fit each task's answer grammar.
+GRADER_CONFIGS = [
+    ("ReasoningGym-v1", {"task": "countdown", "split": "test", "train_size": 20, "test_size": 5},
+     [("exp_power", i, "<answer>exp(100000000*log(3))</answer>") for i in (0, 1)]),
+    ("ReasoningGym-v1", {"task": "puzzle24", "split": "test", "train_size": 20, "test_size": 5},
+     [(n, i, f"<answer>{t}</answer>") for i in (0, 1) for n, t in (("exp_exp", "exp(exp(20))"),
+                                                                  ("exp_power", "exp(100000000*log(3))"))]),
+    ("IFEval-v0", {"split": "test"}, [(f"raises_{a}", 25, a) for a in ("1", "!", "*", "1")]),
+]
+HELD_BODY = 1 << 20
+HELD_CAP_BODIES = 4  # the server's --max-inflight-body-bytes, in held bodies
+HELD_OVER = 3
+
+
+def _gold_answers(env_id: str, kwargs: dict, n: int) -> list[dict]:
+    """``n`` honest one-step episodes: index, the gold answer in the env's format (IFEval: a plain reply), reward."""
+    env = gym.make(env_id, **kwargs)
+    u = env.unwrapped
+    out = []
+    for index in (u.usable_task_indices(n) if hasattr(u, "usable_task_indices") else range(n)):
+        _, info = env.reset(seed=0, options={"index": index})
+        text = (f"<answer>{info['answer']}</answer>" if info.get("answer") is not None
+                else "Here is my answer. It follows every instruction I was given, as asked.")
+        _, reward, *_ = env.step(text)
+        out.append({"index": index, "text": text, "reward": float(reward)})
+    env.close()
+    return out
+
+
+async def _honest_loop(url: str, episodes: list[dict], stop: asyncio.Event, out: dict) -> None:
+    """Play the episodes over HTTP sessions (open, reset, step, delete) until ``stop``; every step timed."""
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=NO_KEEPALIVE) as c:
+        k = 0
+        while not stop.is_set() or k == 0:
+            ep = episodes[k % len(episodes)]
+            k += 1
+            sid = (await c.post("/sessions")).json()["session_id"]
+            await c.post(f"/sessions/{sid}/reset", json={"seed": 0, "index": ep["index"]})
+            t0 = time.perf_counter()
+            r = await c.post(f"/sessions/{sid}/step", json={"action": {"content": ep["text"]}})
+            out["step_s"].append(time.perf_counter() - t0)
+            await c.delete(f"/sessions/{sid}")
+            if r.status_code != 200 or r.json()["reward"] != ep["reward"]:
+                out["bad"].append(f"{r.status_code} {r.text[:200]} (expected reward {ep['reward']})")
+
+
+async def _bomber(url: str, shots: list[tuple[str, int, str]]) -> list[dict]:
+    """Each shot as a stateless ``POST /step``, one after another: status, seconds, reward, action_error."""
+    out = []
+    async with httpx.AsyncClient(base_url=url, timeout=300, limits=NO_KEEPALIVE) as c:
+        for name, index, text in shots:
+            t0 = time.perf_counter()
+            r = await c.post("/step", json={"action": {"content": text}, "index": index})
+            body = r.json() if r.status_code < 500 else {}
+            out.append({"name": name, "status": r.status_code, "s": round(time.perf_counter() - t0, 2),
+                        "reward": body.get("reward"),
+                        "action_error": str(((body.get("observation") or {}).get("info") or {}).get("action_error"))[:60]})
+    return out
+
+
+async def _held_bodies(port: int, n: int, release: asyncio.Event) -> dict:
+    """``n`` connections announcing a :data:`HELD_BODY` body to ``POST /step``; those not answered within 1 s send all
+    but its last byte and hold until ``release``. Returns how many were held and the refusals' status lines."""
+    conns = []
+    for _ in range(n):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(f"POST /step HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {HELD_BODY}\r\n\r\n".encode())
+        conns.append((r, w))
+    await asyncio.sleep(1.0)
+    held, refused = [], []
+    for r, w in conns:
+        try:
+            line = await asyncio.wait_for(r.readline(), 0.01)
+            refused.append(line.decode(errors="replace").strip())
+            w.close()
+        except asyncio.TimeoutError:
+            w.write(b"x" * (HELD_BODY - 1))
+            held.append(w)
+    await release.wait()
+    for w in held:
+        w.close()
+    return {"held": len(held), "refused": {k: refused.count(k) for k in set(refused)}}
+
+
+async def grader_phase(url: str, port: int, episodes: list[dict], shots: list | None, honest_s: float) -> dict:
+    """Honest loops (4) and a ``/health`` probe, alone for ``honest_s`` seconds (``shots`` None) or beside 2 bombers
+    sending ``shots`` and the held bodies, until the bombers are done."""
+    stop, release = asyncio.Event(), asyncio.Event()
+    probe = asyncio.create_task(health_probe(url, stop))
+    honest = {"step_s": [], "bad": []}
+    loops = [asyncio.create_task(_honest_loop(url, episodes, stop, honest)) for _ in range(4)]
+    held = bombs = None
+    if shots is None:
+        await asyncio.sleep(honest_s)
+    else:
+        held = asyncio.create_task(_held_bodies(port, HELD_CAP_BODIES + HELD_OVER, release))
+        bombs = [r for part in await asyncio.gather(*(_bomber(url, shots[i::2]) for i in range(2))) for r in part]
+        release.set()
+        held = await held
+    stop.set()
+    await asyncio.gather(*loops)
+    health = await probe
+    steps = honest["step_s"]
+    return {"honest_steps": len(steps), "honest_step_p50_ms": 1e3 * _pct(steps, 50), "honest_step_p99_ms": 1e3 * _pct(steps, 99),
+            "honest_step_max_ms": 1e3 * max(steps), "honest_bad": honest["bad"][:5],
+            "health_n": len(health), "health_p50_ms": 1e3 * _pct(health, 50), "health_p99_ms": 1e3 * _pct(health, 99),
+            "health_max_ms": 1e3 * max(health), "bombs": bombs, "held_bodies": held}
+
+
+def bench_graders(honest_s: float, timeout: float) -> list[dict]:
+    """:data:`GRADER_CONFIGS` through ``python -m envs.serve``: each config's honest phase, then honest + adversaries."""
+    out = []
+    for env_id, kwargs, shots in GRADER_CONFIGS:
+        episodes = _gold_answers(env_id, kwargs, 4)
+        port = _free_port()
+        cmd = [sys.executable, "-m", "envs.serve", env_id, "--port", str(port), "--env-kwargs", json.dumps(kwargs),
+               "--max-inflight-body-bytes", str(HELD_CAP_BODIES * HELD_BODY)]
+        server = subprocess.Popen(cmd, cwd=ROOT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_healthy(url, server, env_id)
+            asyncio.run(grader_phase(url, port, episodes[:1], None, 0.5))  # warm: the first env build, the graders
+            row = {"config": f"{env_id} {kwargs.get('task', kwargs.get('split'))}",
+                   "gold_rewards": sorted({e["reward"] for e in episodes})}
+            for label, sh in (("honest", None), ("honest + adversaries", shots)):
+                rss0 = _idle_rss(url, server.pid)
+                ph = asyncio.run(asyncio.wait_for(grader_phase(url, port, episodes, sh, honest_s), timeout))
+                out.append({**row, "phase": label, **ph, "server_rss_before_mb": rss0,
+                            "server_rss_idle_after_mb": _idle_rss(url, server.pid)})
+                print(f"[{row['config']} {label}] honest p50/p99 {ph['honest_step_p50_ms']:.0f}/"
+                      f"{ph['honest_step_p99_ms']:.0f} ms, /health p50/p99 {ph['health_p50_ms']:.0f}/"
+                      f"{ph['health_p99_ms']:.0f} ms, bombs {ph['bombs']}, held {ph['held_bodies']}", flush=True)
+        finally:
+            server.terminate()
+            server.wait(30)
+    return out
+
+
+def _wait_healthy(url: str, server: subprocess.Popen, what: str, timeout: float = 120.0) -> None:
+    t0 = time.time()
+    while True:
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        if server.poll() is not None or time.time() - t0 > timeout:
+            raise RuntimeError(f"server for {what} did not start")
+        time.sleep(0.2)
+
+
+def graders_markdown(rep: dict) -> str:
+    lines = [
+        "# serve_adversaries: `python -m envs.serve` beside graders we do not own (C-level cost bombs, raising graders) "
+        "and held bodies (issue 42)",
+        "",
+        f"Command: `{rep['command']}`  ",
+        f"Date: {rep['date']}; Python {rep['python']}; " + ", ".join(f"{k} {v}" for k, v in rep["versions"].items())
+        + f"; {rep['cpus']} CPUs; load average (`uptime`) before/after: {rep['loadavg_before']} / {rep['loadavg_after']}",
+        "",
+        "| config | phase | honest steps | honest step p50 / p99 / max ms | /health n | /health p50 / p99 / max ms "
+        "| honest failures | server RSS MB before / idle after |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for d in rep["rows"]:
+        lines.append(
+            f"| {d['config']} | {d['phase']} | {d['honest_steps']} | {d['honest_step_p50_ms']:.0f} / "
+            f"{d['honest_step_p99_ms']:.0f} / {d['honest_step_max_ms']:.0f} | {d['health_n']} | {d['health_p50_ms']:.1f} / "
+            f"{d['health_p99_ms']:.1f} / {d['health_max_ms']:.1f} | {len(d['honest_bad']) or 'none'} "
+            f"| {d['server_rss_before_mb']} / {d['server_rss_idle_after_mb']} |")
+    lines += ["", "What the adversaries got ('honest + adversaries' phases):", ""]
+    for d in rep["rows"]:
+        if d["bombs"] is not None:
+            lines.append(f"- {d['config']}: bombs (stateless `POST /step`, two at a time) {json.dumps(d['bombs'])}; "
+                         f"held bodies {json.dumps(d['held_bodies'])}; honest rewards (gold) {d['gold_rewards']}")
+    lines += ["", ("Honest: 4 loops of HTTP sessions (open, reset, one step with the gold answer -- IFEval: a plain "
+                   "reply -- delete), each step's reward checked against the in-process one; the honest phase runs "
+                   f"{rep['honest_s']} s, the adversarial one until both bombers are done. /health polled every 20 ms. "
+                   "Latencies are client-side on a shared 2-core machine: compare the two phases of a config.")]
+    return "\n".join(lines) + "\n"
+
+
+def main_graders(argv: list[str]) -> dict:
+    """``--graders``: :func:`bench_graders`, written to ``benchmarks/results/serve_adversaries.{json,md}``."""
+    p = argparse.ArgumentParser(description="issue-42 adversaries through python -m envs.serve")
+    p.add_argument("--graders", action="store_true")
+    p.add_argument("--honest-seconds", type=float, default=10.0, help="length of each honest-only phase")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per phase")
+    p.add_argument("--no-write", action="store_true")
+    args = p.parse_args(argv)
+    from importlib.metadata import version
+
+    rep = {"command": "python benchmarks/openenv_serve_load.py " + " ".join(argv), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+           "python": platform.python_version(), "cpus": os.cpu_count(), "honest_s": args.honest_seconds,
+           "versions": {k: version(k) for k in ("openenv-core", "uvicorn", "pebble", "sympy", "reasoning-gym")},
+           "loadavg_before": [round(x, 2) for x in os.getloadavg()]}
+    rep["rows"] = bench_graders(args.honest_seconds, args.timeout)
+    rep["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    md = graders_markdown(rep)
+    print(md)
+    if not args.no_write:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "serve_adversaries.json").write_text(json.dumps(rep, indent=2) + "\n")
+        (RESULTS / "serve_adversaries.md").write_text(md)
+    return rep
+
+
 def main(argv=None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--graders" in argv:
+        return main_graders(argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--domains", nargs="+", default=["airline", "retail", "telecom"])
     p.add_argument("--sessions", type=int, default=64, help="concurrent sessions per domain (one episode each)")
