@@ -70,29 +70,25 @@ def test_generations_equal_the_dynamic_cache_path(model, temperature, prefix_min
         assert kept.get_seq_length() == len(pre)  # the kept prefix cache was not written to
 
 
-def test_sliding_window_models_keep_the_dynamic_cache():
-    full = Qwen2ForCausalLM(Qwen2Config(vocab_size=50, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
-                                        num_attention_heads=2, num_key_value_heads=1))
-    sliding = Qwen2ForCausalLM(Qwen2Config(vocab_size=50, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
-                                           num_attention_heads=2, num_key_value_heads=1, use_sliding_window=True,
-                                           sliding_window=8, max_window_layers=0))
-    assert supports_preallocation(full)
-    assert not supports_preallocation(sliding)
-    assert not TransformersBackend(sliding, pad_token_id=0).preallocate_kv
-
-
-def test_the_rule_reads_mistral_and_layer_types():
-    """The rule (torchrl_grpo/model_store/exact_paths.py) on configs without ``use_sliding_window``: Mistral's
-    ``sliding_window`` applies (its default 4096 included; None: full attention), and ``layer_types`` with a sliding
-    kind refuse too."""
+def test_sliding_window_models_preallocate_other_layer_kinds_do_not():
+    """The rule (torchrl_grpo/model_store/exact_paths.py full_length_cache_refusal): full and sliding-window layers
+    take the preallocated cache (the window is in transformers' mask, on cache columns; the model matrix checks the
+    tokens and log-probs of Mistral, Gemma 2/3, gpt-oss), a layer kind it does not know (chunked attention) keeps the
+    DynamicCache. Mistral's ``sliding_window`` (no ``use_sliding_window``) counts as a window."""
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+    from torchrl_grpo.model_store.exact_paths import full_attention_refusal
 
     shape = dict(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
                  num_key_value_heads=1)
-    assert not supports_preallocation(MistralForCausalLM(MistralConfig(**shape)))  # default window 4096
-    assert supports_preallocation(MistralForCausalLM(MistralConfig(**shape, sliding_window=None)))
-    mixed = LlamaForCausalLM(LlamaConfig(**shape))
-    mixed.config.layer_types = ["sliding_attention", "full_attention"]
-    mixed.config.sliding_window = 8
-    assert not supports_preallocation(mixed)
-    assert not TransformersBackend(mixed, pad_token_id=0).preallocate_kv
+    sliding = Qwen2ForCausalLM(Qwen2Config(**shape, use_sliding_window=True, sliding_window=8, max_window_layers=0))
+    mistral = MistralForCausalLM(MistralConfig(**shape))  # default window 4096
+    assert supports_preallocation(Qwen2ForCausalLM(Qwen2Config(**shape)))
+    assert supports_preallocation(sliding) and supports_preallocation(mistral)
+    # the backend's prompt-prefix cache needs full attention (padding between prefix and suffix shifts a window)
+    assert full_attention_refusal(sliding) and full_attention_refusal(mistral)
+    assert full_attention_refusal(MistralForCausalLM(MistralConfig(**shape, sliding_window=None))) is None
+    chunked = LlamaForCausalLM(LlamaConfig(**shape))
+    chunked.config.layer_types = ["chunked_attention", "full_attention"]
+    assert not supports_preallocation(chunked)
+    assert not TransformersBackend(chunked, pad_token_id=0).preallocate_kv

@@ -24,7 +24,8 @@ from transformers import AutoModelForCausalLM
 from torchrl_grpo.backends.base import SamplingConfig
 from torchrl_grpo.backends.graph_decode import parameter_fingerprint
 from torchrl_grpo.backends.transformers_backend import TransformersBackend
-from torchrl_grpo.model_store.exact_paths import fixed_shape_decode_refusal, shared_prefix_refusal
+from torchrl_grpo.backends.kv_cache import supports_preallocation
+from torchrl_grpo.model_store.exact_paths import fixed_shape_decode_refusal, full_attention_refusal, shared_prefix_refusal
 from torchrl_grpo.objectives.log_probs import _decoder_and_head, token_log_probs
 from torchrl_grpo.objectives.shared_prefix import build_shared_prefix, shared_prefix_length
 from tests.test_shared_prefix_update import _assert_grads_close, _multi_turn_rows, _plain, _shared
@@ -127,11 +128,15 @@ def test_every_decode_path_is_exact_or_falls_back(row, decode):
 
 
 def test_the_rule_matches_the_matrix(row):
-    """The table in exact_paths' docstring, on the matrix: which rows take the fixed-shape decode and the
-    shared-prefix update."""
+    """The table in exact_paths' docstring, on the matrix: which rows take the fixed-shape decode, the preallocated
+    KV cache, the backend's prompt-prefix cache and the shared-prefix update (the decode test shows each exact)."""
     name, model, _ = row
     assert (fixed_shape_decode_refusal(model, columns=len(PROMPTS[0]) + NEW) is None) == (MATRIX[name][3] == "static")
     assert shared_prefix_refusal(model) is None  # full and sliding-window layers: exact (the next test)
+    assert supports_preallocation(model)
+    # prompt-prefix cache: full attention only; with a window it gave 1.4 nats (Mistral, window 4) and 47 (gemma2,
+    # gpt-oss) from the recompute on PROMPTS (prefix + left-padded suffixes: padding between real tokens)
+    assert (full_attention_refusal(model) is None) == ("sliding_window" not in MATRIX[name][2])
 
 
 def test_shared_prefix_update_equals_the_plain_one_or_refuses(row):

@@ -12,8 +12,9 @@ fixed-shape / CUDA-graph decode   attention ``sdpa`` (a boolean ``[B, 1, 1, C]``
                                   (:data:`FIXED_SHAPE_VERIFIED`), and no sliding window that bites: every layer
                                   full attention, or the window at least the decode's columns (prompt + new
                                   tokens), since one mask serves every layer
-preallocated KV cache             every layer full attention (a sliding-window layer keeps only its window:
-(``kv_cache``)                    transformers' ``DynamicSlidingWindowLayer``)
+preallocated KV cache             every layer full or sliding-window attention: it keeps every column, as the
+(``kv_cache``)                    ``DynamicCache()`` the backend otherwise builds (full-length layers), and
+                                  transformers builds the window into the mask (on cache columns)
 backend prompt-prefix cache       every layer full attention: prefix + left-padded suffix puts padding *between*
 (backend ``_shared_prefix``)      real tokens, which shifts a sliding window (it counts cache columns)
 GQA decode attention              attention ``sdpa`` without soft-capping or sinks (``decode_attention``
@@ -39,7 +40,7 @@ import weakref
 import torch
 
 __all__ = ["FIXED_SHAPE_VERIFIED", "GQA_DECODE_IMPLEMENTATION", "SDPA_IMPLEMENTATIONS", "fixed_shape_decode_refusal",
-           "full_attention_refusal", "gqa_decode_refusal", "note_fallback", "shared_prefix_refusal", "sliding_window",
+           "full_attention_refusal", "full_length_cache_refusal", "gqa_decode_refusal", "note_fallback", "shared_prefix_refusal", "sliding_window",
            "text_config"]
 
 log = logging.getLogger(__name__)
@@ -97,8 +98,9 @@ def full_attention_refusal(model: torch.nn.Module) -> str | None:
     w = sliding_window(config)
     if w is None:
         return None
-    return (f"{config.model_type}: layers with a sliding window of {w}" if w else
-            f"{config.model_type}: layers that are not full attention ({sorted(set(getattr(config, 'layer_types', ())))})")
+    if w:
+        return f"{config.model_type}: layers with a sliding window of {w}"
+    return f"{config.model_type}: layers that are not full attention ({sorted(set(getattr(config, 'layer_types', ())))})"
 
 
 def _attention_refusal(config) -> str | None:
@@ -141,16 +143,24 @@ def fixed_shape_decode_refusal(model: torch.nn.Module, columns: int | None = Non
     return None
 
 
-def shared_prefix_refusal(model: torch.nn.Module) -> str | None:
-    """None when the shared-prefix update's caches (:mod:`~torchrl_grpo.objectives.shared_prefix`: full-length
-    capture and read-only layers) are exact for ``model``'s attention layout (full or sliding-window attention on
-    every layer), else the reason (chunked, linear or other attention kinds: not verified)."""
+def full_length_cache_refusal(model: torch.nn.Module) -> str | None:
+    """None when a cache that keeps every column (the preallocated KV cache; the shared-prefix update's capture and
+    read-only layers) is exact for ``model``'s attention layout: full or sliding-window attention on every layer
+    (transformers builds the window into the mask, on cache columns, as for its own full-length ``DynamicLayer``),
+    else the reason (chunked, linear or other attention kinds: not verified)."""
     config = text_config(model)
     if config is None:
         return "the model has no config"
     if sliding_window(config) == _ALWAYS:
         return full_attention_refusal(model)
     return None
+
+
+def shared_prefix_refusal(model: torch.nn.Module) -> str | None:
+    """None when the shared-prefix update (:mod:`~torchrl_grpo.objectives.shared_prefix`) is exact for ``model``'s
+    attention layout (:func:`full_length_cache_refusal`; its prefix is real tokens from column 0, so no padding sits
+    between prefix and remainder), else the reason."""
+    return full_length_cache_refusal(model)
 
 
 def note_fallback(model: torch.nn.Module, path: str, reason: str) -> None:
