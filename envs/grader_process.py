@@ -28,6 +28,11 @@ Bounds of one graded call (:class:`GraderPool`, defaults of :func:`default_pool`
   raises ``MemoryError`` (-> ``grader_memory``) or, in C code that cannot raise, ends the worker (-> ``grader_error``
   naming the signal). ``RLIMIT_CORE`` is 0: a killed worker writes no core file.
 * Anything else the grader raises (``BaseException`` included) -> ``grader_error: <type>: <message>``.
+* Working directory: each worker runs in a private temporary directory (its ``os.getcwd()``, ``TMPDIR`` and
+  ``tempfile.gettempdir()``), made under one directory per pool that :meth:`GraderPool.close` removes, so a grader
+  (or a dataset it rebuilds) writing a relative path cannot touch the caller's directory (issue 42: a reasoning-gym
+  ``codeio`` snippet wrote ``sailor_performance.csv`` into the checkout). Containment, not a sandbox: an absolute
+  path is still reachable. ``sys.path``'s relative entries (``''``) are made absolute first.
 
 A worker past a bound is killed and replaced by pebble (``pebble.ProcessPool``, the maintained process-pool library:
 per-task timeouts, worker replacement); the caller gets a :class:`GraderFailure`, never an exception, and the env
@@ -64,7 +69,10 @@ import math
 import multiprocessing
 import os
 import resource
+import shutil
 import signal
+import sys
+import tempfile
 import threading
 from typing import Any, Callable
 
@@ -129,9 +137,20 @@ def register_worker_module(name: str, preload: tuple[str, ...] = ()) -> None:
         _PRELOAD.extend(m for m in preload if m not in _PRELOAD)
 
 
-def _init_worker(modules: tuple[str, ...], memory_bytes: int) -> None:
-    """pebble's worker initializer: import the grader modules and run their setup (before any limit), then no core
-    files and the address-space limit (its size now + ``memory_bytes``)."""
+def _private_cwd(root: str) -> None:
+    """Move this worker into a fresh directory under ``root``: its working directory, ``TMPDIR`` and
+    ``tempfile.gettempdir()`` (``sys.path``'s relative entries made absolute first: ``''`` meant the old one)."""
+    sys.path[:] = [p if os.path.isabs(p) else os.path.abspath(p) for p in sys.path]
+    private = tempfile.mkdtemp(prefix=f"worker-{os.getpid()}-", dir=root)
+    os.chdir(private)
+    os.environ["TMPDIR"] = tempfile.tempdir = private
+
+
+def _init_worker(modules: tuple[str, ...], memory_bytes: int, root: str) -> None:
+    """pebble's worker initializer: a private working directory under ``root`` (:func:`_private_cwd`), import the
+    grader modules and run their setup (before any limit), then no core files and the address-space limit (its size
+    now + ``memory_bytes``)."""
+    _private_cwd(root)
     for name in modules:  # a failure here is logged, not raised: pebble would restart the worker forever, and
         try:              # the calls that need the module fail on their own (grader_error), instead of waiting
             setup = getattr(importlib.import_module(name), "_worker_setup", None)
@@ -209,6 +228,7 @@ class GraderPool:
         self.workers, self.cpu_s, self.wall_s, self.memory_bytes = workers, cpu_s, wall_s, memory_bytes
         self._modules = modules
         self._pool: pebble.ProcessPool | None = None
+        self._root: str | None = None  # the workers' private directories are made under it; removed at close
         self._pool_modules: tuple[str, ...] = ()
         self._pid = os.getpid()
         self._lock = threading.Lock()
@@ -224,6 +244,8 @@ class GraderPool:
                 old.close()  # its calls in progress finish; then its workers end
                 threading.Thread(target=old.join, name="grader-pool-retire", daemon=True).start()
             if self._pool is None or self._pid != os.getpid():
+                if self._root is None or self._pid != os.getpid():  # a forked child's own (its parent removes its)
+                    self._root = tempfile.mkdtemp(prefix="grader-workers-")
                 self._pool_modules = modules
                 if _in_forked_child:  # Python 3.11's fork server cannot be reached from a fork of its owner
                     ctx = multiprocessing.get_context("spawn")
@@ -231,7 +253,7 @@ class GraderPool:
                     ctx = multiprocessing.get_context("forkserver")
                     ctx.set_forkserver_preload(["__main__", __name__, *_PRELOAD, *modules])  # if it starts now
                 self._pool = pebble.ProcessPool(max_workers=self.workers, initializer=_init_worker,
-                                                initargs=(modules, self.memory_bytes), context=ctx)
+                                                initargs=(modules, self.memory_bytes, self._root), context=ctx)
                 self._pid = os.getpid()
             return self._pool
 
@@ -249,16 +271,21 @@ class GraderPool:
         if failure is not None:
             raise RuntimeError(f"the grader pool could not start: {failure.action_error}")
 
-    def call(self, fn: Callable, *args: Any) -> tuple[Any, GraderFailure | None]:
+    def call(self, fn: Callable, *args: Any, cpu_s: float | None = None,
+             wall_s: float | None = None) -> tuple[Any, GraderFailure | None]:
         """``(fn(*args), None)`` run in a worker, or ``(None, failure)`` when it ran past a bound or raised.
 
-        ``fn`` must be a module-level function (it is sent by name) and ``args`` picklable. Blocks the calling thread
-        (not the GIL) until the result; at most ``2 * wall_s`` plus the time queued for a worker.
+        ``fn`` must be a module-level function (it is sent by name) and ``args`` picklable. ``cpu_s`` / ``wall_s``:
+        this call's bounds instead of the pool's (a longer job than a grade: drawing a task list,
+        :func:`envs.reasoning_gym.data.split_items`). Blocks the calling thread (not the GIL) until the result; at
+        most ``2 * wall_s`` plus the time queued for a worker.
         """
         if multiprocessing.current_process().daemon:
             return self._call_here(fn, args)
+        cpu_s = self.cpu_s if cpu_s is None else cpu_s
+        wall_s = self.wall_s if wall_s is None else wall_s
         for attempt in (0, 1):
-            future = self._started().schedule(_run_in_worker, args=(fn, args, self.cpu_s), timeout=self.wall_s)
+            future = self._started().schedule(_run_in_worker, args=(fn, args, cpu_s), timeout=wall_s)
             try:
                 status, value = future.result()
             except concurrent.futures.TimeoutError:
@@ -266,10 +293,10 @@ class GraderPool:
                     with self._lock:
                         self.counts["wall_retries"] += 1
                     continue
-                return None, self._failed("grader_timeout", f"the grader ran past {self.wall_s:g} s of wall-clock "
+                return None, self._failed("grader_timeout", f"the grader ran past {wall_s:g} s of wall-clock "
                                                             f"time twice; scored 0")
             except pebble.ProcessExpired as e:
-                return None, self._expired(e.exitcode)
+                return None, self._expired(e.exitcode, cpu_s)
             except Exception as e:  # noqa: BLE001 -- the pool itself failed (e.g. an unpicklable result)
                 return None, self._failed("grader_error", f"{type(e).__name__}: {e}"[:500])
             if status == "ok":
@@ -291,9 +318,9 @@ class GraderPool:
         except Exception as e:  # noqa: BLE001 -- whatever a grader we do not own raises is its failure, not ours
             return None, self._failed("grader_error", f"{type(e).__name__}: {e}"[:500])
 
-    def _expired(self, exitcode: int | None) -> GraderFailure:
+    def _expired(self, exitcode: int | None, cpu_s: float) -> GraderFailure:
         if exitcode in (-signal.SIGPROF, -signal.SIGXCPU):
-            return self._failed("grader_timeout", f"the grader used more than {self.cpu_s:g} s of CPU time; its "
+            return self._failed("grader_timeout", f"the grader used more than {cpu_s:g} s of CPU time; its "
                                                   f"worker was killed; scored 0")
         name = signal.Signals(-exitcode).name if exitcode is not None and exitcode < 0 else f"exit code {exitcode}"
         return self._failed("grader_error", f"the grader's worker died ({name}); scored 0")
@@ -311,13 +338,17 @@ class GraderPool:
         return list(pool._pool_manager.worker_manager.workers)  # pebble keeps them by pid; no public accessor
 
     def close(self) -> None:
-        """Stop every worker (a call in progress fails) and wait for them to end; the next :meth:`call` starts a
-        new pool."""
+        """Stop every worker (a call in progress fails), wait for them to end and remove their private directories;
+        the next :meth:`call` starts a new pool."""
         with self._lock:
             pool, self._pool = self._pool, None
+            root = self._root if self._pid == os.getpid() else None
+            self._root = None if root is not None else self._root
         if pool is not None and self._pid == os.getpid():
             pool.stop()
             pool.join()
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 _default: GraderPool | None = None

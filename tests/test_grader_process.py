@@ -64,6 +64,17 @@ def _pid():
     return os.getpid()
 
 
+def _cwd_and_tempdir():
+    import tempfile
+    return os.getcwd(), tempfile.gettempdir(), os.environ.get("TMPDIR")
+
+
+def _write_relative(name):  # what a codeio snippet did: a file in the working directory
+    with open(name, "w") as f:
+        f.write("x")
+    return os.path.abspath(name)
+
+
 def _worker_setup():  # run by a pool given this module in `modules`: a setup that fails
     raise RuntimeError("setup failed")
 
@@ -178,6 +189,24 @@ def test_workers_are_reused_and_none_is_left_after_close(pool):
         time.sleep(0.05)
     assert not [p for p in pids if _alive(p)]
     assert pool.call(_add_one, 1) == (2, None)  # a call after close starts a new pool
+
+
+def test_workers_run_in_a_private_directory_removed_at_close(pool, tmp_path, monkeypatch):
+    """A grader writing a relative path writes into its worker's private directory, never the caller's (issue 42:
+    a codeio snippet left sailor_performance.csv in the checkout); close removes it. Before: the worker's cwd was the
+    caller's (the fork server's)."""
+    monkeypatch.chdir(tmp_path)
+    (cwd, tmp, env_tmp), failure = pool.call(_cwd_and_tempdir)
+    assert failure is None and cwd == tmp == env_tmp, (cwd, tmp, env_tmp)
+    private = Path(cwd)
+    assert private.name.startswith("worker-") and private.parent.name.startswith("grader-workers-"), private
+    assert private != Path.cwd() and Path.cwd() not in private.parents and Path(REPO) not in private.parents
+    written, failure = pool.call(_write_relative, "stray.csv")
+    assert failure is None and Path(written).parent.parent == private.parent and Path(written).is_file()
+    assert os.listdir(tmp_path) == []
+    pool.close()
+    assert not private.parent.exists()
+    assert pool.call(_add_one, 1) == (2, None)  # a new pool, a new directory
 
 
 def test_a_forked_child_does_not_use_its_parents_pool(pool):

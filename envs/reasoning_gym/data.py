@@ -20,6 +20,15 @@ A task whose verifier can evaluate the answer as code (:func:`envs.reasoning_gym
 read from the installed library's source) and has no answer grammar (:data:`envs.reasoning_gym.answer_formats.GRAMMARS`)
 is refused here with ``ValueError``.
 
+Drawing items runs the library's generators, and some run code: codeio ``exec()``s a snippet of its data file per
+item (LLM-transformed code, some of it writing files into the working directory: ``sailor_performance.csv``
+appeared in our checkout's root, issue 42), basic_arithmetic / bitwise_arithmetic ``eval`` their own expressions
+(:func:`envs.reasoning_gym.verifier_audit.executing_generation`, read from the installed library's source). The
+items of a spec holding such a task are drawn in a grader worker (:mod:`envs.grader_process`: killable, an
+address-space bound, a private working directory) inside a fresh temporary directory removed after the draw,
+under :func:`generation_cpu_s` of CPU time and :data:`GENERATION_WALL_S` of wall clock; a draw that fails there
+raises ``RuntimeError`` naming the task(s) at construction. The other tasks are drawn in the caller's process.
+
 Where we diverge from the library: for a weighted mix we build the library's own ``"composite"`` dataset
 (``DatasetSpec``s), and a difficulty ``level`` is applied with the library's curriculum
 (``create_curriculum(name).set_global_level(level).generate_configuration()``, its default INCLUSIVE range mode);
@@ -32,6 +41,8 @@ import dataclasses
 import functools
 import hashlib
 import json
+import os
+import tempfile
 from typing import Any
 
 import reasoning_gym
@@ -39,14 +50,16 @@ import sympy
 from reasoning_gym.composite import DatasetSpec
 from reasoning_gym.factory import CURRICULA, DATASETS, create_curriculum
 
+from envs.grader_process import default_pool
 from envs.task_list_cache import cached_task_list
 
 from .answer_formats import GRAMMARS
-from .verifier_audit import evaluating_calls
+from .verifier_audit import evaluating_calls, executing_generation
 
 __all__ = ["TaskSpec", "resolve_spec", "split_items", "dataset_for", "valid_tasks", "evaluated_gold", "DEFAULT_TRAIN_SEED",
            "DEFAULT_TEST_SEED", "DEFAULT_TRAIN_SIZE", "DEFAULT_TEST_SIZE", "MAX_TEST_DRAWS_FACTOR", "SPLITS",
-           "TEST_BUCKETS", "is_test_question"]
+           "TEST_BUCKETS", "is_test_question", "contained_tasks", "generation_cpu_s", "GENERATION_BASE_CPU_S",
+           "GENERATION_CPU_S_PER_ITEM", "GENERATION_WALL_S"]
 
 SPLITS = ("train", "test")
 #: Generator seeds of the two splits (different seeds: the first guard of disjointness).
@@ -62,6 +75,12 @@ TEST_BUCKETS = 4
 MAX_TEST_DRAWS_FACTOR = 20
 #: Config fields the env sets itself (from the split's seed and size); a ``task_config`` may not set them.
 _MANAGED_FIELDS = ("seed", "size")
+#: CPU seconds a contained draw (:func:`generation_cpu_s`) may use: this much, plus
+#: :data:`GENERATION_CPU_S_PER_ITEM` per item of the split (codeio: ~4 ms per item, 4.0 s for 1,000 here).
+GENERATION_BASE_CPU_S = 30.0
+GENERATION_CPU_S_PER_ITEM = 0.1
+#: Wall-clock seconds of a contained draw before its worker is killed (retried once: envs.grader_process).
+GENERATION_WALL_S = 300.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,8 +282,58 @@ def split_items(spec: TaskSpec, split: str, *, train_seed: int, test_seed: int, 
                                  lambda: _draw_split(spec, split, seed, size)))
 
 
+def contained_tasks(spec: TaskSpec) -> tuple[str, ...]:
+    """The tasks of ``spec`` whose generator runs code (:func:`envs.reasoning_gym.verifier_audit.executing_generation`
+    non-empty): their items are drawn in a contained worker."""
+    return tuple(name for name, _, _ in spec.tasks if executing_generation(name))
+
+
+def generation_cpu_s(size: int) -> float:
+    """CPU seconds a contained draw of ``size`` items may use: :data:`GENERATION_BASE_CPU_S` +
+    :data:`GENERATION_CPU_S_PER_ITEM` ``* size`` (130 s for 1,000 items: ~30x codeio's cost here)."""
+    return GENERATION_BASE_CPU_S + GENERATION_CPU_S_PER_ITEM * size
+
+
 def _draw_split(spec: TaskSpec, split: str, seed: int, size: int) -> list[dict]:
-    """:func:`split_items`' problems of ``split``, drawn from the generator seeded ``seed`` (uncached)."""
+    """:func:`split_items`' problems of ``split`` (uncached): drawn here, or in a contained worker for a spec with a
+    task whose generator runs code (:func:`contained_tasks`; module docstring).
+
+    Raises:
+        ValueError: the split cannot be filled (:func:`split_items`).
+        RuntimeError: the contained draw failed (past a bound, or raised): the message names the task(s).
+    """
+    contained = contained_tasks(spec)
+    if not contained:
+        return _draw_here(spec, split, seed, size)
+    cpu_s = generation_cpu_s(size)
+    result, failure = default_pool().call(_draw_in_temp_dir, spec, split, seed, size, cpu_s=cpu_s,
+                                          wall_s=GENERATION_WALL_S)
+    if failure is None and result[0] == "refused":
+        raise ValueError(result[1])
+    if failure is not None:
+        raise RuntimeError(f"reasoning_gym task(s) {list(contained)}: drawing the {split} split ({size} items, seed "
+                           f"{seed}) runs the library's generator code ({', '.join(executing_generation(contained[0]))}"
+                           f"), so it ran in a contained worker ({cpu_s:g} s CPU, {GENERATION_WALL_S:g} s wall), and "
+                           f"it failed: {failure.kind}: {failure.message}")
+    return result[1]
+
+
+def _draw_in_temp_dir(spec: TaskSpec, split: str, seed: int, size: int) -> tuple[str, Any]:
+    """In a worker: :func:`_draw_here` with a fresh temporary working directory, removed after (and the working
+    directory restored): ``("ok", items)`` or ``("refused", the ValueError's message)``."""
+    before = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="rg-draw-") as scratch:
+        os.chdir(scratch)
+        try:
+            return "ok", _draw_here(spec, split, seed, size)
+        except ValueError as e:
+            return "refused", str(e)
+        finally:
+            os.chdir(before)
+
+
+def _draw_here(spec: TaskSpec, split: str, seed: int, size: int) -> list[dict]:
+    """:func:`split_items`' problems of ``split``, drawn in this process from the generator seeded ``seed``."""
     limit = MAX_TEST_DRAWS_FACTOR * TEST_BUCKETS * size
     ds = dataset_for(spec, seed, limit)  # the library generates item i on access (Random(seed + i))
     want_test = split == "test"

@@ -23,7 +23,29 @@ audit sees names, not cost; propositional_logic's own parser is quadratic) runs 
 CPU-time, memory and wall-clock bounds (:mod:`envs.grader_process`, called by
 :func:`envs.reasoning_gym.grading.score`).
 
-Cost: ~0.3 s for all ~100 tasks on first use (then cached per task).
+Generation is audited too (:func:`executing_generation`): the library runs code when it *draws* items, in whatever
+process builds the task list and with that process's working directory, before any model text exists. A grep of
+reasoning-gym 0.1.25 (``exec(``, ``eval(``, ``open(``, ``subprocess``, ``os.system``, ``.write(``) found:
+
+* ``codeio``: ``CodeIODataset._generate_io_pair`` ``exec()``s a code snippet of its data file for every item
+  (3,002 snippets, "transformed by an LLM", per its own docstring "there is still a risk that the LLM could have
+  introduced code with bad effects"): at least 10 open files for writing in the working directory (snippet 1148
+  writes ``sailor_performance.csv``: it appeared in our checkout's root during a test run, issue 42), one imports
+  ``subprocess``, one caches under ``tempfile.gettempdir()``;
+* ``basic_arithmetic``, ``bitwise_arithmetic``: ``eval`` of the expression the generator wrote; ``gsm_symbolic``:
+  ``eval`` of fraction literals of its own (its generators are called through a table: the AST walk does not see
+  them; nothing of the data reaches it);
+* ``bf``: compiles and interprets its own Brainf*ck programs in memory (``BF-it.py``'s file writes are its command
+  line's, not reached by generation); data files read with ``open`` / ``importlib.resources`` (word lists,
+  puzzles) by many tasks: reads, not reported.
+
+The walk is the verifier audit's, from the dataset's ``__init__`` and ``__getitem__``, with the evaluators of
+:data:`GENERATION_BUILTINS` / :data:`GENERATION_MODULES` (code execution, processes, the file system; ``open`` only
+when its mode is not a literal read mode; not sympy: generators compute with it on their own values).
+:func:`envs.reasoning_gym.data.split_items` draws the items of a task reported here in a grader worker
+(:mod:`envs.grader_process`) inside a fresh temporary working directory, removed after, under generation bounds.
+
+Cost: ~0.3 s for all ~100 tasks on first use (then cached per task); the generation audit ~1.5 s for all.
 """
 from __future__ import annotations
 
@@ -38,13 +60,21 @@ from typing import Any
 
 from reasoning_gym.factory import DATASETS
 
-__all__ = ["EVALUATING_BUILTINS", "EVALUATING_MODULES", "evaluating_calls"]
+__all__ = ["EVALUATING_BUILTINS", "EVALUATING_MODULES", "GENERATION_BUILTINS", "GENERATION_MODULES",
+           "evaluating_calls", "executing_generation"]
 
 #: Builtins that run, compile or import code, or open files, given a string.
 EVALUATING_BUILTINS = frozenset({"eval", "exec", "compile", "__import__", "open", "breakpoint"})
 #: Modules any of whose callables counts as an evaluator (module name, or its prefix before a dot).
 EVALUATING_MODULES = frozenset({"sympy", "mpmath", "os", "subprocess", "pickle", "marshal", "shelve", "importlib",
                                 "runpy", "code", "codeop", "ctypes", "numexpr", "pandas", "dill", "yaml"})
+#: Builtins that count on a generation path (``open`` only with a mode that is not a literal read mode).
+GENERATION_BUILTINS = frozenset({"eval", "exec", "compile", "__import__", "breakpoint", "open"})
+#: Modules any of whose callables counts on a generation path (``importlib.resources`` excepted: it reads the
+#: library's own data files).
+GENERATION_MODULES = frozenset({"os", "subprocess", "shutil", "tempfile", "socket", "multiprocessing", "ctypes",
+                                "runpy", "code", "codeop", "importlib", "pickle", "marshal", "shelve", "dill"})
+_GENERATION_EXEMPT = ("importlib.resources",)
 _LIBRARY = "reasoning_gym"
 #: Methods ``dataclasses`` generates (from the fields, compiled from a string: no source file to read).
 _DATACLASS_METHODS = frozenset({"__init__", "__repr__", "__eq__", "__hash__", "__lt__", "__le__", "__gt__", "__ge__",
@@ -62,15 +92,56 @@ def _module_of(obj: Any) -> str:
     return getattr(obj, "__module__", None) or ""
 
 
-def _is_evaluator(obj: Any) -> str | None:
+@dataclasses.dataclass(frozen=True)
+class _Evaluators:
+    """What counts as an evaluator in one audit: builtin names, module names (or prefixes before a dot), module
+    prefixes exempted, and whether ``open`` with a literal read mode is exempted."""
+
+    builtins: frozenset
+    modules: frozenset
+    exempt: tuple[str, ...] = ()
+    reads_exempt: bool = False
+
+
+_SCORING = _Evaluators(EVALUATING_BUILTINS, EVALUATING_MODULES)
+_GENERATION = _Evaluators(GENERATION_BUILTINS, GENERATION_MODULES, _GENERATION_EXEMPT, reads_exempt=True)
+
+
+def _is_evaluator(obj: Any, kinds: _Evaluators = _SCORING) -> str | None:
     """The evaluator's name when ``obj`` is one, else ``None``."""
-    for name in EVALUATING_BUILTINS:
+    for name in kinds.builtins:
         if obj is getattr(builtins, name):
             return name
     mod = _module_of(obj)
-    if mod.split(".")[0] in EVALUATING_MODULES and (callable(obj) or isinstance(obj, types.ModuleType)):
+    if kinds.exempt and mod.startswith(kinds.exempt):
+        return None
+    if mod.split(".")[0] in kinds.modules and (callable(obj) or isinstance(obj, types.ModuleType)):
         return f"{mod}.{getattr(obj, '__name__', type(obj).__name__)}"
     return None
+
+
+def _read_only_opens(tree: ast.AST) -> set[int]:
+    """The ids of the ``func`` nodes of ``open(path)`` / ``open(path, "r"...)`` calls in ``tree``: a literal mode
+    without ``w``, ``a``, ``x`` or ``+`` (or none)."""
+    out = set()
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open"):
+            continue
+        mode = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "mode"), None)
+        if mode is None or (isinstance(mode, ast.Constant) and isinstance(mode.value, str)
+                            and not set(mode.value) & set("wax+")):
+            out.add(id(node.func))
+    return out
+
+
+def _parse_source(obj: Any) -> ast.AST:
+    """The AST of ``obj``'s source; a method whose multi-line string starts at column 0 (``textwrap.dedent`` then
+    removes nothing) is parsed inside an ``if`` block."""
+    src = inspect.getsource(obj)
+    try:
+        return ast.parse(textwrap.dedent(src))
+    except IndentationError:
+        return ast.parse("if 1:\n" + src)
 
 
 def _resolve(node: ast.AST, scope: dict, cls: type | None) -> Any:
@@ -89,7 +160,8 @@ def _resolve(node: ast.AST, scope: dict, cls: type | None) -> Any:
     return None
 
 
-def _walk(obj: Any, cls: type | None, seen: set, found: set, roots: tuple[str, ...]) -> None:
+def _walk(obj: Any, cls: type | None, seen: set, found: set, roots: tuple[str, ...],
+          kinds: _Evaluators = _SCORING) -> None:
     """Add to ``found`` every evaluator that ``obj`` (a function, method or class of the packages ``roots``) names,
     recursively."""
     if isinstance(obj, (staticmethod, classmethod)):
@@ -106,7 +178,7 @@ def _walk(obj: Any, cls: type | None, seen: set, found: set, roots: tuple[str, .
             if isinstance(value, (types.FunctionType, staticmethod, classmethod, property)):
                 for f in ((value.fget, value.fset) if isinstance(value, property) else (value,)):
                     if f is not None:
-                        _walk(f, obj, seen, found, roots)
+                        _walk(f, obj, seen, found, roots, kinds)
         return
     if isinstance(obj, types.MethodType):
         obj = obj.__func__
@@ -115,7 +187,7 @@ def _walk(obj: Any, cls: type | None, seen: set, found: set, roots: tuple[str, .
         return
     seen.add(obj.__code__)
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(obj)))
+        tree = _parse_source(obj)
     except (OSError, TypeError, SyntaxError):
         found.add(f"<unreadable source of {obj.__module__}.{obj.__qualname__}>")
         return
@@ -123,19 +195,20 @@ def _walk(obj: Any, cls: type | None, seen: set, found: set, roots: tuple[str, .
     if obj.__closure__:
         scope.update({n: c.cell_contents for n, c in zip(obj.__code__.co_freevars, obj.__closure__)
                       if c.cell_contents is not None})
+    reads = _read_only_opens(tree) if kinds.reads_exempt else set()
     for node in ast.walk(tree):
-        if not isinstance(node, (ast.Name, ast.Attribute)) or not isinstance(node.ctx, ast.Load):
+        if not isinstance(node, (ast.Name, ast.Attribute)) or not isinstance(node.ctx, ast.Load) or id(node) in reads:
             continue
         target = _resolve(node, scope, cls)
         if target is None:
             continue
-        evaluator = _is_evaluator(target)
+        evaluator = _is_evaluator(target, kinds)
         on_self = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("self",
                                                                                                            "cls")
         if evaluator:
             found.add(evaluator)
         elif not isinstance(target, types.ModuleType) and (on_self or _module_of(target).startswith(roots)):
-            _walk(target, cls if on_self else None, seen, found, roots)
+            _walk(target, cls if on_self else None, seen, found, roots, kinds)
 
 
 @functools.lru_cache(maxsize=None)
@@ -150,4 +223,24 @@ def evaluating_calls(task: str) -> tuple[str, ...]:
     found: set[str] = set()
     roots = (_LIBRARY, _module_of(dataset_cls).split(".")[0])  # the library, and a plugin's own package
     _walk(inspect.getattr_static(dataset_cls, "score_answer"), dataset_cls, set(), found, roots)
+    return tuple(sorted(found))
+
+
+@functools.lru_cache(maxsize=None)
+def executing_generation(task: str) -> tuple[str, ...]:
+    """What the installed library's generator of ``task`` can run when it draws items (the dataset's ``__init__`` and
+    ``__getitem__``, through the library's own functions): sorted names of :data:`GENERATION_BUILTINS` /
+    :data:`GENERATION_MODULES` callables (``("exec", ...)`` for codeio), ``"<unreadable source of ...>"`` for a
+    function the audit cannot read; ``()`` when none. A task with a non-empty answer has its items drawn in a
+    contained worker (:func:`envs.reasoning_gym.data.split_items`).
+
+    Raises:
+        KeyError: ``task`` is not in the library's registry.
+    """
+    dataset_cls = DATASETS[task][0]
+    found: set[str] = set()
+    seen: set = set()
+    roots = (_LIBRARY, _module_of(dataset_cls).split(".")[0])
+    for method in ("__init__", "__getitem__"):
+        _walk(inspect.getattr_static(dataset_cls, method), dataset_cls, seen, found, roots, _GENERATION)
     return tuple(sorted(found))
