@@ -79,8 +79,32 @@ def checkout_ignored_paths(repo: Path = REPO) -> set[str] | None:
     return {x for x in p.stdout.split("\0") if x and not any(part in _CACHE_NAMES for part in Path(x).parts)}
 
 
+#: a new untracked top-level file with one of these suffixes is someone's work in the shared checkout, not an output
+_SOURCE_SUFFIXES = (".py", ".md", ".toml")
+
+
+def checkout_root_strays(repo: Path = REPO) -> set[str] | None:
+    """The untracked, not ignored files directly in ``repo`` (``git ls-files --others --exclude-standard``, no ``/``),
+    source files (:data:`_SOURCE_SUFFIXES`) left out: what code run with the checkout as its working directory leaves
+    there (issue 42: a reasoning-gym codeio snippet wrote ``sailor_performance.csv`` in the root). None as for
+    :func:`checkout_ignored_paths`."""
+    try:
+        p = subprocess.run(["git", "ls-files", "-z", "--others", "--exclude-standard", "--directory"], cwd=repo,
+                           capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if p.returncode != 0:
+        return None
+    return {x for x in p.stdout.split("\0") if x and "/" not in x.rstrip("/") and not x.endswith(_SOURCE_SUFFIXES)}
+
+
+def _checkout_outputs() -> set[str] | None:
+    ignored, strays = checkout_ignored_paths(), checkout_root_strays()
+    return None if ignored is None or strays is None else ignored | strays
+
+
 def pytest_sessionstart(session) -> None:
-    session.config._checkout_ignored_before = checkout_ignored_paths()
+    session.config._checkout_ignored_before = _checkout_outputs()
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
@@ -89,12 +113,12 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     before = getattr(session.config, "_checkout_ignored_before", None)
     if before is None or hasattr(session.config, "workerinput"):
         return
-    after = checkout_ignored_paths()
+    after = _checkout_outputs()
     new = sorted((after or set()) - before)
     if not new:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    msg = (f"the tests left {len(new)} new git-ignored path(s) in the checkout {REPO}: {', '.join(new[:20])} -- "
+    msg = (f"the tests left {len(new)} new git-ignored or stray top-level path(s) in the checkout {REPO}: {', '.join(new[:20])} -- "
            "tests must write only under their tmp dirs (tmp_path; a subprocess of grpo.py / sft.py with "
            "cwd=tmp_path or hydra.run.dir=...); remove them and fix the test that wrote them")
     if reporter is not None:

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import REPO, checkout_ignored_paths
+from tests.conftest import REPO, checkout_ignored_paths, checkout_root_strays
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
@@ -35,3 +35,23 @@ def test_the_check_runs_on_this_checkout():
     if not (REPO / ".git").exists():
         pytest.skip("not a git checkout")
     assert isinstance(checkout_ignored_paths(), set)
+
+
+def test_a_stray_file_in_the_checkout_root_is_seen(tmp_path):
+    """What a codeio snippet left in the root (issue 42): an untracked file (or folder) at the top, not ignored; new
+    source files there (someone's work in the shared checkout) and untracked files below the top are not counted."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("outputs/\n")
+    subprocess.run(["git", "add", ".gitignore"], cwd=tmp_path, check=True)
+    assert checkout_root_strays(tmp_path) == set()
+    (tmp_path / "tool.py").write_text("x")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "index.md").write_text("x")
+    subprocess.run(["git", "add", "docs/index.md"], cwd=tmp_path, check=True)  # a tracked folder
+    (tmp_path / "docs" / "page.md").write_text("x")
+    (tmp_path / "docs" / "data.csv").write_text("x")
+    assert checkout_root_strays(tmp_path) == set()
+    (tmp_path / "sailor_performance.csv").write_text("x")
+    (tmp_path / "index").mkdir()
+    (tmp_path / "index" / "a").write_text("x")
+    assert checkout_root_strays(tmp_path) == {"sailor_performance.csv", "index/"}
