@@ -119,7 +119,7 @@ def test_token_aggregation_weights_each_sequence_by_its_length_and_the_token_lev
     old = td["old_log_probs"]
     wide = dict(clip_eps_low=0.2, clip_eps_high=0.28, behaviour_weight_cap=None)
     td_plain = td.exclude("old_log_probs")  # behaviour anchor: no behaviour weight
-    seq, _ = _run(monkeypatch, td_plain, cur, importance_level="sequence", **wide)
+    seq, _ = _run(monkeypatch, td_plain, cur, importance_level="sequence", aggregation="token_mean", **wide)
     s = [math.exp(sum(float(cur[i, t] - td["sample_log_probs"][i, t]) for t in RESP[i]) / len(RESP[i]))
          for i in range(3)]
     n = [len(r) for r in RESP]

@@ -160,10 +160,10 @@ def _level_settings(level: str, clip_eps_low: float | None, clip_eps_high: float
             log.info("importance_level=sequence (GSPO): %s from the paper (arXiv:2507.18071)",
                      ", ".join(f"{k}={d[k]}" for k in unset))
         if max(low, high) > _GSPO_WIDE_CLIP:
-            log.warning("importance_level=sequence with clip_eps_low=%g, clip_eps_high=%g: GSPO's sequence ratios (geometric "
-                        "means of token ratios) stay much closer to 1 than token ratios, so this range rarely clips; "
-                        "the paper uses 3e-4 / 4e-4 (unset "
-                        "loss.clip_eps_low / clip_eps_high to take them)", low, high)
+            log.warning("importance_level=sequence with clip_eps_low=%g, clip_eps_high=%g: GSPO's sequence ratios "
+                        "(geometric means of token ratios) stay much closer to 1 than token ratios, so this range "
+                        "rarely clips; the paper uses 3e-4 / 4e-4 (unset loss.clip_eps_low / clip_eps_high to take "
+                        "them)", low, high)
     return low, high, agg
 
 
@@ -220,8 +220,8 @@ class GRPOLoss(PolicyLossModule):
     ``clip_fraction_high``, ``kl_ref``, ``kl_behaviour``, ``entropy``, ``ratio_mean``, ``ratio_max``,
     ``behaviour_weight_mean``, ``behaviour_weight_masked`` (fraction of tokens masked in ``"mask"`` mode),
     ``logp_diff_mean`` / ``logp_diff_max`` (|behaviour - the trainer's log-prob| over response tokens, nats:
-    :meth:`_behaviour_gap`), ``num_tokens``, and the batch accumulators ``ess_log_sum_w`` = log Σw, ``ess_log_sum_w2`` = log Σw² (over this
-    call's response tokens) so that a trainer can combine micro-batches into one batch-level ESS
+    :meth:`_behaviour_gap`), ``num_tokens``, and the batch accumulators ``ess_log_sum_w`` = log Σw,
+    ``ess_log_sum_w2`` = log Σw² (over this call's response tokens) so that a trainer can combine micro-batches into one batch-level ESS
     (:func:`combine_ess`) instead of averaging per-micro-batch ESS values.
 
     Args:
@@ -674,8 +674,8 @@ class LossMetrics:
         tokens / sum of tokens; not the plain mean of per-rank means), ``num_tokens`` and ``loss/total`` summed
         (each rank's micro-batch losses are already scaled by the all-ranks normaliser,
         :class:`torchrl_grpo.training.update.GRPOUpdate`), the ``loss_*`` terms likewise (each micro-batch's value
-        times its share, summed, over ``n_minibatches``: they add up to ``loss/total``), ``ratio_max`` maxed, ``ess`` over every rank's tokens
-        (:func:`combine_ess`)."""
+        times its share, summed, over ``n_minibatches``: they add up to ``loss/total``), ``ratio_max`` maxed, ``ess``
+        over every rank's tokens (:func:`combine_ess`)."""
         st = self._read()
         if dp is not None and dp.enabled:
             st = self._merged(dp.all_gather_object(self._state()))
