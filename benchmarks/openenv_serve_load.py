@@ -84,6 +84,7 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 import envs
+from envs.serving.agent_tools import as_tool_call
 from envs.tau2.oracle import oracle_actions
 
 gym.register_envs(envs)
@@ -142,15 +143,6 @@ async def one_session(url: str, ep: dict, start: asyncio.Event) -> dict:
 MCP_EVERY = 4
 
 
-def _mcp_call(action: dict) -> tuple[str, dict]:
-    """A gold wire action as one MCP tool call: its tool call, or ``respond`` with its message."""
-    if action.get("tool_calls"):
-        (tc,) = action["tool_calls"]
-        args = tc["function"]["arguments"]
-        return tc["function"]["name"], json.loads(args) if isinstance(args, str) else args
-    return "respond", {"content": action["content"]}
-
-
 async def one_mcp_session(url: str, ep: dict, start: asyncio.Event) -> dict:
     """An honest MCP agent (issue 44): a session over HTTP, the gold as tool calls on ``/sessions/{id}/mcp`` (the
     ``mcp`` SDK's streamable HTTP client and ``ClientSession``), the reward from ``GET /sessions/{id}/state``."""
@@ -166,7 +158,7 @@ async def one_mcp_session(url: str, ep: dict, start: asyncio.Event) -> dict:
                 await mcp.initialize()
                 for a in ep["actions"]:
                     t0 = time.perf_counter()
-                    res = await mcp.call_tool(*_mcp_call(a))
+                    res = await mcp.call_tool(*as_tool_call(a))
                     steps.append(time.perf_counter() - t0)
                     if (res.structured_content or {}).get("done"):
                         break

@@ -17,6 +17,7 @@ import gymnasium as gym
 import pytest
 
 import envs
+from envs.serving.agent_tools import as_tool_call
 from tests.served import REPO, serve_process
 
 VENV = os.environ.get("OPENENV010_VENV", "")
@@ -50,12 +51,7 @@ def _gold(index: int) -> tuple[list, float]:
     env.reset(options={"index": index})
     calls, reward = [], 0.0
     for g in golds:
-        if g.get("tool_calls"):
-            (tc,) = g["tool_calls"]
-            args = tc["function"]["arguments"]
-            calls.append([tc["function"]["name"], json.loads(args) if isinstance(args, str) else args])
-        else:
-            calls.append(["respond", {"content": g["content"]}])
+        calls.append(list(as_tool_call(g)))
         _, reward, term, trunc, _ = env.step(g)
         if term or trunc:
             break

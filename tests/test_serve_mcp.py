@@ -24,6 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 import envs
 from envs import serve
+from envs.serving.agent_tools import as_tool_call
 from tests.served import serve_app
 
 gym.register_envs(envs)
@@ -48,15 +49,7 @@ def _gold_reward(env, index: int) -> tuple[list[dict], float]:
 
 async def _play(call, golds: list[dict]) -> list:
     """Each gold message as one MCP tool call (``respond`` for a message to the customer); the results."""
-    out = []
-    for g in golds:
-        if g.get("tool_calls"):
-            (tc,) = g["tool_calls"]
-            args = tc["function"]["arguments"]
-            out.append(await call(tc["function"]["name"], json.loads(args) if isinstance(args, str) else args))
-        else:
-            out.append(await call("respond", {"content": g["content"]}))
-    return out
+    return [await call(*as_tool_call(g)) for g in golds]
 
 
 async def _episode(url: str, golds: list[dict], mode: str) -> tuple[list, list]:
@@ -229,11 +222,8 @@ def test_openenv_mcp_dialect_plays_gold_to_gym_make_reward(mock_server):
     assert [t["name"] for t in tools] == [t["function"]["name"] for t in env.unwrapped.tools] + ["respond"]
     results = []
     for g in golds:
-        if g.get("tool_calls"):
-            fn = g["tool_calls"][0]["function"]
-            params = {"name": fn["name"], "arguments": json.loads(fn["arguments"]), "session_id": sid}
-        else:
-            params = {"name": "respond", "arguments": {"content": g["content"]}, "session_id": sid}
+        name, arguments = as_tool_call(g)
+        params = {"name": name, "arguments": arguments, "session_id": sid}
         results.append(_post_rpc(http, "tools/call", params)["result"])
     assert results[-1]["data"]["done"] is True and all("reward" not in json.dumps(r) for r in results)
     assert http.get(f"/sessions/{sid}/state").json()["reward"] == want == 1.0

@@ -15,7 +15,7 @@ import json
 import uuid
 from typing import Any
 
-__all__ = ["RESPOND_TOOL", "agent_tools", "tool_call_action", "visible_result"]
+__all__ = ["RESPOND_TOOL", "agent_tools", "as_tool_call", "tool_call_action", "visible_result"]
 
 #: The tool that sends a plain message to the customer (an MCP tool schema: name, description, input schema).
 RESPOND_TOOL = {
@@ -61,6 +61,24 @@ def tool_call_action(name: str, arguments: dict | None) -> dict:
     call = {"id": f"mcp_{uuid.uuid4().hex[:12]}", "type": "function",
             "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
     return {"content": None, "tool_calls": [call]}
+
+
+def as_tool_call(message: dict) -> tuple[str, dict]:
+    """The inverse of :func:`tool_call_action`: an assistant message with one tool call (e.g. a gold action of
+    :func:`envs.tau2.oracle.oracle_actions`) as ``(name, arguments)``, a message without one as ``("respond",
+    {"content": ...})``.
+
+    Raises:
+        ValueError: the message holds more than one tool call (one MCP call is one tool call).
+    """
+    calls = message.get("tool_calls") or []
+    if not calls:
+        return RESPOND_TOOL["name"], {"content": message.get("content") or ""}
+    if len(calls) > 1:
+        raise ValueError(f"one MCP call is one tool call; this message holds {len(calls)}")
+    fn = calls[0]["function"]
+    args = fn.get("arguments") or {}
+    return fn["name"], json.loads(args) if isinstance(args, str) else args
 
 
 def visible_result(step_reply: dict) -> tuple[str, dict, bool]:
