@@ -300,3 +300,46 @@ def test_websocket_attaches_to_an_open_session_and_leaves_it_open(mock_server):
     with ws_connect(f"{ws_url}?session_id={sid}") as gone:
         err = json.loads(gone.recv())["data"]
         assert err["code"] == "SESSION_ERROR" and "POST /sessions" in err["message"]
+
+
+#: Hostile JSON-RPC bodies for both MCP routes: wrong shapes and types, batches, notifications, odd ids, surrogates,
+#: tool names and arguments of every wrong kind.
+_HOSTILE = [b"", b"null", b"[]", b"[{}]", b'"x"', b"1e999", b"{", b'{"jsonrpc": "2.0"}', b'{"jsonrpc": "1.0", "method": 1}',
+            b'{"jsonrpc": "2.0", "method": "tools/call", "id": {"a": 1}}',
+            b'{"jsonrpc": "2.0", "method": "tools/call", "id": 1, "params": []}',
+            b'{"jsonrpc": "2.0", "method": "tools/call", "id": 1, "params": {"name": ["respond"]}}',
+            b'{"jsonrpc": "2.0", "method": "tools/call", "id": 1, "params": {"name": "respond", "arguments": "hi"}}',
+            b'{"jsonrpc": "2.0", "method": "tools/call", "id": 1, "params": {"name": "respond", "arguments": {"content": 7}}}',
+            b'{"jsonrpc": "2.0", "method": "tools/call", "id": 1, "params": {"name": "get_users", "arguments": {"x": [[[[1]]]]}}}',
+            b'{"jsonrpc": "2.0", "method": "tools/call", "id": 1, "params": {"name": "\\ud800", "arguments": {}}}',
+            b'{"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "respond", "arguments": {"content": "x"}}}',
+            b'[{"jsonrpc": "2.0", "method": "tools/list", "id": 1}, {"jsonrpc": "2.0", "method": "tools/list", "id": 2}]',
+            b'{"jsonrpc": "2.0", "method": "initialize", "id": 1, "params": {"protocolVersion": "1999-01-01"}}',
+            b'{"jsonrpc": "2.0", "method": "openenv/session/close", "id": 1, "params": {"session_id": 5}}',
+            b'{"jsonrpc": "2.0", "method": "tools/list", "id": 1, "params": {"session_id": ["a"]}}',
+            b'{"jsonrpc": "2.0", "method": "notifications/initialized"}', b"\xff\xfe\x00garbage",
+            # last: the env's error echoes the 50 kB name, over this server's 64 KiB session cap: the session ends
+            b'{"jsonrpc": "2.0", "method": "tools/call", "id": 1, "params": {"name": "' + b"n" * 50_000 + b'"}}']
+
+
+def test_hostile_bodies_never_5xx_and_the_session_still_plays_gold(mock_server):
+    """Every hostile body on ``/sessions/{id}/mcp`` (2025 and 2026-07-28 headers) and on ``/mcp``: a 4xx or a JSON-RPC
+    error / error result, never a 5xx; the last one ends the session through the byte cap; the server then plays a
+    gold episode to 1.0."""
+    url, http = mock_server
+    sid = _open(http, 0)
+    for n, body in enumerate(_HOSTILE):
+        if n == len(_HOSTILE) - 1:  # every other body left the session serving
+            assert http.get(f"/sessions/{sid}/state").status_code == 200
+        for version in ("2025-06-18", MODERN):
+            r = http.post(f"/sessions/{sid}/mcp", content=body, headers={
+                **_HEADERS, "mcp-protocol-version": version, "content-type": "application/json"})
+            assert r.status_code < 500, (body[:80], version, r.status_code, r.text[:200])
+        r = http.post("/mcp", content=body.replace(b'"id": 1, "params": {', b'"id": 1, "params": {"session_id": "%s", '
+                                                   % sid.encode()), headers={"content-type": "application/json"})
+        assert r.status_code < 500 and r.json()["jsonrpc"] == "2.0", (body[:80], r.status_code, r.text[:200])
+    assert http.get(f"/sessions/{sid}/state").status_code == 404  # closed by the cap (the last body), as designed
+    sid = _open(http, 0)
+    golds, want = _gold_reward(gym.make("tau2/mock-v0"), 0)
+    asyncio.run(_episode(f"{url}/sessions/{sid}/mcp", golds, "legacy"))
+    assert http.get(f"/sessions/{sid}/state").json()["reward"] == want == 1.0
