@@ -330,6 +330,13 @@ def test_a_gold_answer_longer_than_the_window_is_read_whole():
     assert reward == 1.0
 
 
+#: Golds the library's own verifier scores below 1, by task (a predicate on the gold): the sweep checks that the env
+#: scores them as the library does. gsm_symbolic (reasoning-gym 0.1.25): score_answer reads the first match of
+#: ``\b-?\d+(?:\.\d+)?\b``, whose ``\b`` cannot stand before a leading ``-``, so a negative gold reads as its
+#: absolute value and scores 0.01 (1 of the 200 default test items, -2).
+LIBRARY_GOLD_BUGS = {"gsm_symbolic": lambda gold: gold.strip().startswith("-")}
+
+
 def _gold_sweep(tasks, items, split="train"):
     """Every item's gold answer through the env (the first ``items`` of ``split``): scored 1 as the library scores it,
     never refused."""
@@ -344,7 +351,8 @@ def _gold_sweep(tasks, items, split="train"):
             p = env.unwrapped._problems[i]
             want = ds.score_answer(str(gold).strip(), {"question": p["question"], "answer": p["answer"],
                                                      "metadata": p["metadata"]})
-            if "action_error" in step_info or reward != want or reward < 1.0:
+            library_bug = want < 1.0 and LIBRARY_GOLD_BUGS.get(task, lambda g: False)(str(gold))
+            if "action_error" in step_info or reward != want or (reward < 1.0 and not library_bug):
                 failures.append((task, i, str(gold)[:60], reward, want, step_info.get("action_error")))
     return failures
 
@@ -372,7 +380,8 @@ def test_an_unevaluated_integral_gold_is_replaced_by_an_antiderivative():
     assert evaluated_gold(plain) is plain  # an evaluated gold is kept as it is
 
 
-@pytest.mark.slow  # every task of the library, every test gold at the default test_size (200): tens of minutes
+@pytest.mark.slow  # every task's 200 default test golds: 1,953 s in all at load 10-15 on 2 cores (futoshiki 530 s and
+# knight_swap 507 s: generating their ~800 items; most tasks a few seconds)
 @pytest.mark.parametrize("task", [t for t in valid_tasks() if t not in NO_GOLD])
 def test_gold_answers_pass_on_every_task(task):
     """Before (issue 42): intermediate_integration's test golds holding Integral(...) scored 0 (the sweep read 10
