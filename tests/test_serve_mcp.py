@@ -148,6 +148,9 @@ def test_oversized_body_bad_origin_bad_host_and_json_limits_are_refused(mock_ser
     huge_int = '{"jsonrpc": "2.0", "id": ' + "9" * 5000 + ', "method": "tools/list"}'
     r = http.post(path, content=huge_int, headers={**_HEADERS, "content-type": "application/json"})
     assert r.status_code == 422 and "digits" in r.json()["detail"]
+    for method in ("GET", "DELETE"):  # stateless JSON: no SSE stream held open, no MCP session to delete
+        r = http.request(method, path, headers=_HEADERS)
+        assert r.status_code == 405 and "POST" in r.json()["detail"]
     r = http.post(path, json=_rpc("tools/list"), headers=_HEADERS)  # the session still serves
     assert r.status_code == 200 and "respond" in r.text
 

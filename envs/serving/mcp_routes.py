@@ -132,22 +132,28 @@ class _Endpoint:
         sid = scope["path_params"]["session_id"]
         env = self.sessions.get(sid)
         if env is None:
-            detail = unknown_session_detail(sid)
-            return await JSONResponse({"jsonrpc": "2.0", "id": None, "detail": detail,
-                                       "error": {"code": types.INVALID_REQUEST, "message": detail}}, 404)(scope, receive, send)
-        if scope["method"] == "POST":
-            first = await receive()  # the guard has read the whole body: one message
-            try:
-                _parse(first.get("body", b""))
-            except ClientError as e:  # invalid JSON or over a JSON limit
-                return await JSONResponse({"jsonrpc": "2.0", "id": None, "detail": str(e),
-                                           "error": {"code": types.PARSE_ERROR, "message": str(e)}}, 422)(scope, receive, send)
-            receive = _replay(first, receive)
+            return await _rpc_error(404, types.INVALID_REQUEST, unknown_session_detail(sid))(scope, receive, send)
+        if scope["method"] != "POST":  # stateless: no GET stream (it would be held open with nothing to carry), no DELETE
+            return await _rpc_error(405, types.INVALID_REQUEST, f"{scope['method']} is not served here: POST one JSON-RPC "
+                                    "request per HTTP request (JSON replies)")(scope, receive, send)
+        first = await receive()  # the guard has read the whole body: one message
+        try:
+            _parse(first.get("body", b""))
+        except ClientError as e:  # invalid JSON or over a JSON limit
+            return await _rpc_error(422, types.PARSE_ERROR, str(e))(scope, receive, send)
+        receive = _replay(first, receive)
         self.sessions.touch(sid)
         try:
             await self.manager.handle_request(scope, receive, functools.partial(counted_send, env, send))
         finally:
             self.sessions.touch(sid)
+
+
+def _rpc_error(status: int, code: int, message: str) -> JSONResponse:
+    """An HTTP ``status`` reply holding a JSON-RPC error (no request id) and, as every error of the server, ``detail``."""
+    headers = {"allow": "POST"} if status == 405 else None
+    return JSONResponse({"jsonrpc": "2.0", "id": None, "detail": message, "error": {"code": code, "message": message}},
+                        status, headers=headers)
 
 
 def _replay(first: dict, receive):
