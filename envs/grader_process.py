@@ -203,6 +203,21 @@ def _noop() -> None:
     return None
 
 
+def _main_module_name() -> list[str]:
+    """``[name]`` of a main module run as ``python -m name`` (``[]`` otherwise), for the fork server to import.
+
+    multiprocessing's spawn preparation re-runs such a module in every new worker (``runpy.run_module(name,
+    run_name="__mp_main__")``: its body, not its ``__main__`` block); the fork server's ``"__main__"`` preload covers
+    a script run by path only. Imported once in the fork server, its imports are loaded in every worker it forks, and
+    the re-run costs milliseconds: ``python -m envs.serve`` re-imported fastapi, uvicorn, mcp, openenv in every worker,
+    ~7 s at load 7, each time a bomb's worker was replaced (``tests/test_grader_process.py``).
+    """
+    name = getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None)
+    if not name or name == "__main__" or name.endswith(".__main__"):
+        return []
+    return [name]
+
+
 class GraderPool:
     """A pool of worker processes that run grader calls under the bounds of the module docstring.
 
@@ -251,7 +266,7 @@ class GraderPool:
                     ctx = multiprocessing.get_context("spawn")
                 else:
                     ctx = multiprocessing.get_context("forkserver")
-                    ctx.set_forkserver_preload(["__main__", __name__, *_PRELOAD, *modules])  # if it starts now
+                    ctx.set_forkserver_preload(["__main__", *_main_module_name(), __name__, *_PRELOAD, *modules])
                 self._pool = pebble.ProcessPool(max_workers=self.workers, initializer=_init_worker,
                                                 initargs=(modules, self.memory_bytes, self._root), context=ctx)
                 self._pid = os.getpid()

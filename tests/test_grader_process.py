@@ -344,3 +344,23 @@ def test_the_training_metrics_count_grader_failures_per_step():
     m = episode_metrics(batch)
     assert (m["rollout/grader_timeouts"], m["rollout/grader_memory_failures"], m["rollout/grader_errors"]) == (
         2.0, 0.0, 1.0)
+
+
+def test_workers_do_not_run_the_callers_main_module(tmp_path):
+    """A server started as ``python -m envs.serve``: every new worker (the first ones, and each one replacing a worker
+    a bomb got killed) ran the main module's body again (multiprocessing's spawn preparation re-runs a ``-m`` main
+    module in the child: envs.serve's imports, ~7 s at load 7, before the worker takes a call), so honest steps queued
+    behind bombs waited up to the 30 s wall backstop (benchmarks/results/serve_adversaries.md). The fork server now
+    imports the main module once: a worker re-runs its body (as multiprocessing does) with its imports already
+    loaded (6 ms), never its ``__main__`` block."""
+    import json
+
+    log = tmp_path / "main.log"
+    out = subprocess.run([sys.executable, "-m", "tests.grader_main_probe"], capture_output=True, text=True,
+                         timeout=300, cwd=Path(__file__).resolve().parents[1],
+                         env={**os.environ, "GRADER_MAIN_PROBE_LOG": str(log)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["failure"] == "grader_timeout" and result["workers"][0] != result["workers"][1]
+    ran_main = {int(p) for p in log.read_text().split()}
+    assert not ran_main & set(result["workers"]), (ran_main, result)
