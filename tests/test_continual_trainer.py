@@ -45,7 +45,7 @@ def run(tmp_path, name, **cl):
     return t, summary
 
 
-@pytest.mark.slow  # issue 45: 253 s at load avg ~10 on 2 cores; the unit stage keeps evaluate_task, lora_per_domain, kl_to_base
+@pytest.mark.slow  # issue 45: 253 s at load avg ~10 on 2 cores; the unit stage keeps evaluate_task, kl_to_base[False]
 def test_sequential_run_writes_and_reloads_everything(tmp_path):
     t, summary = run(tmp_path, "seq", num_steps_per_task=2, eval_interval=1)
     rd = tmp_path / "seq"
@@ -118,7 +118,7 @@ class SpyReplay(Replay):
         return out
 
 
-@pytest.mark.slow  # issue 45: 153 s at load avg ~10 on 2 cores; the unit stage keeps evaluate_task, lora_per_domain, kl_to_base
+@pytest.mark.slow  # issue 45: 153 s at load avg ~10 on 2 cores; the unit stage keeps evaluate_task, kl_to_base[False]
 def test_replay_adds_past_domain_episodes(tmp_path):
     spy = SpyReplay(1.0, seed=1)
     t = build_trainer(cl_cfg(algorithm="replay", replay_ratio=1.0, save_checkpoints=False), tmp_path / "rep",
@@ -154,7 +154,7 @@ def _weights(path):
     return [p.detach().clone() for p in m.parameters()]
 
 
-@pytest.mark.slow  # issue 45: 286 s at load avg ~10 on 2 cores; the unit stage keeps evaluate_task, lora_per_domain, kl_to_base
+@pytest.mark.slow  # issue 45: 286 s at load avg ~10 on 2 cores; the unit stage keeps evaluate_task, kl_to_base[False]
 def test_resume_from_checkpoint_task_0_matches_the_uninterrupted_run(tmp_path):
     t0 = build_trainer(cl_cfg(), tmp_path / "full", algorithm=Rewarded())
     init = [p.detach().clone() for p in t0.trainer.model.parameters()]
@@ -184,7 +184,7 @@ def test_resume_from_checkpoint_task_0_matches_the_uninterrupted_run(tmp_path):
     assert all(torch.allclose(p, q, atol=1e-6) for p, q in zip(w1, w_res))
 
 
-@pytest.mark.slow  # issue 45: 176 + 92 s at load avg ~10 on 2 cores; the unit stage keeps evaluate_task, lora_per_domain, kl_to_base
+@pytest.mark.slow  # issue 45: 176 + 92 s at load avg ~10 on 2 cores; the unit stage keeps evaluate_task, kl_to_base[False]
 @pytest.mark.parametrize("anchor", [False, True])
 def test_kl_anchor_resets_the_reference_at_the_task_boundary(tmp_path, anchor):
     # loss.kl_coef > 0 without the anchor: KL to the initial model; cl.kl_coef > 0: KL to the policy that ended the
@@ -244,6 +244,7 @@ class RewardedLoRA(LoRAPerDomain):
                                                   if "lora_" in n}]
 
 
+@pytest.mark.slow  # issue 45: 245 s at load avg ~10 on 2 cores (two domains, an adapter each)
 def test_lora_per_domain_trains_one_adapter_per_domain_and_keeps_the_others(tmp_path):
     cfg = cl_cfg(num_steps_per_task=2, save_checkpoints=False, algorithm="lora_per_domain")
     cfg.actor.peft.enable, cfg.optimizer.lr = True, 1e-2
@@ -266,7 +267,7 @@ def test_lora_per_domain_trains_one_adapter_per_domain_and_keeps_the_others(tmp_
     assert t.trainer.model.active_adapter == "telecom"  # scoring restores the training adapter
 
 
-@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize("lora", [False, pytest.param(True, marks=pytest.mark.slow)])  # issue 45: LoRA one in slow
 def test_kl_to_base_is_zero_before_training_and_grows_after(tmp_path, lora):
     cfg = cl_cfg(save_checkpoints=False, kl_to_base=True)
     cfg.actor.peft.enable, cfg.optimizer.lr = lora, 1e-2
