@@ -69,14 +69,18 @@ def checkout_ignored_paths(repo: Path = REPO) -> set[str] | None:
 
     Ignored files are the ones that pile up unseen (plain ``git status`` does not show them); new untracked source
     files are not counted: in a checkout shared with other people they appear during any session."""
+    paths = _git_ls_files(repo, "--ignored")
+    return None if paths is None else {x for x in paths if not any(part in _CACHE_NAMES for part in Path(x).parts)}
+
+
+def _git_ls_files(repo: Path, *options: str) -> list[str] | None:
+    """``git ls-files -z --others --exclude-standard <options>`` in ``repo``; None where git cannot say."""
     try:
-        p = subprocess.run(["git", "ls-files", "-z", "--others", "--ignored", "--exclude-standard"], cwd=repo,
+        p = subprocess.run(["git", "ls-files", "-z", "--others", "--exclude-standard", *options], cwd=repo,
                            capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    if p.returncode != 0:
-        return None
-    return {x for x in p.stdout.split("\0") if x and not any(part in _CACHE_NAMES for part in Path(x).parts)}
+    return [x for x in p.stdout.split("\0") if x] if p.returncode == 0 else None
 
 
 #: a new untracked top-level file with one of these suffixes is someone's work in the shared checkout, not an output
@@ -88,14 +92,8 @@ def checkout_root_strays(repo: Path = REPO) -> set[str] | None:
     source files (:data:`_SOURCE_SUFFIXES`) left out: what code run with the checkout as its working directory leaves
     there (issue 42: a reasoning-gym codeio snippet wrote ``sailor_performance.csv`` in the root). None as for
     :func:`checkout_ignored_paths`."""
-    try:
-        p = subprocess.run(["git", "ls-files", "-z", "--others", "--exclude-standard", "--directory"], cwd=repo,
-                           capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if p.returncode != 0:
-        return None
-    return {x for x in p.stdout.split("\0") if x and "/" not in x.rstrip("/") and not x.endswith(_SOURCE_SUFFIXES)}
+    paths = _git_ls_files(repo, "--directory")
+    return None if paths is None else {x for x in paths if "/" not in x.rstrip("/") and not x.endswith(_SOURCE_SUFFIXES)}
 
 
 def _checkout_outputs() -> set[str] | None:

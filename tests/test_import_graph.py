@@ -9,10 +9,12 @@ imports; a reader does not, so the tests refuse any.
 Layer order (lowest first). A module may import from a lower layer, or from its own folder (sideways inside a
 folder); anything else runs up, or across one layer to a folder beside it:
 
-    config < reporting, model_store, seeding < distributed < objectives < backends < rollout < training < continual
+    config < reporting, model_store, seeding, exact_paths < distributed < objectives < backends < rollout < training
+    < continual
     < assembly < cli
 
-(``reporting``, ``model_store`` and the one-function module ``seeding.py`` share a layer: none imports another).
+(``reporting``, ``model_store``, the one-function module ``seeding.py`` and ``exact_paths.py``, the fast-path rule read
+from a model's config, share a layer: none imports another).
 Exempt from the layer check, on purpose: ``torchrl_grpo/__init__.py``, whose lazy public API (``__getattr__``) names
 classes of every layer. It still counts for cycles (nothing may import it). A new top-level module or subpackage fails :func:`test_every_module_has_a_layer`
 until it is given a layer here.
@@ -31,7 +33,7 @@ PACKAGES = ("torchrl_grpo", "envs")
 #: layer may not import each other).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("config",),
-    ("reporting", "model_store", "seeding"),
+    ("reporting", "model_store", "seeding", "exact_paths"),
     ("distributed",),
     ("objectives",),
     ("backends",),

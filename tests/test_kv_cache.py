@@ -71,13 +71,13 @@ def test_generations_equal_the_dynamic_cache_path(model, temperature, prefix_min
 
 
 def test_sliding_window_models_preallocate_other_layer_kinds_do_not():
-    """The rule (torchrl_grpo/model_store/exact_paths.py full_length_cache_refusal): full and sliding-window layers
+    """The rule (torchrl_grpo/exact_paths.py full_length_cache_refusal): full and sliding-window layers
     take the preallocated cache (the window is in transformers' mask, on cache columns; the model matrix checks the
     tokens and log-probs of Mistral, Gemma 2/3, gpt-oss), a layer kind it does not know (chunked attention) keeps the
     DynamicCache. Mistral's ``sliding_window`` (no ``use_sliding_window``) counts as a window."""
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
-    from torchrl_grpo.model_store.exact_paths import full_attention_refusal
+    from torchrl_grpo.exact_paths import full_attention_refusal
 
     shape = dict(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
                  num_key_value_heads=1)

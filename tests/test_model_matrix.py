@@ -1,6 +1,6 @@
 """The model matrix (issue 43): tiny random configs of the architectures users bring, each through every decode path
 of the transformers backend and both update paths; a fast path either is exact for the model or refuses it (the rule:
-torchrl_grpo/model_store/exact_paths.py) and the plain path runs.
+torchrl_grpo/exact_paths.py) and the plain path runs.
 
 Per model and ``rollout.decode`` (eager, static; graph only where CUDA is present): greedy tokens equal
 ``model.generate``'s (per prompt, unpadded), sampled behaviour log-probs (T=0.7, top-p 0.9, top-k 20) equal the
@@ -25,7 +25,7 @@ from torchrl_grpo.backends.base import SamplingConfig
 from torchrl_grpo.backends.graph_decode import parameter_fingerprint
 from torchrl_grpo.backends.transformers_backend import TransformersBackend
 from torchrl_grpo.backends.kv_cache import supports_preallocation
-from torchrl_grpo.model_store.exact_paths import fixed_shape_decode_refusal, full_attention_refusal, shared_prefix_refusal
+from torchrl_grpo.exact_paths import fixed_shape_decode_refusal, full_attention_refusal, shared_prefix_refusal
 from torchrl_grpo.objectives.log_probs import _decoder_and_head, token_log_probs
 from torchrl_grpo.objectives.shared_prefix import build_shared_prefix, shared_prefix_length
 from tests.test_shared_prefix_update import _assert_grads_close, _multi_turn_rows, _plain, _shared

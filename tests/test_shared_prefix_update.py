@@ -319,7 +319,7 @@ def test_grpo_run_with_a_prompt_at_the_context_limit(tmp_path, gsm8k_dir):
 
 def test_an_attention_layout_the_rule_does_not_know_takes_the_plain_path(tiny_model_and_tokenizer, caplog):
     """Full and sliding-window layers are exact (tests/test_model_matrix.py); any other layer kind (chunked, linear
-    attention) is refused by torchrl_grpo/model_store/exact_paths.py: build_shared_prefix returns None, with a
+    attention) is refused by torchrl_grpo/exact_paths.py: build_shared_prefix returns None, with a
     warning, and the caller runs the plain path."""
     model = _model(tiny_model_and_tokenizer, gc=False, lora=False)
     tokens, _, _ = _multi_turn_rows()

@@ -13,7 +13,7 @@ through transformers' own SDPA function unchanged.
 
 :func:`decode_attention` switches a model to it for the duration of a ``with`` block (the rollout backend's decode
 loop) and restores the model's setting afterwards; it does nothing for models where
-:func:`~torchrl_grpo.model_store.exact_paths.gqa_decode_refusal` refuses it (not on ``sdpa``, attention soft-capping,
+:func:`~torchrl_grpo.exact_paths.gqa_decode_refusal` refuses it (not on ``sdpa``, attention soft-capping,
 attention sinks).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from torchrl_grpo.model_store.exact_paths import GQA_DECODE_IMPLEMENTATION, gqa_decode_refusal, note_fallback, \
+from torchrl_grpo.exact_paths import GQA_DECODE_IMPLEMENTATION, gqa_decode_refusal, note_fallback, \
     text_config
 
 __all__ = ["ATTN_IMPLEMENTATION", "gqa_decode_sdpa", "decode_attention"]
@@ -74,7 +74,7 @@ def _register() -> None:
 @contextmanager
 def decode_attention(model: torch.nn.Module):
     """Use :func:`gqa_decode_sdpa` in ``model`` (and its sub-configs) inside the block, if it runs on ``sdpa`` and
-    :func:`~torchrl_grpo.model_store.exact_paths.gqa_decode_refusal` accepts it (else the model's own attention, with
+    :func:`~torchrl_grpo.exact_paths.gqa_decode_refusal` accepts it (else the model's own attention, with
     one warning when the model is on ``sdpa``)."""
     reason = gqa_decode_refusal(model)
     if reason is not None:

@@ -26,7 +26,7 @@ runs the current one. This module removes both:
   kernels of the branches taken at capture. If capture fails (a model whose forward synchronises), decoding falls back to
   the same fixed-shape loop run eagerly and says so once in the log.
 
-Only for models where :func:`torchrl_grpo.model_store.exact_paths.fixed_shape_decode_refusal` accepts it (SDPA
+Only for models where :func:`torchrl_grpo.exact_paths.fixed_shape_decode_refusal` accepts it (SDPA
 attention, full attention or a window the decode never exceeds, no soft-capping; the backend checks): the boolean
 ``[B, 1, 1, C]`` mask is passed as given, which only SDPA reads as "attend" (eager attention adds it to the scores)
 and which carries no sliding window.

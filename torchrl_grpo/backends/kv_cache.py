@@ -14,7 +14,7 @@ part.
 
 Full- and sliding-window-attention layers (the window is in the mask transformers builds, on cache columns, as for
 the full-length layers of a ``DynamicCache()``); other layer kinds keep :class:`~transformers.DynamicCache`
-(:func:`supports_preallocation`, the rule of :func:`torchrl_grpo.model_store.exact_paths.full_length_cache_refusal`).
+(:func:`supports_preallocation`, the rule of :func:`torchrl_grpo.exact_paths.full_length_cache_refusal`).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
-from torchrl_grpo.model_store.exact_paths import full_length_cache_refusal, note_fallback
+from torchrl_grpo.exact_paths import full_length_cache_refusal, note_fallback
 
 __all__ = ["PreallocatedLayer", "PreallocatedCache", "supports_preallocation"]
 
@@ -148,7 +148,7 @@ class PreallocatedCache(DynamicCache):
 
 def supports_preallocation(model: torch.nn.Module) -> bool:
     """True when every decoder layer of ``model`` uses full or sliding-window attention (not chunked / linear
-    attention) (:func:`~torchrl_grpo.model_store.exact_paths.full_length_cache_refusal`); a refusal is logged once."""
+    attention) (:func:`~torchrl_grpo.exact_paths.full_length_cache_refusal`); a refusal is logged once."""
     reason = full_length_cache_refusal(model)
     if reason is not None:
         note_fallback(model, "preallocated KV cache", reason)

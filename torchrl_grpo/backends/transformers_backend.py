@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from torchrl_grpo.config.choices import DECODE_MODES
-from torchrl_grpo.model_store.exact_paths import fixed_shape_decode_refusal, full_attention_refusal, note_fallback
+from torchrl_grpo.exact_paths import fixed_shape_decode_refusal, full_attention_refusal, note_fallback
 from torchrl_grpo.objectives.sampling import processed_logits
 from torchrl_grpo.backends.base import Generation, RolloutBackend, SamplingConfig, iter_named_weights
 from torchrl_grpo.backends.decode_attention import decode_attention
@@ -48,7 +48,7 @@ __all__ = ["DECODE_MODES", "TransformersBackend", "make_transformers_backend", "
 # finished rows and reads each step's tokens on the host (best on CPU, where a step's arithmetic dominates); "static"
 # decodes fixed shapes with no per-step host read; "graph" is "static" with each step replayed as a CUDA graph (CUDA
 # only; :mod:`torchrl_grpo.backends.graph_decode`); "auto": "graph" on CUDA, "eager" elsewhere. "static" and "graph"
-# run only where :func:`torchrl_grpo.model_store.exact_paths.fixed_shape_decode_refusal` accepts the model (else
+# run only where :func:`torchrl_grpo.exact_paths.fixed_shape_decode_refusal` accepts the model (else
 # "eager", logged once); :attr:`TransformersBackend.decode_path` says which loop ran.
 
 
@@ -100,7 +100,7 @@ class TransformersBackend(RolloutBackend):
             same keys/values, no per-step concatenation) when the model has full-attention layers only.
         decode: one of :data:`DECODE_MODES`. Partial rollouts (a ``weight_update_hook``) always decode eagerly, and
             so does a model the fixed-shape decode is not exact for
-            (:func:`~torchrl_grpo.model_store.exact_paths.fixed_shape_decode_refusal`; logged once).
+            (:func:`~torchrl_grpo.exact_paths.fixed_shape_decode_refusal`; logged once).
 
     Raises:
         ValueError: ``decode`` not in :data:`DECODE_MODES`.
@@ -140,7 +140,7 @@ class TransformersBackend(RolloutBackend):
     def exact_log_probs(self) -> bool:
         """Colocated (``share_module``): it samples from the trainer's own module in its own precision, so its
         behaviour log-probs equal the trainer's recompute (tested to 1e-4) and can anchor the ratio: every decode loop
-        and cache that runs is exact for the model (:mod:`torchrl_grpo.model_store.exact_paths`; the model matrix,
+        and cache that runs is exact for the model (:mod:`torchrl_grpo.exact_paths`; the model matrix,
         tests/test_model_matrix.py)."""
         return self.share_module
 
@@ -205,7 +205,7 @@ class TransformersBackend(RolloutBackend):
         """The longest prefix all prompts share (leaving each >= 1 own token) and its KV cache (batch 1), built once
         and reused while the weights and the forward's Python-level state (peft's active / disabled adapters:
         :func:`~torchrl_grpo.backends.graph_decode.forward_state`) are unchanged; ``((), None)`` when not worth it or
-        not exact (a sliding window: :func:`~torchrl_grpo.model_store.exact_paths.full_attention_refusal`).
+        not exact (a sliding window: :func:`~torchrl_grpo.exact_paths.full_attention_refusal`).
         ``private``: return a deep copy (the caller may write to it); otherwise the kept cache itself, which the
         caller must only read."""
         if self.prefix_cache_min_tokens <= 0:
@@ -294,7 +294,7 @@ class TransformersBackend(RolloutBackend):
         """The decode loop a call uses: ``decode`` with ``auto`` resolved for the model's device; "eager" while a
         partial-rollout hook is set (re-prefilling under new weights needs the row-dropping loop) and where the
         fixed-shape decode is not exact for the model
-        (:func:`~torchrl_grpo.model_store.exact_paths.fixed_shape_decode_refusal`, logged once).
+        (:func:`~torchrl_grpo.exact_paths.fixed_shape_decode_refusal`, logged once).
 
         Args:
             columns: cache columns the call fills (longest prompt + ``max_new_tokens``); None: unknown (a sliding

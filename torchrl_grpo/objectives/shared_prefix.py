@@ -32,7 +32,7 @@ forward. Only non-reentrant checkpointing is supported: with ``use_reentrant=Tru
 layer reads from a closure (the leaves), so :func:`supports_shared_prefix` says no and the plain path runs.
 
 Where it does not apply, the caller uses the plain path: attention layouts
-:func:`torchrl_grpo.model_store.exact_paths.shared_prefix_refusal` refuses (neither full nor sliding-window), models
+:func:`torchrl_grpo.exact_paths.shared_prefix_refusal` refuses (neither full nor sliding-window), models
 whose logits are not ``lm_head(decoder(...))`` or
 whose decoder takes no ``past_key_values`` (the capture cache stays empty), rows with no common real-token prefix
 before the first scored column (left padding, a single row).
@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from torchrl_grpo.model_store.exact_paths import note_fallback, shared_prefix_refusal
+from torchrl_grpo.exact_paths import note_fallback, shared_prefix_refusal
 
 __all__ = ["SharedPrefix", "shared_prefix_length", "build_shared_prefix", "cache_under_checkpointing",
            "supports_shared_prefix", "sharing_pays", "CUDA_MIN_SAVED_TOKEN_PARAMS"]
@@ -121,7 +121,7 @@ def _uses_reentrant_checkpointing(model: torch.nn.Module) -> bool:
 def supports_shared_prefix(model: torch.nn.Module, decoder: torch.nn.Module) -> bool:
     """Whether ``decoder`` takes ``past_key_values``, gradients can reach the prefix leaves (no reentrant
     gradient checkpointing) and its attention layout is one the prefix caches are exact for
-    (:func:`~torchrl_grpo.model_store.exact_paths.shared_prefix_refusal`; a refusal is logged once)."""
+    (:func:`~torchrl_grpo.exact_paths.shared_prefix_refusal`; a refusal is logged once)."""
     reason = shared_prefix_refusal(model)
     if reason is not None:
         note_fallback(model, "shared-prefix update", reason)
