@@ -123,6 +123,7 @@ def test_negative_staleness_is_rejected(tmp_path):
         build_trainer(make_cfg(mode="async", train={"max_staleness": -1}), tmp_path, trainer_cls=AsyncGRPOTrainer)
 
 
+@pytest.mark.slow  # 16.8 s of the unit stage at load ~4 (issue 45): a grpo-async.py subprocess run
 def test_grpo_async_cli(tmp_path, gsm8k_dir):
     env = {**os.environ, "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "1"}
     args = ["actor.path=tiny-random", "train.steps=3", "train.batch_size=1", "gconfig.n_samples=2",

@@ -179,6 +179,7 @@ def _hidden(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.name.startswith("."))
 
 
+@pytest.mark.slow  # 16.6 s of the unit stage at load ~4 (issue 45): a SIGKILL at every point of a save
 def test_sigkill_at_every_point_of_an_overwriting_save_keeps_that_step_loadable(tmp_path, fresh):
     """Killing a save of step 1 over an existing step 1 must leave step 1 loadable, old or new version, never mixed."""
     p = subprocess.run([sys.executable, "-m", "tests.test_checkpoint_crash", "crash-saves", str(tmp_path)], cwd=REPO,

@@ -173,6 +173,7 @@ def _run(args, cwd):
                           env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow  # 17.9 s of the unit stage at load ~4 (issue 45): a grpo.py subprocess run
 def test_grpo_ifeval_cli_end_to_end(tmp_path):
     p = _run(COMMON, cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -258,6 +258,7 @@ def run_async_worker(cls, rows, tok, plans_by_opening, n_samples: int, max_infli
     return samples
 
 
+@pytest.mark.slow  # 22.7 s of the unit stage at load ~4 (issue 45): an end-to-end TRL async run
 def test_trl_async_rollout_worker_runs_our_envs(tiny_dir):
     """TRL's async rollout worker spawns a child and pickles our classes and reward function into it (this failed
     before: PicklingError), and runs, in multi-environment mode, 2 concurrent rollouts per row of: tau2 mock with
