@@ -74,6 +74,7 @@ import signal
 import sys
 import tempfile
 import threading
+import warnings
 from typing import Any, Callable
 
 import pebble
@@ -201,6 +202,12 @@ def _run_in_worker(fn: Callable, args: tuple, cpu_s: float) -> tuple[str, Any]:
 
 def _noop() -> None:
     return None
+
+
+# A worker re-runs a ``python -m`` main module the fork server already imported (:func:`_main_module_name`): runpy
+# warns that it is "found in sys.modules ... prior to execution", twice per new worker. Expected here, so silenced (the
+# filter is inherited from the fork server, which imports this module).
+warnings.filterwarnings("ignore", message=r"'[\w.]+' found in sys\.modules after import of package", category=RuntimeWarning)
 
 
 def _main_module_name() -> list[str]:
