@@ -257,6 +257,26 @@ def test_bad_requests_are_4xx_and_the_session_survives():
             assert _ask(ws, {"type": "state"})["type"] == "state"
 
 
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "content-length"])
+def test_a_client_still_sending_an_over_limit_body_reads_the_413_not_a_reset(chunked):
+    """CI failure (fresh clone of 4f9ba18): the 413 for a body over the cap was answered with ``connection: close`` and
+    uvicorn closed the socket at once while the client was still sending; the unread bytes made the kernel answer
+    with a reset, which can destroy the 413 before the client reads it (``httpx.ReadError: Connection reset by
+    peer``). The server must half-close and drain what the client is still sending (a lingering close, bounded in
+    time) so that the client reads the 413. A body 64x over the cap makes the race near certain."""
+    body = b'{"x": "' + b"a" * (64 * LIMIT) + b'"}'
+    with _serve(_echo_app()) as url:
+        with httpx.Client(base_url=url, timeout=20) as c:
+            sid = _open(c)
+        for _ in range(5):
+            with httpx.Client(base_url=url, timeout=20) as c:
+                content = iter((body[i:i + 8192] for i in range(0, len(body), 8192))) if chunked else body
+                r = c.post(f"/sessions/{sid}/reset", content=content, headers={"content-type": "application/json"})
+                assert r.status_code == 413 and "over the limit" in r.json()["detail"], (r.status_code, r.text)
+            with httpx.Client(base_url=url, timeout=20) as c:  # and the server still serves the session
+                assert c.post(f"/sessions/{sid}/reset", json={}).status_code == 200
+
+
 def test_ws_non_object_json_and_binary_frames_keep_the_episode():
     """Defect B4: JSON arrays / strings / null and binary frames closed the WebSocket (episode lost)."""
     with _serve(_echo_app()) as url, _ws(url) as ws:

@@ -24,7 +24,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 
 from envs.serving.limits import (
     DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_INFLIGHT_BODY_BYTES,
-    DEFAULT_SEND_TIMEOUT_S, REFUSED_LINGER_S, SMALL_BODY_BYTES, TRIM_AFTER_FREED_BYTES,
+    DEFAULT_SEND_TIMEOUT_S, LINGER_S, REFUSED_LINGER_S, SMALL_BODY_BYTES, TRIM_AFTER_FREED_BYTES,
 )
 from envs.serving.environment import _dumps
 
@@ -236,6 +236,21 @@ async def _reply(send, status: int, detail: str, close: bool = False) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+class _LingeringTransport:
+    """An HTTP connection's asyncio transport as uvicorn sees it: every call goes to the real transport except
+    ``close``, which :meth:`_TimedH11Protocol._close` turns into a lingering close while the client is still sending
+    its request body."""
+
+    def __init__(self, transport, protocol: "_TimedH11Protocol"):
+        self._transport, self._protocol = transport, protocol
+
+    def __getattr__(self, name):
+        return getattr(self._transport, name)
+
+    def close(self) -> None:
+        self._protocol._close()
+
+
 class _TimedH11Protocol(_WriteDeadline, H11Protocol):
     """uvicorn's h11 protocol with a header deadline: a connection that has not sent a complete request head
     within ``header_timeout_s`` of opening (or of its last response) is closed, and so is one still sending the body
@@ -245,11 +260,29 @@ class _TimedH11Protocol(_WriteDeadline, H11Protocol):
     filling up (the timer runs from the first stall to the reply's last piece leaving the buffer). And with a cap on
     open connections: a connection that finds ``max_connections`` open (uvicorn's count: HTTP and WebSocket) is
     answered 503 naming the cap at once, then half-closed and aborted after :data:`REFUSED_LINGER_S` (what it sends
-    meanwhile is dropped); it is not counted meanwhile."""
+    meanwhile is dropped); it is not counted meanwhile. And with a lingering close: a connection closed while the client is
+    still sending its request body (a 413 or 408 answered with ``connection: close``) is half-closed -- the reply and
+    then FIN are sent -- and what the client still sends is read and dropped until it closes or :data:`LINGER_S` have
+    passed, then aborted; a close at once would leave unread bytes, which the kernel answers with a reset that can
+    destroy the reply before the client reads it."""
 
     max_connections = DEFAULT_MAX_CONNECTIONS
-    _refused = False
+    _refused = False  # answered 503 at the connection cap, or closing with a linger: what the client sends is dropped
     _linger_timer = None
+
+    def _close(self) -> None:
+        """``transport.close()`` as uvicorn calls it: a lingering close (half-close, drop what arrives, abort after
+        :data:`LINGER_S`) when the client is still sending a request body, else a plain close."""
+        transport = self.transport._transport
+        if self._refused:  # half-closed already: the linger timer aborts it
+            return
+        if self.conn.their_state is h11.SEND_BODY and not transport.is_closing() and transport.can_write_eof():
+            self._refused = True
+            transport.write_eof()  # after what is buffered: the client reads the whole reply, then end of stream
+            transport.resume_reading()  # uvicorn paused reading when the body it buffered passed its high-water mark
+            self._linger_timer = self.loop.call_later(LINGER_S, transport.abort)
+        else:
+            transport.close()
 
     def _refuse_connection(self) -> None:
         self._refused = True
@@ -292,7 +325,7 @@ class _TimedH11Protocol(_WriteDeadline, H11Protocol):
                 self.transport.close()
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(_LingeringTransport(transport, self))
         if len(self.connections) > self.max_connections:
             self._refuse_connection()
         else:

@@ -33,6 +33,13 @@ DEFAULT_MAX_CONNECTIONS = 256
 REFUSED_LINGER_S = 2.0
 
 
+#: Seconds a connection answered with ``connection: close`` while its client was still sending the request body (a
+#: 413 over ``max_body_bytes``, a 408) stays half-closed, what it sends read and dropped, before it is aborted (a
+#: lingering close, as nginx's ``lingering_time``): closing at once left unread bytes in the socket, and the kernel
+#: answers those with a reset that can destroy the reply before the client reads it.
+LINGER_S = 2.0
+
+
 #: Default limit on one session's conversation (UTF-8 JSON bytes of its messages and actions).
 DEFAULT_MAX_SESSION_BYTES = 8 << 20
 
