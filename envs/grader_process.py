@@ -48,9 +48,13 @@ fork server imports the caller's ``__main__`` once (multiprocessing would otherw
 The default pool is created on first use, again in a forked child (a child never uses its parent's pool; it starts
 its workers with ``spawn``, which import the grader modules themselves: Python 3.11's fork server cannot be reached
 from a fork of the process that started it), and closed at exit (:func:`close_default_pool`: every worker stopped
-and joined). One exception: in a daemonic process (gymnasium's ``AsyncVectorEnv`` workers; multiprocessing forbids
-it children) the grader runs in that process, without the bounds (it is itself a separate process: a bomb stalls that
-env worker, not its parent), and a warning says so.
+and joined; in a process that multiprocessing started, where ``atexit`` does not run, by a multiprocessing finalizer
+before multiprocessing joins that process's children: else a child that graded never exited). A daemonic process
+(gymnasium's ``AsyncVectorEnv`` workers) starts its own pool too: multiprocessing forbids a daemon children so that a
+terminated daemon leaves no orphans, and this module lifts that rule for the daemon it runs in
+(:func:`_allow_children`) because its workers cannot outlive it: they exit when the pipe to their pool reads its end
+(the daemon died, however), and a call in progress is bounded by its CPU limit. Before, graders in a daemon ran in
+place without any bound, and one bomb froze every env of the vector env (75 s for ``exp(100000000*log(3))``).
 
 Cost (``benchmarks/results/grader_isolation.md``, 2 shared cores at load 9-14): a round trip per graded call (a
 no-op: 0.11 ms p50; a graded step 0.4-1 ms more than in process: chain_sum 33,000 -> 1,050 steps/s,
@@ -67,6 +71,7 @@ import importlib
 import logging
 import math
 import multiprocessing
+import multiprocessing.util
 import os
 import resource
 import shutil
@@ -75,6 +80,7 @@ import sys
 import tempfile
 import threading
 import warnings
+import weakref
 from typing import Any, Callable
 
 import pebble
@@ -256,7 +262,7 @@ class GraderPool:
         self._lock = threading.Lock()
         #: Failed calls by kind (:data:`FAILURE_KINDS`), and ``"wall_retries"``: calls retried after a wall timeout.
         self.counts: dict[str, int] = dict.fromkeys((*FAILURE_KINDS, "wall_retries"), 0)
-        self._warned_daemon = False
+        self._finalized_in: int | None = None  # the pid whose multiprocessing finalizer closes this pool
 
     def _started(self) -> pebble.ProcessPool:
         with self._lock:
@@ -274,9 +280,15 @@ class GraderPool:
                 else:
                     ctx = multiprocessing.get_context("forkserver")
                     ctx.set_forkserver_preload(["__main__", *_main_module_name(), __name__, *_PRELOAD, *modules])
+                _allow_children()
                 self._pool = pebble.ProcessPool(max_workers=self.workers, initializer=_init_worker,
                                                 initargs=(modules, self.memory_bytes, self._root), context=ctx)
                 self._pid = os.getpid()
+                if multiprocessing.parent_process() is not None and self._finalized_in != self._pid:
+                    # atexit does not run in a multiprocessing child, and multiprocessing joins its non-daemonic
+                    # children (our workers) when its target returns: close first (exitpriority >= 0 runs before)
+                    multiprocessing.util.Finalize(None, _close_if_alive, args=(weakref.ref(self),), exitpriority=100)
+                    self._finalized_in = self._pid
             return self._pool
 
     def start(self) -> None:
@@ -287,8 +299,6 @@ class GraderPool:
         Raises:
             RuntimeError: no worker could run a no-op call (the grader modules fail to import in a worker).
         """
-        if multiprocessing.current_process().daemon:
-            return
         _, failure = self.call(_noop)
         if failure is not None:
             raise RuntimeError(f"the grader pool could not start: {failure.action_error}")
@@ -302,8 +312,6 @@ class GraderPool:
         :func:`envs.reasoning_gym.data.split_items`). Blocks the calling thread (not the GIL) until the result; at
         most ``2 * wall_s`` plus the time queued for a worker.
         """
-        if multiprocessing.current_process().daemon:
-            return self._call_here(fn, args)
         cpu_s = self.cpu_s if cpu_s is None else cpu_s
         wall_s = self.wall_s if wall_s is None else wall_s
         for attempt in (0, 1):
@@ -325,20 +333,6 @@ class GraderPool:
                 return value, None
             return None, self._failed("grader_memory" if status == "memory" else "grader_error", value)
         raise AssertionError("unreachable")
-
-    def _call_here(self, fn: Callable, args: tuple) -> tuple[Any, GraderFailure | None]:
-        """In a daemonic process (multiprocessing forbids it children): ``fn`` runs in this process, without the
-        CPU, memory and wall bounds; what it raises is still a failure."""
-        if not self._warned_daemon:
-            self._warned_daemon = True
-            _log.warning("grader calls run in this daemonic process %s without their CPU / memory / wall bounds: a "
-                         "daemonic process cannot start workers", multiprocessing.current_process().name)
-        try:
-            return fn(*args), None
-        except MemoryError as e:
-            return None, self._failed("grader_memory", f"MemoryError: {e}"[:500])
-        except Exception as e:  # noqa: BLE001 -- whatever a grader we do not own raises is its failure, not ours
-            return None, self._failed("grader_error", f"{type(e).__name__}: {e}"[:500])
 
     def _expired(self, exitcode: int | None, cpu_s: float) -> GraderFailure:
         if exitcode in (-signal.SIGPROF, -signal.SIGXCPU):
@@ -373,16 +367,37 @@ class GraderPool:
             shutil.rmtree(root, ignore_errors=True)
 
 
+def _close_if_alive(ref: "weakref.ref[GraderPool]") -> None:
+    """The multiprocessing finalizer of a pool started in a multiprocessing child: close it if it still exists."""
+    pool = ref()
+    if pool is not None:
+        pool.close()
+
+
+def _allow_children() -> None:
+    """Let a daemonic process (gymnasium's ``AsyncVectorEnv`` workers) start the pool's workers.
+
+    multiprocessing refuses children to a daemon (``Process.start``: "daemonic processes are not allowed to have
+    children") because its parent terminates it at exit and its children would be orphans. Ours are not left running:
+    each reads the end of its pipe once this process is gone and exits, and a call it is running ends at its CPU
+    limit (``tests/test_grader_in_child_processes.py`` kills an env worker and sees them go). The flag is this
+    process's own view of itself: its parent still holds it a daemon and terminates it at exit."""
+    process = multiprocessing.current_process()
+    if process.daemon:
+        process.daemon = False  # allowed: this process's own Process object has no Popen here
+
+
 _default: GraderPool | None = None
 _default_lock = threading.Lock()
 
 
 def default_pool() -> GraderPool:
-    """The process's shared pool (created on first use with the module's defaults; a forked child gets its own)."""
+    """The process's shared pool (created on first use with the module's defaults; a forked child gets its own). In a
+    daemonic process (gymnasium's ``AsyncVectorEnv`` worker: one env, one graded call at a time) it has one worker."""
     global _default
     with _default_lock:
         if _default is None:
-            _default = GraderPool()
+            _default = GraderPool(workers=1) if multiprocessing.current_process().daemon else GraderPool()
         return _default
 
 

@@ -27,10 +27,9 @@ appeared in our checkout's root, issue 42), basic_arithmetic / bitwise_arithmeti
 items of a spec holding such a task are drawn in a grader worker (:mod:`envs.grader_process`: killable, an
 address-space bound, a private working directory) inside a fresh temporary directory removed after the draw,
 under :func:`generation_cpu_s` of CPU time and :data:`GENERATION_WALL_S` of wall clock; a draw that fails there
-raises ``RuntimeError`` naming the task(s) at construction. The other tasks are drawn in the caller's process. In a
-daemonic process (gymnasium's ``AsyncVectorEnv`` workers, which may not start workers) the draw runs in that process,
-still inside the temporary directory, without the bounds. Containment, not a sandbox: a snippet can still write to
-an absolute path. Cost (codeio, 200 items, one process, load ~10 on 2 cores): 1.25 s contained vs 0.61 s in process
+raises ``RuntimeError`` naming the task(s) at construction. The other tasks are drawn in the caller's process
+(gymnasium's ``AsyncVectorEnv`` workers included: each has a grader pool of its own). Containment, not a sandbox: a
+snippet can still write to an absolute path. Cost (codeio, 200 items, one process, load ~10 on 2 cores): 1.25 s contained vs 0.61 s in process
 (median of 3); basic_arithmetic, 1,000 items: 0.17 vs 0.13 s; once per (spec, split, seed, size):
 :mod:`envs.task_list_cache` keeps the list.
 
