@@ -35,7 +35,7 @@ import openai
 import verifiers as vf
 
 import envs
-from envs.adapters import verifiers_env
+from envs.adapters.env_pool import EnvPool
 from envs.adapters.verifiers_env import GYM_STATE_KEY, load_environment
 
 gym.register_envs(envs)
@@ -141,7 +141,7 @@ def main(argv=None) -> None:
     plans = {t: probe.unwrapped.demonstration({"task_id": t}) for t in task_ids}
     probe.close()
     sides["tau2"]._pool.close()
-    sides["tau2"]._pool = verifiers_env._EnvPool(lambda: AgentGymAsEnv(args.domain, solo))
+    sides["tau2"]._pool = EnvPool(lambda: AgentGymAsEnv(args.domain, solo))
     script = Script(plans)
     times, steps, episodes = {s: [] for s in sides}, {}, {}
     for side, env in sides.items():  # warm-up (not timed)

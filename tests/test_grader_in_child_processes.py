@@ -22,7 +22,6 @@ import sys
 from pathlib import Path
 
 import gymnasium as gym
-import pytest
 
 import envs
 

@@ -57,13 +57,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
 
 import envs as _envs
+from envs.adapters.env_pool import EnvPool, end_episode, episode_summary
 
 __all__ = ["GYM_STATE_KEY", "assistant_action", "load_environment", "to_vf_messages"]
 
@@ -92,7 +92,7 @@ def _verifiers():
 # ---------------------------------------------------------------------------------------------------------------
 # message conversions (OpenAI-format dicts of our envs <-> verifiers' messages)
 # ---------------------------------------------------------------------------------------------------------------
-def _text(content: Any) -> str:
+def content_text(content: Any) -> str:
     """The text of a message content: a string, or the ``text`` of its text parts (others dropped)."""
     if content is None:
         return ""
@@ -124,7 +124,7 @@ def to_vf_messages(messages: list[dict]) -> list[dict]:
             raise TypeError(f"a chat message must be a dict, got {type(m).__name__}")
         role = m.get("role")
         if role in ("system", "user"):
-            out.append({"role": role, "content": _text(m.get("content"))})
+            out.append({"role": role, "content": content_text(m.get("content"))})
         elif role == "assistant":
             msg: dict[str, Any] = {"role": "assistant", "content": m.get("content")}
             calls = []
@@ -138,7 +138,7 @@ def to_vf_messages(messages: list[dict]) -> list[dict]:
             out.append(msg)
         elif role == "tool":
             out.append({"role": "tool", "tool_call_id": str(m.get("tool_call_id") or ""),
-                        "content": _text(m.get("content"))})
+                        "content": content_text(m.get("content"))})
         else:
             raise ValueError(f"unknown chat message role {role!r:.40}")
     return out
@@ -157,7 +157,7 @@ def assistant_action(message: Any) -> dict:
     if role != "assistant":
         raise TypeError(f"expected an assistant message, got role {role!r:.40}")
     content = message.get("content")
-    action: dict[str, Any] = {"role": "assistant", "content": None if content is None else _text(content)}
+    action: dict[str, Any] = {"role": "assistant", "content": None if content is None else content_text(content)}
     calls = message.get("tool_calls") or []
     if calls:
         action["tool_calls"] = [{"id": c.get("id") or f"call_{i}", "type": "function",
@@ -172,7 +172,7 @@ def _last_assistant_text(completion: Any) -> str:
         return completion
     for m in reversed(list(completion or [])):
         if hasattr(m, "get") and m.get("role") == "assistant":
-            return _text(m.get("content"))
+            return content_text(m.get("content"))
     return ""
 
 
@@ -187,57 +187,6 @@ def _tool_defs(tools: list[dict]) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# env pool
-# ---------------------------------------------------------------------------------------------------------------
-class _EnvPool:
-    """Gymnasium envs of one id and configuration, lent one per rollout (thread-safe); grows to the number of
-    rollouts in flight."""
-
-    def __init__(self, make: Callable[[], gym.Env]):
-        self._make, self._idle, self._all, self._lock, self._closed = make, [], [], threading.Lock(), False
-
-    def add(self, env: gym.Env) -> None:
-        with self._lock:
-            self._all.append(env)
-            self._idle.append(env)
-
-    def acquire(self) -> gym.Env:
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("the environment was torn down")
-            if self._idle:
-                return self._idle.pop()
-        env = self._make()
-        with self._lock:
-            self._all.append(env)
-        return env
-
-    def release(self, env: gym.Env) -> None:
-        with self._lock:
-            if not self._closed:
-                self._idle.append(env)
-                return
-        env.close()
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed, envs_, self._all, self._idle = True, self._all, [], []
-        for env in envs_:
-            env.close()
-
-
-def _summary(task_id: str) -> dict:
-    return {"task_id": task_id, "reward": None, "terminated": False, "truncated": False, "termination_reason": None,
-            "steps": 0}
-
-
-def _end(summary: dict, reward: float, terminated: bool, truncated: bool, info: dict) -> None:
-    reason = info.get("termination_reason")
-    summary.update(reward=float(reward), terminated=bool(terminated), truncated=bool(truncated),
-                   termination_reason=None if reason is None else str(reason))
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # the verifiers classes (defined once verifiers is importable)
 # ---------------------------------------------------------------------------------------------------------------
 @functools.cache
@@ -248,7 +197,7 @@ def _classes() -> tuple[type, type]:
     class GymToolEnv(vf.MultiTurnEnv):
         """A multi-turn env with tools over a Gymnasium env of :mod:`envs` (module docstring: what a rollout is)."""
 
-        def __init__(self, gym_id: str, pool: _EnvPool, **kwargs: Any):
+        def __init__(self, gym_id: str, pool: EnvPool, **kwargs: Any):
             self.gym_id, self._pool, self._episodes = gym_id, pool, {}
             super().__init__(**kwargs)
 
@@ -258,7 +207,7 @@ def _classes() -> tuple[type, type]:
             task_id = str(state["info"]["task_id"])
             obs, _ = await asyncio.to_thread(env.reset, options={"task_id": task_id})
             state["prompt"] = normalize_messages(to_vf_messages(obs), field_name="prompt")
-            state[GYM_STATE_KEY] = _summary(task_id)
+            state[GYM_STATE_KEY] = episode_summary(task_id)
             return state
 
         async def env_response(self, messages, state, **kwargs):
@@ -269,7 +218,7 @@ def _classes() -> tuple[type, type]:
             summary["steps"] += 1
             reply = normalize_messages(to_vf_messages(obs), field_name="env_response")
             if terminated or truncated:
-                _end(summary, reward, terminated, truncated, info)
+                end_episode(summary, reward, terminated, truncated, info)
                 state["final_env_response"] = reply
             return reply
 
@@ -286,7 +235,7 @@ def _classes() -> tuple[type, type]:
     class GymOneTurnEnv(vf.SingleTurnEnv):
         """A one-turn env over a Gymnasium env of :mod:`envs`, graded by that env (module docstring)."""
 
-        def __init__(self, gym_id: str, pool: _EnvPool, **kwargs: Any):
+        def __init__(self, gym_id: str, pool: EnvPool, **kwargs: Any):
             self.gym_id, self._pool = gym_id, pool
             super().__init__(**kwargs)
 
@@ -306,7 +255,7 @@ def _tool_reward() -> Callable:
     return env_reward
 
 
-def _one_turn_reward(gym_id: str, pool: _EnvPool) -> Callable:
+def _one_turn_reward(gym_id: str, pool: EnvPool) -> Callable:
     def _grade(task_id: str, text: str) -> tuple[float, dict]:
         env = pool.acquire()
         try:
@@ -316,9 +265,9 @@ def _one_turn_reward(gym_id: str, pool: _EnvPool) -> Callable:
             pool.release(env)
         if not (terminated or truncated):
             raise RuntimeError(f"{gym_id} did not end after one step: not a one-turn env")
-        summary = _summary(task_id)
+        summary = episode_summary(task_id)
         summary["steps"] = 1
-        _end(summary, reward, terminated, truncated, info)
+        end_episode(summary, reward, terminated, truncated, info)
         return float(reward), summary
 
     async def env_reward(completion, info, state) -> float:
@@ -374,7 +323,7 @@ def load_environment(env_id: str | None = None, *, gym_id: str | None = None, sp
     if split is not None:
         kwargs["split"] = split
     offline = {**kwargs, "user": "scripted"} if kwargs.get("user") == "llm" else kwargs
-    pool = _EnvPool(lambda: gym.make(gym_id, disable_env_checker=True, **kwargs))
+    pool = EnvPool(lambda: gym.make(gym_id, disable_env_checker=True, **kwargs))
     probe = gym.make(gym_id, disable_env_checker=True, **offline)
     try:
         rows, tools = [], None

@@ -65,20 +65,21 @@ from pydantic import Field
 from verifiers.v1.runtimes import ProgramResult
 
 import envs as _envs
-from envs.adapters.verifiers_env import GYM_STATE_KEY, _end, _EnvPool, _summary, _text, assistant_action
+from envs.adapters.env_pool import EnvPool, end_episode, episode_summary
+from envs.adapters.verifiers_env import GYM_STATE_KEY, assistant_action, content_text
 
 __all__ = ["GymChatHarness", "GymEnv", "GymTaskset"]
 
 gym.register_envs(_envs)
 
 #: Pools of Gymnasium envs, one per (id, make kwargs as JSON), shared by the episodes of a process.
-_POOLS: dict[str, _EnvPool] = {}
+_POOLS: dict[str, EnvPool] = {}
 
 
-def _pool(gym_id: str, make_kwargs: dict) -> _EnvPool:
+def _pool(gym_id: str, make_kwargs: dict) -> EnvPool:
     key = json.dumps([gym_id, make_kwargs], sort_keys=True, default=str)
     if key not in _POOLS:
-        _POOLS[key] = _EnvPool(lambda: gym.make(gym_id, disable_env_checker=True, **make_kwargs))
+        _POOLS[key] = EnvPool(lambda: gym.make(gym_id, disable_env_checker=True, **make_kwargs))
     return _POOLS[key]
 
 
@@ -159,9 +160,9 @@ def _wire(messages: list[dict]) -> list[dict]:
         role = m.get("role")
         if role == "tool":
             out.append({"role": "tool", "tool_call_id": str(m.get("tool_call_id") or ""),
-                        "content": _text(m.get("content")), "name": m.get("name")})
+                        "content": content_text(m.get("content")), "name": m.get("name")})
         elif role in ("system", "user", "assistant"):
-            out.append({"role": role, "content": _text(m.get("content"))})
+            out.append({"role": role, "content": content_text(m.get("content"))})
         else:
             raise ValueError(f"an env observation holds a {role!r:.40} message")
     return out
@@ -193,7 +194,7 @@ class GymEnv(vf.Env[GymEnvConfig]):
         env = await asyncio.to_thread(pool.acquire)
         try:
             obs, _ = await asyncio.to_thread(env.reset, options={"task_id": data.task_id})
-            summary = _summary(data.task_id)
+            summary = episode_summary(data.task_id)
             async with agents.agent.interaction(task) as interaction:
                 interaction.trace.info[GYM_STATE_KEY] = summary
                 segment = await interaction.turn(_wire(obs))
@@ -201,7 +202,7 @@ class GymEnv(vf.Env[GymEnvConfig]):
                     obs, reward, terminated, truncated, info = await asyncio.to_thread(env.step, _action(segment))
                     summary["steps"] += 1
                     if terminated or truncated:
-                        _end(summary, reward, terminated, truncated, info)
+                        end_episode(summary, reward, terminated, truncated, info)
                         break
                     segment = await interaction.turn(_wire(obs))
         finally:
