@@ -43,8 +43,11 @@ Workers are cheap to reuse: they start from a fork server that imported the grad
 (:func:`register_worker_module`; ``reasoning_gym`` and sympy take seconds to import), run each module's
 ``_worker_setup`` once, and then take calls until killed (a module registered after the pool started: the pool is
 replaced, its calls in progress finish in the old workers). Workers come from the ``forkserver`` start method, never
-a ``fork`` of the caller (which may hold threads: envs.serve's, torch's), so the caller may be multi-threaded; the
-fork server imports the caller's ``__main__`` once (multiprocessing would otherwise import it in every worker).
+a ``fork`` of the caller (which may hold threads: envs.serve's, torch's), so the caller may be multi-threaded.
+Workers never run the caller's main script or ``-m`` module (:func:`_preparation_data`): multiprocessing prepares every
+fork-server or spawned process by running it again as ``__mp_main__``, which re-imported ``python -m envs.serve``'s
+imports in each new worker (~7 s at load 7) and broke every call of a script without ``if __name__ == "__main__":``
+(its body, making an env, ran in each worker while it bootstrapped: ``BrokenProcessPool``).
 The default pool is created on first use, again in a forked child (a child never uses its parent's pool; it starts
 its workers with ``spawn``, which import the grader modules themselves: Python 3.11's fork server cannot be reached
 from a fork of the process that started it), and closed at exit (:func:`close_default_pool`: every worker stopped
@@ -59,7 +62,7 @@ place without any bound, and one bomb froze every env of the vector env (75 s fo
 Cost (``benchmarks/results/grader_isolation.md``, 2 shared cores at load 9-14): a round trip per graded call (a
 no-op: 0.11 ms p50; a graded step 0.4-1 ms more than in process: chain_sum 33,000 -> 1,050 steps/s,
 intermediate_integration's simplify ~55 steps/s either way); pool start 7.5-9 s once per process (the fork server
-imports the caller's ``__main__`` and the grader modules); a killed worker replaced in milliseconds; each worker
+imports the grader modules); a killed worker replaced in milliseconds; each worker
 ~300 MiB RSS, ~200 MiB PSS.
 """
 from __future__ import annotations
@@ -71,6 +74,8 @@ import importlib
 import logging
 import math
 import multiprocessing
+import multiprocessing.context
+import multiprocessing.spawn
 import multiprocessing.util
 import os
 import resource
@@ -79,7 +84,6 @@ import signal
 import sys
 import tempfile
 import threading
-import warnings
 import weakref
 from typing import Any, Callable
 
@@ -210,25 +214,57 @@ def _noop() -> None:
     return None
 
 
-# A worker re-runs a ``python -m`` main module the fork server already imported (:func:`_main_module_name`): runpy
-# warns that it is "found in sys.modules ... prior to execution", twice per new worker. Expected here, so silenced (the
-# filter is inherited from the fork server, which imports this module).
-warnings.filterwarnings("ignore", message=r"'[\w.]+' found in sys\.modules after import of package", category=RuntimeWarning)
+#: The launch of a grader worker in progress on this thread (:class:`_ForkServerWorker`, :class:`_SpawnWorker`).
+_launching = threading.local()
+_get_preparation_data = multiprocessing.spawn.get_preparation_data
 
 
-def _main_module_name() -> list[str]:
-    """``[name]`` of a main module run as ``python -m name`` (``[]`` otherwise), for the fork server to import.
+def _preparation_data(name: str) -> dict:
+    """multiprocessing's preparation data of a new process (``spawn.get_preparation_data``), without the caller's main
+    script / module while a grader worker is launched on this thread: the worker does not run it again (its graders
+    are sent by module and name; a function defined in the caller's ``__main__`` cannot be one). Every other process
+    multiprocessing starts is prepared as before. Installed once, in place of multiprocessing's, at import."""
+    data = _get_preparation_data(name)
+    if getattr(_launching, "worker", False):
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+    return data
 
-    multiprocessing's spawn preparation re-runs such a module in every new worker (``runpy.run_module(name,
-    run_name="__mp_main__")``: its body, not its ``__main__`` block); the fork server's ``"__main__"`` preload covers
-    a script run by path only. Imported once in the fork server, its imports are loaded in every worker it forks, and
-    the re-run costs milliseconds: ``python -m envs.serve`` re-imported fastapi, uvicorn, mcp, openenv in every worker,
-    ~7 s at load 7, each time a bomb's worker was replaced (``tests/test_grader_process.py``).
-    """
-    name = getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None)
-    if not name or name == "__main__" or name.endswith(".__main__"):
-        return []
-    return [name]
+
+if getattr(multiprocessing.spawn.get_preparation_data, "__qualname__", "") != _preparation_data.__qualname__:
+    multiprocessing.spawn.get_preparation_data = _preparation_data
+
+
+def _launch_worker(base: type, process_obj):
+    _launching.worker = True
+    try:
+        return base._Popen(process_obj)
+    finally:
+        _launching.worker = False
+
+
+class _ForkServerWorker(multiprocessing.context.ForkServerProcess):
+    """A grader worker from the fork server, prepared without the caller's main (:func:`_preparation_data`)."""
+
+    @staticmethod
+    def _Popen(process_obj):
+        return _launch_worker(multiprocessing.context.ForkServerProcess, process_obj)
+
+
+class _SpawnWorker(multiprocessing.context.SpawnProcess):
+    """A spawned grader worker (in a forked child), prepared without the caller's main (:func:`_preparation_data`)."""
+
+    @staticmethod
+    def _Popen(process_obj):
+        return _launch_worker(multiprocessing.context.SpawnProcess, process_obj)
+
+
+class _ForkServerContext(multiprocessing.context.ForkServerContext):
+    Process = _ForkServerWorker
+
+
+class _SpawnContext(multiprocessing.context.SpawnContext):
+    Process = _SpawnWorker
 
 
 class GraderPool:
@@ -276,10 +312,10 @@ class GraderPool:
                     self._root = tempfile.mkdtemp(prefix="grader-workers-")
                 self._pool_modules = modules
                 if _in_forked_child:  # Python 3.11's fork server cannot be reached from a fork of its owner
-                    ctx = multiprocessing.get_context("spawn")
+                    ctx = _SpawnContext()
                 else:
-                    ctx = multiprocessing.get_context("forkserver")
-                    ctx.set_forkserver_preload(["__main__", *_main_module_name(), __name__, *_PRELOAD, *modules])
+                    ctx = _ForkServerContext()
+                    ctx.set_forkserver_preload([__name__, *_PRELOAD, *modules])
                 _allow_children()
                 self._pool = pebble.ProcessPool(max_workers=self.workers, initializer=_init_worker,
                                                 initargs=(modules, self.memory_bytes, self._root), context=ctx)

@@ -127,3 +127,43 @@ def test_a_multiprocessing_child_that_graded_exits(tmp_path):
     script.write_text(_PLAIN_CHILD)
     out = _run([str(script)], timeout=150)
     assert out == {"ran_in_a_worker": [True, True], "child_exited": True, "exitcode": 0}, out
+
+
+_UNGUARDED = r"""
+import json, multiprocessing as mp, os, sys
+import gymnasium as gym, envs
+with open(os.environ["MAIN_LOG"], "a") as f:  # every process that runs this script's body
+    f.write(f"{os.getpid()}\n")
+gym.register_envs(envs)
+
+
+def grade(q):
+    env = gym.make("ReasoningGym-v1", task="countdown", split="test", train_size=2, test_size=2)
+    env.reset(options={"index": 1})
+    q.put(float(env.step(env.unwrapped.demonstration({"index": 1})[0]["content"])[1]))
+
+
+ctx = mp.get_context("fork")
+q = ctx.Queue()
+grade(q)  # here (the pool's workers come from a fork server) ...
+child = ctx.Process(target=grade, args=(q,))  # ... and in a forked child (its workers are spawned)
+child.start()
+child.join(120)
+print(json.dumps({"rewards": [q.get(timeout=5), q.get(timeout=5)], "exitcode": child.exitcode}))
+"""
+
+
+def test_a_script_without_a_main_guard_grades_and_runs_once(tmp_path):
+    """multiprocessing prepares a fork-server or spawned worker by running the caller's main script again (as
+    ``__mp_main__``): a script without ``if __name__ == "__main__":`` that made a ReasoningGym env ran its body in
+    every grader worker, which tried to start a pool while bootstrapping, and every call failed (``BrokenProcessPool:
+    All workers expired``; gymnasium users do not guard a script that makes one env). The workers now never run the
+    caller's main: the body runs once, in the script's process (and is not re-run by the forked child)."""
+    script, log = tmp_path / "unguarded.py", tmp_path / "main.log"
+    script.write_text(_UNGUARDED)
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                          env={**__import__("os").environ, "MAIN_LOG": str(log)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out == {"rewards": [1.0, 1.0], "exitcode": 0}, out
+    assert len(log.read_text().split()) == 1, log.read_text()

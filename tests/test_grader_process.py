@@ -358,9 +358,9 @@ def test_workers_do_not_run_the_callers_main_module(tmp_path):
     """A server started as ``python -m envs.serve``: every new worker (the first ones, and each one replacing a worker
     a bomb got killed) ran the main module's body again (multiprocessing's spawn preparation re-runs a ``-m`` main
     module in the child: envs.serve's imports, ~7 s at load 7, before the worker takes a call), so honest steps queued
-    behind bombs waited up to the 30 s wall backstop (benchmarks/results/serve_adversaries.md). The fork server now
-    imports the main module once: a worker re-runs its body (as multiprocessing does) with its imports already
-    loaded (6 ms), never its ``__main__`` block."""
+    behind bombs waited up to the 30 s wall backstop (benchmarks/results/serve_adversaries.md). Workers now never run
+    the caller's main module (envs.grader_process._preparation_data; a script run by path:
+    tests/test_grader_in_child_processes.py)."""
     import json
 
     log = tmp_path / "main.log"
