@@ -77,12 +77,16 @@ SERVED_STEP_BOUND_S = STEP_TIME_BOUND_S + 4.0
 HONEST_STEP_BOUND_S = 8.0
 HEALTH_BOUND_S = 8.0
 #: The server's RSS once the adversary has left (sessions closed, after a collection and ``malloc_trim``) may exceed
-#: its baseline by at most this much. The baseline is taken after a warm-up honest episode and one warm-up adversary
-#: pass: the allocator keeps the high-water mark of the first pass (measured on tau2/mock, 2026-11-26: +15 MB after a
-#: first flood, then +7, +4, flat after slow readers), so what is asserted is that an adversary leaves nothing behind.
-#: (An adversary session holds up to the 4 MiB cap of conversation plus unsent replies; the issue's flood grew RSS by
-#: 74 MB per session.)
-RSS_SLACK_MB = 32
+#: its baseline by at most this much. The baseline is taken after a warm-up honest episode and one warm-up pass of the
+#: same shape (adversary, honest client and prober at once): the allocator keeps the high-water mark of the first pass
+#: (measured on tau2/mock, 2026-11-26: +15 MB after a first flood, then +7, +4, flat after slow readers), so what is
+#: asserted is that an adversary leaves nothing behind. The allocator still steps, not linearly: DigitSum, six passes
+#: in one server, 284 -> 304, 303, 320, 322, 322 MB (2026-11-28, idle); one pass after the warm-up grew 14-25 MB in 5
+#: runs. With a warm-up adversary alone (no concurrent honest client) it grew 17-37 MB on the idle machine (6 runs,
+#: old and new server code alike) and 41 MB in a fresh-check, over the 32 MB this bound was. A leak of the issue's kind
+#: is still over it: an adversary session holds up to the 4 MiB cap of conversation plus unsent replies; the issue's
+#: flood grew RSS by 74 MB per session.
+RSS_SLACK_MB = 48
 #: The served sessions' byte cap, body limit, bodies-in-flight cap and timeouts (small, so that the adversary reaches
 #: them quickly).
 CAP = 4 << 20
@@ -486,6 +490,39 @@ class Adversary:
         self.c.close()
 
 
+def _served_pass(c: httpx.Client, url: str, port: int, index, actions, want: float, steps: dict[str, str],
+                 bodies: bool, slow: bool) -> None:
+    """One adversary pass (``steps``, then JSON bodies and slow readers when asked) while an honest client plays
+    episodes and a prober polls ``/health``; asserts the module docstring's bounds and waits until every session has
+    closed and every reply has left."""
+    honest, prober = Honest(url, index, actions), Prober(url)
+    honest.start()
+    prober.start()
+    adv = Adversary(url, port, index)
+    try:
+        for name, text in steps.items():
+            adv.step(name, text)
+        if bodies:
+            adv.bodies()
+        if slow:
+            adv.slow_readers()
+    finally:
+        adv.leave()
+        honest.stop.set()
+        prober.stop.set()
+        honest.join(120)
+        prober.join(30)
+    assert not adv.violations, adv.violations
+    assert not honest.errors and not prober.errors, (honest.errors, prober.errors[:3])
+    assert honest.rewards and all(r == want for r in honest.rewards), (honest.rewards, want)
+    assert max(honest.step_s) < HONEST_STEP_BOUND_S, f"honest step {max(honest.step_s):.2f} s"
+    assert max(prober.lat) < HEALTH_BOUND_S, f"/health {max(prober.lat):.2f} s"
+    t0 = time.time()
+    while (st := c.get("/sessions").json())["active"] or st["unsent_bytes"]:
+        assert time.time() - t0 < 20, (st, honest.is_alive(), adv.sid)
+        time.sleep(0.1)
+
+
 def run_served(cfg, gsm8k_dir, marker: Path, steps: dict[str, str], bodies: bool = True, slow: bool = True) -> None:
     """Honest client + /health prober + the adversary's ``steps`` (name -> text), JSON bodies and slow readers,
     through one server of ``cfg``; asserts the module docstring's bounds."""
@@ -499,50 +536,13 @@ def run_served(cfg, gsm8k_dir, marker: Path, steps: dict[str, str], bodies: bool
         warm.stop.set()
         warm.run()  # one episode: builds the domain's caches before the baseline
         assert not warm.errors and warm.rewards == [want], (warm.errors, warm.rewards, want)
-        warm_adv = Adversary(url, port, index)  # one pass alone: the allocator's high-water mark (see RSS_SLACK_MB)
-        for name, text in steps.items():
-            warm_adv.step(name, text)
-        if bodies:
-            warm_adv.bodies()
-        if slow:
-            warm_adv.slow_readers()
-        warm_adv.leave()
-        assert not warm_adv.violations, warm_adv.violations
-        t0 = time.time()
-        while (st := c.get("/sessions").json())["active"] or st["unsent_bytes"]:
-            assert time.time() - t0 < 20, st
-            time.sleep(0.1)
-        rss0 = _rss_mb()
-        honest, prober = Honest(url, index, actions), Prober(url)
-        honest.start()
-        prober.start()
-        adv = Adversary(url, port, index)
-        try:
-            for name, text in steps.items():
-                adv.step(name, text)
-            if bodies:
-                adv.bodies()
-            if slow:
-                adv.slow_readers()
-        finally:
-            adv.leave()
-            honest.stop.set()
-            prober.stop.set()
-            honest.join(120)
-            prober.join(30)
-        assert not adv.violations, adv.violations
-        assert not honest.errors and not prober.errors, (honest.errors, prober.errors[:3])
-        assert honest.rewards and all(r == want for r in honest.rewards), (honest.rewards, want)
-        assert max(honest.step_s) < HONEST_STEP_BOUND_S, f"honest step {max(honest.step_s):.2f} s"
-        assert max(prober.lat) < HEALTH_BOUND_S, f"/health {max(prober.lat):.2f} s"
-        t0 = time.time()
-        while (st := c.get("/sessions").json())["active"] or st["unsent_bytes"]:
-            assert time.time() - t0 < 20, (st, honest.is_alive(), adv.sid)
-            time.sleep(0.1)
-        rss1 = _rss_mb()
+        rss = []
+        for _ in range(2):  # a warm-up pass of the same shape (the allocator's high-water mark), then the measured one
+            _served_pass(c, url, port, index, actions, want, steps, bodies, slow)
+            rss.append(_rss_mb())
         alive = [o for o in gc.get_objects() if isinstance(o, serve.GymTextEnvironment)]
         assert not alive, f"{len(alive)} session envs still alive after every session closed"
-        assert rss1 - rss0 < RSS_SLACK_MB, f"RSS {rss0:.0f} MB before the adversary, {rss1:.0f} MB after it left"
+        assert rss[1] - rss[0] < RSS_SLACK_MB, f"RSS {rss[0]:.0f} MB before the adversary, {rss[1]:.0f} MB after it left"
     assert_nothing_ran(marker)
 
 
