@@ -17,6 +17,7 @@ Each check runs in a child interpreter with a timeout: on the code before, the f
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -162,7 +163,7 @@ def test_a_script_without_a_main_guard_grades_and_runs_once(tmp_path):
     script, log = tmp_path / "unguarded.py", tmp_path / "main.log"
     script.write_text(_UNGUARDED)
     proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=240,
-                          env={**__import__("os").environ, "MAIN_LOG": str(log)})
+                          env={**os.environ, "MAIN_LOG": str(log)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out == {"rewards": [1.0, 1.0], "exitcode": 0}, out

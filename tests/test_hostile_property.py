@@ -490,6 +490,47 @@ class Adversary:
         self.c.close()
 
 
+def _honest_plan(cfg, gsm8k_dir) -> tuple[int, list, float]:
+    """The first task of ``cfg``: its index, an honest episode's actions and their reward in process."""
+    env = gym.make(cfg[0], **_kwargs(cfg, gsm8k_dir))
+    index = _first_index(env)
+    actions = honest_episode(env, index)
+    want = in_process_reward(env, index, actions)
+    env.close()
+    return index, actions, want
+
+
+def _warm_up(url: str, index, actions, want: float) -> None:
+    """One honest episode through the server: builds the domain's caches before a baseline."""
+    warm = Honest(url, index, actions)
+    warm.stop.set()
+    warm.run()
+    assert not warm.errors and warm.rewards == [want], (warm.errors, warm.rewards, want)
+
+
+def _stop(honest: "Honest", prober: "Prober") -> None:
+    honest.stop.set()
+    prober.stop.set()
+    honest.join(120)
+    prober.join(30)
+
+
+def _assert_honest(honest: "Honest", prober: "Prober", want: float) -> None:
+    """No error on either side, every honest episode's reward the in-process one, every honest step within
+    :data:`HONEST_STEP_BOUND_S` (``/health``'s bound differs by caller)."""
+    assert not honest.errors and not prober.errors, (honest.errors, prober.errors[:3])
+    assert honest.rewards and all(r == want for r in honest.rewards), (honest.rewards, want)
+    assert max(honest.step_s) < HONEST_STEP_BOUND_S, f"honest step {max(honest.step_s):.2f} s"
+
+
+def _wait_sessions_closed(c: httpx.Client, *context) -> None:
+    """Until no session is open and no reply is unsent (20 s at most; ``context`` goes into the failure)."""
+    t0 = time.time()
+    while (st := c.get("/sessions").json())["active"] or st["unsent_bytes"]:
+        assert time.time() - t0 < 20, (st, *context)
+        time.sleep(0.1)
+
+
 def _served_pass(c: httpx.Client, url: str, port: int, index, actions, want: float, steps: dict[str, str],
                  bodies: bool, slow: bool) -> None:
     """One adversary pass (``steps``, then JSON bodies and slow readers when asked) while an honest client plays
@@ -508,34 +549,19 @@ def _served_pass(c: httpx.Client, url: str, port: int, index, actions, want: flo
             adv.slow_readers()
     finally:
         adv.leave()
-        honest.stop.set()
-        prober.stop.set()
-        honest.join(120)
-        prober.join(30)
+        _stop(honest, prober)
     assert not adv.violations, adv.violations
-    assert not honest.errors and not prober.errors, (honest.errors, prober.errors[:3])
-    assert honest.rewards and all(r == want for r in honest.rewards), (honest.rewards, want)
-    assert max(honest.step_s) < HONEST_STEP_BOUND_S, f"honest step {max(honest.step_s):.2f} s"
+    _assert_honest(honest, prober, want)
     assert max(prober.lat) < HEALTH_BOUND_S, f"/health {max(prober.lat):.2f} s"
-    t0 = time.time()
-    while (st := c.get("/sessions").json())["active"] or st["unsent_bytes"]:
-        assert time.time() - t0 < 20, (st, honest.is_alive(), adv.sid)
-        time.sleep(0.1)
+    _wait_sessions_closed(c, honest.is_alive(), adv.sid)
 
 
 def run_served(cfg, gsm8k_dir, marker: Path, steps: dict[str, str], bodies: bool = True, slow: bool = True) -> None:
     """Honest client + /health prober + the adversary's ``steps`` (name -> text), JSON bodies and slow readers,
     through one server of ``cfg``; asserts the module docstring's bounds."""
-    env = gym.make(cfg[0], **_kwargs(cfg, gsm8k_dir))
-    index = _first_index(env)
-    actions = honest_episode(env, index)
-    want = in_process_reward(env, index, actions)
-    env.close()
+    index, actions, want = _honest_plan(cfg, gsm8k_dir)
     with serving(cfg, gsm8k_dir) as (url, port), httpx.Client(base_url=url, timeout=60) as c:
-        warm = Honest(url, index, actions)
-        warm.stop.set()
-        warm.run()  # one episode: builds the domain's caches before the baseline
-        assert not warm.errors and warm.rewards == [want], (warm.errors, warm.rewards, want)
+        _warm_up(url, index, actions, want)
         rss = []
         for _ in range(2):  # a warm-up pass of the same shape (the allocator's high-water mark), then the measured one
             _served_pass(c, url, port, index, actions, want, steps, bodies, slow)
@@ -643,19 +669,12 @@ def run_graders_served(cfg, gsm8k_dir, shots: list[tuple[str, int, str]], *, con
     ``cfg``. Asserts: no 5xx but those 503s, ``/health`` p99 under :data:`HEALTH_P99_S`, every honest step within
     :data:`HONEST_STEP_BOUND_S` and its reward the in-process one (1.0: the gold answer, when ``gold``), the server's
     RSS back within :data:`RSS_SLACK_MB` of its baseline once everyone has left."""
-    env = gym.make(cfg[0], **_kwargs(cfg, gsm8k_dir))
-    index = _first_index(env)
-    actions = honest_episode(env, index)
-    want = in_process_reward(env, index, actions)
-    env.close()
+    index, actions, want = _honest_plan(cfg, gsm8k_dir)
     if gold:
         assert want == 1.0, f"the gold answer scores {want} in-process"
     n_held = INFLIGHT_CAP // MAX_BODY
     with serving(cfg, gsm8k_dir) as (url, port), httpx.Client(base_url=url, timeout=60) as c:
-        warm = Honest(url, index, actions)
-        warm.stop.set()
-        warm.run()
-        assert not warm.errors and warm.rewards == [want], (warm.errors, warm.rewards, want)
+        _warm_up(url, index, actions, want)
         rss0 = _rss_mb()
         honest, prober = Honest(url, index, actions), Prober(url)
         bombers = [Bomber(url, shots[i::concurrent]) for i in range(concurrent)]
@@ -670,10 +689,7 @@ def run_graders_served(cfg, gsm8k_dir, shots: list[tuple[str, int, str]], *, con
         finally:
             for s in held:
                 s.close()
-            honest.stop.set()
-            prober.stop.set()
-            honest.join(120)
-            prober.join(30)
+            _stop(honest, prober)
         results = [r for b in bombers for r in b.results]
         assert not [e for b in bombers for e in b.errors], [b.errors for b in bombers]
         assert len(held) == n_held and len(refused) == HELD_OVER, (len(held), refused)
@@ -681,14 +697,9 @@ def run_graders_served(cfg, gsm8k_dir, shots: list[tuple[str, int, str]], *, con
         bad = [r for r in results if r[1] != 200 or r[3] != 0.0 or not str(r[4]).startswith(want_kind)
                or r[2] > BOMB_STEP_BOUND_S]
         assert len(results) == len(shots) and not bad, bad or results
-        assert not honest.errors and not prober.errors, (honest.errors, prober.errors[:3])
-        assert honest.rewards and all(r == want for r in honest.rewards), (honest.rewards, want)
-        assert max(honest.step_s) < HONEST_STEP_BOUND_S, f"honest step {max(honest.step_s):.2f} s"
+        _assert_honest(honest, prober, want)
         assert _p99(prober.lat) < HEALTH_P99_S, f"/health p99 {_p99(prober.lat):.2f} s (max {max(prober.lat):.2f} s)"
-        t0 = time.time()
-        while (st := c.get("/sessions").json())["active"] or st["unsent_bytes"]:
-            assert time.time() - t0 < 20, st
-            time.sleep(0.1)
+        _wait_sessions_closed(c)
         rss1 = _rss_mb()
         assert rss1 - rss0 < RSS_SLACK_MB, f"RSS {rss0:.0f} MB before the adversaries, {rss1:.0f} MB after they left"
 

@@ -24,7 +24,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 
 from envs.serving.limits import (
     DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_INFLIGHT_BODY_BYTES,
-    DEFAULT_SEND_TIMEOUT_S, LINGER_S, REFUSED_LINGER_S, SMALL_BODY_BYTES, TRIM_AFTER_FREED_BYTES,
+    DEFAULT_SEND_TIMEOUT_S, LINGER_S, SMALL_BODY_BYTES, TRIM_AFTER_FREED_BYTES,
 )
 from envs.serving.environment import _dumps
 
@@ -259,7 +259,7 @@ class _TimedH11Protocol(_WriteDeadline, H11Protocol):
     deadline (:class:`_WriteDeadline`): a reply must be taken within ``send_timeout_s`` of the connection's buffer
     filling up (the timer runs from the first stall to the reply's last piece leaving the buffer). And with a cap on
     open connections: a connection that finds ``max_connections`` open (uvicorn's count: HTTP and WebSocket) is
-    answered 503 naming the cap at once, then half-closed and aborted after :data:`REFUSED_LINGER_S` (what it sends
+    answered 503 naming the cap at once, then half-closed and aborted after :data:`LINGER_S` (what it sends
     meanwhile is dropped); it is not counted meanwhile. And with a lingering close: a connection closed while the client is
     still sending its request body (a 413 or 408 answered with ``connection: close``) is half-closed -- the reply and
     then FIN are sent -- and what the client still sends is read and dropped until it closes or :data:`LINGER_S` have
@@ -277,22 +277,26 @@ class _TimedH11Protocol(_WriteDeadline, H11Protocol):
         if self._refused:  # half-closed already: the linger timer aborts it
             return
         if self.conn.their_state is h11.SEND_BODY and not transport.is_closing() and transport.can_write_eof():
-            self._refused = True
-            transport.write_eof()  # after what is buffered: the client reads the whole reply, then end of stream
-            transport.resume_reading()  # uvicorn paused reading when the body it buffered passed its high-water mark
-            self._linger_timer = self.loop.call_later(LINGER_S, transport.abort)
+            self._linger()
         else:
             transport.close()
 
-    def _refuse_connection(self) -> None:
+    def _linger(self) -> None:
+        """Half-close (after what is buffered: the client reads the whole reply, then end of stream), drop what the
+        client still sends, abort after :data:`LINGER_S`."""
+        transport = self.transport._transport
         self._refused = True
+        transport.write_eof()
+        transport.resume_reading()  # uvicorn paused reading when the body it buffered passed its high-water mark
+        self._linger_timer = self.loop.call_later(LINGER_S, transport.abort)
+
+    def _refuse_connection(self) -> None:
         self.connections.discard(self)
         body = _dumps({"detail": f"server busy: {self.max_connections} connections open, the cap (max_connections); "
                                  "retry later"}).encode()
         self.transport.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
                              b"content-length: %d\r\nretry-after: 1\r\nconnection: close\r\n\r\n%s" % (len(body), body))
-        self.transport.write_eof()
-        self._linger_timer = self.loop.call_later(REFUSED_LINGER_S, self.transport.abort)
+        self._linger()
 
     def pause_writing(self) -> None:
         super().pause_writing()

@@ -28,15 +28,11 @@ TRIM_AFTER_FREED_BYTES = 32 << 20
 DEFAULT_MAX_CONNECTIONS = 256
 
 
-#: Seconds a connection refused at the cap stays half-closed (its 503 sent, what it sends read and dropped) before it
-#: is aborted: a client whose request was still on its way reads the 503 instead of a connection reset.
-REFUSED_LINGER_S = 2.0
-
-
-#: Seconds a connection answered with ``connection: close`` while its client was still sending the request body (a
-#: 413 over ``max_body_bytes``, a 408) stays half-closed, what it sends read and dropped, before it is aborted (a
-#: lingering close, as nginx's ``lingering_time``): closing at once left unread bytes in the socket, and the kernel
-#: answers those with a reset that can destroy the reply before the client reads it.
+#: Seconds a connection closed while its client may still be sending stays half-closed (its reply sent, then FIN;
+#: what it sends read and dropped) before it is aborted -- a lingering close, as nginx's ``lingering_time``: one
+#: refused at the connection cap (503), one answered 413 over ``max_body_bytes`` or 408 with its body still on the
+#: way. Closing at once leaves unread bytes in the socket, which the kernel answers with a reset that can destroy the
+#: reply before the client reads it.
 LINGER_S = 2.0
 
 
