@@ -9,7 +9,8 @@ airline    train (30), test (20), base (50)                ``airline/tasks.json`
 retail     train (74), test (40), base (114)               ``retail/tasks.json``
 telecom    small (20), train (74), test (40), base (114),  ``telecom/tasks.json``
            full (2285)                                     (14 MB, about 1.2 s to parse)
-mock       base (9)                                        ``mock/tasks.json``
+mock       base (9), generated_train (2,000),               ``mock/tasks.json``;
+           generated_test (200)                            generated: :mod:`envs.tau2.generated_tasks`
 =========  ==============================================  ==========================
 
 Every task file is parsed once per process (``functools.lru_cache``); all environments of the
@@ -66,8 +67,12 @@ def task_splits(domain: str) -> dict[str, tuple[str, ...]]:
     loader = reg.get_task_splits_loader(domain)
     if loader is not None:
         return {name: tuple(ids) for name, ids in loader().items()}
-    # The mock domain registers no split loader; its task loader reads its split file itself.
-    return {DEFAULT_SPLIT: tuple(t.id for t in reg.get_tasks_loader(domain)(DEFAULT_SPLIT))}
+    # The mock domain registers no split loader; its task loader reads its split file itself. Its generated splits
+    # (envs.tau2.generated_tasks) are listed by name; their tasks are composed on first load.
+    from .generated_tasks import GENERATED_SPLITS
+
+    splits = {DEFAULT_SPLIT: tuple(t.id for t in reg.get_tasks_loader(domain)(DEFAULT_SPLIT))}
+    return {**splits, **{name: () for name in GENERATED_SPLITS}}
 
 
 class TaskSet:
@@ -122,5 +127,9 @@ def load_tasks(domain: str, split: str = DEFAULT_SPLIT) -> TaskSet:
     splits = task_splits(domain)
     if split not in splits:
         raise ValueError(f"unknown split {split!r} for tau2 domain {domain!r}; valid: {sorted(splits)}")
+    if domain == "mock" and split.startswith("generated_"):
+        from .generated_tasks import generated_tasks
+
+        return TaskSet(domain, split, generated_tasks(split))
     wanted = set(splits[split])
     return TaskSet(domain, split, tuple(t for t in _all_tasks(domain) if t.id in wanted))
