@@ -28,6 +28,13 @@ Bounds of one graded call (:class:`GraderPool`, defaults of :func:`default_pool`
   raises ``MemoryError`` (-> ``grader_memory``) or, in C code that cannot raise, ends the worker (-> ``grader_error``
   naming the signal). ``RLIMIT_CORE`` is 0: a killed worker writes no core file.
 * Anything else the grader raises (``BaseException`` included) -> ``grader_error: <type>: <message>``.
+* Preparation (``prepare`` of :meth:`GraderPool.call`: the dataset a grade needs, rebuilt in the worker from its
+  config and kept there): run in the same worker before the call's CPU clock starts, under a bound of its own
+  (``prepare_cpu_s``, default :data:`DEFAULT_PREPARE_CPU_S`: a user-CPU timer, ``ITIMER_VIRTUAL`` / ``SIGVTALRM``, so
+  that its kill is told apart from the call's; ``RLIMIT_CPU`` at twice that backs it up for system time), so a build is never charged to a grade (issue 49: a fresh worker built
+  arc_agi's dataset in 0.66 s of a grade's 1 s; on a machine 1.5x slower every first grade in a new worker would
+  have been killed, and its replacement too). A preparation that fails is the call's failure, its message starting
+  ``preparing``. The wall-clock backstop covers both.
 * Working directory: each worker runs in a private temporary directory (its ``os.getcwd()``, ``TMPDIR`` and
   ``tempfile.gettempdir()``), made under one directory per pool that :meth:`GraderPool.close` removes, so a grader
   (or a dataset it rebuilds) writing a relative path cannot touch the caller's directory (issue 42: a reasoning-gym
@@ -92,7 +99,7 @@ import pebble
 from envs.contract import GRADER_FAILURE_KINDS, grader_flags
 
 __all__ = ["GraderFailure", "GraderPool", "FAILURE_KINDS", "DEFAULT_CPU_S", "DEFAULT_WALL_S", "DEFAULT_MEMORY_BYTES",
-           "DEFAULT_WORKERS", "register_worker_module", "default_pool", "close_default_pool", "grade"]
+           "DEFAULT_PREPARE_CPU_S", "DEFAULT_WORKERS", "register_worker_module", "default_pool", "close_default_pool", "grade"]
 
 #: The kinds of failure a graded call can end in (also the ``info`` flags the envs set: :func:`envs.contract.grader_flags`).
 FAILURE_KINDS = GRADER_FAILURE_KINDS
@@ -101,6 +108,9 @@ FAILURE_KINDS = GRADER_FAILURE_KINDS
 DEFAULT_CPU_S = 1.0
 #: Wall-clock seconds from the moment a worker takes a call to its kill (the backstop; retried once).
 DEFAULT_WALL_S = 30.0
+#: CPU seconds a call's preparation may use (``prepare`` of :meth:`GraderPool.call`; the slowest cold dataset build
+#: seen here, arc_agi's, takes 0.66 s).
+DEFAULT_PREPARE_CPU_S = 30.0
 #: Address space a worker may add to its size after start-up.
 DEFAULT_MEMORY_BYTES = 1 << 30
 #: Workers of the default pool: two, or half the CPUs when more (grading is a small part of a step).
@@ -189,15 +199,46 @@ def _address_space() -> int:
     return 0
 
 
-def _run_in_worker(fn: Callable, args: tuple, cpu_s: float) -> tuple[str, Any]:
-    """In a worker: set the CPU limit to this call's budget, run ``fn(*args)``: ``("ok", value)``, ``("memory",
-    message)`` or ``("error", "<type>: <message>")``."""
+def _cpu_limit(cpu_s: float) -> None:
+    """``RLIMIT_CPU``'s soft limit at the CPU this worker used so far + ``cpu_s``, rounded up, + 1 s (a backstop of
+    the timers: ``SIGXCPU``)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     _, hard = resource.getrlimit(resource.RLIMIT_CPU)
     soft = math.ceil(usage.ru_utime + usage.ru_stime + cpu_s) + 1
     if hard != resource.RLIM_INFINITY:
         soft = min(soft, hard)
     resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+
+
+def _prepare_in_worker(prepare: tuple[Callable, tuple], cpu_s: float) -> tuple[str, str] | None:
+    """Run ``prepare[0](*prepare[1])`` under a user-CPU timer of ``cpu_s`` (``SIGVTALRM`` terminates the worker);
+    ``None``, or ``("memory" | "error", message)`` when it raised."""
+    fn, args = prepare
+    what = f"preparing the call ({getattr(fn, '__qualname__', fn)})"
+    _cpu_limit(2 * cpu_s)  # the backstop well past the timer: a build's kill is the timer's (user CPU), named so
+    signal.signal(signal.SIGVTALRM, signal.SIG_DFL)
+    signal.setitimer(signal.ITIMER_VIRTUAL, cpu_s)
+    try:
+        fn(*args)
+    except MemoryError as e:
+        return "memory", f"{what}: MemoryError: {e}"[:500]
+    except BaseException as e:  # noqa: BLE001 -- as a grader's own failure
+        return "error", f"{what} failed: {type(e).__name__}: {e}"[:500]
+    finally:
+        signal.setitimer(signal.ITIMER_VIRTUAL, 0)
+    return None
+
+
+def _run_in_worker(fn: Callable, args: tuple, cpu_s: float, prepare: tuple[Callable, tuple] | None = None,
+                   prepare_cpu_s: float = DEFAULT_PREPARE_CPU_S) -> tuple[str, Any]:
+    """In a worker: run ``prepare`` first (if given; :func:`_prepare_in_worker`, not charged to ``cpu_s``), then set
+    the CPU limit to this call's budget and run ``fn(*args)``: ``("ok", value)``, ``("memory", message)`` or
+    ``("error", "<type>: <message>")``."""
+    if prepare is not None:
+        failed = _prepare_in_worker(prepare, prepare_cpu_s)
+        if failed is not None:
+            return failed
+    _cpu_limit(cpu_s)
     signal.signal(signal.SIGPROF, signal.SIG_DFL)  # terminate: no Python handler (it would wait for the C call)
     signal.setitimer(signal.ITIMER_PROF, cpu_s)
     try:
@@ -277,6 +318,7 @@ class GraderPool:
         wall_s: wall-clock seconds per call from the moment a worker takes it (retried once).
         memory_bytes: address space a worker may add to its size after start-up.
         modules: grader modules every worker imports first (default: those given to :func:`register_worker_module`).
+        prepare_cpu_s: CPU seconds a call's preparation may use (``prepare`` of :meth:`call`).
 
     The pool starts on the first :meth:`call` (and again after :meth:`close`). Thread-safe.
 
@@ -285,11 +327,13 @@ class GraderPool:
     """
 
     def __init__(self, workers: int = DEFAULT_WORKERS, cpu_s: float = DEFAULT_CPU_S, wall_s: float = DEFAULT_WALL_S,
-                 memory_bytes: int = DEFAULT_MEMORY_BYTES, modules: tuple[str, ...] | None = None) -> None:
-        if workers < 1 or cpu_s <= 0 or wall_s <= 0 or memory_bytes <= 0:
-            raise ValueError(f"workers, cpu_s, wall_s, memory_bytes must be positive, got {workers}, {cpu_s}, {wall_s}, "
-                             f"{memory_bytes}")
+                 memory_bytes: int = DEFAULT_MEMORY_BYTES, modules: tuple[str, ...] | None = None,
+                 prepare_cpu_s: float = DEFAULT_PREPARE_CPU_S) -> None:
+        if workers < 1 or cpu_s <= 0 or wall_s <= 0 or memory_bytes <= 0 or prepare_cpu_s <= 0:
+            raise ValueError(f"workers, cpu_s, wall_s, memory_bytes, prepare_cpu_s must be positive, got {workers}, "
+                             f"{cpu_s}, {wall_s}, {memory_bytes}, {prepare_cpu_s}")
         self.workers, self.cpu_s, self.wall_s, self.memory_bytes = workers, cpu_s, wall_s, memory_bytes
+        self.prepare_cpu_s = prepare_cpu_s
         self._modules = modules
         self._pool: pebble.ProcessPool | None = None
         self._root: str | None = None  # the workers' private directories are made under it; removed at close
@@ -339,19 +383,23 @@ class GraderPool:
         if failure is not None:
             raise RuntimeError(f"the grader pool could not start: {failure.action_error}")
 
-    def call(self, fn: Callable, *args: Any, cpu_s: float | None = None,
-             wall_s: float | None = None) -> tuple[Any, GraderFailure | None]:
+    def call(self, fn: Callable, *args: Any, cpu_s: float | None = None, wall_s: float | None = None,
+             prepare: tuple[Callable, tuple] | None = None) -> tuple[Any, GraderFailure | None]:
         """``(fn(*args), None)`` run in a worker, or ``(None, failure)`` when it ran past a bound or raised.
 
         ``fn`` must be a module-level function (it is sent by name) and ``args`` picklable. ``cpu_s`` / ``wall_s``:
         this call's bounds instead of the pool's (a longer job than a grade: drawing a task list,
-        :func:`envs.reasoning_gym.data.split_items`). Blocks the calling thread (not the GIL) until the result; at
-        most ``2 * wall_s`` plus the time queued for a worker.
+        :func:`envs.reasoning_gym.data.split_items`). ``prepare``: ``(function, args)`` run in the same worker just
+        before ``fn``, before ``fn``'s CPU clock starts, under the pool's ``prepare_cpu_s``: what ``fn`` needs built
+        (a dataset from its config) and the worker keeps, so it must be cheap once done there (it runs before every
+        call); its failure is the call's (a message starting ``preparing``). Blocks the calling thread (not the GIL)
+        until the result; at most ``2 * wall_s`` plus the time queued for a worker.
         """
         cpu_s = self.cpu_s if cpu_s is None else cpu_s
         wall_s = self.wall_s if wall_s is None else wall_s
         for attempt in (0, 1):
-            future = self._started().schedule(_run_in_worker, args=(fn, args, cpu_s), timeout=wall_s)
+            future = self._started().schedule(_run_in_worker, args=(fn, args, cpu_s, prepare, self.prepare_cpu_s),
+                                              timeout=wall_s)
             try:
                 status, value = future.result()
             except concurrent.futures.TimeoutError:
@@ -362,7 +410,7 @@ class GraderPool:
                 return None, self._failed("grader_timeout", f"the grader ran past {wall_s:g} s of wall-clock "
                                                             f"time twice; scored 0")
             except pebble.ProcessExpired as e:
-                return None, self._expired(e.exitcode, cpu_s)
+                return None, self._expired(e.exitcode, cpu_s, prepare is not None)
             except Exception as e:  # noqa: BLE001 -- the pool itself failed (e.g. an unpicklable result)
                 return None, self._failed("grader_error", f"{type(e).__name__}: {e}"[:500])
             if status == "ok":
@@ -370,9 +418,14 @@ class GraderPool:
             return None, self._failed("grader_memory" if status == "memory" else "grader_error", value)
         raise AssertionError("unreachable")
 
-    def _expired(self, exitcode: int | None, cpu_s: float) -> GraderFailure:
+    def _expired(self, exitcode: int | None, cpu_s: float, prepared: bool) -> GraderFailure:
+        if exitcode == -signal.SIGVTALRM:
+            return self._failed("grader_timeout", f"preparing the call used more than {self.prepare_cpu_s:g} s of CPU "
+                                                  f"time; its worker was killed; scored 0")
         if exitcode in (-signal.SIGPROF, -signal.SIGXCPU):
-            return self._failed("grader_timeout", f"the grader used more than {cpu_s:g} s of CPU time; its "
+            also = (f" (or preparing it more than {self.prepare_cpu_s:g} s)"
+                    if prepared and exitcode == -signal.SIGXCPU else "")  # the backstop of both timers
+            return self._failed("grader_timeout", f"the grader used more than {cpu_s:g} s of CPU time{also}; its "
                                                   f"worker was killed; scored 0")
         name = signal.Signals(-exitcode).name if exitcode is not None and exitcode < 0 else f"exit code {exitcode}"
         return self._failed("grader_error", f"the grader's worker died ({name}); scored 0")
@@ -455,9 +508,9 @@ def _forget_in_child() -> None:
     _in_forked_child = True
 
 
-def grade(fn: Callable, *args: Any) -> tuple[Any, GraderFailure | None]:
-    """``default_pool().call(fn, *args)``."""
-    return default_pool().call(fn, *args)
+def grade(fn: Callable, *args: Any, prepare: tuple[Callable, tuple] | None = None) -> tuple[Any, GraderFailure | None]:
+    """``default_pool().call(fn, *args, prepare=prepare)``."""
+    return default_pool().call(fn, *args, prepare=prepare)
 
 
 atexit.register(close_default_pool)
