@@ -263,8 +263,14 @@ class ContinualConfig:
 class SFTConfig:
     """``sft.*``: supervised fine-tuning before RL (``python sft.py``; torchrl_grpo.training.sft_trainer, torchrl_grpo.rollout.demonstrations).
     Uses ``optimizer.*`` (lr, scheduler over the phase's optimizer steps), ``train.micro_batch_size`` /
-    ``max_tokens_per_mb`` / ``shared_prefix`` and ``eval.*``; grpo.py ignores this section."""
+    ``max_tokens_per_mb`` / ``shared_prefix`` and ``eval.*``. grpo.py ignores this section unless ``before_grpo``:
+    then it runs this SFT phase first (in ``<run_dir>/sft``) and GRPO from its ``sft_model``, in one command
+    (:func:`torchrl_grpo.cli.run`; ``configs/grpo_tau2_mock.yaml``)."""
 
+    before_grpo: bool = False  # grpo.py: SFT first (<run_dir>/sft), then GRPO from <run_dir>/sft/sft_model
+    limit: Optional[int] = None  # demonstrations from the first N train tasks only (null: train_dataset.limit's)
+    lr: Optional[float] = None  # before_grpo: the SFT phase's optimizer.lr (null: optimizer.lr)
+    base_eval_problems: int = 0  # before_grpo: the SFT phase scores the base model on the first N valid tasks (0: not)
     source: str = "gold"  # gold (the env's demonstrations of the train split) | rft (the policy's own successes only)
     epochs: int = 2  # passes over each phase's data (gold demonstrations, each RFT round's kept episodes)
     minibatch_size: int = 8  # episodes per optimizer step

@@ -88,6 +88,13 @@ def validate_config(cfg) -> None:
     for key in ("sft.epochs", "sft.minibatch_size", "sft.rft_samples"):
         if OmegaConf.select(cfg, key) < 1:
             raise ValueError(f"config {key} must be >= 1, got {OmegaConf.select(cfg, key)}")
+    if cfg.sft.limit is not None and cfg.sft.limit < 1:
+        raise ValueError(f"config sft.limit must be >= 1 or null, got {cfg.sft.limit}")
+    if cfg.sft.base_eval_problems < 0:
+        raise ValueError(f"config sft.base_eval_problems must be >= 0, got {cfg.sft.base_eval_problems}")
+    if cfg.sft.before_grpo and (cfg.eval_only or OmegaConf.select(cfg, "cl.task_order") or cfg.train.resume_from):
+        raise ValueError("config sft.before_grpo runs SFT then GRPO from the start: not with eval_only, cl.task_order "
+                         "or train.resume_from (resume the GRPO phase with actor.path=<run_dir>/sft/sft_model)")
     if cfg.sft.rft_rounds < 0:
         raise ValueError(f"config sft.rft_rounds must be >= 0, got {cfg.sft.rft_rounds}")
     if cfg.sft.source == "rft" and cfg.sft.rft_rounds < 1:

@@ -16,7 +16,7 @@ from typing import Any
 
 from torchrl_grpo.reporting.learning_curve import wilson_interval
 
-__all__ = ["headline", "continual_headline"]
+__all__ = ["headline", "continual_headline", "warm_start_headline", "plot_warm_start"]
 
 
 def _score(metrics: dict[str, Any] | None, key: str) -> tuple[float, int | None] | None:
@@ -70,3 +70,51 @@ def continual_headline(summary: dict[str, Any], run_dir: str) -> str:
     parts = [f"{k.upper()} {summary[k]:.3f}" for k in ("acc", "bwt", "fwt")
              if isinstance(summary.get(k), (int, float))]
     return f"result: continual run {', '.join(parts) or 'without a summary'}; run dir: {run_dir}"
+
+
+def warm_start_headline(base: dict[str, Any] | None, sft: dict[str, Any] | None, grpo: dict[str, Any] | None,
+                        run_dir: str, *, label: str = "pass^1", key: str = "eval/accuracy") -> str:
+    """The last line of an SFT -> GRPO run (``sft.before_grpo``): the base model's score, the SFT model's (GRPO's
+    start) and the GRPO model's (its end), each with its ``n``, the Wilson 95% intervals of SFT and GRPO, then the run
+    dir::
+
+        result: pass^1 base 0.000 (n=50) -> SFT 0.310 -> GRPO 0.455 (n=200; 95% Wilson [0.249, 0.378] -> [0.387, 0.525]); run dir: ...
+
+    A phase that was not evaluated prints as ``-`` (its interval ``?``)."""
+    b, s, g = (_score(m, key) for m in (base, sft, grpo))
+    part_b = f"{b[0]:.3f} (n={b[1] if b[1] is not None else '?'})" if b else "- (not evaluated)"
+    n = (g or s or (None, None))[1]
+    val = lambda x: f"{x[0]:.3f}" if x else "-"  # noqa: E731
+    iv = lambda x: _interval(x) if x else "?"  # noqa: E731
+    return (f"result: {label} base {part_b} -> SFT {val(s)} -> GRPO {val(g)} (n={n if n is not None else '?'}; "
+            f"95% Wilson {iv(s)} -> {iv(g)}); run dir: {run_dir}")
+
+
+def plot_warm_start(points: list[tuple[str, float, dict[str, Any] | None]], out_path: str, *,
+                    key: str = "eval/accuracy", title: str = "") -> str | None:
+    """``learning_curve.png`` of an SFT -> GRPO run: one point per phase (``(label, wall minutes at the evaluation,
+    metrics)``: base, SFT, GRPO) with its Wilson 95% interval as an error bar. Returns the path, or None when no
+    phase has a score (nothing drawn)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [(lab, t, _score(m, key)) for lab, t, m in points]
+    rows = [(lab, t, sc) for lab, t, sc in rows if sc is not None]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for lab, t, (p, n) in rows:
+        lo, hi = wilson_interval(min(max(p, 0.0), 1.0), n) if n else (p, p)
+        ax.errorbar([t], [p], yerr=[[p - lo], [hi - p]], fmt="o", capsize=4, label=f"{lab}: {p:.3f} (n={n})")
+    ax.plot([r[1] for r in rows], [r[2][0] for r in rows], color="0.6", lw=1, zorder=0)
+    ax.set_xlabel("wall time of the run (min)")
+    ax.set_ylabel(f"{key.split('/')[-1]} (greedy pass^1), 95% Wilson")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title or "base -> SFT -> GRPO")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=120)
+    plt.close(fig)
+    return out_path

@@ -117,13 +117,26 @@ def _minutes(seconds: float) -> str:
 EVAL_CHUNK = 64
 
 
+def _tool_calls(messages: list) -> list[dict]:
+    """``{"name", "arguments"}`` of every assistant tool call in ``messages`` (OpenAI format), in order."""
+    out = []
+    for m in messages:
+        if isinstance(m, dict) and m.get("role") == "assistant":
+            for c in m.get("tool_calls") or []:
+                f = c.get("function", c) if isinstance(c, dict) else {}
+                if isinstance(f, dict):
+                    out.append({"name": f.get("name"), "arguments": f.get("arguments")})
+    return out
+
+
 def eval_episode_rows(td, mode: str, n_samples: int, transcript: bool) -> list[dict]:
     """One JSON-ready row per episode of a collector batch ``td`` ([N] with N = tasks x ``n_samples``, task-major;
     :mod:`torchrl_grpo.rollout.collector`): ``mode`` ("greedy" | "sampled"), ``task`` (the reset options), ``task_id`` (the
     env's ``info["task_id"]`` when it reports one), ``sample`` (0 .. n_samples - 1), ``reward``, ``num_turns``,
     ``response_tokens``, ``action_errors``, ``termination_reason``, ``length_truncated``, ``context_truncated``,
-    ``infra_error``; with ``transcript`` also ``messages``: the conversation without its system messages (the
-    domain policy, the same in every episode)."""
+    ``infra_error``, ``tool_calls`` (the episode's calls in order, ``{"name", "arguments"}`` as the agent wrote them;
+    ``[]`` for an env without tools); with ``transcript`` also ``messages``: the conversation without its system
+    messages (the domain policy, the same in every episode)."""
     from torchrl_grpo.rollout.episode_stats import non_tensor_list
 
     tasks, infos = non_tensor_list(td, "task"), non_tensor_list(td, "info")
@@ -135,7 +148,8 @@ def eval_episode_rows(td, mode: str, n_samples: int, transcript: bool) -> list[d
                "response_tokens": int(td["response_tokens"][i]), "action_errors": int(td["action_errors"][i]),
                "termination_reason": info.get("termination_reason"),
                "length_truncated": bool(td["length_truncated"][i]), "context_truncated": bool(td["context_truncated"][i]),
-               "infra_error": bool(td["infra_error"][i])}
+               "infra_error": bool(td["infra_error"][i]),
+               "tool_calls": _tool_calls(info.get("messages") or [])}
         if transcript:
             row["messages"] = [m for m in info.get("messages") or [] if not (isinstance(m, dict) and m.get("role") == "system")]
         rows.append(row)
