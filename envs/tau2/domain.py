@@ -8,7 +8,8 @@ and argument models, and builds per episode
 - a fresh tau2 ``Environment`` (the registry constructor, given a copy-on-write database copy)
   in the task's initial state (``Environment.set_state`` as tau2's orchestrator does), and
 - the gold reference of a task (the gold actions replayed on a fresh environment the way tau2's
-  ``EnvironmentEvaluator`` does), cached per task as a small database delta.
+  ``EnvironmentEvaluator`` does), cached per task object as a small database delta (not per task id: a task
+  file may reuse a registry task's id for another task).
 
 Tool calls go through :meth:`Tau2Domain.execute`: argument validation against the tool's own
 pydantic parameter model (strict, unknown keys rejected) *before* tau2 runs anything, so a
@@ -31,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import weakref
 from copy import deepcopy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
@@ -152,8 +154,8 @@ class Tau2Domain:
         self.user_tool_objects = user_tools  # tau2 Tool objects, for tau2's UserSimulator
         self._stop_schema = _stop_tool_schema()
         self._policies: dict[bool, str] = {False: base.get_policy()}
-        self._gold: dict[str, GoldReference] = {}
-        self._lock = threading.Lock()
+        self._gold: dict[int, GoldReference] = {}  # id(task) -> its reference (see gold())
+        self._lock = threading.RLock()  # re-entrant: a finalizer of _remember may run while it holds it
 
     # -- prompt and tools --------------------------------------------------------------------
     def policy(self, solo: bool) -> str:
@@ -290,24 +292,70 @@ class Tau2Domain:
                 pass
         return ep.env
 
+    def _reference(self, env: "Environment") -> GoldReference:
+        agent_db = env.tools.db
+        user_db = env.user_tools.db if env.user_tools is not None else None
+        agent_delta = self.agent_snapshot.delta(agent_db)
+        user_delta = self.user_snapshot.delta(user_db) if self.user_snapshot is not None else None
+        return GoldReference(
+            agent_delta=agent_delta,
+            user_delta=user_delta,
+            agent_hash=db_hash(agent_db) if agent_delta is None else None,
+            user_hash=db_hash(user_db) if user_delta is None else None,
+        )
+
+    def _remember(self, task: "Task", ref: GoldReference) -> None:
+        key = id(task)
+        with self._lock:
+            if key in self._gold:
+                return
+            try:  # the entry goes with the task object, so its id() is never reused while the entry exists
+                weakref.finalize(task, self._forget, key)
+            except TypeError:  # an object without weak references: not kept (built again when asked)
+                return
+            self._gold[key] = ref
+
+    def _forget(self, key: int) -> None:
+        with self._lock:
+            self._gold.pop(key, None)
+
     def gold(self, task: "Task") -> GoldReference:
-        """The gold database reference of ``task`` (built once per task per process)."""
-        ref = self._gold.get(task.id)
+        """The gold database reference of ``task``, built once per task object per process.
+
+        Kept per task *object* (while it lives), not per task id: two task sets may hold different tasks under one
+        id (a task file's ``create_task_1`` and tau2 mock's), and each must be graded by its own gold actions.
+        """
+        ref = self._gold.get(id(task))
         if ref is None:
-            env = self._build_gold(task)
-            agent_db = env.tools.db
-            user_db = env.user_tools.db if env.user_tools is not None else None
-            agent_delta = self.agent_snapshot.delta(agent_db)
-            user_delta = self.user_snapshot.delta(user_db) if self.user_snapshot is not None else None
-            ref = GoldReference(
-                agent_delta=agent_delta,
-                user_delta=user_delta,
-                agent_hash=db_hash(agent_db) if agent_delta is None else None,
-                user_hash=db_hash(user_db) if user_delta is None else None,
-            )
-            with self._lock:
-                self._gold[task.id] = ref
+            ref = self._reference(self._build_gold(task))
+            self._remember(task, ref)
         return ref
+
+    def check_gold(self, task: "Task") -> list[tuple[str, str]]:
+        """Build ``task``'s gold reference (kept, as :meth:`gold` keeps it) and run each of its env assertions on
+        the gold end state, as the reward runs them on an episode's end state.
+
+        Returns:
+            ``(field, text)`` per problem: the initial state cannot be set (``"initial_state"``: tau2 would raise
+            at every reset), an env assertion raises or returns no bool
+            (``"evaluation_criteria.env_assertions[k]"``: the reward would read it as unmet). ``[]`` when none.
+            Gold actions that fail are not problems: tau2 ignores their errors (23 of retail's tasks have one).
+        """
+        try:
+            env = self._build_gold(task)
+        except Exception as e:  # whatever tau2's set_state raises on this task's data
+            return [("initial_state", f"cannot be set on a fresh environment ({_short(e)})")]
+        self._remember(task, self._reference(env))
+        out = []
+        criteria = task.evaluation_criteria
+        for k, assertion in enumerate((criteria.env_assertions or []) if criteria is not None else []):
+            try:
+                env.run_env_assertion(assertion, raise_assertion_error=False)
+            except Exception as e:
+                out.append((f"evaluation_criteria.env_assertions[{k}]",
+                            f"{assertion.func_name!r} ({assertion.env_type} tools) cannot run on the gold end state "
+                            f"({_short(e)})"))
+        return out
 
     def db_matches_gold(self, env: "Environment", task: "Task") -> bool:
         """tau2's DB check: agent and user database hashes equal the gold environment's."""
@@ -336,6 +384,11 @@ class Tau2Domain:
                 ghash = db_hash(getattr(gold_env, attr).db)
             results.append(db_hash(live) == ghash)
         return all(results)
+
+
+def _short(e: BaseException, limit: int = 300) -> str:
+    text = f"{type(e).__name__}: {e}"
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _set_initial_state(env: "Environment", task: "Task") -> None:

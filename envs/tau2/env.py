@@ -6,6 +6,7 @@ contract shared by all envs of this package is :mod:`envs.contract`.
 """
 from __future__ import annotations
 
+import os
 import time
 import uuid
 import warnings
@@ -21,6 +22,7 @@ from .actions import TOOL_CALL_FORMAT_HINT, ParsedAction, ToolCallRequest, parse
 from .domain import STOP_TOKEN, STOP_TOOL, TRANSFER_TOOL, Tau2Domain, get_domain
 from .logs import set_tau2_logging, tau2_logging_default
 from .messages import openai_tool_call, openai_tool_message, tau2_to_openai
+from .task_file import load_task_file
 from .tasks import DEFAULT_SPLIT, load_tasks
 
 __all__ = ["Tau2Env", "USER_KINDS", "REWARD_KINDS", "DO_NOTHING_ACTION", "MAX_TOOL_CALLS_PER_ACTION",
@@ -100,9 +102,10 @@ class Tau2Env(gym.Env):
 
     ``reset(options={"task_id": id})`` or ``{"index": i}`` picks a task of the split; without
     options one is drawn from ``self.np_random`` (reproducible with ``seed``). ``num_tasks`` and
-    ``task_ids`` (tau2's ids, index order) list the split; :meth:`usable_task_indices` drops the
-    tasks this env cannot play as configured (solo mode: tasks whose history has customer turns;
-    ``reset`` raises ``ValueError`` on them). ``do_nothing_action`` (a ``done`` call,
+    ``task_ids`` (tau2's ids, index order) list the split (or the ``tasks_path`` file, in file order);
+    :meth:`usable_task_indices` drops the tasks this env cannot play as configured (solo mode: tasks
+    without a ticket or whose history has customer turns; ``reset`` raises ``ValueError`` on them; a
+    tasks file holding one is refused at construction instead). ``do_nothing_action`` (a ``done`` call,
     :data:`DO_NOTHING_ACTION`) ends an episode at once: the reward floor a policy must beat
     (~0.38 on airline base: some tasks need no change). If the customer ends the conversation
     (or fails) during reset, the episode ends on the first step, whatever the action.
@@ -128,7 +131,12 @@ class Tau2Env(gym.Env):
     Args:
         domain: ``"airline"``, ``"retail"``, ``"telecom"`` or ``"mock"`` (set by the registered
             ids ``tau2/<domain>-v0``).
-        split: a split tau2 defines for the domain (:mod:`envs.tau2.tasks`), default ``"base"``.
+        split: a split tau2 defines for the domain (:mod:`envs.tau2.tasks`), default ``"base"``; ignored when
+            ``tasks_path`` is given.
+        tasks_path: a file of tasks to serve instead of a split: a JSON list or JSON lines of tasks in tau2's own
+            ``Task`` schema (:mod:`envs.tau2.task_file`: format, checks, caching). The env serves exactly the file's
+            tasks in file order; ``split`` (and ``info["split"]``) is then ``"file:<file name>"``, ``tasks_path``
+            the file's real path. ``None`` / ``""``: the split.
         user: ``"solo"`` (no customer; telecom and mock only; telecom's default),
             ``"scripted"`` (:class:`envs.tau2.users.ScriptedUser`; default elsewhere), ``"llm"``
             (tau2's ``UserSimulator`` via litellm), ``"callable"`` (with ``user_fn``), or a
@@ -157,7 +165,10 @@ class Tau2Env(gym.Env):
     Raises:
         ValueError: unknown domain, split, user kind, reward kind or evaluator; solo mode for a
             domain without it; ``user="llm"`` without ``user_llm``; ``user="callable"`` without
-            ``user_fn``; ``max_steps < 1``; ``max_tool_calls_per_action`` or ``max_tool_result_chars`` < 1.
+            ``user_fn``; ``max_steps < 1``; ``max_tool_calls_per_action`` or ``max_tool_result_chars`` < 1; a tasks
+            file that cannot be served (:class:`envs.tau2.task_file.TaskFileError`, naming the file, task and
+            field; :class:`~envs.tau2.task_file.TaskFileNotFoundError` when it does not exist) or holding a task
+            this configuration cannot play (solo mode: no ``ticket``, customer turns in its history).
 
     ## Where we diverge from tau2, and why
 
@@ -252,6 +263,7 @@ class Tau2Env(gym.Env):
         render_mode: str | None = None,
         max_tool_calls_per_action: int = MAX_TOOL_CALLS_PER_ACTION,
         max_tool_result_chars: int = MAX_TOOL_RESULT_CHARS,
+        tasks_path: str | os.PathLike | None = None,
     ):
         set_tau2_logging(tau2_logging_default() if tau2_logging is None else bool(tau2_logging))
         if callable(user):
@@ -280,8 +292,10 @@ class Tau2Env(gym.Env):
             raise ValueError(f"max_tool_result_chars must be an int >= 1, got {max_tool_result_chars!r}")
 
         self.domain_name = domain
-        self.split = split
-        self.tasks = load_tasks(domain, split)  # validates domain and split
+        # validates domain and split, or the file (envs.tau2.task_file: a bad file fails here, naming task and field)
+        self.tasks = load_task_file(domain, tasks_path) if tasks_path else load_tasks(domain, split)
+        self.split = self.tasks.split
+        self.tasks_path = getattr(self.tasks, "path", None)
         self.domain: Tau2Domain = get_domain(domain)
         self.solo = user == "solo"
         if self.solo:
@@ -300,6 +314,8 @@ class Tau2Env(gym.Env):
         self.render_mode = render_mode
         self.max_tool_calls_per_action = int(max_tool_calls_per_action)
         self.max_tool_result_chars = int(max_tool_result_chars)
+        if self.tasks_path is not None:
+            self._check_file_tasks_playable()
 
         self.tools = self.domain.tool_schemas(self.solo)
         self._tool_names = self.domain.agent_tool_set(self.solo)
@@ -326,16 +342,37 @@ class Tau2Env(gym.Env):
     def _unplayable(self, task) -> str | None:
         """Why this env, as configured, cannot play ``task`` (``None`` if it can).
 
-        The one case: in solo mode there is no customer, so a task whose prior history has
-        customer turns cannot be continued (``reset`` raises ``ValueError`` with this text).
+        Solo mode only: there is no customer, so a task without a ticket has nothing to work from, and a task whose
+        prior history has customer turns cannot be continued (``reset`` raises ``ValueError`` with this text).
         """
-        if not self.solo or task.initial_state is None or not task.initial_state.message_history:
+        if not self.solo:
+            return None
+        if not task.ticket:
+            return f"tau2 task {task.id!r} of {self.domain_name!r} has no ticket; it cannot run in solo mode"
+        if task.initial_state is None or not task.initial_state.message_history:
             return None
         from tau2.data_model.message import UserMessage
 
         if any(isinstance(m, UserMessage) for m in task.initial_state.message_history):
             return f"tau2 task {task.id!r} has customer messages in its history; it cannot run in solo mode"
         return None
+
+    def _check_file_tasks_playable(self) -> None:
+        """A task file's tasks must all be playable as configured (none is dropped silently, unlike a registry
+        split's in :meth:`usable_task_indices`).
+
+        Raises:
+            ValueError: naming the file, each task (id and index, up to 10) and why (no ``ticket`` / customer turns in
+                ``initial_state.message_history`` in solo mode).
+        """
+        bad = [(i, why) for i, t in enumerate(self.tasks.tasks) if (why := self._unplayable(t)) is not None]
+        if bad:
+            shown = "\n  ".join(f"task #{i}: {why}" for i, why in bad[:10])
+            more = f"\n  ... and {len(bad) - 10} more" if len(bad) > 10 else ""
+            raise ValueError(f"tau2 task file {self.tasks_path} (domain {self.domain_name!r}, user={self.user_kind!r}):"
+                             f" {len(bad)} of {len(self.tasks)} tasks cannot be played:\n  {shown}{more}\n"
+                             "(solo mode needs each task's 'ticket' and no customer turns in "
+                             "'initial_state.message_history'; or use user='scripted' / 'llm' / a user_fn)")
 
     def usable_task_indices(self, limit: int | None = None) -> list[int]:
         """The first ``limit`` (``None``: all) task indices this env can play as configured, ascending.
