@@ -6,6 +6,8 @@ Every env family calls these on entry to ``step`` (issue 25: nothing a model emi
   escape can produce one) cannot be encoded as UTF-8, so a conversation holding one can never be sent back (the
   server answered HTTP 500 until reset). Lone surrogates become U+FFFD (the Unicode replacement character); a
   surrogate *pair* written as two code points becomes the one character it encodes.
+- :func:`json_shape` / :func:`json_depth`: the one JSON scanner of the project, the server's (model text) and the
+  client's (a server's reply, :mod:`envs.adapters.remote_env`) alike.
 - :func:`loads_bounded`: ``json.loads`` recurses once per nesting level, so ~1,000 levels (a 2 KB string) raise
   ``RecursionError``; and whatever walks the decoded value afterwards (``json.dumps``, pydantic) recurses again. The
   nesting depth is measured on the text *before* decoding (vectorised, linear time) and a value nested deeper than
@@ -23,16 +25,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_INT_BITS", "MAX_JSON_DEPTH", "UnusableJSON", "clean_text", "clean_value", "json_depth", "loads_bounded"]
+__all__ = ["MAX_INT_BITS", "MAX_JSON_DEPTH", "UnusableJSON", "clean_text", "clean_value", "json_depth", "json_shape",
+           "loads_bounded"]
 
 #: Deepest nesting of lists/objects accepted in a tool call (the call object itself counts as one level). tau2's
 #: tool arguments nest at most 3 levels; ``json.loads`` fails near 1,000.
 MAX_JSON_DEPTH = 64
 
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
-# A JSON string literal, also one left open at the end of the text (so that every match attempt succeeds and the
-# scan stays linear on adversarial text such as '"\\"\\"\\"...').
-_JSON_STRING_RE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
 _OPEN = np.zeros(256, dtype=np.int8)
 _OPEN[[ord("["), ord("{")]] = 1
 _OPEN[[ord("]"), ord("}")]] = -1
@@ -93,14 +93,38 @@ def _clean(value: Any, max_depth: int, depth: int) -> Any:
     return value
 
 
-def json_depth(text: str) -> int:
-    """Upper bound on the nesting depth ``json.loads(text)`` would reach: the largest count of ``[``/``{`` not yet
-    closed, outside string literals (exact for valid JSON). Linear time; no recursion."""
+def json_shape(text: str) -> tuple[int, int]:
+    """``(depth, containers)`` of a JSON text, read without decoding it: ``depth`` the largest count of ``[``/``{``
+    not yet closed and ``containers`` the number of ``[``/``{``, both outside string literals (exact for valid
+    JSON: the nesting ``json.loads`` reaches and the arrays + objects it builds; an upper bound on what it reaches
+    before it fails on invalid JSON). A string left open at the end of the text runs to the end, as ``json.loads``
+    reads it. Linear time, no regular expression and no recursion (two ``bytes.replace`` and numpy); transient
+    memory at most ~10 bytes per byte of UTF-8 (a text of brackets only).
+
+    Args:
+        text: any ``str`` (lone surrogates included).
+
+    Returns:
+        ``(depth, containers)``, two ``int`` >= 0.
+    """
     if text.count("[") + text.count("{") == 0:
-        return 0
-    outside = _JSON_STRING_RE.sub("", text)
-    steps = _OPEN[np.frombuffer(outside.encode("utf-8", "surrogatepass"), dtype=np.uint8)]
-    return int(np.cumsum(steps, dtype=np.int64).max(initial=0))
+        return 0, 0
+    # Escapes first, with bytes.replace (C, left to right): a run of backslashes pairs up from its start, as JSON
+    # reads it inside a string (outside one a backslash is an error where json.loads stops), then a backslash left
+    # before a quote escapes it. What is left has no escaped quote: each quote opens or closes a string.
+    raw = text.encode("utf-8", "surrogatepass").replace(b"\\\\", b"").replace(b'\\"', b"")
+    codes = np.frombuffer(raw, dtype=np.uint8)
+    inside = np.bitwise_xor.accumulate(codes == ord('"'))  # True from an opening quote to its closing one
+    steps = _OPEN[codes]
+    marks = steps[(steps != 0) & ~inside]  # the brackets outside strings, in order
+    depth = int(np.cumsum(marks, dtype=np.int64 if marks.size >= 1 << 31 else np.int32).max(initial=0))
+    return depth, int(np.count_nonzero(marks > 0))
+
+
+def json_depth(text: str) -> int:
+    """Upper bound on the nesting depth ``json.loads(text)`` would reach (exact for valid JSON): ``json_shape(text)[0]``
+    (:func:`json_shape`). Linear time; no recursion."""
+    return json_shape(text)[0]
 
 
 def loads_bounded(text: str, max_depth: int = MAX_JSON_DEPTH) -> Any:

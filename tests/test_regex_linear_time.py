@@ -29,7 +29,8 @@ editing the shapes:
    size runs first, so a cubic pattern fails in seconds instead of hanging for hours.
 4. **Call sites**: the same shapes through the functions that apply the patterns (GSM8K's :func:`extract_answer`
    and :func:`has_final_answer_format`, tau2's :func:`parse_action`, :func:`json_depth`, the scripted customer,
-   ReasoningGym's extraction and guard), at their windows, where hand scanners replace patterns.
+   ReasoningGym's extraction and guard, the remote client's reply check), at their windows, where hand scanners
+   replace patterns.
 
 Inventory (``grep -rn "re\\." envs torchrl_grpo``, 2026-11-26), windows = how much model text a pattern can see:
 
@@ -43,7 +44,9 @@ envs/gsm8k/grading.py                  _NUMBER_RE _HASH_RE _BOXED_RE _BRACE_RE  
 envs/tau2/actions.py                   _THINK_RE _TOOL_CALL_RE _NAME_RE             the whole action: 1 MiB, the
                                        _FUNCTIONAL_RE (the code fence is read by    server's body cap
                                        a scanner, not a regex)
-envs/action_text.py                    _SURROGATE_RE _JSON_STRING_RE                the whole action (1 MiB)
+envs/action_text.py                    _SURROGATE_RE (JSON string literals are      the whole action (1 MiB); a
+                                       read by a scanner, not a regex, since        server's reply for the remote
+                                       issue 49: :func:`json_shape`)                client: 8 MiB
 envs/tau2/users.py                     _CLOSING_RE _CONFIRM_RE                      READ_CHARS (4,000)
 envs/reasoning_gym/grading.py          _NUMBER _DIGIT_RUN (the answer tag and the   MAX_TEXT_CHARS (4,096)
                                        power guards are scanners since 2d47f0a)
@@ -123,11 +126,6 @@ NOT_MODEL_TEXT: dict[tuple[str, str], str] = {
     ("envs/tau2/users.py", "p"): "_PRONOUN_RES: tau2's task instructions (first_person)",
     ("envs/adapters/trl_env.py", "'\\\\s+'"): "_one_line: tool schema descriptions",
     ("envs/adapters/trl_env.py", "parts"): "an env id",
-    ("envs/adapters/remote_env.py", "_JSON_STRING"): "a remote server's reply (capped at ClientBounds.max_reply_bytes), "
-                                                     "not model text; an unrolled loop, linear: 0.28-0.46 s on 8 MiB of "
-                                                     "quotes, backslashes, unterminated escapes",
-    ("envs/adapters/remote_env.py", "_NOT_BRACKET"): "a remote server's reply with its strings removed; one negated "
-                                                     "class: 0.02-0.18 s on 8 MiB",
     ("torchrl_grpo/config/allocation_mode.py", "_TERM"): "the allocation_mode config string",
     ("torchrl_grpo/config/allocation_mode.py", "'([dtp])(\\\\d+)'"): "the allocation_mode config string",
     ("torchrl_grpo/training/checkpoint.py", "_STEP_RE"): "checkpoint directory names",
@@ -441,6 +439,37 @@ def test_scripted_customer_reply_at_any_length():
     user = ScriptedUser("You are Raj. Your user id is raj_1.")
     for s in _call_site_shapes(4 * USER_WINDOW, ("envs.tau2.users",)):
         _timed(lambda t: user.reply(t, 1), s, BOUND_S)
+
+
+#: A remote server's reply, as large as a client accepts (``ClientBounds.max_reply_bytes``).
+REPLY_WINDOW = 8 << 20
+
+
+#: The client's string-literal pattern that :func:`envs.action_text.json_shape` replaced (quadratic on ``"`` +
+#: ``\\"`` * n: each quote rescans to the end when the string is never closed). Its shapes drive the call site below.
+_OLD_CLIENT_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+
+
+def test_remote_client_reply_check_at_its_window():
+    """The client's JSON shape check (:func:`envs.adapters.remote_env.check_json_shape`) reads a reply with
+    :func:`envs.action_text.json_shape`, the server's scanner (issue 49: the client's own copy of a string pattern
+    was listed here as "not model text" and so never timed; it took 2.9 s on 16 KB of ``"`` + ``\\"`` * n). Every
+    shape of that pattern at 1/128 of the window (``(token + char) * k`` is the issue's input), then the issue's
+    input and the runs of quotes, backslashes and escapes at the whole window, behind a bracket (so that the
+    scanner runs)."""
+    from envs.adapters.remote_env import RemoteBoundError, check_json_shape
+
+    def check(text: str) -> None:
+        try:
+            check_json_shape(text, 64, 100_000)
+        except RemoteBoundError:
+            pass
+
+    for s in shapes(_OLD_CLIENT_STRING, REPLY_WINDOW // 128):
+        _timed(check, "[" + s, BOUND_S)
+    for s in ('"' + '\\"' * (REPLY_WINDOW // 2), '"' + "\\" * REPLY_WINDOW, '"' * REPLY_WINDOW,
+              '{"a": "' + "\\u" * (REPLY_WINDOW // 2), '"' + '\\\\\\"' * (REPLY_WINDOW // 4)):
+        _timed(check, "[" + s, 2 * BOUND_LARGE_S)
 
 
 def test_reasoning_gym_call_sites_at_the_window():

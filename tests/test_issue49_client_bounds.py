@@ -1,0 +1,154 @@
+"""The client's bounds count what they must bound (issue 49, holes 1 and 2).
+
+1. The client's JSON shape check (:func:`envs.adapters.remote_env.check_json_shape`) reads a reply with the server's
+   scanner (:func:`envs.action_text.json_shape`), linear in the reply: a second copy of the string pattern in the
+   client, without the server's "an unclosed string ends at the end of the text" branch, rescanned to the end at
+   every quote of ``"`` + ``\\"`` * n (16 KB 2.9 s, 32 KB 12.4 s; ``RemoteEnv.reset(timeout_s=5)`` against a
+   server sending 64 KB of it froze the whole client process, GIL held).
+2. The TRL adapter's tool schemas are bounded on the size of the text they expand to (``max_schema_bytes``) as well
+   as on their nodes (``max_schema_nodes``): a ``$ref`` reuses one object, so a 2 MiB string inside a
+   self-referencing ``$defs`` costs one node per copy but 2 MiB per copy once serialised into the method's
+   docstring (2 MiB peaked at 1.07 GB, 6 MiB hit MemoryError at 3 GiB).
+
+The hostile servers and the victim process (an address-space limit, a wall-clock timeout, its peak RSS) are those of
+``tests/test_remote_client_bounds.py``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("websockets")
+
+from envs.action_text import json_depth  # noqa: E402
+from envs.adapters.remote_env import RemoteBoundError, check_json_shape  # noqa: E402
+from tests.test_remote_client_bounds import (_VICTIM, REPO, VICTIM_AS_BYTES, hostile_server)
+
+#: One shape check of a reply up to 1 MiB: linear code takes ~10 ms on an idle core, the quadratic copy took 2.9 s
+#: at 16 KB (and 4x that per doubling).
+BOUND_S = 0.5
+#: The same at the largest reply a client accepts (``max_reply_bytes``, 8 MiB).
+BOUND_MAX_REPLY_S = 3.0
+
+
+def _escaped_quotes(n: int) -> str:
+    """``"`` followed by ``\\"`` repeated, never closed: about ``n`` characters."""
+    return '"' + '\\"' * (n // 2)
+
+
+def _victim(action: str, timeout_s: float) -> dict:
+    """``action`` in a fresh interpreter under :data:`VICTIM_AS_BYTES`; fails the test if it runs past
+    ``timeout_s`` (the client froze)."""
+    try:
+        p = subprocess.run([sys.executable, "-c", _VICTIM.format(limit=VICTIM_AS_BYTES, action=action)], cwd=REPO,
+                           env={**os.environ, "MALLOC_ARENA_MAX": "2", "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+                           capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the client was still working after {timeout_s} s (unbounded)")
+    lines = [x for x in p.stdout.splitlines() if x.startswith("VICTIM ")]
+    assert lines, f"the victim died (rc {p.returncode}): {p.stderr[-2000:]}"
+    return json.loads(lines[-1][len("VICTIM "):])
+
+
+# ------------------------------------------------------------------------------- 1. one linear JSON scanner
+@pytest.mark.parametrize("head", ["", "[" * 100, '{"type": "observation", "data": ', "]" * 3])
+def test_the_reply_check_is_linear_on_an_unclosed_run_of_escaped_quotes(head):
+    """4 KB, 16 KB, 64 KB, 1 MiB (small first, so that quadratic code fails in seconds), then 8 MiB."""
+    for n, bound in ((4 << 10, BOUND_S), (16 << 10, BOUND_S), (64 << 10, BOUND_S), (1 << 20, BOUND_S),
+                     (8 << 20, BOUND_MAX_REPLY_S)):
+        text = head + _escaped_quotes(n - len(head))
+        t0 = time.perf_counter()
+        try:
+            check_json_shape(text, max_depth=64, max_containers=100_000)
+        except RemoteBoundError as e:  # "[" * 100 before it: too deep, and said so
+            assert head == "[" * 100 and e.bound == "max_json_depth", e
+        dt = time.perf_counter() - t0
+        assert dt < bound, f"check_json_shape took {dt:.3f} s on {len(text)} characters ({text[:16]!r}...)"
+
+
+def test_reset_returns_within_its_timeout_against_that_reply():
+    """A server answering ``reset`` with 64 KB of ``"\\"\\"...``: ``RemoteEnv(url, timeout_s=5).reset()`` raises
+    ``RemoteEnvError`` (``BAD_REPLY``: not JSON) within its 5 s (it used to freeze the process for minutes)."""
+    with hostile_server(_escaped_quotes(64 << 10)) as (url, _):
+        out = _victim(f"RemoteEnv({url!r}, timeout_s=5).reset()", timeout_s=30)
+    assert out["raised"] == "RemoteEnvError" and "BAD_REPLY" in out["message"], out
+    assert out["seconds"] < 5, out
+
+
+def _random_json_like(rng: random.Random) -> str:
+    alphabet = ["[", "]", "{", "}", '"', "\\", '\\"', "a", ",", ":", " ", '"x"', "[[", "\\\\", "\u00e9", "\ud800"]
+    return "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+
+
+def _as_json_reads_it(text: str) -> tuple[int, int, bool]:
+    """``(depth, containers, whole)``: the nesting and the ``[``/``{`` of ``text`` read one character at a time as
+    JSON's grammar delimits strings, up to the first backslash outside a string (where ``json.loads`` fails;
+    ``whole`` is False then)."""
+    depth = deepest = containers = 0
+    inside = escaped = False
+    for c in text:
+        if inside:
+            escaped, inside = (False, True) if escaped else (c == "\\", c != '"')
+        elif c == '"':
+            inside = True
+        elif c == "\\":
+            return deepest, containers, False
+        elif c in "[{":
+            depth, containers = depth + 1, containers + 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth -= 1
+    return deepest, containers, True
+
+
+def test_client_and_server_read_nesting_as_json_does():
+    """One scanner (:func:`json_shape`, the server's :func:`json_depth` too) reads random bracket / quote /
+    backslash texts as JSON's grammar does: exactly where a backslash sits only inside strings, and never less than
+    the prefix ``json.loads`` can read otherwise; the client refuses a reply on exactly what it reads."""
+    from envs.action_text import json_shape
+
+    rng = random.Random(49)
+    whole_texts = 0
+    for _ in range(20_000):
+        text = _random_json_like(rng)
+        depth, containers = json_shape(text)
+        assert depth == json_depth(text), text
+        ref_depth, ref_containers, whole = _as_json_reads_it(text)
+        whole_texts += whole
+        if whole:
+            assert (depth, containers) == (ref_depth, ref_containers), text
+        else:
+            assert depth >= ref_depth and containers >= ref_containers, text
+        for max_depth, max_containers, bound in ((3, 1_000, "max_json_depth"), (1_000, 2, "max_json_containers")):
+            try:
+                check_json_shape(text, max_depth=max_depth, max_containers=max_containers)
+                refused = None
+            except RemoteBoundError as e:
+                refused = e.bound
+            over = depth > max_depth if bound == "max_json_depth" else containers > max_containers
+            assert refused == (bound if over else None), (text, depth, containers)
+    assert whole_texts > 2_000
+
+
+@pytest.mark.parametrize("value", [{"a": "[[[[\\\"{{", "b": ["\\", "]]]]", {"c": [[]]}]}, [[[[]]], {}], "x", 1, [],
+                                   {"k\"[": "}\\"}])
+def test_json_shape_of_valid_json(value):
+    """On valid JSON: the nesting ``json.loads`` reaches and the number of arrays + objects it builds."""
+    from envs.action_text import json_shape
+
+    def depth(v):
+        return 1 + max(map(depth, v.values() if isinstance(v, dict) else v), default=0) \
+            if isinstance(v, (dict, list)) else 0
+
+    def containers(v):
+        if not isinstance(v, (dict, list)):
+            return 0
+        return 1 + sum(map(containers, v.values() if isinstance(v, dict) else v))
+
+    assert json_shape(json.dumps(value)) == (depth(value), containers(value))
