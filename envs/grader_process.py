@@ -403,6 +403,7 @@ class GraderPool:
             try:
                 status, value = future.result()
             except concurrent.futures.TimeoutError:
+                self._remove_dead_dirs()  # pebble is stopping this one: removed at a later call's failure
                 if attempt == 0:
                     with self._lock:
                         self.counts["wall_retries"] += 1
@@ -410,6 +411,7 @@ class GraderPool:
                 return None, self._failed("grader_timeout", f"the grader ran past {wall_s:g} s of wall-clock "
                                                             f"time twice; scored 0")
             except pebble.ProcessExpired as e:
+                self._remove_dead_dirs(e.pid)
                 return None, self._expired(e.exitcode, cpu_s, prepare is not None)
             except Exception as e:  # noqa: BLE001 -- the pool itself failed (e.g. an unpicklable result)
                 return None, self._failed("grader_error", f"{type(e).__name__}: {e}"[:500])
@@ -435,6 +437,26 @@ class GraderPool:
             self.counts[kind] += 1
         return GraderFailure(kind, message)
 
+    def _remove_dead_dirs(self, dead: int | None = None) -> None:
+        """Remove the private directory (``worker-<pid>-*``) of the worker ``dead`` (pebble reported it ended) and of
+        every other worker of this pool that is dead: neither a live worker nor a live process. A pid reused meanwhile
+        keeps its old directory until :meth:`close`."""
+        root = self._root
+        if root is None or self._pid != os.getpid():
+            return
+        live = set(self.worker_pids())
+        try:
+            names = os.listdir(root)
+        except OSError:
+            return
+        for name in names:
+            parts = name.split("-")
+            if len(parts) < 3 or parts[0] != "worker" or not parts[1].isdigit():
+                continue
+            pid = int(parts[1])
+            if pid == dead or (pid not in live and not _alive(pid)):
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
     def worker_pids(self) -> list[int]:
         """The pids of the live workers (empty before the first call and after :meth:`close`)."""
         pool = self._pool
@@ -454,6 +476,17 @@ class GraderPool:
             pool.join()
         if root is not None:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (``/proc/<pid>/stat``)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):
+        return True  # unreadable: assume alive (its directory stays until close)
 
 
 def _close_if_alive(ref: "weakref.ref[GraderPool]") -> None:

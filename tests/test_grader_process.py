@@ -75,6 +75,12 @@ def _write_relative(name):  # what a codeio snippet did: a file in the working d
     return os.path.abspath(name)
 
 
+def _write_then_bomb(nbytes):  # a bomb that first leaves a file in its worker's directory
+    with open("left-behind.bin", "wb") as f:
+        f.write(b"x" * nbytes)
+    return _c_level_bomb()
+
+
 def _worker_setup():  # run by a pool given this module in `modules`: a setup that fails
     raise RuntimeError("setup failed")
 
@@ -215,6 +221,21 @@ def test_workers_run_in_a_private_directory_removed_at_close(pool, tmp_path, mon
     pool.close()
     assert not private.parent.exists()
     assert pool.call(_add_one, 1) == (2, None)  # a new pool, a new directory
+
+
+def test_a_killed_workers_directory_is_removed_when_it_is_replaced(pool):
+    """Issue 49: each worker a bomb got killed left its private directory and what its grader wrote there until the
+    pool closed (6 bombs: 6 directories, 6 MiB, growing for a server's life). Now only live workers' remain."""
+    assert pool.call(_add_one, 1) == (2, None)
+    root = Path(pool._root)
+    for _ in range(4):
+        _, failure = pool.call(_write_then_bomb, 1 << 20)
+        assert failure is not None and failure.kind == "grader_timeout", failure
+    assert pool.call(_add_one, 1) == (2, None)
+    live = set(pool.worker_pids())
+    dirs = sorted(p.name for p in root.iterdir())
+    assert len(dirs) <= pool.workers and {int(d.split("-")[1]) for d in dirs} <= live, (dirs, live)
+    assert not list(root.rglob("left-behind.bin"))
 
 
 def test_a_forked_child_does_not_use_its_parents_pool(pool):
