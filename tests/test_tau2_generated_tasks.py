@@ -151,3 +151,22 @@ def test_malformed_model_text_on_generated_tasks_is_an_error_observation():
         assert obs and obs[0]["role"] == "tool" and obs[0]["content"].startswith("Error"), (text[:40], obs)
     _, reward, term, _, info = env.step(env.unwrapped.do_nothing_action)
     assert term and reward == 0.0  # nothing reached the database
+
+
+def test_solo_ticket_user_shares_the_system_prompt_and_keeps_every_reward():
+    apart, inside = _env("generated_test", solo_ticket="user"), _env("generated_test")
+    systems = set()
+    for i in range(0, 200, 7):
+        obs, _ = apart.reset(options={"index": i})
+        ref, _ = inside.reset(options={"index": i})
+        assert [m["role"] for m in obs] == ["system", "user"] and [m["role"] for m in ref] == ["system"]
+        ticket = apart.unwrapped.tasks[i].ticket
+        assert ticket in obs[1]["content"] and ticket not in obs[0]["content"] and ticket in ref[0]["content"]
+        assert ref[0]["content"].startswith(obs[0]["content"])  # tau2's prompt up to its <ticket> block
+        systems.add(obs[0]["content"])
+        gold = apart.unwrapped.demonstration({"index": i})
+        assert _play(apart, i, gold)[0] == _play(inside, i, gold)[0] == 1.0
+        assert _play(apart, i, [apart.unwrapped.do_nothing_action])[0] == 0.0
+    assert len(systems) == 1  # one system prompt for every task: a prefix the trainer computes once
+    with pytest.raises(ValueError, match="solo_ticket"):
+        _env("generated_test", solo_ticket="assistant")

@@ -185,8 +185,9 @@ class Tau2Domain:
         """Names of the tools the agent may call (without ``done``)."""
         return frozenset(self.agent_tool_names + (self.user_tool_names if solo else ()))
 
-    def system_prompt(self, task: "Task", solo: bool) -> str:
-        """tau2's agent system prompt: instructions + policy (+ the ticket in solo mode).
+    def system_prompt(self, task: "Task", solo: bool, with_ticket: bool = True) -> str:
+        """tau2's agent system prompt: instructions + policy (+ the ticket in solo mode; ``with_ticket=False``: tau2's
+        solo prompt up to its ``<ticket>`` block, which :meth:`ticket_message` then carries).
 
         Uses tau2's own templates (``tau2.agent.llm_agent``): ``SYSTEM_PROMPT`` with
         ``AGENT_INSTRUCTION`` for conversations, ``SYSTEM_PROMPT_SOLO`` with
@@ -208,7 +209,13 @@ class Tau2Domain:
         if not task.ticket:
             raise ValueError(f"tau2 task {task.id!r} of {self.name!r} has no ticket; it cannot run in solo mode")
         instruction = AGENT_SOLO_INSTRUCTION.format(stop_function_name=STOP_TOOL, stop_token=STOP_TOKEN)
-        return SYSTEM_PROMPT_SOLO.format(agent_instruction=instruction, domain_policy=self.policy(True), ticket=task.ticket)
+        template = SYSTEM_PROMPT_SOLO if with_ticket else SYSTEM_PROMPT_SOLO.split("<ticket>")[0].rstrip()
+        return template.format(agent_instruction=instruction, domain_policy=self.policy(True), ticket=task.ticket)
+
+    @staticmethod
+    def ticket_message(task: "Task") -> dict:
+        """The ticket as the first user message (``Tau2Env(solo_ticket="user")``), in tau2's own ``<ticket>`` tags."""
+        return {"role": "user", "content": f"<ticket>\n{task.ticket}\n</ticket>"}
 
     # -- environments ------------------------------------------------------------------------
     def new_environment(self, solo: bool = False) -> Episode:

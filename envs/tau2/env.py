@@ -25,11 +25,14 @@ from .messages import openai_tool_call, openai_tool_message, tau2_to_openai
 from .task_file import load_task_file
 from .tasks import DEFAULT_SPLIT, load_tasks
 
-__all__ = ["Tau2Env", "USER_KINDS", "REWARD_KINDS", "DO_NOTHING_ACTION", "MAX_TOOL_CALLS_PER_ACTION",
+__all__ = ["Tau2Env", "USER_KINDS", "REWARD_KINDS", "SOLO_TICKET_PLACES", "DO_NOTHING_ACTION", "MAX_TOOL_CALLS_PER_ACTION",
            "MAX_TOOL_RESULT_CHARS"]
 
 #: Accepted values of ``user=`` (a callable is accepted too, like ``user_fn=``).
 USER_KINDS = ("solo", "scripted", "llm", "callable")
+#: Accepted values of ``solo_ticket=``: where a solo episode shows the ticket (tau2's system prompt, or a first user
+#: message after a system prompt that is then the same for every task of the domain).
+SOLO_TICKET_PLACES = ("system", "user")
 #: Accepted values of ``reward=``.
 REWARD_KINDS = ("binary", "partial")
 _OPTION_KEYS = frozenset({"task_id", "index"})
@@ -161,6 +164,9 @@ class Tau2Env(gym.Env):
             :data:`MAX_TOOL_CALLS_PER_ACTION` = 16; tau2 sets none, its gold demonstrations make one per message).
         max_tool_result_chars: longest tool answer shown to the agent, in characters (>= 1; default
             :data:`MAX_TOOL_RESULT_CHARS` = 16,384; the longest answer of a gold replay is 3,370, retail).
+        solo_ticket: where a solo episode shows the ticket: ``"system"`` (tau2's ``SYSTEM_PROMPT_SOLO``, default) or
+            ``"user"`` (the system message is tau2's solo prompt up to its ``<ticket>`` block, the same for every task;
+            the ticket, in the same tags, is the first user message). Divergence 9 below.
 
     Raises:
         ValueError: unknown domain, split, user kind, reward kind or evaluator; solo mode for a
@@ -210,6 +216,13 @@ class Tau2Env(gym.Env):
        ``max_tool_calls_per_action`` calls runs none (one error answer), and the agent reads each answer cut
        to ``max_tool_result_chars`` characters. Every pattern that reads the action is linear-time
        (``tests/test_regex_linear_time.py``).
+
+    9. ``solo_ticket="user"`` (opt-in) moves the solo ticket out of the system message into a first user message:
+       the grading, tools and every token of the ticket are unchanged, but the system prompt and tool schemas become
+       one prefix shared by every task of the domain, which the trainer's prompt-prefix KV cache and shared-prefix
+       update then compute once per batch instead of once per episode. On generated mock tasks with SmolLM2 the
+       shared prefix goes from 210 tokens (the solo instructions and policy: the ticket came before the ~600 tokens
+       of tool schemas) to the whole system turn (``configs/grpo_tau2_mock.yaml``; docs/tau2.md).
 
     ## Example
 
@@ -264,6 +277,7 @@ class Tau2Env(gym.Env):
         max_tool_calls_per_action: int = MAX_TOOL_CALLS_PER_ACTION,
         max_tool_result_chars: int = MAX_TOOL_RESULT_CHARS,
         tasks_path: str | os.PathLike | None = None,
+        solo_ticket: str = "system",
     ):
         set_tau2_logging(tau2_logging_default() if tau2_logging is None else bool(tau2_logging))
         if callable(user):
@@ -290,6 +304,8 @@ class Tau2Env(gym.Env):
             raise ValueError(f"max_tool_calls_per_action must be an int >= 1, got {max_tool_calls_per_action!r}")
         if isinstance(max_tool_result_chars, bool) or int(max_tool_result_chars) < 1:
             raise ValueError(f"max_tool_result_chars must be an int >= 1, got {max_tool_result_chars!r}")
+        if solo_ticket not in SOLO_TICKET_PLACES:
+            raise ValueError(f"solo_ticket must be one of {SOLO_TICKET_PLACES}, got {solo_ticket!r}")
 
         self.domain_name = domain
         # validates domain and split, or the file (envs.tau2.task_file: a bad file fails here, naming task and field)
@@ -314,6 +330,7 @@ class Tau2Env(gym.Env):
         self.render_mode = render_mode
         self.max_tool_calls_per_action = int(max_tool_calls_per_action)
         self.max_tool_result_chars = int(max_tool_result_chars)
+        self.solo_ticket = solo_ticket
         if self.tasks_path is not None:
             self._check_file_tasks_playable()
 
@@ -471,12 +488,15 @@ class Tau2Env(gym.Env):
         reason = self._unplayable(task)
         if reason is not None:
             raise ValueError(reason)
-        system = self.domain.system_prompt(task, self.solo)
+        ticket_apart = self.solo and self.solo_ticket == "user"
+        system = self.domain.system_prompt(task, self.solo, with_ticket=not ticket_apart)
 
         self._task, self._index = task, index
         self._episode = self.domain.start(task, self.solo)
         self._trajectory: list = history
         self._messages: list[dict] = [{"role": "system", "content": system}]
+        if ticket_apart:
+            self._messages.append(self.domain.ticket_message(task))
         self._names: dict[str, str] = {}
         for m in history:  # what tau2 shows its agent of the prior history
             if is_valid_agent_history_message(m):
