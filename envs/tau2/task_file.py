@@ -122,11 +122,9 @@ class TaskFileNotFoundError(TaskFileError, FileNotFoundError):
 
 
 def _problem_text(problem: tuple[str | None, str | None, str]) -> str:
+    """``task '<id>' (#<index>): <field>: <message>`` (the parts present)."""
     task, field, message = problem
-    head = " ".join(x for x in (f"task {task}" if task else None, f"{field}:" if field else None) if x)
-    if task and not field:
-        head += ":"
-    return f"{head} {message}" if head else message
+    return ": ".join(([f"task {task}"] if task else []) + ([field] if field else []) + [message])
 
 
 class FileTaskSet(TaskSet):
@@ -281,7 +279,7 @@ def _json_kind(value: Any) -> str:
 def _label(index: int, raw: Any, where: str) -> str:
     task_id = raw.get("id") if isinstance(raw, dict) else None
     at = f"#{index}" + (f", {where}" if where else "")
-    return f"{task_id!r} ({at})" if isinstance(task_id, str) and task_id else at
+    return f"{task_id!r} ({at})" if isinstance(task_id, str) and task_id.strip() else at
 
 
 def _loc(parts: tuple) -> str:

@@ -38,6 +38,7 @@ class ActorConfig:
 @dataclass
 class DatasetConfig:
     path: Optional[str] = None  # GSM8K: local dir or HF datasets id (openai/gsm8k); null: $GSM8K_DATA_DIR, else packaged
+    #                             tau2: a tasks file (as econfig.tasks_path, for this dataset; the split is then unused)
     split: str = "test"  # valid_dataset: evaluation reads its first eval.n_problems usable tasks
 
 
@@ -62,6 +63,9 @@ class EnvConfig:
     user_llm_base_url: Optional[str] = None
     user_llm_args: dict = field(default_factory=dict)
     reward: str = "binary"  # tau2: binary | partial
+    # tau2: a file of tasks in tau2's Task schema (JSON list or JSON lines; envs/tau2/task_file.py) served instead of
+    # the split, for both datasets; train_dataset.path / valid_dataset.path, when set, name each dataset's own file
+    tasks_path: Optional[str] = None
     system_prompt: Optional[str] = None
     # ReasoningGym-v1 (envs/reasoning_gym): one generator `task` or a weighted mix `tasks` {name: weight}; task_config
     # its config (with `tasks`: {name: config}); level the library curriculum's global level; the splits' generator
