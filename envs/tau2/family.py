@@ -29,6 +29,8 @@ def make_kwargs(section: dict, split: str, dataset_path: str | None, runtime) ->
     tasks_path = dataset_path or section.get("tasks_path")
     if tasks_path:
         kw["tasks_path"] = str(tasks_path)
+    if section.get("solo_ticket", "system") != "system":  # Tau2Env(solo_ticket=): where a solo episode shows its ticket
+        kw["solo_ticket"] = section["solo_ticket"]
     user = runtime.get("user") or "solo"
     if user == "local":
         if runtime.get("user_fn") is None:
@@ -76,5 +78,5 @@ FAMILY = register_family(EnvFamily(
     ids={**{f"tau2/{d}-v0": ("envs.tau2.env:Tau2Env", {"domain": d}) for d in DOMAINS},
          "tau2/agent-gym-v0": "envs.tau2.agent_gym_compat:AgentGymCompatEnv"},
     config={"domain": "telecom", "max_steps": 30, "reward": "binary", "user_llm": None, "user_llm_base_url": None,
-            "user_llm_args": {}, "tasks_path": None},
+            "user_llm_args": {}, "tasks_path": None, "solo_ticket": "system"},
     make_kwargs=make_kwargs, check_data=check_data, config_ids=("tau2",), compat_ids=("tau2/agent-gym-v0",)))

@@ -66,6 +66,9 @@ class EnvConfig:
     # tau2: a file of tasks in tau2's Task schema (JSON list or JSON lines; envs/tau2/task_file.py) served instead of
     # the split, for both datasets; train_dataset.path / valid_dataset.path, when set, name each dataset's own file
     tasks_path: Optional[str] = None
+    # tau2 solo mode: the ticket in tau2's system prompt (system) or as a first user message (user: the system prompt
+    # and tool schemas are then one prefix shared by every task; envs/tau2/env.py divergence 9)
+    solo_ticket: str = "system"
     system_prompt: Optional[str] = None
     # ReasoningGym-v1 (envs/reasoning_gym): one generator `task` or a weighted mix `tasks` {name: weight}; task_config
     # its config (with `tasks`: {name: config}); level the library curriculum's global level; the splits' generator
