@@ -327,7 +327,11 @@ class GroupCollector(BaseCollector):
 
         Returns:
             TensorDict [len(tasks) * n_samples] (see module docstring). ``self.last_stats`` holds timing and
-            token counts of this call.
+            token counts of this call (seconds, tokens): ``rollout/time_s`` the whole call, ``rollout/generate_time_s``
+            the backend's ``generate`` calls, ``rollout/env_time_s`` the env's side (resets, decoding the actions,
+            steps with their grading and customer replies, the new messages' token ids), of which
+            ``rollout/reset_time_s`` the resets; ``rollout/generated_tokens`` the sampled tokens kept (the batch's
+            ``response_mask`` sum), ``rollout/tokens_per_s`` those over the generate time.
 
         Raises:
             ValueError: no tasks, or ``n_samples < 1``.
@@ -343,7 +347,11 @@ class GroupCollector(BaseCollector):
         jobs = [(g, task) for g, task in enumerate(tasks) for _ in range(n_samples)]
         env = self._text_env(len(jobs))
         episodes = self._reset(env, jobs, step)
-        gen_time, gen_tokens, env_time = 0.0, 0, 0.0
+        # env time: the resets (with the prompts' chat-template ids), then per turn everything after generate()
+        # returns (decoding the actions, env.step with its grading, the replies' ids); generate time: the backend's
+        # calls, which return host lists (wall time at the sync that exists: no extra device sync)
+        reset_time = time.perf_counter() - t0
+        gen_time, gen_tokens, env_time = 0.0, 0, reset_time
         for turn in range(self.max_turns):
             live = [e for e in episodes if not e.done]
             if not live:
@@ -368,6 +376,7 @@ class GroupCollector(BaseCollector):
             "rollout/time_s": time.perf_counter() - t0,
             "rollout/generate_time_s": gen_time,
             "rollout/env_time_s": env_time,
+            "rollout/reset_time_s": reset_time,
             "rollout/generated_tokens": float(gen_tokens),
             "rollout/tokens_per_s": gen_tokens / gen_time if gen_time > 0 else 0.0,
             "rollout/episodes": float(len(episodes)),

@@ -27,6 +27,7 @@ from tensordict import TensorDict
 from torchrl_grpo.distributed.data_parallel import SINGLE, full_state_dicts, is_fsdp
 from torchrl_grpo.distributed.placement import Placement
 from torchrl_grpo.objectives.advantage import group_advantages, group_reward_std
+from torchrl_grpo.reporting.flops import update_peak_flops
 from torchrl_grpo.rollout.episode_stats import LengthGuard, episode_metrics, sample_rows
 from torchrl_grpo.training.checkpoint import save_checkpoint, save_final_model
 from torchrl_grpo.training.components import Components
@@ -127,6 +128,7 @@ class GRPOTrainer:
         self.evaluator = Evaluator(components)  # rollouts, episode rows, table (training/evaluator.py)
         # optional callable(batch) -> batch run on each collected batch before advantages (continual replay)
         self.augment_batch = None
+        self.matmul_peak_flops: float | None = None  # measured before the first update (_measure_matmul_peak)
 
     @property
     def dp(self):
@@ -229,6 +231,8 @@ class GRPOTrainer:
         if not keep.all():
             batch = batch[keep]
         metrics["groups/kept_episodes"] = float(batch.shape[0])
+        if self.matmul_peak_flops is None and batch.shape[0]:
+            self._measure_matmul_peak(batch)  # once, before the first timed update
         t_train = time.perf_counter()
         if self.dp.all(batch.shape[0] == 0 or not bool(batch["response_mask"].any())):  # every rank, or none
             reason = ("no episodes left after zero-variance/infrastructure group filtering" if batch.shape[0] == 0
@@ -243,7 +247,39 @@ class GRPOTrainer:
             self.scheduler.step()  # one schedule step per trainer step (see training.optimizer.make_scheduler)
         metrics["train/optimizer_steps_total"] = float(self.optimizer_steps)
         metrics["time/train_s"] = time.perf_counter() - t_train
+        metrics.update(self._update_perf(metrics))
         return metrics
+
+    def _measure_matmul_peak(self, batch: TensorDict) -> None:
+        """:attr:`matmul_peak_flops`: this machine's matmul FLOP/s at the update's shapes, in this process and thread,
+        in the update's dtype and autocast (:func:`~torchrl_grpo.reporting.flops.update_peak_flops`: ~1.5 s at most),
+        with ``tokens`` = the first update's real tokens. NaN, never retried, for a model whose config gives no
+        dimensions."""
+        u = self.updater
+        tokens = int(batch["attention_mask"].sum())  # a host tensor (the collector's batch): no device read
+        try:
+            self.matmul_peak_flops = update_peak_flops(self.model, tokens, device=getattr(u, "device", self.device),
+                                                       autocast=getattr(u, "autocast", None))
+        except ValueError as exc:
+            log.info("no matmul peak measured (perf/update_mfu not logged): %s", exc)
+            self.matmul_peak_flops = float("nan")
+            return
+        log.info("matmul peak at the update's shapes (%d tokens): %.3g FLOP/s", tokens, self.matmul_peak_flops)
+
+    def _update_perf(self, metrics: dict[str, Any]) -> dict[str, float]:
+        """The update's achieved FLOP/s (its model FLOPs, ``perf/update_flops``, over ``time/train_s``), the
+        matmul peak and their ratio, ``perf/update_mfu`` (docs/metrics.md; :mod:`torchrl_grpo.reporting.flops`). Only
+        the peak on a step whose update was skipped."""
+        out: dict[str, float] = {}
+        peak = self.matmul_peak_flops
+        if peak is not None:
+            out["perf/matmul_peak_flops_per_s"] = peak
+        flops, secs = metrics.get("perf/update_flops"), metrics["time/train_s"]
+        if isinstance(flops, float) and flops > 0 and secs > 0:
+            out["perf/update_flops_per_s"] = flops / secs
+            if peak is not None and peak > 0:
+                out["perf/update_mfu"] = flops / secs / peak
+        return out
 
     # ------------------------------------------------------------------ eval / checkpoint / loop
     def evaluate(self) -> dict[str, float]:

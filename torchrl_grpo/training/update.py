@@ -32,6 +32,7 @@ from torchrl_grpo.objectives.log_probs import Window, _decoder_and_head, _uses_g
 from torchrl_grpo.objectives.loss import LossMetrics, total_loss
 from torchrl_grpo.objectives.loss_interface import Penalty, PolicyLoss, check_policy_loss
 from torchrl_grpo.distributed.data_parallel import SINGLE, is_fsdp
+from torchrl_grpo.reporting.flops import FlopCounter
 from torchrl_grpo.training.micro_batch import auto_token_budget, plan_micro_batches
 from torchrl_grpo.objectives.shared_prefix import SharedPrefix, build_shared_prefix, sharing_pays
 
@@ -123,6 +124,8 @@ class _Tally:
     skipped: int = 0  # minibatches skipped (non-finite loss or gradient norm)
     grad_norms: list[float] = field(default_factory=list)
     prefix_tokens: list[int] = field(default_factory=list)  # each minibatch's shared prefix length (0: none)
+    tokens: int = 0  # real tokens of the loss micro-batches (attention mask), summed over minibatches and epochs
+    tokens_padded: int = 0  # rows x width of the loss micro-batches, the same sums
 
 
 class GRPOUpdate:
@@ -168,6 +171,9 @@ class GRPOUpdate:
         optimizer_steps: optimizer steps taken so far (restored on resume).
         penalties: the :class:`~torchrl_grpo.objectives.loss_interface.Penalty` list every micro-batch's loss pays
             (:meth:`add_loss_penalty`), each its own ``loss_penalty_<name>`` entry and metric.
+        flops: the :class:`~torchrl_grpo.reporting.flops.FlopCounter` of the last update (reset by each call): the
+            model FLOPs of its passes (reference and anchor recomputes, loss forwards and backwards, shared prefixes),
+            logged as ``perf/update_flops``.
 
     Raises:
         ValueError: a setting out of its choices or range. TypeError: ``loss_fn`` does not declare the
@@ -200,6 +206,7 @@ class GRPOUpdate:
         self.optimizer_steps = optimizer_steps
         self.dp = dp or SINGLE
         self.penalties: list[Penalty] = []
+        self.flops = FlopCounter()
 
     @torch.no_grad()
     def row_facts(self, td: TensorDict) -> RowFacts:
@@ -296,6 +303,7 @@ class GRPOUpdate:
                                                                     facts=facts, model=model, device=dev)
                       if sum(facts.scored[r] for r in rows) > 0]
             for rows, mb in self._lockstep(micros, model, backward=False, device=dev):
+                self.flops.head(model, sum(facts.scored[r] for r in rows), backward=False)
                 with self.autocast():
                     lp, _ = token_log_probs(model, mb["tokens"].to(dev), mb["attention_mask"].to(dev),
                                             temperature=self.loss_fn.temperature,
@@ -391,6 +399,13 @@ class GRPOUpdate:
         """
         plan = self._plan(batch.shape[0])
         params = [p for p in self.model.parameters() if p.requires_grad]
+        self.flops.reset()
+        with self.flops.watching(self.model):  # shapes of every pass, no device read (perf/update_flops)
+            return self._update(batch, plan, params, step, stale)
+
+    def _update(self, batch: TensorDict, plan: _Plan, params: list[torch.nn.Parameter], step: int,
+                stale: bool) -> dict[str, float]:
+        """:meth:`__call__`'s body: the reference and anchor passes, then the minibatch optimizer steps."""
         self._fill_reference(batch)
         current = self._set_anchor(batch, plan.multi_update, stale)
         anchor = "recomputed" if "old_log_probs" in batch.keys() else "current" if current else "behaviour"
@@ -489,8 +504,8 @@ class GRPOUpdate:
     def _fill_reference(self, batch: TensorDict) -> None:
         """``batch["ref_log_probs"]`` under the frozen reference (the KL term's), when there is one."""
         if self.reference is not None:
-            with self.reference() as ref:  # scored where it lives (a placed copy, LoRA's policy, a CL anchor)
-                self.fill_log_probs(batch, "ref_log_probs", ref, next(ref.parameters()).device)
+            with self.reference() as ref, self.flops.watching(ref):  # where it lives (a placed copy, LoRA's policy,
+                self.fill_log_probs(batch, "ref_log_probs", ref, next(ref.parameters()).device)  # a CL anchor)
 
     def _set_anchor(self, batch: TensorDict, multi_update: bool, stale: bool) -> bool:
         """Choose the PPO anchor π_old of this update (:meth:`needs_anchor_recompute`): the sampler's behaviour
@@ -521,6 +536,8 @@ class GRPOUpdate:
                   if sum(facts.scored[r] for r in rows) > 0]
         finite = None
         for rows, micro in self._lockstep(micros, self.model, backward=True):
+            tally.tokens += sum(facts.length[r] for r in rows)
+            tally.tokens_padded += micro["tokens"].numel()
             ok = self._micro_backward(micro, sum(facts.norm[r] for r in rows) / denom, prefix, tally.acc,
                                       tokens=float(sum(facts.scored[r] for r in rows)), anchor=anchor)
             finite = ok if finite is None else finite & ok
@@ -536,6 +553,7 @@ class GRPOUpdate:
         finite, a bool 0-d tensor, unread: a non-finite loss is backpropagated too (the caller then discards the
         minibatch's gradient) and adds no metrics."""
         micro = micro.to(self.device)
+        self.flops.head(self.model, int(tokens), backward=True)  # the LM head runs at the scored positions only
         with self.autocast():
             losses = self.loss_fn(micro, prefix=prefix, anchor=anchor)
             for p in self.penalties:
@@ -567,7 +585,9 @@ class GRPOUpdate:
     def _metrics(self, batch: TensorDict, tally: _Tally, current: bool) -> dict[str, float]:
         """The update's metrics: the loss metrics reduced over micro-batches and ranks as
         :data:`~torchrl_grpo.objectives.loss.REDUCTIONS` declares (a collective), ``train/*`` counters and
-        ``grad_norm``, and ``rollout/logp_diff_mean`` / ``rollout/logp_diff_max`` (:meth:`_behaviour_gap`)."""
+        ``grad_norm``, ``rollout/logp_diff_mean`` / ``rollout/logp_diff_max`` (:meth:`_behaviour_gap`), and this rank's
+        work: ``train/tokens`` / ``train/tokens_padded`` (real / rows x width tokens of the loss micro-batches),
+        ``perf/update_flops`` and ``perf/update_decoder_tokens`` (:attr:`flops`)."""
         out = tally.acc.finish(tally.steps + tally.skipped, self.dp)
         out.update(self._behaviour_gap(out, "old_log_probs" in batch.keys() or current))
         out["train/anchor_recomputed"] = float("old_log_probs" in batch.keys() or current)
@@ -575,6 +595,10 @@ class GRPOUpdate:
         out["train/optimizer_steps"] = float(tally.steps)
         out["train/skipped_minibatches"] = float(tally.skipped)
         out["train/shared_prefix_tokens"] = float(np.mean(tally.prefix_tokens)) if tally.prefix_tokens else 0.0
+        out["train/tokens"] = float(tally.tokens)
+        out["train/tokens_padded"] = float(tally.tokens_padded)
+        out["perf/update_flops"] = self.flops.flops
+        out["perf/update_decoder_tokens"] = float(self.flops.decoder_tokens)
         if tally.grad_norms:
             out["grad_norm"] = float(np.mean(tally.grad_norms))
         return out
