@@ -34,7 +34,8 @@ What the v1 pieces are here:
 * :class:`GymTask`: its one ``@vf.reward``, ``env_reward``, is the env's final reward (0 when the episode did not
   end: cut by a verifiers limit, an error, a model that stopped answering).
 * :class:`GymEnv` (``vf.Env``): one episode drives one Gymnasium env from a pool (``gym.make`` of a tau2 domain
-  takes seconds), reset on the task's ``task_id``. The env plays the conversation's user side: its opening is the
+  takes seconds), reset on the task's ``task_id``; the env goes back to the pool once the episode is over and no
+  call on it still runs (a cancelled rollout's step finishes first: :class:`envs.adapters.env_pool.Lease`). The env plays the conversation's user side: its opening is the
   first turn; every assistant message the agent sends is one ``env.step`` (text and tool calls, exactly as our
   collector steps it) and the observation (tool answers in call order, the customer's reply) is the next turn.
   The trace's ``info["gym"]`` holds ``task_id``, ``reward``, ``terminated``, ``truncated``, ``termination_reason``,
@@ -53,7 +54,6 @@ This module never imports ``torchrl_grpo``.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -190,23 +190,22 @@ class GymEnv(vf.Env[GymEnvConfig]):
 
     async def run(self, task, agents) -> None:
         data = task.data
-        pool = _pool(data.gym_id, data.make_kwargs)
-        env = await asyncio.to_thread(pool.acquire)
-        try:
-            obs, _ = await asyncio.to_thread(env.reset, options={"task_id": data.task_id})
+        # the env goes back to the pool when the episode is over and no call on it runs: a rollout cancelled during
+        # a step (a verifiers timeout, a shutdown) leaves the step running in its thread (EnvPool.lease, issue 49)
+        async with _pool(data.gym_id, data.make_kwargs).lease() as lease:
+            env = lease.env
+            obs, _ = await lease.run(env.reset, options={"task_id": data.task_id})
             summary = episode_summary(data.task_id)
             async with agents.agent.interaction(task) as interaction:
                 interaction.trace.info[GYM_STATE_KEY] = summary
                 segment = await interaction.turn(_wire(obs))
                 while not segment.terminated:
-                    obs, reward, terminated, truncated, info = await asyncio.to_thread(env.step, _action(segment))
+                    obs, reward, terminated, truncated, info = await lease.run(env.step, _action(segment))
                     summary["steps"] += 1
                     if terminated or truncated:
                         end_episode(summary, reward, terminated, truncated, info)
                         break
                     segment = await interaction.turn(_wire(obs))
-        finally:
-            pool.release(env)
 
 
 class GymChatHarnessConfig(vf.HarnessConfig):
