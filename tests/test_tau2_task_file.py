@@ -240,6 +240,15 @@ def test_every_problem_is_listed_up_to_a_bound(tmp_path):
         load_task_file("mock", _write(tmp_path / "many.json", tasks))
     assert len(e.value.problems) == task_file.MAX_PROBLEMS_SHOWN
     assert f"{task_file.MAX_PROBLEMS_SHOWN + 3} problems" in str(e.value) and "and 3 more problem(s)" in str(e.value)
+    # the checks against the domain stop at the bound, and say so
+    tasks = _renamed(["create_task_1"] * (task_file.MAX_PROBLEMS_SHOWN + 2))
+    for i, t in enumerate(tasks):
+        t["id"] = f"t{i}"
+        t["evaluation_criteria"]["actions"][0]["name"] = "crate_task"
+    with pytest.raises(TaskFileError) as e:
+        load_task_file("mock", _write(tmp_path / "many_tools.json", tasks))
+    assert len(e.value.problems) == task_file.MAX_PROBLEMS_SHOWN
+    assert "tasks after #9 were not checked against the domain" in str(e.value), str(e.value)
 
 
 @pytest.mark.parametrize("name,content,text", [
@@ -408,8 +417,9 @@ def test_server_env_kwargs_serve_the_file(solo_file, tmp_path):
 
     env = gym.make("tau2/mock-v0", user="solo", tasks_path=solo_file)
     gold = env.unwrapped.demonstration({"task_id": "my_create_task_1"})
-    with serve_process("tau2/mock-v0", "--env-kwargs", json.dumps({"user": "solo", "tasks_path": solo_file})) as url:
-        with httpx.Client(base_url=url, timeout=60) as c:
+    kwargs = json.dumps({"user": "solo", "tasks_path": solo_file})
+    with serve_process("tau2/mock-v0", "--env-kwargs", kwargs, timeout_s=600) as url:  # a loaded machine: minutes
+        with httpx.Client(base_url=url, timeout=600) as c:
             sid = c.post("/sessions").json()["session_id"]
             r = c.post(f"/sessions/{sid}/reset", json={"task_id": "my_create_task_1"})
             assert r.status_code == 200, r.text
@@ -422,7 +432,7 @@ def test_server_env_kwargs_serve_the_file(solo_file, tmp_path):
             assert c.get(f"/sessions/{sid}/state").json()["task_id"] == "my_create_task_1"
     bad = _write(tmp_path / "bad.json", [{"id": "x"}])
     with serve_app(build_app("tau2/mock-v0", {"tasks_path": bad})) as (url, _):
-        r = httpx.post(url + "/sessions", timeout=60)
+        r = httpx.post(url + "/sessions", timeout=600)
         assert r.status_code == 500 and "bad.json" in r.text and "user_scenario" in r.text, r.text
 
 

@@ -12,6 +12,7 @@ Modules (one concept each):
 
 - :mod:`envs.tau2.env` -- :class:`Tau2Env`, the Gymnasium environment.
 - :mod:`envs.tau2.tasks` -- splits and tasks through tau2's registry, loaded once per process.
+- :mod:`envs.tau2.task_file` -- a user's own task file (``tasks_path=``), checked and cached per file version.
 - :mod:`envs.tau2.domain` -- per-domain runtime: policy, tools, prompts, fresh tau2
   ``Environment`` per episode, cached gold databases.
 - :mod:`envs.tau2.cow` -- copy-on-write database tables (fast resets, fast DB comparison).

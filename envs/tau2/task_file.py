@@ -103,17 +103,20 @@ class TaskFileError(ValueError):
             :data:`MAX_PROBLEMS_SHOWN`.
     """
 
-    def __init__(self, path: str, problems: list[tuple[str | None, str | None, str]], more: int = 0, domain: str = ""):
+    def __init__(self, path: str, problems: list[tuple[str | None, str | None, str]], more: int = 0, domain: str = "",
+                 note: str = ""):
         self.path = path
         self.problems = list(problems)
         where = f"tau2 task file {path}" + (f" (domain {domain!r})" if domain else "")
         lines = [_problem_text(p) for p in self.problems]
         if more:
             lines.append(f"... and {more} more problem(s)")
+        if note:
+            lines.append(f"({note})")
         if len(lines) == 1:
             text = f"{where}: {lines[0]}"
         else:
-            text = f"{where}: {len(self.problems) + more} problems:\n  " + "\n  ".join(lines)
+            text = f"{where}: {len(self.problems) + more} problems{'+' if note else ''}:\n  " + "\n  ".join(lines)
         super().__init__(text)
 
 
@@ -363,16 +366,16 @@ def _validate(items: list[tuple[int, Any, str]], path: str, domain: str) -> tupl
             first_index[task.id] = index
         tasks.append(task)
         labels.append(label)
-        if problems.full:
-            break
-    if not problems:
+    note = ""
+    if not problems:  # the schema holds for every task: check each against the domain (builds its gold)
         domain_rt = get_domain(domain)
-        for task, label in zip(tasks, labels):
+        for n, (task, label) in enumerate(zip(tasks, labels), 1):
             _check_against_domain(task, label, domain_rt, problems)
-            if problems.full:
+            if problems.full and n < len(tasks):
+                note = f"tasks after #{n - 1} were not checked against the domain"
                 break
     if problems:
-        raise TaskFileError(path, problems.shown, problems.more, domain=domain)
+        raise TaskFileError(path, problems.shown, problems.more, domain=domain, note=note)
     return tuple(tasks)
 
 
