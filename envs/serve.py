@@ -141,7 +141,12 @@ Clients that are not browsers send no ``Origin`` and are served. ``--host 0.0.0.
 
 Event loop: every piece of env work -- ``gym.make``, ``reset``, ``step``, ``state`` (tau2's
 database hash), ``close`` -- and the JSON parsing and encoding of messages runs on the session's own
-single thread; the event loop only moves bytes, so ``/health`` and other sessions stay responsive.
+single thread; the bodies of requests without a session (``/reset``, ``/step``, ``POST /mcp``) are parsed and their
+replies encoded on a pool of :data:`~envs.serving.limits.PARSE_THREADS` threads, and the ``mcp`` SDK behind
+``/sessions/{id}/mcp`` (which parses each body again) runs on an event loop of its own; the event loop only moves
+bytes, so ``/health`` and other sessions stay responsive (issue 49: 1 MiB of ``[0,0,...]`` parsed on the loop held it
+~0.6 s; a body now holds it at most for one C-level parse, and integers are checked by a Python call only when the
+text holds a run of digits over the limit).
 Replies are encoded as UTF-8 with errors replaced (a lone surrogate an env echoes becomes ``?``), so a
 reply can always be sent.
 

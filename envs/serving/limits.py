@@ -65,6 +65,11 @@ MAX_JSON_INT_DIGITS = 100
 REPLY_CHUNK_BYTES = 256 * 1024
 
 
+#: Threads of the pool where request bodies are parsed and replies encoded off the event loop
+#: (:func:`envs.serving.offload.off_loop`): few, so that the event loop shares the GIL with few busy threads.
+PARSE_THREADS = 2
+
+
 #: Longest ``episode_id`` accepted by ``reset``.
 MAX_EPISODE_ID_CHARS = 256
 

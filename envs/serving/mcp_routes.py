@@ -25,7 +25,6 @@ handshake and the 2026-07-28 per-request one. An unknown or expired session is a
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import mcp_types as types
@@ -38,6 +37,7 @@ from starlette.routing import Route
 
 from envs.serving.agent_tools import agent_tools, tool_call_action, visible_result
 from envs.serving.environment import ClientError, GymTextEnvironment, _parse, _run
+from envs.serving.offload import LoopThread, off_loop
 from envs.serving.sessions import _Sessions
 
 __all__ = ["MCP_PATH", "add_session_mcp_routes", "counted_send", "session_tools", "step_tool_call", "unknown_session_detail"]
@@ -65,11 +65,12 @@ def _error_result(message: str) -> types.CallToolResult:
 
 
 class _SessionTools:
-    """The MCP handlers over the server's session registry ``sessions``: each env operation on the session's own
-    thread."""
+    """The MCP handlers over the server's session registry ``sessions``, run on the SDK's loop: each env operation on
+    the session's own thread."""
 
     def __init__(self, sessions: _Sessions):
         self.sessions = sessions
+        self.destroy = sessions.destroy  # at startup: the same, callable from the SDK's loop
 
     def _env(self, ctx) -> tuple[str, GymTextEnvironment]:
         sid = ctx.request.path_params["session_id"]
@@ -96,7 +97,7 @@ class _SessionTools:
         ok, out, end = await self.sessions.server._run_in_session_executor(sid, step_tool_call, env, action)
         self.sessions.touch(sid)
         if end:  # the env's output went over max_session_bytes: the session is over, as on the HTTP routes
-            await self.sessions.destroy(sid)
+            await self.destroy(sid)
         return _step_result(out) if ok else _error_result(out)
 
 
@@ -121,12 +122,13 @@ def step_tool_call(env: GymTextEnvironment, action: dict) -> tuple[bool, dict | 
 
 class _Endpoint:
     """The ASGI endpoint of :data:`MCP_PATH`: 404 for an unknown session, the server's JSON limits on a POST body
-    (:func:`_parse`; 422 as a JSON-RPC parse error), then the SDK's transport; the session is marked used before and
-    after, and the bytes of a reply being sent count as the session's unsent bytes until the connection has taken
-    them."""
+    (:func:`_parse`, off the event loop; 422 as a JSON-RPC parse error), then the SDK's transport on the ``sdk`` loop
+    (it parses and validates the body again, in its coroutines: not on the server's loop); the session is marked used
+    before and after, and the bytes of a reply being sent count as the session's unsent bytes until the connection has
+    taken them."""
 
-    def __init__(self, sessions: _Sessions, manager: StreamableHTTPSessionManager):
-        self.sessions, self.manager = sessions, manager
+    def __init__(self, sessions: _Sessions, manager: StreamableHTTPSessionManager, sdk: LoopThread):
+        self.sessions, self.manager, self.sdk = sessions, manager, sdk
 
     async def __call__(self, scope, receive, send) -> None:
         sid = scope["path_params"]["session_id"]
@@ -138,13 +140,14 @@ class _Endpoint:
                                     "request per HTTP request (JSON replies)")(scope, receive, send)
         first = await receive()  # the guard has read the whole body: one message
         try:
-            _parse(first.get("body", b""))
+            await off_loop(_parse, first.get("body", b""))
         except ClientError as e:  # invalid JSON or over a JSON limit
             return await _rpc_error(422, types.PARSE_ERROR, str(e))(scope, receive, send)
         receive = _replay(first, receive)
         self.sessions.touch(sid)
-        try:
-            await self.manager.handle_request(scope, receive, functools.partial(counted_send, env, send))
+        try:  # the SDK (which parses the body again) on its own loop; receive and send stay on this one
+            await self.sdk.run(self.manager.handle_request(
+                scope, LoopThread.on(receive), LoopThread.on(functools.partial(counted_send, env, send))))
         finally:
             self.sessions.touch(sid)
 
@@ -182,21 +185,28 @@ async def counted_send(env, send, message: dict) -> None:
 def add_session_mcp_routes(app, sessions: _Sessions, *, max_body_bytes: int) -> None:
     """Serve :data:`MCP_PATH` on the FastAPI ``app``: one SDK ``Server`` and one stateless
     ``StreamableHTTPSessionManager`` (started and stopped with the app) over the server's session registry
-    ``sessions``; ``max_body_bytes`` is the body cap (the guard's; the SDK's own set to it). The SDK's DNS-rebinding
-    check is off: the server's guard checks ``Host`` and ``Origin`` for every route, with the server's allow-lists."""
+    ``sessions``; ``max_body_bytes`` is the body cap (the guard's; the SDK's own set to it). The SDK runs on an event
+    loop of its own (:class:`~envs.serving.offload.LoopThread`, started and stopped with the app), so that its parsing
+    of a body never holds the server's loop. The SDK's DNS-rebinding check is off: the server's guard checks ``Host``
+    and ``Origin`` for every route, with the server's allow-lists."""
     handlers = _SessionTools(sessions)
     server = Server("envs.serve", on_list_tools=handlers.list_tools, on_call_tool=handlers.call_tool)
     manager = StreamableHTTPSessionManager(
         server, json_response=True, stateless=True, max_request_body_size=max_body_bytes,
         security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False))
-    stack = contextlib.AsyncExitStack()
+    sdk = LoopThread("envs-serve-mcp")
+
+    async def _serve(until) -> None:
+        async with manager.run():
+            await until
 
     async def _start() -> None:
-        await stack.enter_async_context(manager.run())
+        handlers.destroy = LoopThread.on(sessions.destroy)  # the registry's lock belongs to the server's loop
+        await sdk.start(_serve)
 
     async def _stop() -> None:
-        await stack.aclose()
+        await sdk.stop()
 
     app.router.on_startup.append(_start)
     app.router.on_shutdown.insert(0, _stop)
-    app.router.routes.append(Route(MCP_PATH, endpoint=_Endpoint(sessions, manager)))
+    app.router.routes.append(Route(MCP_PATH, endpoint=_Endpoint(sessions, manager, sdk)))

@@ -32,6 +32,7 @@ from starlette.routing import Route
 from envs.serving.agent_tools import agent_tools, tool_call_action, visible_result
 from envs.serving.environment import ClientError, _parse
 from envs.serving.mcp_routes import counted_send, session_tools, step_tool_call
+from envs.serving.offload import off_loop
 from envs.serving.sessions import _Sessions
 
 __all__ = ["add_openenv_mcp_routes", "add_openapi_route"]
@@ -96,7 +97,7 @@ class _OpenEnvMcp:
             raw, more = raw + msg.get("body", b""), msg.get("more_body", False)
         msg, env = {}, None
         try:
-            msg = _request(raw)
+            msg = await off_loop(_request, raw)  # off the event loop (issue 49)
             env, result = await self._dispatch(msg["method"], msg.get("params", {}))
             reply = {"jsonrpc": "2.0", "id": msg.get("id"), "result": result}
         except RpcError as e:
@@ -161,8 +162,13 @@ class _OpenEnvMcp:
         return _call_result(ok, out)
 
 
+def _encode(body: dict) -> bytes:
+    return json.dumps(body, ensure_ascii=False, default=str).encode("utf-8", "replace")
+
+
 async def _send_json(send, status: int, body: dict, env: Any) -> None:
-    data = json.dumps(body, ensure_ascii=False, default=str).encode("utf-8", "replace")
+    """Send ``body`` as JSON (encoded off the event loop); its bytes count as ``env``'s unsent bytes while sent."""
+    data = await off_loop(_encode, body)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     message = {"type": "http.response.body", "body": data}

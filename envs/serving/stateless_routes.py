@@ -2,7 +2,6 @@
 episode on a fresh env counted against the session cap), ``GET /state``."""
 from __future__ import annotations
 
-import asyncio
 import functools
 
 
@@ -17,6 +16,7 @@ from envs.serving.environment import (
     ACTION_SHAPE, ClientError, GymTextEnvironment, TextAction, TextState, _RESET_KEYS, _STEP_KEYS, _action,
     _check_step_request, _dumps, _http_reply, _parse, _reset_data,
 )
+from envs.serving.offload import off_loop
 from envs.serving.sessions import _ChunkedReply, _Sessions, _json, _open_failed
 
 
@@ -78,7 +78,7 @@ async def _stateless_call(sessions: _Sessions, env_id: str, op: str, raw: bytes)
     session nobody else can name) until its reply has been handed over, then closed. The body is checked
     (:func:`_stateless_request`) before any env is built."""
     try:
-        reset, action = await asyncio.to_thread(_stateless_request, op, raw)  # no env is built for a bad body
+        reset, action = await off_loop(_stateless_request, op, raw)  # off the event loop; no env is built for a bad body
     except ClientError as e:
         return _json(e.status, _dumps({"detail": str(e)}))
     try:
