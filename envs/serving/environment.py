@@ -4,6 +4,7 @@
 the limits (:func:`_parse`), the operation (:func:`_run`), the encoded HTTP reply (:func:`_http_reply`)."""
 from __future__ import annotations
 
+import functools
 import json
 import math
 import threading
@@ -173,6 +174,20 @@ def _nbytes_within(messages: Any, budget: int | None) -> int | None:
     return total
 
 
+def _serialised(method: Callable) -> Callable:
+    """``method`` of :class:`GymTextEnvironment` run holding the session's lock: ``reset``, ``step``, ``state`` and
+    ``close`` of one session never overlap, whichever threads call them (the server runs a session's work on the
+    session's own thread only while the session is registered: a request that looked it up just before a ``DELETE`` or
+    the idle reaper closed it runs on OpenEnv's shared pool, beside the close). A close waits for the operation in
+    progress; an operation after it raises :class:`SessionClosedError`."""
+    @functools.wraps(method)
+    def locked(self, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
+
+
 class GymTextEnvironment(Environment):
     """One session's env: ``gym.make(env_id, **env_kwargs)`` behind OpenEnv's ``Environment`` API.
 
@@ -184,6 +199,9 @@ class GymTextEnvironment(Environment):
     index the env rejects, a bad ``episode_id``, action outside the action space),
     :class:`StepOrderError`, :class:`SessionClosedError`, :class:`SessionBytesExceeded` (nothing is
     changed: the episode goes on); anything else the env raises propagates (an env failure).
+
+    Thread-safe per session: ``reset``, ``step``, ``state`` and ``close`` hold the session's lock (a close waits for
+    the operation in progress; issue 49).
     """
 
     SUPPORTS_CONCURRENT_SESSIONS = True
@@ -205,6 +223,7 @@ class GymTextEnvironment(Environment):
         self.session_bytes = 0  # UTF-8 JSON bytes of this episode's conversation (reset messages, actions, obs)
         self.unsent_bytes = 0  # bytes of this session's replies not yet handed to the client's connection
         self._unsent_lock = threading.Lock()
+        self._lock = threading.RLock()  # one operation of this session at a time, its close included (_serialised)
         self._episode_no = 0  # counts resets: with the step count, the key of the cached db hash
         self._hash_key: tuple | None = None
         self._db_hash: str | None = None
@@ -213,6 +232,7 @@ class GymTextEnvironment(Environment):
         if self._closed:
             raise SessionClosedError("session closed (idle timeout or server shutdown); open a new session")
 
+    @_serialised
     def reset(self, seed: int | None = None, episode_id: str | None = None, task_id: str | None = None,
               index: int | None = None, **kwargs: Any) -> TextObservation:
         self._check_open()
@@ -252,6 +272,7 @@ class GymTextEnvironment(Environment):
         """
         return self.reset(**_reset_data(data))
 
+    @_serialised
     def step(self, action: TextAction, timeout_s: float | None = None, **kwargs: Any) -> TextObservation:
         self._check_open()
         if not self._started:
@@ -308,6 +329,7 @@ class GymTextEnvironment(Environment):
                 "them first (a reply not taken within the send timeout drops its connection)")
 
     @property
+    @_serialised
     def state(self) -> TextState:
         """The episode so far. tau2's database hash (69 ms on tau2 retail, measured in issue 25) is computed
         once per step: only ``reset``/``step`` change the database, so a loop of ``state`` requests costs a
@@ -338,6 +360,7 @@ class GymTextEnvironment(Environment):
     def get_metadata(self) -> EnvironmentMetadata:
         return _metadata(self.env_id)
 
+    @_serialised
     def close(self) -> None:
         if not self._closed:
             self._closed = True

@@ -95,16 +95,23 @@ class _OpenEnvMcp:
         while more:  # the guard has read the whole body (within max_body_bytes)
             msg = await receive()
             raw, more = raw + msg.get("body", b""), msg.get("more_body", False)
-        msg, env = {}, None
+        msg, env, fresh = {}, None, []
         try:
-            msg = await off_loop(_request, raw)  # off the event loop (issue 49)
-            env, result = await self._dispatch(msg["method"], msg.get("params", {}))
-            reply = {"jsonrpc": "2.0", "id": msg.get("id"), "result": result}
-        except RpcError as e:
-            reply = e.body(msg.get("id"))
-        await _send_json(send, 200, reply, env)
+            try:
+                msg = await off_loop(_request, raw)  # off the event loop (issue 49)
+                env, result = await self._dispatch(msg["method"], msg.get("params", {}), fresh)
+                reply = {"jsonrpc": "2.0", "id": msg.get("id"), "result": result}
+            except RpcError as e:
+                reply = e.body(msg.get("id"))
+            await _send_json(send, 200, reply, env)
+        finally:  # a session-less request's env: counted against the cap until its reply has been handed over
+            for sid in fresh:
+                await self.sessions.destroy(sid)
 
-    async def _dispatch(self, method: str, params: dict) -> tuple[Any, dict]:
+    async def _dispatch(self, method: str, params: dict, fresh: list[str]) -> tuple[Any, dict]:
+        """``(env whose unsent bytes the reply counts in, or None; the result)``; the id of a session opened for
+        this request alone is appended to ``fresh`` (the caller closes it once the reply is sent). Raises
+        :class:`RpcError`."""
         if method == "openenv/session/create":
             return None, {"session_id": (await self._open())[0]}
         if method == "openenv/session/close":
@@ -119,11 +126,9 @@ class _OpenEnvMcp:
         sid = params.get("session_id")
         if sid is None:  # OpenEnv: a fresh env for this request only
             sid, env = await self._open()
-            try:
-                await self.sessions.server._run_in_session_executor(sid, env.reset, 0)
-                return env, await self._tools_op(sid, env, method, params)
-            finally:
-                await self.sessions.destroy(sid)
+            fresh.append(sid)
+            await self.sessions.server._run_in_session_executor(sid, env.reset, 0)
+            return env, await self._tools_op(sid, env, method, params)
         env = self.sessions.get(sid) if isinstance(sid, str) else None
         if env is None:
             raise RpcError(INVALID_PARAMS, f"Unknown session_id: {sid!r:.80} (open one with openenv/session/create "
