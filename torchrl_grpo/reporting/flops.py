@@ -69,9 +69,9 @@ def _decoder(model: torch.nn.Module) -> torch.nn.Module:
     return dec if isinstance(dec, torch.nn.Module) else model
 
 
-def _config_int(cfg, *names: str) -> int | None:
+def _config_int(model_config, *names: str) -> int | None:
     for n in names:
-        v = getattr(cfg, n, None)
+        v = getattr(model_config, n, None)
         if isinstance(v, int) and not isinstance(v, bool) and v > 0:
             return v
     return None
@@ -247,12 +247,16 @@ class FlopCounter:
 
 def matmul_peak_flops(shapes: list[tuple[int, int, int]], *, dtype: torch.dtype = torch.float32,
                       device: torch.device | str = "cpu", autocast: Callable[[], object] | None = None,
-                      repeats: int = 5, budget_s: float = 1.5) -> float:
+                      repeats: int = 5, budget_s: float = 1.2) -> float:
     """The best FLOP/s of ``torch.matmul`` ``[m x k] @ [k x n]`` over ``shapes`` (``(m, k, n)`` each; ``2 m k n``
     FLOPs a product), in ``dtype`` on ``device`` under ``autocast()`` (the update's: on CUDA it makes the product
-    bf16), in the calling thread. Each shape: one untimed warm-up, then up to ``repeats`` timed products; all of it
-    stops once ``budget_s`` seconds are spent (one timed product per shape at least). On CUDA each product is timed
-    with events (a synchronisation per product: this is a start-up probe, not a step).
+    bf16), in the calling thread.
+
+    Each shape gets an equal share of ``budget_s``: its products start at 16 rows and double while twice the rows
+    fit twice in what is left of the share (the small ones warm the kernels up), up to ``m``; then up to ``repeats``
+    products at that size while another fits. The best rate of all counts. A slow dtype (bf16 on a CPU without bf16
+    units) or a loaded machine so stays near the budget, timing fewer rows instead of seconds-long products. On CUDA
+    each product is timed with events (a synchronisation per product: this is a start-up probe, not a step).
 
     Returns:
         FLOP/s, > 0.
@@ -266,38 +270,49 @@ def matmul_peak_flops(shapes: list[tuple[int, int, int]], *, dtype: torch.dtype 
     device = torch.device(device)
     cuda = device.type == "cuda"
     ctx = autocast or nullcontext
+    t_start = time.perf_counter()
+
+    def operand(rows: int, cols: int) -> torch.Tensor:  # a fill at memset speed (randn of 4096 x 1536 took 1 s under
+        return torch.full((rows, cols), 1.0 / cols, dtype=dtype, device=device)  # load); no denormals, no overflow
+
+    def timed(a: torch.Tensor, b: torch.Tensor) -> float:
+        """FLOP/s of one product (0 when the clock saw no time)."""
+        if cuda:
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.matmul(a, b)
+            stop.record()
+            stop.synchronize()
+            dt = start.elapsed_time(stop) / 1e3
+        else:
+            t0 = time.perf_counter()
+            torch.matmul(a, b)
+            dt = time.perf_counter() - t0
+        return 2.0 * a.shape[0] * a.shape[1] * b.shape[1] / dt if dt > 0 else 0.0
+
     best = 0.0
-    t_end = time.perf_counter() + budget_s
-    gen = torch.Generator(device=device).manual_seed(0)
-    with torch.no_grad():
-        for m, k, n in shapes:
-            a = torch.randn(m, k, generator=gen, device=device).to(dtype)
-            b = torch.randn(k, n, generator=gen, device=device).to(dtype)
-            with ctx():
-                torch.matmul(a, b)  # warm-up (kernel choice, allocation)
-                for _ in range(repeats):
-                    if cuda:
-                        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        start.record()
-                        torch.matmul(a, b)
-                        stop.record()
-                        stop.synchronize()
-                        dt = start.elapsed_time(stop) / 1e3
-                    else:
-                        t0 = time.perf_counter()
-                        torch.matmul(a, b)
-                        dt = time.perf_counter() - t0
-                    if dt > 0:
-                        best = max(best, 2.0 * m * k * n / dt)
-                    if time.perf_counter() > t_end:
-                        break
+    with torch.no_grad(), ctx():
+        for i, (m, k, n) in enumerate(shapes):
+            deadline = t_start + budget_s * (i + 1) / len(shapes)  # each shape its share of the budget
+            a, b = operand(m, k), operand(k, n)
+            rows, timed_at_size = min(m, 16), 0
+            while timed_at_size < repeats:
+                t = time.perf_counter()
+                best = max(best, timed(a[:rows], b))
+                dt, left = time.perf_counter() - t, deadline - time.perf_counter()
+                if rows < m and 4 * dt < left:  # twice the rows fit, twice over: grow (the small ones warm up)
+                    rows = min(m, 2 * rows)
+                    continue
+                timed_at_size += 1
+                if dt > left:  # another product would end past the shape's share
+                    break
     if best <= 0:  # a clock too coarse for the product (cannot happen with perf_counter on a real matmul)
         raise RuntimeError(f"matmul_peak_flops measured no positive time on {shapes!r}")
     return best
 
 
 def update_peak_flops(model: torch.nn.Module, tokens: int, *, device: torch.device | str,
-                      autocast: Callable[[], object] | None = None, budget_s: float = 1.5) -> float:
+                      autocast: Callable[[], object] | None = None, budget_s: float = 1.2) -> float:
     """:func:`matmul_peak_flops` at the update's shapes: the MLP's ``[tokens x hidden] @ [hidden x intermediate]`` and
     ``[tokens x intermediate] @ [intermediate x hidden]`` of ``model``'s config (:func:`model_dims`), ``tokens``
     clipped to [64, 4096] (the larger products take longer to time than they add), in the dtype of ``model``'s first
