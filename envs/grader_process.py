@@ -97,6 +97,7 @@ from typing import Any, Callable
 import pebble
 
 from envs.contract import GRADER_FAILURE_KINDS, grader_flags
+from envs.grader_queue import GRADING_CLIENT, FairSlots
 
 __all__ = ["GraderFailure", "GraderPool", "FAILURE_KINDS", "DEFAULT_CPU_S", "DEFAULT_WALL_S", "DEFAULT_MEMORY_BYTES",
            "DEFAULT_PREPARE_CPU_S", "DEFAULT_WORKERS", "register_worker_module", "default_pool", "close_default_pool", "grade"]
@@ -312,8 +313,10 @@ class GraderPool:
     """A pool of worker processes that run grader calls under the bounds of the module docstring.
 
     Args:
-        workers: worker processes (each one call at a time; more calls wait in a queue, and waiting does not count
-            against any bound).
+        workers: worker processes (each one call at a time; more calls wait, and waiting does not count against any
+            bound). A freed worker goes to the waiting client served least recently (:mod:`envs.grader_queue`: the
+            client named by :data:`envs.grader_queue.GRADING_CLIENT` where the call is made), so one client's queue
+            of bombs delays another's grade by at most the calls already running.
         cpu_s: CPU seconds per call (a profiling timer; see the module docstring).
         wall_s: wall-clock seconds per call from the moment a worker takes it (retried once).
         memory_bytes: address space a worker may add to its size after start-up.
@@ -334,6 +337,8 @@ class GraderPool:
                              f"{cpu_s}, {wall_s}, {memory_bytes}, {prepare_cpu_s}")
         self.workers, self.cpu_s, self.wall_s, self.memory_bytes = workers, cpu_s, wall_s, memory_bytes
         self.prepare_cpu_s = prepare_cpu_s
+        self._slots = FairSlots(workers)  # calls handed to pebble: at most one per worker, chosen per client
+        _pools.add(self)
         self._modules = modules
         self._pool: pebble.ProcessPool | None = None
         self._root: str | None = None  # the workers' private directories are made under it; removed at close
@@ -397,24 +402,26 @@ class GraderPool:
         """
         cpu_s = self.cpu_s if cpu_s is None else cpu_s
         wall_s = self.wall_s if wall_s is None else wall_s
+        client = GRADING_CLIENT.get()
         for attempt in (0, 1):
-            future = self._started().schedule(_run_in_worker, args=(fn, args, cpu_s, prepare, self.prepare_cpu_s),
-                                              timeout=wall_s)
-            try:
-                status, value = future.result()
-            except concurrent.futures.TimeoutError:
-                self._remove_dead_dirs()  # pebble is stopping this one: removed at a later call's failure
-                if attempt == 0:
-                    with self._lock:
-                        self.counts["wall_retries"] += 1
-                    continue
-                return None, self._failed("grader_timeout", f"the grader ran past {wall_s:g} s of wall-clock "
-                                                            f"time twice; scored 0")
-            except pebble.ProcessExpired as e:
-                self._remove_dead_dirs(e.pid)
-                return None, self._expired(e.exitcode, cpu_s, prepare is not None)
-            except Exception as e:  # noqa: BLE001 -- the pool itself failed (e.g. an unpicklable result)
-                return None, self._failed("grader_error", f"{type(e).__name__}: {e}"[:500])
+            with self._slots.held(client):  # pebble's own queue is first come, first served: it never holds one
+                future = self._started().schedule(_run_in_worker, args=(fn, args, cpu_s, prepare, self.prepare_cpu_s),
+                                                  timeout=wall_s)
+                try:
+                    status, value = future.result()
+                except concurrent.futures.TimeoutError:
+                    self._remove_dead_dirs()  # pebble is stopping this one: removed at a later call's failure
+                    if attempt == 0:
+                        with self._lock:
+                            self.counts["wall_retries"] += 1
+                        continue
+                    return None, self._failed("grader_timeout", f"the grader ran past {wall_s:g} s of wall-clock "
+                                                                f"time twice; scored 0")
+                except pebble.ProcessExpired as e:
+                    self._remove_dead_dirs(e.pid)
+                    return None, self._expired(e.exitcode, cpu_s, prepare is not None)
+                except Exception as e:  # noqa: BLE001 -- the pool itself failed (e.g. an unpicklable result)
+                    return None, self._failed("grader_error", f"{type(e).__name__}: {e}"[:500])
             if status == "ok":
                 return value, None
             return None, self._failed("grader_memory" if status == "memory" else "grader_error", value)
@@ -535,10 +542,16 @@ def close_default_pool() -> None:
 _in_forked_child = False
 
 
+#: Every pool of this process: a forked child gets fresh locks and slots for each (:func:`_forget_in_child`).
+_pools: "weakref.WeakSet[GraderPool]" = weakref.WeakSet()
+
+
 def _forget_in_child() -> None:
     global _default, _default_lock, _in_forked_child
     _default, _default_lock = None, threading.Lock()  # the parent's pool and lock are the parent's
     _in_forked_child = True
+    for pool in list(_pools):  # a lock or slot held by another thread of the parent would never be released here
+        pool._lock, pool._slots = threading.Lock(), FairSlots(pool.workers)
 
 
 def grade(fn: Callable, *args: Any, prepare: tuple[Callable, tuple] | None = None) -> tuple[Any, GraderFailure | None]:

@@ -27,6 +27,7 @@ from envs.serving.limits import (
     DEFAULT_SEND_TIMEOUT_S, LINGER_S, SMALL_BODY_BYTES, TRIM_AFTER_FREED_BYTES,
 )
 from envs.serving.environment import _dumps
+from envs.grader_queue import GRADING_CLIENT, peer_key
 
 
 class _WriteDeadline:
@@ -131,6 +132,7 @@ class _Guard:
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
+        GRADING_CLIENT.set(peer_key(scope))  # graders shared per client (envs.grader_queue); this task's context only
         refusal = self._refusal(scope)
         if scope["type"] == "websocket":
             if refusal is not None:  # closing before accepting: the handshake is answered 403

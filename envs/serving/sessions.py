@@ -19,6 +19,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 
 from envs.serving.limits import REPLY_CHUNK_BYTES
 from envs.serving.environment import GymTextEnvironment, _dumps
+from envs.grader_queue import carrying_client
 
 
 class _ChunkedReply(Response):
@@ -58,6 +59,8 @@ class _Sessions:
     def __init__(self, server: HTTPEnvServer, clock: Callable[[], float], idle_timeout_s: float | None,
                  reap_interval_s: float | None):
         self.server, self.clock = server, clock
+        # a session's graded calls are its request's client's (envs.grader_queue): carried to the session's thread
+        server._run_in_session_executor = carrying_client(server._run_in_session_executor)
         self.idle_timeout_s, self.reap_interval_s = idle_timeout_s, reap_interval_s
         self.last_seen: dict[str, float] = {}
         self.sockets: dict[str, WebSocket] = {}
