@@ -74,6 +74,7 @@ def one_worker_pool(monkeypatch):
     p.close()
 
 
+@pytest.mark.slow  # a served pool with 4 bombing sessions: ~8 min at load 12 on 2 cores (issue 49); CI runs the slow stage
 def test_another_clients_bombs_delay_an_honest_grade_by_the_running_one_only(one_worker_pool):
     from envs.serve import build_app
 
