@@ -252,7 +252,7 @@ class GRPOTrainer:
 
     def _measure_matmul_peak(self, batch: TensorDict) -> None:
         """:attr:`matmul_peak_flops`: this machine's matmul FLOP/s at the update's shapes, in this process and thread,
-        in the update's dtype and autocast (:func:`~torchrl_grpo.reporting.flops.update_peak_flops`: ~1.5 s at most),
+        in the update's dtype and autocast (:func:`~torchrl_grpo.reporting.flops.update_peak_flops`: ~1.2 s at most),
         with ``tokens`` = the first update's real tokens. NaN, never retried, for a model whose config gives no
         dimensions."""
         u = self.updater
