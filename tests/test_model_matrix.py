@@ -11,6 +11,13 @@ adapters: switching or disabling an adapter changes what the next decode uses, a
 Prompts are longer than the sliding windows (4 columns; one Mistral row has a window of 64 that the calls never
 exceed, so its fixed-shape decode runs) and share a 6-token prefix, so windows, left padding, the
 backend's prompt-prefix cache and the group fan-out all bite.
+
+Position schemes (issue 49): RoPE whose frequencies follow the sequence length (Llama ``dynamic``, Phi-3
+``longrope``: the fixed-shape decode and the shared-prefix update refused, behaviour log-probs reported inexact; here
+within their original length, where every path is exact: across it no path is, tests/test_exact_paths_positions.py),
+YaRN (not length dependent: its fixed-shape decode runs past its original length of 8) and ALiBi: MPT counts its
+biases on key columns (the prompt-prefix cache refused), Bloom and Falcon count real tokens of the attention mask
+(the cache runs and is exact).
 """
 from __future__ import annotations
 
@@ -25,7 +32,8 @@ from torchrl_grpo.backends.base import SamplingConfig
 from torchrl_grpo.backends.graph_decode import parameter_fingerprint
 from torchrl_grpo.backends.transformers_backend import TransformersBackend
 from torchrl_grpo.backends.kv_cache import supports_preallocation
-from torchrl_grpo.exact_paths import fixed_shape_decode_refusal, full_attention_refusal, shared_prefix_refusal
+from torchrl_grpo.exact_paths import exact_log_probs_refusal, fixed_shape_decode_refusal, prefix_cache_refusal, \
+    shared_prefix_refusal
 from torchrl_grpo.objectives.log_probs import _decoder_and_head, token_log_probs
 from torchrl_grpo.objectives.shared_prefix import build_shared_prefix, shared_prefix_length
 from tests.test_shared_prefix_update import _assert_grads_close, _multi_turn_rows, _plain, _shared
@@ -37,6 +45,9 @@ _SHAPE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden
               bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
 _WINDOWED = dict(sliding_window=WINDOW, head_dim=8)
 _TWO_KINDS = dict(layer_types=["sliding_attention", "full_attention"])
+#: Phi-3's longrope: one short / long factor per rotary frequency (head_dim 8: 4), switched at 64 positions
+_LONGROPE = dict(rope_scaling={"type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3], "long_factor": [2.0, 3.0, 5.0, 8.0]},
+                 original_max_position_embeddings=64)
 
 #: name -> (config class name, attention implementation, extra config, the decode loop ``decode=static`` runs)
 MATRIX = {
@@ -51,10 +62,23 @@ MATRIX = {
                                             "attn_logit_softcapping": 20.0, "final_logit_softcapping": 15.0},
                "eager"),
     "phi3": ("Phi3Config", "sdpa", {}, "static"),
+    "llama_dynamic": ("LlamaConfig", "sdpa", {"rope_parameters": {"rope_type": "dynamic", "factor": 4.0}}, "eager"),
+    "phi3_longrope": ("Phi3Config", "sdpa", _LONGROPE, "eager"),
+    "llama_yarn": ("LlamaConfig", "sdpa", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0,
+                                                               "original_max_position_embeddings": 8},
+                                           "max_position_embeddings": 32}, "static"),
+    "mpt": ("MptConfig", "eager", {}, "eager"),  # ALiBi on key columns
+    "bloom": ("BloomConfig", "eager", {}, "eager"),  # ALiBi on the attention mask's count of real tokens
+    "falcon_alibi": ("FalconConfig", "eager", {"alibi": True, "new_decoder_architecture": False, "multi_query": False},
+                     "eager"),
     "gpt_oss": ("GptOssConfig", "eager", {**_WINDOWED, **_TWO_KINDS, "num_local_experts": 4,
                                           "num_experts_per_tok": 2}, "eager"),
 }
 MATRIX = {k: v for k, v in MATRIX.items() if hasattr(transformers, v[0])}  # gpt-oss: transformers >= 4.55
+#: rows whose RoPE frequencies follow the sequence length: no behaviour log-prob is claimed exact
+LENGTH_DEPENDENT = {"llama_dynamic", "phi3_longrope"}
+#: rows the backend's prompt-prefix cache refuses: sliding windows, ALiBi on key columns
+NO_PREFIX_CACHE = {k for k, v in MATRIX.items() if "sliding_window" in v[2]} | {"mpt"}
 
 SYS = [7, 8, 9, 10, 11, 12]
 PROMPTS = [SYS + [20, 21, 22, 23, 24], SYS + [20, 21, 22, 23, 24], SYS + [30, 31], SYS + [40, 41, 42, 43]]
@@ -125,6 +149,9 @@ def test_every_decode_path_is_exact_or_falls_back(row, decode):
     assert behaviour_vs_recompute(model, PROMPTS, gens, GREEDY) < 1e-4
     sampled = be.generate(PROMPTS, SAMPLED)
     assert behaviour_vs_recompute(model, PROMPTS, sampled, SAMPLED) < 1e-4
+    assert (be.stats["prefix_builds"] > 0) == (name not in NO_PREFIX_CACHE)  # where it ran, it was exact
+    # within their original length the length-dependent rows are exact too; across it no path is (not claimed)
+    assert be.exact_log_probs == (name not in LENGTH_DEPENDENT)
 
 
 def test_the_rule_matches_the_matrix(row):
@@ -132,11 +159,15 @@ def test_the_rule_matches_the_matrix(row):
     KV cache, the backend's prompt-prefix cache and the shared-prefix update (the decode test shows each exact)."""
     name, model, _ = row
     assert (fixed_shape_decode_refusal(model, columns=len(PROMPTS[0]) + NEW) is None) == (MATRIX[name][3] == "static")
-    assert shared_prefix_refusal(model) is None  # full and sliding-window layers: exact (the next test)
+    # full and sliding-window layers: exact (the next test); length-dependent RoPE: the prefix alone runs at another
+    # length than the whole row (0.52 / 3.3 nats across the original length, tests/test_exact_paths_positions.py)
+    assert (shared_prefix_refusal(model) is None) == (name not in LENGTH_DEPENDENT)
+    assert (exact_log_probs_refusal(model) is None) == (name not in LENGTH_DEPENDENT)
     assert supports_preallocation(model)
-    # prompt-prefix cache: full attention only; with a window it gave 1.4 nats (Mistral, window 4) and 47 (gemma2,
-    # gpt-oss) from the recompute on PROMPTS (prefix + left-padded suffixes: padding between real tokens)
-    assert (full_attention_refusal(model) is None) == ("sliding_window" not in MATRIX[name][2])
+    # prompt-prefix cache: full attention only, no ALiBi on key columns; with a window it gave 1.4 nats (Mistral,
+    # window 4) and 47 (gemma2, gpt-oss) from the recompute on PROMPTS (prefix + left-padded suffixes: padding between
+    # real tokens), MPT 0.059 greedy / 0.156 sampled
+    assert (prefix_cache_refusal(model) is None) == (name not in NO_PREFIX_CACHE)
 
 
 def test_shared_prefix_update_equals_the_plain_one_or_refuses(row):
@@ -148,6 +179,8 @@ def test_shared_prefix_update_equals_the_plain_one_or_refuses(row):
     dec_head = _decoder_and_head(model)
     if dec_head is None:  # logit soft-capping (gemma2, gemma3 here): the update runs the model's own forward
         assert model.config.final_logit_softcapping is not None
+    elif name in LENGTH_DEPENDENT:  # refused: the update runs whole episodes
+        assert build_shared_prefix(model, dec_head[0], tokens[0, :P]) is None
     else:
         assert build_shared_prefix(model, dec_head[0], tokens[0, :P]) is not None
         lp, g = _shared(model, tokens, am, rm, [[0, 1], [2]])

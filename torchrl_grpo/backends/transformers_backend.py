@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from torchrl_grpo.config.choices import DECODE_MODES
-from torchrl_grpo.exact_paths import fixed_shape_decode_refusal, full_attention_refusal, note_fallback
+from torchrl_grpo.exact_paths import exact_log_probs_refusal, fixed_shape_decode_refusal, note_fallback, \
+    prefix_cache_refusal
 from torchrl_grpo.objectives.sampling import processed_logits
 from torchrl_grpo.backends.base import Generation, RolloutBackend, SamplingConfig, iter_named_weights
 from torchrl_grpo.backends.decode_attention import decode_attention
@@ -141,8 +142,15 @@ class TransformersBackend(RolloutBackend):
         """Colocated (``share_module``): it samples from the trainer's own module in its own precision, so its
         behaviour log-probs equal the trainer's recompute (tested to 1e-4) and can anchor the ratio: every decode loop
         and cache that runs is exact for the model (:mod:`torchrl_grpo.exact_paths`; the model matrix,
-        tests/test_model_matrix.py)."""
-        return self.share_module
+        tests/test_model_matrix.py). False, logged once, where no decode can be: RoPE whose frequencies follow the
+        sequence length (:func:`~torchrl_grpo.exact_paths.exact_log_probs_refusal`)."""
+        if not self.share_module:
+            return False
+        reason = exact_log_probs_refusal(self.model)
+        if reason is not None:
+            note_fallback(self.model, "behaviour log-probs", reason,
+                          "exact_log_probs=False: the trainer recomputes the PPO anchor")
+        return reason is None
 
     @property
     def decode_path(self) -> str:
@@ -205,12 +213,12 @@ class TransformersBackend(RolloutBackend):
         """The longest prefix all prompts share (leaving each >= 1 own token) and its KV cache (batch 1), built once
         and reused while the weights and the forward's Python-level state (peft's active / disabled adapters:
         :func:`~torchrl_grpo.backends.graph_decode.forward_state`) are unchanged; ``((), None)`` when not worth it or
-        not exact (a sliding window: :func:`~torchrl_grpo.exact_paths.full_attention_refusal`).
+        not exact (a sliding window, ALiBi on key columns: :func:`~torchrl_grpo.exact_paths.prefix_cache_refusal`).
         ``private``: return a deep copy (the caller may write to it); otherwise the kept cache itself, which the
         caller must only read."""
         if self.prefix_cache_min_tokens <= 0:
             return (), None
-        refusal = full_attention_refusal(self.model)  # padding between prefix and suffix would shift a window
+        refusal = prefix_cache_refusal(self.model)  # padding between prefix and suffix would shift a window
         if refusal is not None:
             note_fallback(self.model, "prompt-prefix KV cache", refusal)
             return (), None

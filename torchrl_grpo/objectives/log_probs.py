@@ -38,6 +38,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from torchrl_grpo.exact_paths import note_fallback, shared_prefix_refusal
 from torchrl_grpo.objectives.sampling import check_processing, processed_logits
 from torchrl_grpo.objectives.shared_prefix import SharedPrefix, cache_under_checkpointing, sharing_pays
 
@@ -286,7 +287,8 @@ def token_log_probs(
             (the [B, T, vocab] logits dominate it).
         response_mask: optional bool [B, T], the tokens whose log-probs are needed; only they get logits
             computed, every other position is returned as 0.
-        share_prefix: run columns before the response window once per distinct prefix (see module docstring).
+        share_prefix: run columns before the response window once per distinct prefix (see module docstring);
+            off where :func:`~torchrl_grpo.exact_paths.shared_prefix_refusal` refuses the model (logged once).
             Off for an FSDP-sharded model, as is ``logits_chunk``: a call then runs exactly one forward (each is a
             collective, counted per call by :meth:`torchrl_grpo.distributed.data_parallel.DataParallel.lockstep`).
         prefix: a :class:`~torchrl_grpo.objectives.shared_prefix.SharedPrefix` every row starts with, computed once for several
@@ -320,6 +322,11 @@ def token_log_probs(
 
     if is_fsdp(model):  # one forward per call, whatever the rows hold (see share_prefix)
         share_prefix, logits_chunk = False, 0
+    # the rule, for a model with a config (e.g. length-dependent RoPE); one without keeps the cache check below
+    if share_prefix and getattr(model, "config", None) is not None \
+            and (refusal := shared_prefix_refusal(model)) is not None:
+        note_fallback(model, "token_log_probs prefix sharing", refusal)
+        share_prefix = False
     step = logits_chunk if logits_chunk > 0 else B
     score = (response_mask.bool() if response_mask is not None else torch.ones_like(am, dtype=torch.bool)) & am.bool()
     dec_head = _decoder_and_head(model)
