@@ -22,9 +22,8 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import read_metrics, write_outputs  # noqa: E402
-from stats import mcnemar_exact, mean_ci, wilson  # noqa: E402
+from harness import read_metrics, write_outputs
+from stats import mcnemar_exact, mean_ci, wilson
 
 
 def _acc(m: dict | None) -> tuple[float, int] | None:
