@@ -27,8 +27,9 @@ import pytest
 pytest.importorskip("websockets")
 
 from envs.action_text import json_depth  # noqa: E402
-from envs.adapters.remote_env import RemoteBoundError, check_json_shape  # noqa: E402
-from tests.test_remote_client_bounds import (_VICTIM, REPO, VICTIM_AS_BYTES, hostile_server)
+from envs.adapters.remote_env import ClientBounds, RemoteBoundError, check_json_shape  # noqa: E402
+from tests.test_remote_client_bounds import (_VICTIM, REPO, VICTIM_AS_BYTES, _opening,  # noqa: E402
+                                             hostile_server)
 
 #: One shape check of a reply up to 1 MiB: linear code takes ~10 ms on an idle core, the quadratic copy took 2.9 s
 #: at 16 KB (and 4x that per doubling).
@@ -152,3 +153,57 @@ def test_json_shape_of_valid_json(value):
         return 1 + sum(map(containers, v.values() if isinstance(v, dict) else v))
 
     assert json_shape(json.dumps(value)) == (depth(value), containers(value))
+
+
+# ------------------------------------------------------------------------------- 2. schemas bounded in bytes
+def _tool_with_defs(defs: dict) -> dict:
+    return {"type": "function", "function": {"name": "boom", "description": "x", "parameters": {
+        "type": "object", "properties": {"arg": {"$ref": "#/$defs/N"}}, "required": ["arg"], "$defs": defs}}}
+
+
+BIG = 2 << 20
+#: ``$defs`` whose one object holds a 2 MiB string and refers to itself twice: ~900 nodes once expanded (far inside
+#: ``max_schema_nodes``), 128 copies of the string (256 MiB of docstring).
+SELF_REFERENCING = {"N": {"type": "object", "description": "d" * BIG,
+                          "properties": {"a": {"$ref": "#/$defs/N"}, "b": {"$ref": "#/$defs/N"}}}}
+#: The same with the string nested 24 arrays deep in each copy: past the expansion's depth cut, where a subtree is
+#: kept as it is, it must be paid for all the same.
+PAST_THE_DEPTH_CUT = {"N": {"type": "object", "examples": json.loads("[" * 24 + json.dumps("d" * BIG) + "]" * 24),
+                            "properties": {"a": {"$ref": "#/$defs/N"}, "b": {"$ref": "#/$defs/N"}}}}
+
+
+@pytest.mark.parametrize("defs", [SELF_REFERENCING, PAST_THE_DEPTH_CUT], ids=["string", "past_depth_cut"])
+def test_a_large_string_in_self_referencing_defs_is_refused_by_its_expanded_bytes(defs):
+    """2 MiB inside a ``$defs`` object that refers to itself twice: ``environment_factory(url=...)`` raises
+    ``RemoteBoundError`` ``max_schema_bytes`` quickly, its memory near the baseline (it used to build 256 MiB of
+    docstring per tool: 1.07 GB peak)."""
+    tool = _tool_with_defs(defs)
+    assert len(json.dumps(tool)) < ClientBounds().max_reply_bytes
+    with hostile_server(_opening([tool])) as (url, _):
+        out = _victim(f"environment_factory(url={url!r})", timeout_s=60)
+    assert out["raised"] == "RemoteBoundError" and out["bound"] == "max_schema_bytes", out
+    assert str(ClientBounds().max_schema_bytes) in out["message"], out
+    assert out["seconds"] < 10 and out["maxrss_mb"] < 300, out
+
+
+def test_the_byte_bound_counts_every_copy_and_is_the_callers_to_set():
+    """A schema that expands to more bytes than the caller allows is refused, also for a local env; one just
+    within the bound builds its class."""
+    from envs.adapters.trl_env import environment_factory
+
+    with pytest.raises(RemoteBoundError, match=r"max_schema_bytes: .* more than 100 bytes"):
+        environment_factory("tau2/mock-v0", bounds=ClientBounds(max_schema_bytes=100))
+    assert callable(environment_factory("tau2/mock-v0", bounds=ClientBounds(max_schema_bytes=1 << 20)).done)
+    small = {"N": {"type": "object", "description": "d" * 1000,
+                   "properties": {"a": {"$ref": "#/$defs/N"}, "b": {"$ref": "#/$defs/N"}}}}
+    with hostile_server(_opening([_tool_with_defs(small)])) as (url, _):
+        with pytest.raises(RemoteBoundError, match="max_schema_bytes"):  # 128 copies of 1,000 characters
+            environment_factory(url=url, bounds=ClientBounds(max_schema_bytes=100_000))
+        cls = environment_factory(url=url, bounds=ClientBounds(max_schema_bytes=1_000_000))
+    assert "ddd" in cls.boom.__doc__ and len(cls.boom.__doc__) < 1_000_000
+
+
+def test_client_bounds_include_the_byte_bound():
+    assert ClientBounds().max_schema_bytes == 1 << 20
+    with pytest.raises(ValueError, match="max_schema_bytes"):
+        ClientBounds(max_schema_bytes=0)

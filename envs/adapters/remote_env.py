@@ -2,7 +2,7 @@
 
 The server is another party: what it sends is bounded before it costs memory or time here (issue 42). The bounds
 (:class:`ClientBounds`, defaults below; the measured replies of tau2's four domains for scale: at most 67 KB,
-JSON depth 14, 265 objects/arrays, 268 schema nodes once ``$defs`` are expanded):
+JSON depth 14, 265 objects/arrays, 273 schema nodes and 10.2 KB of schema text once ``$defs`` are expanded):
 
 ==========================  ===========  ==========================================================================
 bound                       default      what it stops
@@ -17,6 +17,12 @@ bound                       default      what it stops
 ``max_schema_nodes``        50,000       the tool schemas' nodes once their ``$defs`` are expanded, all tools of a
                                          class together (:mod:`envs.adapters.trl_env`; a 573-byte schema whose
                                          ``$defs`` reference themselves 12 times per level grew to 2.1 GB)
+``max_schema_bytes``        1 MiB        the same schemas' JSON text once expanded: every string, key and number
+                                         counted at every copy a ``$ref`` makes (nodes miss that a ``$ref``
+                                         reuses one object: a 2 MiB string in a ``$defs`` entry that refers to
+                                         itself twice is ~900 nodes but 128 copies in a docstring; issue 49: a
+                                         2 MiB schema peaked at 1.07 GB, 6 MiB ran out of 3 GiB). Escapes are
+                                         not counted, so a docstring holds at most ~6x this
 ==========================  ===========  ==========================================================================
 
 and a redirect of the WebSocket handshake to another origin (scheme, host or port) is refused (websockets >= 15
@@ -25,8 +31,8 @@ reply a hostile server can send (8 MiB of two-character strings beside 99,991 em
 MB RSS (its baseline 45 MB); the bombs above are refused within 0.7 s at under 61 MB
 (``tests/test_remote_client_bounds.py``).
 Every refusal is a :class:`RemoteBoundError` whose ``bound`` names the bound (``"max_reply_bytes"``,
-``"max_json_depth"``, ``"max_json_containers"``, ``"max_schema_nodes"``, ``"redirect"``) and whose message gives its
-value. Change a bound with ``RemoteEnv(url, bounds=ClientBounds(max_reply_bytes=...))`` or
+``"max_json_depth"``, ``"max_json_containers"``, ``"max_schema_nodes"``, ``"max_schema_bytes"``, ``"redirect"``) and
+whose message gives its value. Change a bound with ``RemoteEnv(url, bounds=ClientBounds(max_reply_bytes=...))`` or
 ``environment_factory(url=..., bounds=ClientBounds(...))``.
 
 The client speaks only the WebSocket ``/ws`` (no HTTP client here): there is no HTTP body to stream.
@@ -77,6 +83,9 @@ class ClientBounds:
     max_json_containers: int = 100_000
     #: most nodes (objects, arrays, scalars) of a class's tool schemas once ``$defs`` are expanded
     max_schema_nodes: int = 50_000
+    #: most bytes of JSON text (strings, keys, numbers at every copy) of a class's tool schemas once ``$defs`` are
+    #: expanded
+    max_schema_bytes: int = 1 << 20
 
     def __post_init__(self):
         for f in dataclasses.fields(self):

@@ -34,7 +34,8 @@ TRL's advanced modes (TRL 1.16; tests: ``tests/test_trl_async.py``, ``tests/test
   ``python -m envs.serve`` with Gymnasium's ``reset``/``step``; ``environment_factory(url=...)`` builds the same
   class over it. The server is another party: its replies, redirects and tool schemas are bounded
   (:class:`ClientBounds`: 8 MiB per reply after decompression, JSON 64 deep and 100,000 arrays/objects, 50,000
-  expanded schema nodes, no redirect to another origin; ``bounds=`` changes them) and a breach raises
+  expanded schema nodes and 1 MiB of expanded schema text, no redirect to another origin; ``bounds=`` changes
+  them) and a breach raises
   :class:`RemoteBoundError` naming the bound.
 
 What TRL 1.16 does with an ``environment_factory`` (read from ``trl/trainer/grpo_trainer.py``): it calls the
@@ -143,31 +144,84 @@ def _probe(env: gym.Env) -> tuple[list[dict], dict]:
 # ---------------------------------------------------------------------------------------------------------------
 # OpenAI tool schema -> a Python method TRL (transformers.get_json_schema) turns back into a schema
 # ---------------------------------------------------------------------------------------------------------------
+def _json_size(value: Any) -> int:
+    """Bytes of compact JSON text ``value``'s own node takes (its children are paid for as nodes of their own): a
+    string its characters + 2 quotes, a key its characters + 4 (quotes, colon, comma), an integer its decimal digits
+    (bounded from its bits), a list 2 + a comma per item. Escapes are not counted: ``json.dumps`` writes a
+    non-ASCII or control character as ``\\uXXXX`` (up to 12 bytes for one character), so the docstring text is at
+    most ~6x what this counts."""
+    if isinstance(value, str):
+        return len(value) + 2
+    if isinstance(value, bool) or value is None:
+        return 5
+    if isinstance(value, int):
+        return value.bit_length() // 3 + 2
+    if isinstance(value, dict):
+        return 2 + sum(len(k) + 4 if isinstance(k, str) else 24 for k in value)
+    if isinstance(value, (list, tuple)):
+        return 2 + len(value)
+    return 24  # a float (repr at most 24 characters), or anything else a local env put there
+
+
 class _SchemaBudget:
-    """How many more schema nodes (objects, arrays, scalars) :func:`_resolve_refs` may build: one budget for all the
-    tools of a class (a hostile server's schemas could otherwise each stay just under a per-tool bound)."""
+    """What :func:`_resolve_refs` may still build, for all the tools of a class together (a hostile server's schemas
+    could otherwise each stay just under a per-tool bound): ``max_nodes`` nodes (objects, arrays, scalars) and
+    ``max_bytes`` bytes of JSON text (:func:`_json_size` of every node), both counted at every copy a ``$ref``
+    makes: a ``$ref`` reuses one object, so a 2 MiB string in a ``$defs`` entry that refers to itself twice costs
+    a node per copy but 2 MiB per copy once written into the method's docstring (issue 49: 128 copies, 1.07 GB)."""
 
-    def __init__(self, max_nodes: int):
-        self.max_nodes, self.left = max_nodes, max_nodes
+    def __init__(self, max_nodes: int, max_bytes: int):
+        self.max_nodes, self.max_bytes = max_nodes, max_bytes
+        self.nodes_left, self.bytes_left = max_nodes, max_bytes
 
-    def spend(self) -> None:
-        self.left -= 1
-        if self.left < 0:
+    def spend(self, value: Any) -> None:
+        """Pay for one node of the expanded schemas.
+
+        Raises:
+            RemoteBoundError: ``bound`` ``"max_schema_nodes"`` or ``"max_schema_bytes"``.
+        """
+        self.nodes_left -= 1
+        if self.nodes_left < 0:
             raise RemoteBoundError("max_schema_nodes", f"the tool schemas expand ($defs resolved) to more than "
                                                        f"{self.max_nodes} nodes")
+        self.spend_bytes(_json_size(value))
+
+    def spend_bytes(self, n: int) -> None:
+        """Pay ``n`` bytes of text (a tool's own description, which is not a node of its parameters' schemas).
+
+        Raises:
+            RemoteBoundError: ``bound`` ``"max_schema_bytes"``.
+        """
+        self.bytes_left -= n
+        if self.bytes_left < 0:
+            raise RemoteBoundError("max_schema_bytes", f"the tool schemas expand ($defs resolved) to more than "
+                                                       f"{self.max_bytes} bytes of JSON text (every copy counted)")
+
+    def spend_subtree(self, value: Any) -> None:
+        """Pay for every node of ``value`` as it is (no ``$ref`` resolved), without recursion."""
+        stack = [value]
+        while stack:
+            v = stack.pop()
+            self.spend(v)
+            if isinstance(v, dict):
+                stack.extend(v.values())
+            elif isinstance(v, (list, tuple)):
+                stack.extend(v)
 
 
 def _resolve_refs(schema: Any, defs: dict, budget: _SchemaBudget, depth: int = 0) -> Any:
     """``schema`` with every ``{"$ref": "#/$defs/X"}`` replaced by ``defs["X"]``: nesting past 20 is left as is
-    (a recursive ``$defs`` must not recurse forever) and every node built is paid from ``budget`` (a ``$defs``
-    that references itself k times per level expands as k**depth: 12 per level grew to 2.1 GB, issue 42).
+    (a recursive ``$defs`` must not recurse forever) and every node of the result, the part left as is included, is
+    paid from ``budget`` in nodes and bytes (a ``$defs`` that references itself k times per level expands as
+    k**depth: 12 per level grew to 2.1 GB, issue 42; a large string in it is copied as often, issue 49).
 
     Raises:
-        RemoteBoundError: ``bound`` ``"max_schema_nodes"``: the budget ran out.
+        RemoteBoundError: ``bound`` ``"max_schema_nodes"`` or ``"max_schema_bytes"``: the budget ran out.
     """
-    budget.spend()
     if depth > 20:
+        budget.spend_subtree(schema)
         return schema
+    budget.spend(schema)
     if isinstance(schema, dict):
         ref = schema.get("$ref")
         if isinstance(ref, str) and ref.startswith("#/$defs/") and ref[8:] in defs:
@@ -213,16 +267,19 @@ def _tool_method(schema: dict, asynchronous: bool = False,
                  budget: _SchemaBudget | None = None) -> tuple[str, Callable]:
     """``(name, function)`` for one OpenAI tool schema; the function forwards ``**kwargs`` to ``self._call_tool``
     (``asynchronous``: an ``async def`` that runs it in a worker thread, ``asyncio.to_thread``); ``$defs`` are
-    expanded within ``budget`` (default: :class:`ClientBounds`' ``max_schema_nodes``).
+    expanded within ``budget`` (default: :class:`ClientBounds`' ``max_schema_nodes`` and ``max_schema_bytes``),
+    which also pays for the tool's own description.
 
     ``__signature__``/``__annotations__``/``__doc__`` are set so that ``transformers.utils.get_json_schema`` gives
     back the tool's name, description, parameters (types, required ones, enums) and their descriptions.
 
     Raises:
         ValueError: a name that is not a Python identifier, or one :data:`_RESERVED`.
-        RemoteBoundError: the expanded schemas outgrow ``budget`` (``bound`` ``"max_schema_nodes"``).
+        RemoteBoundError: the expanded schemas outgrow ``budget`` (``bound`` ``"max_schema_nodes"`` or
+            ``"max_schema_bytes"``).
     """
-    budget = budget or _SchemaBudget(ClientBounds().max_schema_nodes)
+    if budget is None:
+        budget = _SchemaBudget(ClientBounds().max_schema_nodes, ClientBounds().max_schema_bytes)
     fn_schema = schema.get("function", schema)
     name = fn_schema["name"]
     if not name.isidentifier() or keyword.iskeyword(name) or name.startswith("_") or name in _RESERVED:
@@ -259,6 +316,7 @@ def _tool_method(schema: dict, asynchronous: bool = False,
             return self._call_tool(name, kwargs)
 
     description = _one_line(fn_schema.get("description") or name)
+    budget.spend_bytes(len(description) + len(name))
     doc = description + ("\n\nArgs:\n" + "\n".join(arg_docs) if arg_docs else "")
     doc += "\n\nReturns:\n    The environment's answer."
     tool.__name__ = tool.__qualname__ = name
@@ -484,9 +542,10 @@ def environment_factory(env_id: str | None = None, *, url: str | None = None, as
             calls concurrently on its event loop (its sync tools go to a thread pool: also concurrent). ``reset``
             stays synchronous: TRL calls it so.
         bounds: what the class accepts from a server (:class:`~envs.adapters.remote_env.ClientBounds`; its
-            ``max_schema_nodes`` applies to a local env's schemas too). Defaults: replies at most 8 MiB after
-            decompression, JSON at most 64 deep with at most 100,000 arrays/objects, the tool schemas at most
-            50,000 nodes once ``$defs`` are expanded (all tools together), no redirect to another origin.
+            ``max_schema_nodes`` and ``max_schema_bytes`` apply to a local env's schemas too). Defaults: replies
+            at most 8 MiB after decompression, JSON at most 64 deep with at most 100,000 arrays/objects, the tool
+            schemas at most 50,000 nodes and 1 MiB of JSON text once ``$defs`` are expanded (all tools together,
+            every copy a ``$ref`` makes counted), no redirect to another origin.
         **make_kwargs: forwarded to every ``gym.make`` (``split``, ``user``, ``max_steps``, ``reward``, ...). The
             class is built from one probe env reset on the first usable task, never with an LLM customer
             (``user="llm"`` is probed as ``"scripted"``: same tools); its instances use ``make_kwargs`` as given.
@@ -540,7 +599,7 @@ def environment_factory(env_id: str | None = None, *, url: str | None = None, as
     members: dict[str, Any] = {"_env_id": env_id, "_url": url, "_make_kwargs": dict(make_kwargs), "_has_user": has_user,
                                "_do_nothing_action": do_nothing, "_recipe": recipe, "__module__": __name__,
                                "_bounds": bounds}
-    budget = _SchemaBudget(bounds.max_schema_nodes)
+    budget = _SchemaBudget(bounds.max_schema_nodes, bounds.max_schema_bytes)
     for schema in tools:
         name, fn = _tool_method(schema, asynchronous, budget)
         if name in members:
