@@ -31,7 +31,7 @@ def test_every_split_tau2_defines():
         "airline": {"train", "test", "base"},
         "retail": {"train", "test", "base"},
         "telecom": {"small", "train", "test", "base", "full"},
-        "mock": {"base"},
+        "mock": {"base", "generated_train", "generated_test"},  # generated: envs/tau2/generated_tasks.py
     }
     for domain, splits in expected.items():
         assert set(task_splits(domain)) == splits
