@@ -207,3 +207,43 @@ def test_client_bounds_include_the_byte_bound():
     assert ClientBounds().max_schema_bytes == 1 << 20
     with pytest.raises(ValueError, match="max_schema_bytes"):
         ClientBounds(max_schema_bytes=0)
+
+
+# ------------------------------------------------------------------------------- 3. the OpenEnv client's replies
+_OPENENV = "__import__('envs.adapters.torchrl_openenv', fromlist=['OpenEnvTextEnv']).OpenEnvTextEnv"
+_DEEP = '{"type": "observation", "data": ' + "[" * 5_000 + "]" * 5_000 + "}"
+_BOMB = ('{"type": "observation", "data": {"observation": {"messages": [], "info": {"x": ['
+         + "{}," * ((63 << 20) // 3) + "{}]}}}}")
+
+
+@pytest.mark.parametrize("reply,raised,bound", [
+    (_DEEP, "RemoteBoundError", "max_json_depth"),
+    (_BOMB, "RemoteBoundError", "max_reply_bytes"),
+    (_escaped_quotes(64 << 10), "RemoteEnvError", None),
+], ids=["deep", "compression_bomb", "escaped_quotes"])
+def test_the_openenv_client_applies_the_reply_bounds(reply, raised, bound):
+    """``OpenEnvTextEnv`` (openenv-core's client) against a hostile server: a reply 5,000 deep, a ~64 MiB reply
+    that deflate packs into ~62 KB, 64 KB of ``"\\"\\"...``: each refused with the bound it broke, memory near the
+    baseline (~210 MB with openenv-core imported; the seconds include that import). It used to raise
+    ``RecursionError`` dressed as a ``ValueError``, to parse the bomb under openenv-core's 100 MiB message cap
+    (``MemoryError`` at 1 GiB, 782 MB peak), and to let ``json.loads``' ``JSONDecodeError`` out."""
+    pytest.importorskip("openenv", reason="needs the optional extra [serve] (openenv-core)")
+    with hostile_server(reply) as (url, _):
+        out = _victim(f"{_OPENENV}({url!r}, message_timeout_s=10).reset()", timeout_s=60)
+    assert out["raised"] == raised and out["bound"] == bound, out
+    assert out["seconds"] < 40 and out["maxrss_mb"] < 400, out
+
+
+def test_the_openenv_client_reads_a_sane_reply():
+    pytest.importorskip("openenv", reason="needs the optional extra [serve] (openenv-core)")
+    from envs.adapters.torchrl_openenv import OpenEnvTextEnv
+
+    with hostile_server(_opening([{"type": "function", "function": {"name": "done", "parameters": {}}}])) as (url, _):
+        env = OpenEnvTextEnv(url, message_timeout_s=10)
+        try:
+            obs, info = env.reset()
+        finally:
+            env.close()
+    assert obs == [{"role": "user", "content": "hi"}] and info["tools"][0]["function"]["name"] == "done"
+    with pytest.raises(ValueError, match="ClientBounds"):
+        OpenEnvTextEnv(url, bounds={"max_reply_bytes": 1})

@@ -30,10 +30,13 @@ available (OpenEnv's protocol has no task listing; pass ``task_index`` / ``optio
 """
 from __future__ import annotations
 
+import asyncio
+import functools
 from typing import Any
 
 import gymnasium as gym
 
+from envs.adapters.remote_env import ClientBounds, RemoteBoundError, RemoteEnvError, parse_reply
 from envs.contract import check_action
 from envs.spaces import AssistantAction, ChatMessages
 
@@ -48,6 +51,12 @@ class OpenEnvTextEnv(gym.Env):
         connect_timeout_s: seconds to open the WebSocket.
         message_timeout_s: seconds to wait for the answer to one ``reset`` / ``step`` (a tau2 step with an LLM
             customer waits for the customer's model).
+        bounds: what a reply may cost (:class:`envs.adapters.remote_env.ClientBounds`, as for
+            :class:`~envs.adapters.remote_env.RemoteEnv`): its ``max_reply_bytes`` (8 MiB, after decompression) is
+            the client's ``max_message_size_mb`` (openenv-core's default: 100 MiB), and every reply passes
+            ``max_json_depth`` / ``max_json_containers`` before ``json.loads`` (openenv-core parses it
+            unchecked: a 200k-deep reply raised ``RecursionError``). It expands no schema (the tools reach the
+            chat template as data), so the ``max_schema_*`` bounds do not apply.
         exact_messages: fill ``info["messages"]`` after every step with the server's own conversation (one more
             round trip per step: ``state``). Default ``False``: ``envs.serve`` sends only the new messages, and
             ``info["messages"]`` is the conversation accumulated here (reset messages, each action as sent, each
@@ -55,7 +64,8 @@ class OpenEnvTextEnv(gym.Env):
             in how an action is written (the raw text sent vs. the env's parsed assistant message).
 
     Raises (``reset``): ``ValueError`` when the server rejects the reset (unknown task id, index out of range,
-    bad option). (``step``): ``TypeError`` for an action outside the action space (checked here, nothing sent);
+    bad option); ``RemoteBoundError`` / ``RemoteEnvError`` (``BAD_REPLY``) for a reply past ``bounds`` or not
+    JSON (``reset`` and ``step``). (``step``): ``TypeError`` for an action outside the action space (checked here, nothing sent);
     ``RuntimeError`` for anything the server reports (step before reset or after the end, an env failure).
     Connection errors of the client (``websockets``/``OSError``/``TimeoutError``) propagate.
     """
@@ -63,16 +73,16 @@ class OpenEnvTextEnv(gym.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, base_url: str, *, connect_timeout_s: float = 10.0, message_timeout_s: float = 60.0,
-                 exact_messages: bool = False):
-        try:
-            from openenv.core.generic_client import GenericEnvClient
-        except ImportError as e:  # pragma: no cover - exercised only without the extra
-            raise ImportError("OpenEnvTextEnv needs the [serve] extra: pip install -e '.[serve]' (openenv-core)") from e
+                 exact_messages: bool = False, bounds: ClientBounds | None = None):
+        if bounds is not None and not isinstance(bounds, ClientBounds):
+            raise ValueError(f"bounds must be a ClientBounds, got {type(bounds).__name__}")
         self.base_url = base_url
+        self.bounds = bounds or ClientBounds()
         self.observation_space = ChatMessages()
         self.action_space = AssistantAction()
-        self._client = GenericEnvClient(base_url=base_url, connect_timeout_s=connect_timeout_s,
-                                        message_timeout_s=message_timeout_s).sync()
+        self._client = _bounded_client_class()(
+            self.bounds, base_url=base_url, connect_timeout_s=connect_timeout_s, message_timeout_s=message_timeout_s,
+            max_message_size_mb=self.bounds.max_reply_bytes / (1 << 20)).sync()
         self._client.connect()
         self._closed = False
         self.exact_messages = bool(exact_messages)
@@ -88,6 +98,8 @@ class OpenEnvTextEnv(gym.Env):
             data[key] = value  # the server validates (unknown keys, types): BadRequestError -> ValueError here
         try:
             result = self._client.reset(**data)
+        except RemoteEnvError:  # a reply past the bounds, or not JSON: the server's fault, not the reset's
+            raise
         except RuntimeError as e:
             raise ValueError(f"{self.base_url}: {e}") from e
         observation = result.observation or {}
@@ -124,6 +136,42 @@ class OpenEnvTextEnv(gym.Env):
         if not self._closed:
             self._closed = True
             self._client.close()
+
+
+@functools.cache
+def _bounded_client_class() -> type:
+    """openenv-core's ``GenericEnvClient`` whose every reply is checked by
+    :func:`envs.adapters.remote_env.parse_reply` (size already capped by websockets' ``max_size``; then depth and
+    containers by the linear scan, then ``json.loads``), and whose oversized reply raises ``RemoteBoundError``
+    ``max_reply_bytes`` instead of a bare ``ConnectionClosedError``. Overrides openenv-core 0.3's ``_receive``
+    (``[serve]`` pins ``openenv-core>=0.3,<0.4``; ``tests/test_issue49_client_bounds.py`` checks it)."""
+    try:
+        from openenv.core.generic_client import GenericEnvClient
+    except ImportError as e:  # pragma: no cover - exercised only without the extra
+        raise ImportError("OpenEnvTextEnv needs the [serve] extra: pip install -e '.[serve]' (openenv-core)") from e
+
+    class BoundedGenericEnvClient(GenericEnvClient):
+        def __init__(self, bounds: ClientBounds, **kwargs: Any):
+            super().__init__(**kwargs)
+            self._bounds = bounds
+
+        async def _receive(self) -> dict:
+            from websockets.exceptions import ConnectionClosed
+            from websockets.frames import CloseCode
+
+            try:
+                raw = await asyncio.wait_for(self._ws.recv(), timeout=self._message_timeout)
+            except ConnectionClosed as e:
+                if e.sent is not None and e.sent.code == CloseCode.MESSAGE_TOO_BIG:
+                    raise RemoteBoundError("max_reply_bytes", f"the reply is larger than {self._bounds.max_reply_bytes}"
+                                                              f" bytes (after decompression)") from None
+                raise
+            reply = parse_reply(raw, self._bounds)
+            if not isinstance(reply, dict):
+                raise RemoteEnvError(f"unexpected reply {reply!r:.200}", "BAD_REPLY")
+            return reply
+
+    return BoundedGenericEnvClient
 
 
 def make_openenv_torchrl_env(base_url: str, batch_size: int = 1, *, tokenizer: Any | None = None,
