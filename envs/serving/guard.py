@@ -7,7 +7,9 @@ import asyncio
 import ctypes
 import ctypes.util
 import functools
+import os
 import re
+import sys
 from collections.abc import Callable
 
 
@@ -23,9 +25,11 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("envs.serve needs the [serve] extra: pip install -e '.[serve]' (openenv-core)") from e
 
 from envs.serving.limits import (
-    DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_INFLIGHT_BODY_BYTES,
-    DEFAULT_SEND_TIMEOUT_S, LINGER_S, SMALL_BODY_BYTES, TRIM_AFTER_FREED_BYTES,
+    DEFAULT_BACKLOG, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_INFLIGHT_BODY_BYTES, DEFAULT_SEND_TIMEOUT_S, FD_RESERVE, LINGER_S, LINGER_SLOTS, SMALL_BODY_BYTES,
+    TRIM_AFTER_FREED_BYTES,
 )
+from envs.serving.descriptors import fit_descriptors, install_accept_error_log
 from envs.serving.environment import _dumps
 from envs.grader_queue import GRADING_CLIENT, peer_key
 
@@ -131,6 +135,8 @@ class _Guard:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
+            if scope["type"] == "lifespan":  # the server's loop: running out of descriptors is logged once a minute
+                install_accept_error_log(asyncio.get_running_loop())
             return await self.app(scope, receive, send)
         GRADING_CLIENT.set(peer_key(scope))  # graders shared per client (envs.grader_queue); this task's context only
         refusal = self._refusal(scope)
@@ -238,6 +244,19 @@ async def _reply(send, status: int, detail: str, close: bool = False) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def _drain(transport) -> None:
+    """Read and drop what the client has sent so far on ``transport``'s socket (it is non-blocking), so that closing
+    it sends a FIN: a close with unread bytes is answered by a reset, which can destroy the reply on its way."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return
+    try:
+        while os.read(sock.fileno(), 65536):
+            pass
+    except OSError:  # BlockingIOError: nothing more for now; anything else: the socket is gone anyway
+        pass
+
+
 class _LingeringTransport:
     """An HTTP connection's asyncio transport as uvicorn sees it: every call goes to the real transport except
     ``close``, which :meth:`_TimedH11Protocol._close` turns into a lingering close while the client is still sending
@@ -261,16 +280,21 @@ class _TimedH11Protocol(_WriteDeadline, H11Protocol):
     deadline (:class:`_WriteDeadline`): a reply must be taken within ``send_timeout_s`` of the connection's buffer
     filling up (the timer runs from the first stall to the reply's last piece leaving the buffer). And with a cap on
     open connections: a connection that finds ``max_connections`` open (uvicorn's count: HTTP and WebSocket) is
-    answered 503 naming the cap at once, then half-closed and aborted after :data:`LINGER_S` (what it sends
-    meanwhile is dropped); it is not counted meanwhile. And with a lingering close: a connection closed while the client is
+    answered 503 naming the cap at once, then -- while fewer than ``linger_slots`` refusals linger -- half-closed and
+    aborted after :data:`LINGER_S` (what it sends meanwhile is dropped), otherwise closed at once (what it had sent
+    read first): a refusal leaves the cap's count, and only the slots hold descriptors past it (issue 49: uncounted
+    lingering refusals took a server to its descriptor limit). And with a lingering close: a connection closed while the client is
     still sending its request body (a 413 or 408 answered with ``connection: close``) is half-closed -- the reply and
     then FIN are sent -- and what the client still sends is read and dropped until it closes or :data:`LINGER_S` have
     passed, then aborted; a close at once would leave unread bytes, which the kernel answers with a reset that can
     destroy the reply before the client reads it."""
 
     max_connections = DEFAULT_MAX_CONNECTIONS
+    linger_slots = LINGER_SLOTS  # refusals that may linger at once; their count is shared: _lingering[0]
+    _lingering = [0]
     _refused = False  # answered 503 at the connection cap, or closing with a linger: what the client sends is dropped
     _linger_timer = None
+    _holds_slot = False  # a refusal lingering in one of the linger_slots
 
     def _close(self) -> None:
         """``transport.close()`` as uvicorn calls it: a lingering close (half-close, drop what arrives, abort after
@@ -293,12 +317,23 @@ class _TimedH11Protocol(_WriteDeadline, H11Protocol):
         self._linger_timer = self.loop.call_later(LINGER_S, transport.abort)
 
     def _refuse_connection(self) -> None:
+        """Answer 503 naming the cap; linger in one of the ``linger_slots`` if one is free, else close at once (what
+        the client had sent is read and dropped first, so that the close is a FIN rather than a reset): a descriptor
+        is held past this call only within the slots (issue 49)."""
         self.connections.discard(self)
         body = _dumps({"detail": f"server busy: {self.max_connections} connections open, the cap (max_connections); "
                                  "retry later"}).encode()
         self.transport.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
                              b"content-length: %d\r\nretry-after: 1\r\nconnection: close\r\n\r\n%s" % (len(body), body))
-        self._linger()
+        if self._lingering[0] < self.linger_slots:
+            self._lingering[0] += 1
+            self._holds_slot = True
+            self._linger()
+        else:
+            self._refused = True
+            transport = self.transport._transport
+            _drain(transport)
+            transport.close()
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -342,6 +377,9 @@ class _TimedH11Protocol(_WriteDeadline, H11Protocol):
         self._disarm_write()
         if self._linger_timer is not None:
             self._linger_timer.cancel()
+        if self._holds_slot:
+            self._holds_slot = False
+            self._lingering[0] -= 1
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -365,23 +403,34 @@ class _TimedH11Protocol(_WriteDeadline, H11Protocol):
 
 def uvicorn_config(app, *, host: str = "127.0.0.1", port: int = 8000, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S,
-                   max_connections: int = DEFAULT_MAX_CONNECTIONS, log_level: str = "warning", **kwargs):
+                   max_connections: int = DEFAULT_MAX_CONNECTIONS, backlog: int = DEFAULT_BACKLOG,
+                   fd_reserve: int = FD_RESERVE, log_level: str = "warning", **kwargs):
     """The ``uvicorn.Config`` that serves ``app``: WebSocket messages capped at ``max_body_bytes``, the h11
     protocol with a ``header_timeout_s`` head deadline (:class:`_TimedH11Protocol`), HTTP and WebSocket connections
     dropped when a reply is not taken within ``send_timeout_s`` seconds of their send buffer filling up, and at most
     ``max_connections`` open connections (default :data:`DEFAULT_MAX_CONNECTIONS`, 256; one more is answered 503 and
-    closed).
+    closed, lingering only within :data:`LINGER_SLOTS`) with a listen ``backlog`` (default :data:`DEFAULT_BACKLOG`).
+
+    File descriptors (:func:`envs.serving.descriptors.fit_descriptors`): the process's soft ``RLIMIT_NOFILE`` is raised
+    to its hard limit, and where connections, backlog and lingering refusals would still not fit under it with a
+    reserve of ``fd_reserve`` (default :data:`FD_RESERVE`, for grader workers and env files; ``python -m envs.serve
+    --workers`` adds a socket per session), they are lowered to fit; a line on stderr says so. The event loop logs running out of
+    descriptors once a minute, not once per failed ``accept``.
 
     Raises:
-        ValueError: a non-positive timeout or ``max_connections`` < 1.
+        ValueError: a non-positive timeout, ``max_connections`` or ``backlog`` < 1, or a descriptor limit under which not
+            one connection fits.
     """
     for name, v in (("header_timeout_s", header_timeout_s), ("send_timeout_s", send_timeout_s),
-                    ("max_connections", max_connections)):
+                    ("max_connections", max_connections), ("backlog", backlog)):
         if v <= 0:
             raise ValueError(f"{name} must be > 0, got {v}")
+    budget = fit_descriptors(int(max_connections), int(backlog), LINGER_SLOTS, reserve=int(fd_reserve))
+    if budget.note:
+        print(f"envs.serve: {budget.note}", file=sys.stderr, flush=True)
     timers = {"header_timeout_s": float(header_timeout_s), "send_timeout_s": float(send_timeout_s),
-              "max_connections": int(max_connections)}
+              "max_connections": budget.max_connections, "linger_slots": budget.linger_slots, "_lingering": [0]}
     http = type("TimedH11Protocol", (_TimedH11Protocol,), timers)
     ws = type("TimedWSProtocol", (_TimedWSProtocol,), {"send_timeout_s": float(send_timeout_s)})
     return uvicorn.Config(app, host=host, port=port, http=http, ws=ws, ws_max_size=max_body_bytes, log_level=log_level,
-                          **kwargs)
+                          backlog=budget.backlog, **kwargs)

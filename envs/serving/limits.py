@@ -36,6 +36,23 @@ DEFAULT_MAX_CONNECTIONS = 256
 LINGER_S = 2.0
 
 
+#: Most connections refused at the connection cap that linger at once (answered 503, then half-closed for
+#: :data:`LINGER_S`); a refusal past them is answered 503 and closed at once (what the client had sent read and dropped
+#: first, so the close is a FIN, not a reset). Each lingering one holds a descriptor (issue 49: uncounted, they took a
+#: server to its descriptor limit).
+LINGER_SLOTS = 32
+
+
+#: Default listen backlog: connections the kernel queues before the server accepts them, and the most asyncio accepts
+#: in one wake-up -- each a descriptor before its protocol runs (uvicorn's own default, 2048, is two 1024 limits).
+DEFAULT_BACKLOG = 128
+
+
+#: Descriptors kept free for what the server opens besides connections: grader workers' pipes, env data files, logs
+#: (:func:`envs.serving.descriptors.fit_descriptors`).
+FD_RESERVE = 64
+
+
 #: Default limit on one session's conversation (UTF-8 JSON bytes of its messages and actions).
 DEFAULT_MAX_SESSION_BYTES = 8 << 20
 
