@@ -120,6 +120,8 @@ def model_text_patterns() -> dict[tuple[str, str], int]:
 #: (file, the variable the pattern is assigned to, or its source when inline) -> why it never sees model text.
 NOT_MODEL_TEXT: dict[tuple[str, str], str] = {
     ("envs/gsm8k/data.py", "_HF_ID_RE"): "a dataset id from the config",
+    ("envs/tau2/task_file.py", "_SURROGATE_ESCAPE_RE"): "a user's tasks file (size-capped first), never model text; "
+                                                        "no nested quantifier: one pass",
     ("envs/serving/guard.py", "_HOST_RE"): "a request's Host header (uvicorn caps a header line), never model text",
     ("envs/gsm8k/env.py", "text"): "the dataset's reference solution (demonstrations)",
     ("envs/reasoning_gym/grading.py", "_NUMERIC_GOLD"): "the gold answer",
