@@ -64,7 +64,7 @@ def test_a_decode_step_never_synchronises(model):
     be = TransformersBackend(model, pad_token_id=0, decode="static")
     s = SamplingConfig(max_new_tokens=40, temperature=1.0, seed=0)  # no stop tokens: all 40 steps run
     be.generate(PROMPTS, s)  # warm: slot allocated
-    logits, cache, am, next_pos = be._prefill(PROMPTS, 0)
+    logits, cache, am, next_pos, _prefix = be._prefill(PROMPTS, 0)
     dec = be._static
     slot = dec.start(cache, am, next_pos, 8)
     tok = logits.argmax(-1)

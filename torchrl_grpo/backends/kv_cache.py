@@ -24,7 +24,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from torchrl_grpo.exact_paths import full_length_cache_refusal, note_fallback
 
-__all__ = ["PreallocatedLayer", "PreallocatedCache", "supports_preallocation"]
+__all__ = ["PreallocatedLayer", "PreallocatedCache", "assemble_cache", "supports_preallocation"]
 
 
 class PreallocatedLayer(DynamicLayer):
@@ -77,6 +77,13 @@ class PreallocatedLayer(DynamicLayer):
         k[:, :, : self.length].copy_(self._k[:, :, : self.length])
         v[:, :, : self.length].copy_(self._v[:, :, : self.length])
         self._k, self._v, self.capacity = k, v, capacity
+
+    def adopt(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+        """Take ``keys`` / ``values`` [B, H_kv, capacity, D] as the buffers (no copy), ``length`` slots filled."""
+        self.dtype, self.device = keys.dtype, keys.device
+        self._k, self._v, self.capacity, self.length = keys, values, keys.shape[2], int(length)
+        self.is_initialized = True
+        self._set_views()
 
     def load(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Start from existing keys/values [B, H_kv, T, D] (a prefix cache), copied into fresh buffers."""
@@ -144,6 +151,68 @@ class PreallocatedCache(DynamicCache):
                 if layer.is_initialized and layer.get_seq_length() > 0:
                     new.load(layer.keys, layer.values)
                 self.layers.append(new)
+
+
+def assemble_cache(prefix: Cache | None, rows: list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]] | None],
+                   width: int, capacity: int | None = None) -> DynamicCache:
+    """A batch cache of ``len(rows)`` rows and ``Lp + width`` filled columns: the ``Lp`` columns of ``prefix`` (batch
+    1, copied to every row), then each row's own keys/values right-aligned in the next ``width`` columns
+    (the cross-turn KV reuse of :mod:`torchrl_grpo.backends.turn_kv_cache`). The columns before a row's own part
+    are zeros, never uninitialised memory (a masked column still enters attention's weighted sum, with weight 0):
+    the caller's attention mask must hide them.
+
+    Args:
+        prefix: batch-1 cache (per layer ``[1, H_kv, Lp, D]``) or None (``Lp = 0``); only read.
+        rows: per row, per-layer ``(keys, values)`` ``[H_kv, n_r, D]`` with ``n_r <= width``, or None (no own part).
+        width: columns for the rows' own parts.
+        capacity: a :class:`PreallocatedCache` with this many slots per layer (at least ``Lp + width``); None: a
+            :class:`~transformers.DynamicCache`.
+
+    Raises:
+        ValueError: no prefix and no row to take the layers' shapes from, a row longer than ``width``, rows with
+            another layer count than the prefix, or ``capacity < Lp + width``.
+    """
+    own = [r for r in rows if r is not None]
+    if prefix is not None:
+        like = [lay.keys for lay in prefix.layers]
+        lp = like[0].shape[2]
+    elif own:
+        like, lp = [k[None] for k in own[0][0]], 0
+    else:
+        raise ValueError("assemble_cache needs a prefix or at least one row")
+    if any(len(k) != len(like) or len(v) != len(like) for k, v in own):
+        raise ValueError(f"rows must have {len(like)} layers like the prefix")
+    if any(k[0].shape[1] > width for k, _ in own):
+        raise ValueError(f"a row has more than width={width} columns")
+    filled = lp + width
+    cap = filled if capacity is None else int(capacity)
+    if cap < filled:
+        raise ValueError(f"capacity {cap} < the {filled} filled columns")
+    B = len(rows)
+    layers = []
+    for i, k0 in enumerate(like):
+        H, D = k0.shape[1], k0.shape[3]
+        bufs = []
+        for kv in (0, 1):
+            buf = torch.empty((B, H, cap, D), dtype=k0.dtype, device=k0.device)
+            buf[:, :, :filled].zero_()
+            if prefix is not None:
+                src = prefix.layers[i].keys if kv == 0 else prefix.layers[i].values
+                buf[:, :, :lp].copy_(src[:, :, :lp].expand(B, -1, -1, -1))
+            for b, r in enumerate(rows):
+                if r is not None:
+                    t = r[kv][i]
+                    buf[b, :, filled - t.shape[1] : filled].copy_(t)
+            bufs.append(buf)
+        layers.append(bufs)
+    if capacity is None:
+        return DynamicCache(ddp_cache_data=[(k, v) for k, v in layers])
+    cache = PreallocatedCache(cap)
+    for k, v in layers:
+        layer = PreallocatedLayer(cap)
+        layer.adopt(k, v, filled)
+        cache.layers.append(layer)
+    return cache
 
 
 def supports_preallocation(model: torch.nn.Module) -> bool:

@@ -7,6 +7,9 @@ It runs its own batched decode loop over a KV cache instead of ``model.generate`
 * keep the KV cache of the longest prefix shared by a whole batch (a tau2 domain's system prompt: policy and
   tool schemas, ~10k tokens for telecom) across calls, so later turns and later batches prefill only what
   follows it; the cache is dropped when the weights change (:meth:`load_weights`),
+* optionally (``turn_cache_mb``, off by default) keep each row's keys/values when it stops, so the next turn of a
+  multi-turn episode (a prompt that extends that row's prompt + sampled tokens) prefills only the env's reply and
+  what follows, not its whole history again (:mod:`torchrl_grpo.backends.turn_kv_cache`),
 * drop finished sequences from the batch as they stop (short answers free compute for long ones),
 * attend with grouped-query attention at decode steps without copying KV heads
   (:mod:`torchrl_grpo.backends.decode_attention`),
@@ -41,7 +44,8 @@ from torchrl_grpo.backends.base import Generation, RolloutBackend, SamplingConfi
 from torchrl_grpo.backends.decode_attention import decode_attention
 from torchrl_grpo.backends.factory import BackendInputs, BackendSpec, register_backend
 from torchrl_grpo.backends.graph_decode import STOP_CHECK_EVERY, StaticDecoder, forward_state
-from torchrl_grpo.backends.kv_cache import PreallocatedCache, supports_preallocation
+from torchrl_grpo.backends.kv_cache import PreallocatedCache, assemble_cache, supports_preallocation
+from torchrl_grpo.backends.turn_kv_cache import TurnKVCache
 
 __all__ = ["DECODE_MODES", "TransformersBackend", "make_transformers_backend", "sample_next_token"]
 
@@ -102,9 +106,15 @@ class TransformersBackend(RolloutBackend):
         decode: one of :data:`DECODE_MODES`. Partial rollouts (a ``weight_update_hook``) always decode eagerly, and
             so does a model the fixed-shape decode is not exact for
             (:func:`~torchrl_grpo.exact_paths.fixed_shape_decode_refusal`; logged once).
+        turn_cache_mb: cross-turn KV reuse (:mod:`torchrl_grpo.backends.turn_kv_cache`): keep the keys/values of the
+            last call's rows, up to this many MiB (a call whose rows need more keeps none); 0 disables it. Runs
+            where the prompt-prefix cache is exact (:func:`~torchrl_grpo.exact_paths.prefix_cache_refusal`; else
+            the plain path, logged once). ``stats``: ``turn_cache_hits`` (distinct prompts prefilled after kept
+            keys/values), ``reused_tokens`` (their kept tokens not prefilled again, beyond the shared prefix),
+            ``turn_cache_overflows`` (calls whose rows exceeded the cap).
 
     Raises:
-        ValueError: ``decode`` not in :data:`DECODE_MODES`.
+        ValueError: ``decode`` not in :data:`DECODE_MODES`, ``turn_cache_mb < 0``.
     """
 
     def __init__(
@@ -118,9 +128,12 @@ class TransformersBackend(RolloutBackend):
         gqa_decode: bool = True,
         preallocate_kv: bool = True,
         decode: str = "auto",
+        turn_cache_mb: float = 0.0,
     ) -> None:
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
+        if not turn_cache_mb >= 0:
+            raise ValueError(f"turn_cache_mb must be >= 0 (0 disables the cross-turn KV cache), got {turn_cache_mb!r}")
         self.model = model
         self.decode = decode
         self._static: StaticDecoder | None = None
@@ -135,7 +148,10 @@ class TransformersBackend(RolloutBackend):
         self._prefix: tuple[tuple[int, ...], DynamicCache] | None = None
         self._prefix_state: tuple = ()  # forward_state of the model when the prefix cache was built
         self._decode_path: str | None = None
+        self._turn = TurnKVCache(int(turn_cache_mb * 2**20)) if turn_cache_mb > 0 else None
         self.stats = {"prefix_hits": 0, "prefix_builds": 0, "prefilled_tokens": 0}
+        if self._turn is not None:
+            self.stats.update(turn_cache_hits=0, reused_tokens=0, turn_cache_overflows=0)
 
     @property
     def exact_log_probs(self) -> bool:
@@ -186,6 +202,8 @@ class TransformersBackend(RolloutBackend):
                         raise KeyError(f"backend model has no parameter {name!r}")
                     params[name].copy_(tensor.to(params[name].dtype))
         self._prefix = None  # cached keys/values belong to the old weights
+        if self._turn is not None:
+            self._turn.clear()
         self.policy_version += 1
 
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
@@ -201,12 +219,52 @@ class TransformersBackend(RolloutBackend):
         # chunk by max_batch_size, keeping identical prompts in the same chunk when possible
         order = sorted(range(len(prompts)), key=lambda i: (tuple(prompts[i]), i))
         out: list[Generation | None] = [None] * len(prompts)
-        with decode_attention(self.model) if self.gqa_decode else nullcontext():
-            for s in range(0, len(order), self.max_batch_size):
-                idx = order[s : s + self.max_batch_size]
-                for i, g in zip(idx, self._generate_chunk([prompts[i] for i in idx], sampling)):
-                    out[i] = g
+        turn = self._turn_cache()
+        try:
+            with decode_attention(self.model) if self.gqa_decode else nullcontext():
+                if turn is not None:  # the state the forward runs under (decode_attention swaps its attention)
+                    turn.begin(self.policy_version, forward_state(self.model))
+                for s in range(0, len(order), self.max_batch_size):
+                    idx = order[s : s + self.max_batch_size]
+                    for i, g in zip(idx, self._generate_chunk([prompts[i] for i in idx], sampling)):
+                        out[i] = g
+        except BaseException:
+            if turn is not None:
+                turn.clear()
+            raise
+        if turn is not None:
+            turn.finish(self.policy_version)
+            if turn.overflowed:
+                self.stats["turn_cache_overflows"] += 1
         return out  # type: ignore[return-value]
+
+    def _turn_cache(self) -> TurnKVCache | None:
+        """The cross-turn KV cache where it is on and exact for the model (else None, the refusal logged once)."""
+        if self._turn is None:
+            return None
+        refusal = prefix_cache_refusal(self.model)  # padding between kept keys and new tokens, as for the prefix
+        if refusal is not None:
+            note_fallback(self.model, "cross-turn KV cache", refusal)
+            return None
+        return self._turn
+
+    def _turn_plan(self, uprompts: list[tuple[int, ...]]):
+        """:meth:`TurnKVCache.plan` for ``uprompts`` under the model's current forward state; None: the plain
+        prefill."""
+        turn = self._turn_cache()
+        if turn is None or not turn.entries:
+            return None
+        return turn.plan(uprompts, forward_state(self.model))
+
+    def _capture_rows(self, prefix: tuple | None, rows: list[tuple[tuple[int, ...], int, torch.Tensor]],
+                      keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        """Keep, for the cross-turn KV cache, each ``(tokens, row, columns)`` of ``rows``: the keys/values
+        ``[B, H_kv, T, D]`` per layer at that row's real ``columns`` after the shared ``prefix``."""
+        turn = self._turn
+        for tokens, row, cols in rows:
+            if turn is None or not turn.collecting:
+                return
+            turn.capture(tokens, prefix, keys, values, row, cols)
 
     def _shared_prefix(self, uprompts: list[tuple[int, ...]], private: bool = True
                        ) -> tuple[tuple[int, ...], DynamicCache | None]:
@@ -249,41 +307,73 @@ class TransformersBackend(RolloutBackend):
         return pre, copy.deepcopy(cache) if private else cache
 
     def _prefill(self, prompts: list[list[int]], new_tokens: int = 0):
-        """Prefill each distinct prompt once (after a shared-prefix KV cache when there is one) and fan out to rows;
+        """Prefill each distinct prompt once (after a shared-prefix KV cache when there is one, or after a row's
+        kept keys/values of the last call: :mod:`~torchrl_grpo.backends.turn_kv_cache`) and fan out to rows;
         ``new_tokens``: decode steps to preallocate KV room for.
 
+        Layout of each row's cache columns: ``[shared prefix | pad | kept own part | pad | new tokens]`` (no kept
+        parts: ``[shared prefix | pad | prompt suffix]``), padding masked, position ids the mask's cumulative sum.
+
         Returns:
-            ``(logits [B, V], cache, attention_mask [B, S] long, next_pos [B] long)`` for the B rows of ``prompts``.
+            ``(logits [B, V], cache, attention_mask [B, S] long, next_pos [B] long, prefix)`` for the B rows of
+            ``prompts``; ``prefix`` the shared-prefix ``(tokens, cache)`` the rows' columns start with (None: none).
         """
         model, dev = self.model, self.device
         uniq: dict[tuple[int, ...], int] = {}
         row_to_uniq = [uniq.setdefault(tuple(p), len(uniq)) for p in prompts]
         uprompts = list(uniq.keys())
         U = len(uprompts)
-        prefix, cache = self._shared_prefix(uprompts, private=not self.preallocate_kv)
+        plan = self._turn_plan(uprompts)
+        if plan is None:
+            prefix, cache = self._shared_prefix(uprompts, private=not self.preallocate_kv)
+            ref = self._prefix if prefix else None
+            kept = [None] * U
+        else:
+            ref, kept = plan
+            prefix = ref[0] if ref is not None else ()
         Lp = len(prefix)
-        S = max(len(p) - Lp for p in uprompts)
-        if self.preallocate_kv:  # copies the shared prefix's keys/values (if any) into fresh buffers
+        own = [e.own_len if e is not None else 0 for e in kept]
+        C = max(own)  # columns of the kept own parts (0 without kept keys/values)
+        W0 = Lp + C  # cached columns before the new tokens
+        S = max(len(p) - Lp - c for p, c in zip(uprompts, own))
+        if plan is not None:
+            cache = assemble_cache(ref[1] if ref is not None else None,
+                                   [(e.keys, e.values) if e is not None else None for e in kept], C,
+                                   capacity=W0 + S + new_tokens if self.preallocate_kv else None)
+            self.stats["turn_cache_hits"] += sum(e is not None for e in kept)
+            self.stats["reused_tokens"] += sum(own)
+        elif self.preallocate_kv:  # copies the shared prefix's keys/values (if any) into fresh buffers
             cache = PreallocatedCache(Lp + S + new_tokens, prefix=cache)
         ids = torch.full((U, S), self.pad_token_id, dtype=torch.long)
-        am = torch.zeros((U, Lp + S), dtype=torch.long)
+        am = torch.zeros((U, W0 + S), dtype=torch.long)
         am[:, :Lp] = 1
-        for u, p in enumerate(uprompts):
-            sfx = p[Lp:]
+        for u, (p, c) in enumerate(zip(uprompts, own)):
+            am[u, W0 - c : W0] = 1
+            sfx = p[Lp + c :]
             ids[u, S - len(sfx) :] = torch.tensor(sfx, dtype=torch.long)
-            am[u, Lp + S - len(sfx) :] = 1
+            am[u, W0 + S - len(sfx) :] = 1
         ids, am = ids.to(dev), am.to(dev)
-        pos = (am.cumsum(-1) - 1).clamp_min(0)[:, Lp:]
+        pos = (am.cumsum(-1) - 1).clamp_min(0)[:, W0:]
         if cache is None:
             cache = DynamicCache()
-        else:
+        elif plan is None:
             cache.reorder_cache(torch.zeros(U, dtype=torch.long, device=dev))
-        self.stats["prefilled_tokens"] += int((am[:, Lp:] > 0).sum())
+        self.stats["prefilled_tokens"] += int((am[:, W0:] > 0).sum())
         logits = model(input_ids=ids, attention_mask=am, position_ids=pos, past_key_values=cache, use_cache=True,
                        logits_to_keep=1).logits[:, -1]
         fan = torch.tensor(row_to_uniq, dtype=torch.long, device=dev)
         cache.reorder_cache(fan)
-        return logits.index_select(0, fan), cache, am.index_select(0, fan), pos[:, -1].index_select(0, fan) + 1
+        return logits.index_select(0, fan), cache, am.index_select(0, fan), pos[:, -1].index_select(0, fan) + 1, ref
+
+    @staticmethod
+    def _kept_columns(am_row: torch.Tensor, prefix: tuple | None, extra: int = 0) -> torch.Tensor:
+        """A row's real cache columns after the shared ``prefix`` (long [n]): the nonzero columns of its attention
+        mask ``am_row`` [W], then ``extra`` columns after ``W`` (tokens fed by a fixed-shape decode)."""
+        lp = len(prefix[0]) if prefix is not None else 0
+        cols = am_row[lp:].nonzero().flatten() + lp
+        if extra > 0:
+            cols = torch.cat([cols, torch.arange(am_row.shape[0], am_row.shape[0] + extra, device=cols.device)])
+        return cols
 
     def _weights_changed(self, step: int) -> bool:
         """Partial rollouts: after every ``partial_rollout_chunk`` tokens, let the hook load pending weights; True
@@ -333,8 +423,9 @@ class TransformersBackend(RolloutBackend):
         model.eval()
         try:
             # 1. prefill each distinct prompt once, after a shared-prefix KV cache when there is one; fan out to rows
-            logits, cache, am, next_pos = self._prefill(prompts, sampling.max_new_tokens)
+            logits, cache, am, next_pos, prefix = self._prefill(prompts, sampling.max_new_tokens)
             B = len(prompts)
+            keep_rows = self._turn_cache() is not None  # cross-turn KV cache: keep each row's keys/values at its end
             stop = set(sampling.stop_token_ids)
             stop_t = torch.tensor(sorted(stop), dtype=torch.long, device=dev) if stop else None
             toks: list[list[int]] = [[] for _ in range(B)]
@@ -351,9 +442,17 @@ class TransformersBackend(RolloutBackend):
                     lps[r].append(lp_r)
                     vers[r].append(v)
                 done = torch.isin(tok, stop_t) if stop_t is not None else torch.zeros_like(tok, dtype=torch.bool)
-                for j in done.nonzero().flatten().tolist():
+                done_l = done.nonzero().flatten().tolist()
+                for j in done_l:
                     finish[act_l[j]] = "stop"
-                if step == sampling.max_new_tokens - 1:
+                last = step == sampling.max_new_tokens - 1
+                if keep_rows and self._turn.collecting and (done_l or last):
+                    # each stopping row's keys/values: its prompt and every token but the one just sampled (not fed)
+                    self._capture_rows(prefix, [(tuple(prompts[act_l[j]]) + tuple(toks[act_l[j]][:-1]), j,
+                                                 self._kept_columns(am[j], prefix))
+                                                for j in (range(len(act_l)) if last else done_l)],
+                                       [lay.keys for lay in cache.layers], [lay.values for lay in cache.layers])
+                if last:
                     break
                 keep = (~done).nonzero().flatten()
                 if keep.numel() == 0:
@@ -364,8 +463,8 @@ class TransformersBackend(RolloutBackend):
                 if self._weights_changed(step):
                     # partial rollout: the cached keys/values are the old policy's; re-encode prompt + tokens so far
                     # with the new weights, so every later token is sampled from the new policy
-                    logits, cache, am, next_pos = self._prefill([prompts[r] + toks[r] for r in active.tolist()],
-                                                                sampling.max_new_tokens - step - 1)
+                    logits, cache, am, next_pos, prefix = self._prefill(
+                        [prompts[r] + toks[r] for r in active.tolist()], sampling.max_new_tokens - step - 1)
                     continue
                 am = torch.cat([am, am.new_ones((am.shape[0], 1))], dim=1)
                 logits = model(
@@ -389,7 +488,7 @@ class TransformersBackend(RolloutBackend):
         was_training = model.training
         model.eval()
         try:
-            logits, cache, am, next_pos = self._prefill(prompts, 0)
+            logits, cache, am, next_pos, prefix = self._prefill(prompts, 0)
             B, T = len(prompts), sampling.max_new_tokens
             if self._static is None or self._static.model is not model:
                 self._static = StaticDecoder(model, use_graphs=graphs)
@@ -400,6 +499,8 @@ class TransformersBackend(RolloutBackend):
             lps = torch.zeros((B, T), dtype=torch.float32, device=dev)
             done = torch.zeros(B, dtype=torch.bool, device=dev)
             slot = self._static.start(cache, am, next_pos, T) if T > 1 else None
+            kv = (slot.keys, slot.values) if slot is not None else \
+                ([lay.keys for lay in cache.layers], [lay.values for lay in cache.layers])
             del cache
             gen = self._generator if dev.type == "cpu" else None
             n = 0
@@ -426,6 +527,10 @@ class TransformersBackend(RolloutBackend):
                         break
                 out.append(Generation(token_ids=t_r, logprobs=lp_rows[r][: len(t_r)], finish_reason=reason,
                                       versions=[v] * len(t_r)))
+            if self._turn_cache() is not None:  # slot column W + j holds the keys/values of sampled token j
+                self._capture_rows(prefix, [(tuple(prompts[r]) + tuple(g.token_ids[:-1]), r,
+                                             self._kept_columns(am[r], prefix, len(g.token_ids) - 1))
+                                            for r, g in enumerate(out)], *kv)
             return out
         finally:
             if was_training:
@@ -433,7 +538,7 @@ class TransformersBackend(RolloutBackend):
 
 
 def make_transformers_backend(inputs: BackendInputs, *, max_batch_size: int = 64,
-                              decode: str = "auto") -> TransformersBackend:
+                              decode: str = "auto", turn_cache_mb: float = 0.0) -> TransformersBackend:
     """The registered factory of ``rollout.backend=transformers``: a backend sharing ``inputs.model`` (sync is a
     no-op), or, with ``inputs.own_copy``, generating from a merged (LoRA), frozen copy on ``inputs.device``
     (None: the model's), synced by weight copy across devices.
@@ -442,9 +547,10 @@ def make_transformers_backend(inputs: BackendInputs, *, max_batch_size: int = 64
         inputs: the engine-neutral :class:`~torchrl_grpo.backends.factory.BackendInputs`.
         max_batch_size: ``rollout.max_batch_size``, most sequences per generate call.
         decode: ``rollout.decode``, the decode loop (:data:`DECODE_MODES`).
+        turn_cache_mb: ``rollout.turn_cache_mb``, the cross-turn KV cache's cap in MiB (0: off).
 
     Raises:
-        ValueError: ``decode`` not in :data:`DECODE_MODES`.
+        ValueError: ``decode`` not in :data:`DECODE_MODES`, ``turn_cache_mb < 0``.
     """
     model = inputs.model
     if inputs.own_copy:
@@ -455,7 +561,8 @@ def make_transformers_backend(inputs: BackendInputs, *, max_batch_size: int = 64
         if inputs.device is not None:
             model.to(inputs.device)
     return TransformersBackend(model, pad_token_id=inputs.tokenizer.pad_token_id, share_module=not inputs.own_copy,
-                               max_batch_size=max_batch_size, decode=decode)
+                               max_batch_size=max_batch_size, decode=decode, turn_cache_mb=turn_cache_mb)
 
 
-register_backend(BackendSpec("transformers", make_transformers_backend, settings=("max_batch_size", "decode")))
+register_backend(BackendSpec("transformers", make_transformers_backend,
+                             settings=("max_batch_size", "decode", "turn_cache_mb")))

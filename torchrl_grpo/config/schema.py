@@ -118,6 +118,10 @@ class RolloutConfig:
     # read per step: 48 tokens at batch 64 went from ~32 ms to a few ms per step on an H100), eager on CPU (drops
     # finished rows: there arithmetic dominates) | eager | static (fixed shapes, no graphs) | graph
     decode: str = "auto"
+    # transformers backend, multi-turn: keep each episode's keys/values (prompt + sampled tokens) from one turn to
+    # the next, so a turn prefills only the env's reply, up to this many MiB per generate call (0 = off;
+    # torchrl_grpo/backends/turn_kv_cache.py; exact where the prompt-prefix cache is: docs/training-fast-paths.md)
+    turn_cache_mb: float = 0.0
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
 
