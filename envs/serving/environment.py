@@ -27,7 +27,7 @@ try:  # the optional extra [serve]
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("envs.serve needs the [serve] extra: pip install -e '.[serve]' (openenv-core)") from e
 
-from envs.serving.limits import MAX_EPISODE_ID_CHARS, MAX_JSON_INT_DIGITS, MAX_JSON_NESTING
+from envs.serving.limits import MAX_EPISODE_ID_CHARS, MAX_JSON_INT_DIGITS, MAX_JSON_NESTING, SMALL_BODY_BYTES
 
 gym.register_envs(_envs)
 
@@ -422,6 +422,20 @@ def _parse(raw: bytes | str | None, empty: Any = None) -> Any:
     """
     if raw is None or (not raw.strip() if isinstance(raw, (str, bytes)) else False):
         return empty
+    if len(raw) <= SMALL_BODY_BYTES:
+        return _parse_text(raw)
+    with _LARGE_PARSE:  # one large body parsed at a time, whichever thread: each holds the GIL ~10-30 ms per MiB in C
+        return _parse_text(raw)
+
+
+#: Held while a body over :data:`SMALL_BODY_BYTES` is parsed (:func:`_parse`): the C parts of a parse (decoding, the
+#: depth scan, ``json.loads``) keep the GIL for their whole call, so parses side by side on several threads -- the parse
+#: pool, session threads -- would leave the event loop waiting behind one after another.
+_LARGE_PARSE = threading.Lock()
+
+
+def _parse_text(raw: bytes | str) -> Any:
+    """:func:`_parse` of a non-empty body."""
     try:
         text = raw.decode(json.detect_encoding(raw), "surrogatepass") if isinstance(raw, bytes) else raw
     except UnicodeDecodeError as e:
