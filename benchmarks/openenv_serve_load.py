@@ -41,6 +41,11 @@ server's RSS after the phase, whether every honest reward equals the in-process 
 adversary got. Writes ``benchmarks/results/openenv_serve_load.{json,md}`` with the command, versions
 and load average (the machine may be shared: the load average is in the report).
 
+``--server-workers N`` starts the server with ``--workers N`` (sessions' envs in N worker processes; issue 49's load
+target: 512 retail sessions, ``/health`` p99 < 100 ms), ``--start-timeout`` gives a slow (shared) machine longer to
+start it; the report gives ``/health`` p50 / p99 / max and passes ``--max-connections`` sized for the sessions and
+adversaries.
+
 Run pinned to one core (server and clients share it)::
 
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 taskset -c 0 python benchmarks/openenv_serve_load.py
@@ -527,7 +532,9 @@ def _summary(domain: str, label: str, sessions: int, episodes: list[dict], ph: d
         "step_p99_ms": 1e3 * _pct(steps, 99),
         "reset_p50_ms": 1e3 * statistics.median(r["reset_s"] for r in results),
         "health_p50_ms": 1e3 * _pct(ph["health"], 50),
+        "health_p99_ms": 1e3 * _pct(ph["health"], 99),
         "health_max_ms": 1e3 * max(ph["health"]),
+        "health_probes": len(ph["health"]),
         "server_rss_mb": rss,
         "server_rss_before_mb": rss_before,
         "server_rss_idle_after_mb": rss_idle,
@@ -538,18 +545,24 @@ def _summary(domain: str, label: str, sessions: int, episodes: list[dict], ph: d
         "adversaries": ph["adversaries"],
     }
     print(f"[{domain} {label}] {sessions} sessions in {wall:.2f} s: step p50 {out['step_p50_ms']:.1f} ms p99 "
-          f"{out['step_p99_ms']:.1f} ms, /health p50 {out['health_p50_ms']:.1f} max {out['health_max_ms']:.1f} ms, "
+          f"{out['step_p99_ms']:.1f} ms, /health p50 {out['health_p50_ms']:.1f} p99 {out['health_p99_ms']:.1f} max "
+          f"{out['health_max_ms']:.1f} ms, "
           f"rewards equal: {out['rewards_equal_in_process']}", flush=True)
     return out
 
 
-def bench_domain(domain: str, sessions: int, n_tasks: int, timeout: float, adv: dict | None) -> list[dict]:
+def bench_domain(domain: str, sessions: int, n_tasks: int, timeout: float, adv: dict | None, workers: int = 0,
+                 start_timeout: float = 60.0) -> list[dict]:
     episodes = gold_episodes(domain, n_tasks)
     port = _free_port()
     # adversarial sessions: inside the cap, beside the honest
     extra = 0 if adv is None else adv["huge"] + adv["state_loops"] + adv["floods"] + adv["slow_readers"] + 6
+    # connections: one per honest session (WebSocket, or an MCP agent's HTTP ones), the adversaries' and the probe's
+    conns = 2 * sessions + extra + (0 if adv is None else adv["half_open"] + 6 * adv["slow_readers"]) + 64
     cmd = [sys.executable, "-m", "envs.serve", f"tau2/{domain}-v0", "--port", str(port),
-           "--max-sessions", str(sessions + extra), "--idle-timeout", "300"]
+           "--max-sessions", str(sessions + extra), "--idle-timeout", "300", "--max-connections", str(conns)]
+    if workers:
+        cmd += ["--workers", str(workers)]
     if adv is not None:
         cmd += ["--max-body-bytes", str(adv["max_body"]), "--max-session-bytes", str(adv["max_session_bytes"]),
                 "--header-timeout", str(adv["header_timeout"]), "--send-timeout", str(adv["send_timeout"])]
@@ -564,7 +577,7 @@ def bench_domain(domain: str, sessions: int, n_tasks: int, timeout: float, adv: 
                     break
             except httpx.TransportError:
                 pass
-            if server.poll() is not None or time.time() - t0 > 60:
+            if server.poll() is not None or time.time() - t0 > start_timeout:
                 raise RuntimeError(f"server for {domain} did not start")
             time.sleep(0.2)
         # warm the server's domain (first env build: imports, database) so it is not timed as load
@@ -592,10 +605,14 @@ def to_markdown(rep: dict) -> str:
         + f"; {rep['cpus']} CPUs, CPU affinity {rep['cpu_affinity']} (server and clients share it), niceness "
         f"{rep.get('niceness')}; load average "
         f"before/after: {rep['loadavg_before']} / {rep['loadavg_after']}  ",
+        f"Server: `python -m envs.serve` with `--workers {rep.get('server_workers', 0)}` (0: every session in the "
+        "server's process; N: sessions in N worker processes, the server process keeping sockets, routes and "
+        "`/health`); the server and its workers inherit this process's CPU affinity and niceness. Server RSS counts "
+        "the server process only (not its workers).  ",
         f"Adversary settings: {rep['adversaries']}",
         "",
         ("| domain | phase | sessions | steps | wall s | sessions/s | steps/s | step p50 ms | step p99 ms | reset p50 ms "
-         "| /health p50 / max ms | server RSS MB: before / end / idle after | mean reward | rewards == in-process "
+         "| /health p50 / p99 / max ms | server RSS MB: before / end / idle after | mean reward | rewards == in-process "
          "| adversary violations |"),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -603,7 +620,7 @@ def to_markdown(rep: dict) -> str:
         lines.append(
             f"| {d['domain']} | {d['phase']} | {d['sessions']} | {d['steps']} | {d['wall_s']:.2f} | {d['sessions_per_s']:.1f} "
             f"| {d['steps_per_s']:.0f} | {d['step_p50_ms']:.1f} | {d['step_p99_ms']:.1f} | {d['reset_p50_ms']:.1f} "
-            f"| {d['health_p50_ms']:.1f} / {d['health_max_ms']:.1f} "
+            f"| {d['health_p50_ms']:.1f} / {d.get('health_p99_ms', float('nan')):.1f} / {d['health_max_ms']:.1f} "
             f"| {d.get('server_rss_before_mb')} / {d['server_rss_mb']} / {d.get('server_rss_idle_after_mb')} "
             f"| {d['mean_reward']:.2f} | {'yes' if d['rewards_equal_in_process'] else 'NO'} "
             f"| {len(d.get('violations', [])) or 'none'} |"
@@ -856,6 +873,9 @@ def main(argv=None) -> dict:
     p.add_argument("--send-timeout", type=float, default=5.0, help="server's --send-timeout (s) in the adversarial run")
     p.add_argument("--floods", type=int, default=2, help="tool-call flood adversary sessions")
     p.add_argument("--slow-readers", type=int, default=2, help="slow-reader adversary sessions (6 unread requests each)")
+    p.add_argument("--server-workers", type=int, default=0,
+                   help="the server's --workers: sessions in N worker processes (default 0: in the server's process)")
+    p.add_argument("--start-timeout", type=float, default=60.0, help="seconds the server may take to answer /health")
     p.add_argument("--note", default="", help="a line added to the report (e.g. the machine's state)")
     p.add_argument("--out", default="openenv_serve_load", help="results file stem under benchmarks/results/")
     p.add_argument("--no-write", action="store_true")
@@ -876,13 +896,15 @@ def main(argv=None) -> dict:
         "cpus": os.cpu_count(),
         "cpu_affinity": sorted(os.sched_getaffinity(0)),
         "niceness": os.nice(0),
+        "server_workers": args.server_workers,
         "loadavg_before": [round(x, 2) for x in os.getloadavg()],
         "adversaries": adv,
         "note": args.note,
         "domains": [],
     }
     for d in args.domains:
-        rep["domains"] += bench_domain(d, args.sessions, args.tasks, args.timeout, adv)
+        rep["domains"] += bench_domain(d, args.sessions, args.tasks, args.timeout, adv, args.server_workers,
+                                       args.start_timeout)
     rep["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     md = to_markdown(rep)
     print(md)

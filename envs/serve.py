@@ -150,6 +150,14 @@ text holds a run of digits over the limit).
 Replies are encoded as UTF-8 with errors replaced (a lone surrogate an env echoes becomes ``?``), so a
 reply can always be sent.
 
+Worker processes (``--workers N``, :mod:`envs.serving.workers`; default 0): the sessions' envs live in N worker
+processes instead of this one, so that env work never shares the event loop's GIL; this process keeps the sockets,
+the guard, every route, the session registry (cap, idle reaper, unsent bytes) and ``/health``. A session is placed
+once, when opened, on the worker with the fewest open sessions, and every later request of it, on any connection and
+protocol, goes to that worker (``GET /sessions`` lists open sessions per worker pid). uvicorn's own ``--workers`` is
+not used: its workers share the listening socket, so a session id on a new connection would reach whichever worker
+accepted it. A worker that dies takes its sessions with it (500s) and is not replaced.
+
 Sessions are isolated because each owns its env instance (tau2: its own copy-on-write database,
 :mod:`envs.tau2.cow`) and runs it on its own single thread; session ids are random UUIDs.
 """
@@ -178,7 +186,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 
 from envs.serving.limits import (
     DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_MAX_INFLIGHT_BODY_BYTES, DEFAULT_MAX_SESSION_BYTES, DEFAULT_SEND_TIMEOUT_S, LOOPBACK_HOSTS,
+    DEFAULT_MAX_INFLIGHT_BODY_BYTES, DEFAULT_MAX_SESSION_BYTES, DEFAULT_SEND_TIMEOUT_S, FD_RESERVE, LOOPBACK_HOSTS,
     MAX_JSON_INT_DIGITS, MAX_JSON_NESTING, SMALL_BODY_BYTES, _check_bounds,
 )
 from envs.serving.environment import GymTextEnvironment, TextAction, TextObservation, TextState
@@ -188,6 +196,7 @@ from envs.serving.session_routes import _add_session_routes
 from envs.serving.stateless_routes import _add_stateless_routes
 from envs.serving.ws_routes import _add_websocket_route
 from envs.serving.info_routes import _add_info_routes, _add_not_found_handler
+from envs.serving.workers import WorkerPool, worker_factory
 
 
 __all__ = ["GymTextEnvironment", "TextAction", "TextObservation", "TextState", "build_app", "main", "uvicorn_config",
@@ -199,7 +208,8 @@ def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int 
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_session_bytes: int | None = DEFAULT_MAX_SESSION_BYTES,
               body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S, allowed_origins: list[str] | tuple = (),
               allowed_hosts: list[str] | tuple = LOOPBACK_HOSTS, clock: Callable[[], float] = time.monotonic,
-              reap_interval_s: float | None = None, max_inflight_body_bytes: int = DEFAULT_MAX_INFLIGHT_BODY_BYTES):
+              reap_interval_s: float | None = None, max_inflight_body_bytes: int = DEFAULT_MAX_INFLIGHT_BODY_BYTES,
+              workers: int = 0):
     """The ASGI app serving ``env_id`` (see the module docstring for routes, errors and bounds).
 
     Args:
@@ -222,16 +232,22 @@ def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int 
         clock: time source of the idle timeout (seconds; injectable for tests).
         reap_interval_s: how often (real seconds) idle sessions are looked for; default ``idle_timeout_s / 4``
             within [0.05, 5].
+        workers: ``0`` (default): every session's env in this process, on the session's own thread; ``N``: the envs
+            in ``N`` worker processes (started with the app), a session placed once on the emptiest and kept there
+            (:mod:`envs.serving.workers`; ``env_id`` must then be registered by ``import envs``, and the env's state
+            lives in the worker: ``tau2``'s database, its graders).
 
     Raises:
         gymnasium.error.Error: ``env_id`` is not registered (checked at once, not at the first session).
-        ValueError: a non-positive bound.
+        ValueError: a non-positive bound, or ``workers`` < 0.
     """
     gym.spec(env_id)  # fail fast on an unknown id
     _check_bounds(max_sessions, idle_timeout_s, max_body_bytes, body_timeout_s, max_session_bytes)
     if max_inflight_body_bytes < max_body_bytes:
         raise ValueError(f"max_inflight_body_bytes ({max_inflight_body_bytes}) must be >= max_body_bytes ({max_body_bytes})")
-    factory = functools.partial(GymTextEnvironment, env_id, dict(env_kwargs or {}), max_session_bytes)
+    pool = _worker_pool(workers)
+    factory = (worker_factory(pool, env_id, dict(env_kwargs or {}), max_session_bytes) if pool is not None else
+               functools.partial(GymTextEnvironment, env_id, dict(env_kwargs or {}), max_session_bytes))
     # OpenEnv's session registry (cap, one thread per session, env built and closed on it); its reaper is off
     # (ours, _Sessions.reap_forever, runs on `clock`), and its routes are not registered (see the module docstring).
     server = HTTPEnvServer(factory, TextAction, TextObservation,
@@ -239,7 +255,7 @@ def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int 
     app = FastAPI(title=f"envs.serve: {env_id}", version="0", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.openenv_server = server
     app.state.env_id = env_id
-    sessions = _Sessions(server, clock, idle_timeout_s, reap_interval_s)
+    sessions = _Sessions(server, clock, idle_timeout_s, reap_interval_s, pool)
     _add_lifecycle(app, sessions)
     _add_session_routes(app, sessions, env_id, max_session_bytes)
     _add_stateless_routes(app, sessions, env_id)
@@ -249,6 +265,14 @@ def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int 
     add_mcp_protocols(app, sessions, max_body_bytes=max_body_bytes)
     return _Guard(app, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s, allowed_hosts=list(allowed_hosts),
                   allowed_origins=list(allowed_origins), max_inflight_body_bytes=max_inflight_body_bytes)
+
+
+def _worker_pool(workers: int) -> WorkerPool | None:
+    """``None`` for ``workers == 0``, else a (not yet started) pool of ``workers`` processes. Raises: ValueError
+    ``workers`` < 0."""
+    if workers < 0:
+        raise ValueError(f"workers must be >= 0, got {workers}")
+    return WorkerPool(workers) if workers else None
 
 
 class _Server(uvicorn.Server):
@@ -294,6 +318,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="a browser Origin to serve, e.g. http://localhost:3000 (repeatable; default: none)")
     p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                    help="a Host name to serve besides loopback and the bind address (repeatable; '*': any)")
+    p.add_argument("--workers", type=int, default=0,
+                   help="sessions' envs in N worker processes, each session kept on one (default 0: in this process)")
     p.add_argument("--env-kwargs", default="{}", help='JSON kwargs for gym.make, e.g. \'{"split": "test"}\'')
     p.add_argument("--log-level", default="warning")
     a = p.parse_args(argv)
@@ -317,9 +343,12 @@ def main(argv: list[str] | None = None) -> None:
     app = build_app(a.env_id, env_kwargs, max_sessions=a.max_sessions, idle_timeout_s=a.idle_timeout or None,
                     max_body_bytes=a.max_body_bytes, max_session_bytes=a.max_session_bytes or None,
                     body_timeout_s=a.body_timeout, allowed_origins=a.allow_origin, allowed_hosts=hosts,
-                    max_inflight_body_bytes=a.max_inflight_body_bytes)
+                    max_inflight_body_bytes=a.max_inflight_body_bytes, workers=a.workers)
+    # with workers, each open session holds a local socket to its worker (and OpenEnv's shared pool, 32 threads, may)
+    reserve = FD_RESERVE + (a.max_sessions + 32 * a.workers if a.workers else 0)
     _Server(uvicorn_config(app, host=a.host, port=a.port, max_body_bytes=a.max_body_bytes, header_timeout_s=a.header_timeout,
-                           send_timeout_s=a.send_timeout, max_connections=a.max_connections, log_level=a.log_level),
+                           send_timeout_s=a.send_timeout, max_connections=a.max_connections, log_level=a.log_level,
+                           fd_reserve=reserve),
             env_id=a.env_id).run()
 
 

@@ -310,6 +310,11 @@ class GymTextEnvironment(Environment):
         return TextObservation(messages=_jsonable(obs), info=_jsonable(step_info), done=self._done,
                                reward=float(reward), terminated=bool(terminated), truncated=bool(truncated))
 
+    def call(self, fn: Callable, *args: Any) -> Any:
+        """``fn(self, *args)``: a route's work on this session (:meth:`envs.serving.sessions._Sessions.run`; a
+        session in a worker process has the same method, :class:`envs.serving.workers.WorkerEnvironment`)."""
+        return fn(self, *args)
+
     def hold_unsent(self, n: int) -> None:
         """Count ``n`` bytes of a reply being sent (thread-safe; :meth:`release_unsent` when handed over)."""
         with self._unsent_lock:

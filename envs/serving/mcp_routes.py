@@ -81,7 +81,7 @@ class _SessionTools:
 
     async def list_tools(self, ctx, params) -> types.ListToolsResult:
         sid, env = self._env(ctx)
-        tools = await self.sessions.server._run_in_session_executor(sid, session_tools, env)
+        tools = await self.sessions.run(sid, env, session_tools)
         if tools is None:
             raise MCPError(types.INVALID_REQUEST, f"session {sid} has no episode yet: POST /sessions/{sid}/reset "
                            "first (its tools are its task's)")
@@ -94,7 +94,7 @@ class _SessionTools:
         except ValueError as e:
             return _error_result(str(e))
         self.sessions.touch(sid)
-        ok, out, end = await self.sessions.server._run_in_session_executor(sid, step_tool_call, env, action)
+        ok, out, end = await self.sessions.run(sid, env, step_tool_call, action)
         self.sessions.touch(sid)
         if end:  # the env's output went over max_session_bytes: the session is over, as on the HTTP routes
             await self.destroy(sid)

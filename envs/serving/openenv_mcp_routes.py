@@ -127,7 +127,7 @@ class _OpenEnvMcp:
         if sid is None:  # OpenEnv: a fresh env for this request only
             sid, env = await self._open()
             fresh.append(sid)
-            await self.sessions.server._run_in_session_executor(sid, env.reset, 0)
+            await self.sessions.run(sid, env, _reset_seed0)
             return env, await self._tools_op(sid, env, method, params)
         env = self.sessions.get(sid) if isinstance(sid, str) else None
         if env is None:
@@ -147,9 +147,8 @@ class _OpenEnvMcp:
             raise RpcError(SERVER_ERROR, f"could not open a session: {e.__cause__ or e}", data or None) from e
 
     async def _tools_op(self, sid: str, env: Any, method: str, params: dict) -> dict:
-        run = self.sessions.server._run_in_session_executor
         if method == "tools/list":
-            tools = await run(sid, session_tools, env)
+            tools = await self.sessions.run(sid, env, session_tools)
             if tools is None:
                 raise RpcError(INVALID_PARAMS, f"session {sid} has no episode yet: reset it first (the WebSocket "
                                f"/ws?session_id={sid}, or POST /sessions/{sid}/reset)")
@@ -161,10 +160,15 @@ class _OpenEnvMcp:
             action = tool_call_action(name, arguments)
         except ValueError as e:
             return _call_result(False, str(e))
-        ok, out, end = await run(sid, step_tool_call, env, action)
+        ok, out, end = await self.sessions.run(sid, env, step_tool_call, action)
         if end:
             await self.sessions.destroy(sid)
         return _call_result(ok, out)
+
+
+def _reset_seed0(env) -> None:
+    """A session-less request's fresh env reset with seed 0 (OpenEnv's), on the env's thread."""
+    env.reset(0)
 
 
 def _encode(body: dict) -> bytes:

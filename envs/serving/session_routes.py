@@ -30,7 +30,7 @@ async def _session_call(sessions: _Sessions, session_id: str, op: str, raw: byte
         return _json(404, _dumps({"detail": _unknown(session_id)}))
     sessions.touch(session_id)
     try:
-        status, body, end = await sessions.server._run_in_session_executor(session_id, _http_call, env, op, raw)
+        status, body, end = await sessions.run(session_id, env, _http_call, op, raw)
     finally:
         sessions.touch(session_id)
     if end:  # the session is over (its output went over the cap): free its env before answering
@@ -74,4 +74,5 @@ def _add_session_routes(app: FastAPI, sessions: _Sessions, env_id: str, max_sess
         server = sessions.server
         return {"active": server.active_sessions, "max": server.max_concurrent_envs,
                 "idle_timeout_s": sessions.idle_timeout_s, "max_session_bytes": max_session_bytes,
-                "unsent_bytes": sum(e.unsent_bytes for e in list(server._sessions.values()) if e is not None)}
+                "unsent_bytes": sum(e.unsent_bytes for e in list(server._sessions.values()) if e is not None),
+                "workers": None if sessions.workers is None else sessions.workers.open_sessions()}

@@ -19,6 +19,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 
 from envs.serving.limits import REPLY_CHUNK_BYTES
 from envs.serving.environment import GymTextEnvironment, _dumps
+from envs.serving.workers import WorkerPool
 from envs.grader_queue import carrying_client
 
 
@@ -57,8 +58,8 @@ class _Sessions:
     / 4`` within [0.05, 5])."""
 
     def __init__(self, server: HTTPEnvServer, clock: Callable[[], float], idle_timeout_s: float | None,
-                 reap_interval_s: float | None):
-        self.server, self.clock = server, clock
+                 reap_interval_s: float | None, workers: WorkerPool | None = None):
+        self.server, self.clock, self.workers = server, clock, workers
         # a session's graded calls are its request's client's (envs.grader_queue): carried to the session's thread
         server._run_in_session_executor = carrying_client(server._run_in_session_executor)
         self.idle_timeout_s, self.reap_interval_s = idle_timeout_s, reap_interval_s
@@ -73,6 +74,12 @@ class _Sessions:
         """Mark ``sid`` as used now (a closed session is not brought back)."""
         if sid in self.server._sessions:
             self.last_seen[sid] = self.clock()
+
+    async def run(self, sid: str, env: Any, fn: Callable, *args: Any) -> Any:
+        """``fn(env, *args)`` on session ``sid``'s thread -- in the session's worker process when ``env`` is a
+        :class:`~envs.serving.workers.WorkerEnvironment` (``fn`` then a module-level function, sent by name): every
+        route's env work goes through here. Raises: what ``fn`` raises."""
+        return await self.server._run_in_session_executor(sid, env.call, fn, *args)
 
     async def destroy(self, sid: str) -> None:
         """Close ``sid`` (its env closed on its thread) and forget it."""
@@ -103,9 +110,12 @@ class _Sessions:
 
 
 def _add_lifecycle(app: FastAPI, sessions: _Sessions) -> None:
-    """On startup, start ``sessions``' idle reaper (``app.state.reaper``; none without an idle timeout); on shutdown,
-    stop it and close every session."""
+    """On startup, start ``sessions``' worker processes (if any: in a thread, they take seconds) and its idle reaper
+    (``app.state.reaper``; none without an idle timeout); on shutdown, stop the reaper, close every session, stop the
+    workers."""
     async def _start() -> None:
+        if sessions.workers is not None:
+            await asyncio.get_running_loop().run_in_executor(None, sessions.workers.start)
         if sessions.idle_timeout_s is not None:
             app.state.reaper = asyncio.create_task(sessions.reap_forever())
 
@@ -115,6 +125,8 @@ def _add_lifecycle(app: FastAPI, sessions: _Sessions) -> None:
             task.cancel()
         for sid in list(sessions.server._sessions):
             await sessions.destroy(sid)
+        if sessions.workers is not None:
+            await asyncio.get_running_loop().run_in_executor(None, sessions.workers.shutdown)
 
     app.router.on_startup.append(_start)
     app.router.on_shutdown.append(_stop)

@@ -73,6 +73,11 @@ def _stateless_work(env: GymTextEnvironment, op: str, reset: dict, action: TextA
     return serialize_observation(obs)
 
 
+def _stateless_reply(env: GymTextEnvironment, op: str, reset: dict, action: TextAction | None) -> tuple[int, bytes, bool]:
+    """:func:`_stateless_work` answered as an HTTP reply (:func:`_http_reply`), on its env's thread."""
+    return _http_reply(env, functools.partial(_stateless_work, env, op, reset, action))
+
+
 async def _stateless_call(sessions: _Sessions, env_id: str, op: str, raw: bytes) -> Response:
     """OpenEnv's stateless semantics: a fresh env for this request only, counted against the session cap (as a
     session nobody else can name) until its reply has been handed over, then closed. The body is checked
@@ -86,8 +91,7 @@ async def _stateless_call(sessions: _Sessions, env_id: str, op: str, raw: bytes)
     except Exception as e:  # noqa: BLE001 - the cap (429) or the env's build (500)
         return _open_failed(env_id, e, " (a stateless request's env takes a session's place until its reply is read)")
     try:
-        status, body, _ = await sessions.server._run_in_session_executor(
-            sid, _http_reply, env, functools.partial(_stateless_work, env, op, reset, action))
+        status, body, _ = await sessions.run(sid, env, _stateless_reply, op, reset, action)
     except BaseException:
         await sessions.destroy(sid)
         raise

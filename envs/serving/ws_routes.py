@@ -102,7 +102,7 @@ async def _ws_serve(websocket: WebSocket, sessions: _Sessions, sid: str, env: Gy
                 reply, then = _ws_error("binary frames are not served: send JSON text", "INVALID_JSON"), None
                 env.hold_unsent(len(reply))
             else:
-                reply, then = await sessions.server._run_in_session_executor(sid, _ws_call, env, text)
+                reply, then = await sessions.run(sid, env, _ws_call, text)
             sessions.touch(sid)
             try:
                 if then == "close":
