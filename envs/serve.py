@@ -118,7 +118,8 @@ happens past it):
 * sending: 30 s (``--send-timeout``) from a connection's send buffer filling up to the client taking the reply ->
   the connection is aborted (its buffer freed at once; a WebSocket's session closed);
 * JSON of a body / message: nesting :data:`MAX_JSON_NESTING` (100, checked in linear time before parsing),
-  integer literals :data:`MAX_JSON_INT_DIGITS` (100) digits -> 422 / ``INVALID_JSON`` naming the limit;
+  integer literals :data:`MAX_JSON_INT_DIGITS` (100) digits, arrays + objects :data:`MAX_JSON_CONTAINERS` (100,000,
+  counted by the same scan) -> 422 / ``INVALID_JSON`` naming the limit;
 * idle session: 600 s (``--idle-timeout``) -> session closed, id forgotten, its socket closed;
 * request head: 10 s from the connection's opening or its last response (``--header-timeout``) -> connection
   closed (uvicorn has no such timer: half-open connections were held forever);
@@ -187,7 +188,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 from envs.serving.limits import (
     DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_INFLIGHT_BODY_BYTES, DEFAULT_MAX_SESSION_BYTES, DEFAULT_SEND_TIMEOUT_S, FD_RESERVE, LOOPBACK_HOSTS,
-    MAX_JSON_INT_DIGITS, MAX_JSON_NESTING, SMALL_BODY_BYTES, _check_bounds,
+    MAX_JSON_CONTAINERS, MAX_JSON_INT_DIGITS, MAX_JSON_NESTING, SMALL_BODY_BYTES, _check_bounds,
 )
 from envs.serving.environment import GymTextEnvironment, TextAction, TextObservation, TextState
 from envs.serving.guard import _Guard, uvicorn_config
@@ -200,7 +201,7 @@ from envs.serving.workers import WorkerPool, worker_factory
 
 
 __all__ = ["GymTextEnvironment", "TextAction", "TextObservation", "TextState", "build_app", "main", "uvicorn_config",
-           "DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_INFLIGHT_BODY_BYTES", "DEFAULT_MAX_SESSION_BYTES", "MAX_JSON_INT_DIGITS",
+           "DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_INFLIGHT_BODY_BYTES", "DEFAULT_MAX_SESSION_BYTES", "MAX_JSON_CONTAINERS", "MAX_JSON_INT_DIGITS",
            "MAX_JSON_NESTING", "SMALL_BODY_BYTES"]
 
 

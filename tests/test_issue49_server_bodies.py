@@ -98,3 +98,18 @@ def test_health_stays_fast_while_every_route_receives_megabyte_bodies():
     summary = f"/health p50 {p50 * 1e3:.0f} ms, p90 {p90 * 1e3:.0f} ms, p99 {p99 * 1e3:.0f} ms while bodies arrive ({answered})"
     print(summary)
     assert p50 < HEALTH_P50_S and p99 < HEALTH_P99_S, summary
+
+
+def test_a_body_of_many_empty_containers_is_refused_before_it_is_built():
+    """The issue-49 audit (docs/security.md): the server's JSON limits counted nesting and integer digits only, so 1 MiB
+    of ``[{},{},...]`` -- under both -- became ~24 MiB of Python objects before it was refused as an action. Now the
+    containers are counted by the same linear scan and a body over :data:`MAX_JSON_CONTAINERS` is refused first."""
+    from envs.serve import MAX_JSON_CONTAINERS
+    from envs.serving.environment import ClientError, _parse
+
+    n = (1 << 20) // 3
+    assert n > MAX_JSON_CONTAINERS
+    with pytest.raises(ClientError) as e:
+        _parse(b"[" + b"{}," * (n - 1) + b"{}]")
+    assert e.value.status == 422 and e.value.code == "INVALID_JSON" and str(MAX_JSON_CONTAINERS) in str(e.value)
+    assert len(_parse(b"[" + b"{}," * (MAX_JSON_CONTAINERS - 2) + b"{}]")) == MAX_JSON_CONTAINERS - 1  # at the limit

@@ -15,7 +15,7 @@ import gymnasium as gym
 import numpy as np
 
 import envs as _envs
-from envs.action_text import json_depth
+from envs.action_text import json_shape
 from envs.contract import check_action
 
 
@@ -27,7 +27,9 @@ try:  # the optional extra [serve]
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("envs.serve needs the [serve] extra: pip install -e '.[serve]' (openenv-core)") from e
 
-from envs.serving.limits import MAX_EPISODE_ID_CHARS, MAX_JSON_INT_DIGITS, MAX_JSON_NESTING, SMALL_BODY_BYTES
+from envs.serving.limits import (
+    MAX_EPISODE_ID_CHARS, MAX_JSON_CONTAINERS, MAX_JSON_INT_DIGITS, MAX_JSON_NESTING, SMALL_BODY_BYTES,
+)
 
 gym.register_envs(_envs)
 
@@ -422,8 +424,9 @@ def _parse(raw: bytes | str | None, empty: Any = None) -> Any:
 
     Raises:
         ClientError: 422 / ``INVALID_JSON``: not JSON (or not UTF-8/16/32), nested deeper than
-            :data:`MAX_JSON_NESTING` (checked before parsing, in linear time), or an integer literal of more than
-            :data:`MAX_JSON_INT_DIGITS` digits. The message names the limit.
+            :data:`MAX_JSON_NESTING` or holding more than :data:`MAX_JSON_CONTAINERS` arrays and objects (both checked
+            before parsing, in linear time), or an integer literal of more than :data:`MAX_JSON_INT_DIGITS` digits. The
+            message names the limit.
     """
     if raw is None or (not raw.strip() if isinstance(raw, (str, bytes)) else False):
         return empty
@@ -445,9 +448,12 @@ def _parse_text(raw: bytes | str) -> Any:
         text = raw.decode(json.detect_encoding(raw), "surrogatepass") if isinstance(raw, bytes) else raw
     except UnicodeDecodeError as e:
         raise ClientError(f"invalid JSON: {e}", status=422, code="INVALID_JSON") from e
-    depth = json_depth(text)
+    depth, containers = json_shape(text)
     if depth > MAX_JSON_NESTING:
         raise ClientError(f"invalid JSON: nested {depth} levels deep, over the limit of {MAX_JSON_NESTING} levels",
+                          status=422, code="INVALID_JSON")
+    if containers > MAX_JSON_CONTAINERS:
+        raise ClientError(f"invalid JSON: {containers} arrays and objects, over the limit of {MAX_JSON_CONTAINERS}",
                           status=422, code="INVALID_JSON")
     # Each integer is checked by a Python call only when the text holds a run of digits longer than the limit (in a
     # number or a string): one call per integer cost ~0.4 s for 1 MiB of [0,0,...], the C parser alone ~15 ms.

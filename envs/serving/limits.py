@@ -73,6 +73,12 @@ DEFAULT_SEND_TIMEOUT_S = 30.0
 MAX_JSON_NESTING = 100
 
 
+#: Most arrays + objects a request body / WebSocket message may hold (counted by the same linear scan as the nesting,
+#: before parsing): 1 MiB of ``[{},{},...]`` under every other limit was ~24 MiB of Python objects once parsed; this
+#: many empty objects are ~7 MB (the client's ``ClientBounds.max_json_containers`` is the same number).
+MAX_JSON_CONTAINERS = 100_000
+
+
 #: Most digits an integer literal in a request body / WebSocket message may have.
 MAX_JSON_INT_DIGITS = 100
 
