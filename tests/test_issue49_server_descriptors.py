@@ -43,7 +43,9 @@ def _start(soft: int, hard: int, lines: list[str]) -> tuple[subprocess.Popen, st
     threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, "")), daemon=True).start()
     t0 = time.time()
     while not any("listening on" in ln for ln in lines):
-        assert time.time() - t0 < 900 and p.poll() is None, "".join(lines)
+        if time.time() - t0 > 900 or p.poll() is not None:
+            _stop(p)
+            raise AssertionError("the server did not start: " + "".join(lines))
         time.sleep(0.1)
     return p, next(ln for ln in lines if "listening on" in ln).split("listening on ", 1)[1].split()[0]
 
