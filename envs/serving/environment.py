@@ -190,7 +190,27 @@ def _serialised(method: Callable) -> Callable:
     return locked
 
 
-class GymTextEnvironment(Environment):
+class UnsentReplyCount:
+    """``unsent_bytes``: the bytes of a session's replies not yet handed to its client's connection, counted under a
+    lock. Kept by the session's env (:class:`GymTextEnvironment`) and, for a session whose env lives in a worker
+    process, by its handle in the server, where the replies are sent (:class:`envs.serving.workers.WorkerEnvironment`).
+    """
+
+    def _init_unsent(self) -> None:
+        self.unsent_bytes = 0
+        self._unsent_lock = threading.Lock()
+
+    def hold_unsent(self, n: int) -> None:
+        """Count ``n`` bytes of a reply being sent (thread-safe; :meth:`release_unsent` when handed over)."""
+        with self._unsent_lock:
+            self.unsent_bytes += n
+
+    def release_unsent(self, n: int) -> None:
+        with self._unsent_lock:
+            self.unsent_bytes -= n
+
+
+class GymTextEnvironment(UnsentReplyCount, Environment):
     """One session's env: ``gym.make(env_id, **env_kwargs)`` behind OpenEnv's ``Environment`` API.
 
     Args:
@@ -223,8 +243,7 @@ class GymTextEnvironment(Environment):
         self._episode_id: str | None = None
         self._steps = 0
         self.session_bytes = 0  # UTF-8 JSON bytes of this episode's conversation (reset messages, actions, obs)
-        self.unsent_bytes = 0  # bytes of this session's replies not yet handed to the client's connection
-        self._unsent_lock = threading.Lock()
+        self._init_unsent()  # bytes of this session's replies not yet handed to the client's connection
         self._lock = threading.RLock()  # one operation of this session at a time, its close included (_serialised)
         self._episode_no = 0  # counts resets: with the step count, the key of the cached db hash
         self._hash_key: tuple | None = None
@@ -316,15 +335,6 @@ class GymTextEnvironment(Environment):
         """``fn(self, *args)``: a route's work on this session (:meth:`envs.serving.sessions._Sessions.run`; a
         session in a worker process has the same method, :class:`envs.serving.workers.WorkerEnvironment`)."""
         return fn(self, *args)
-
-    def hold_unsent(self, n: int) -> None:
-        """Count ``n`` bytes of a reply being sent (thread-safe; :meth:`release_unsent` when handed over)."""
-        with self._unsent_lock:
-            self.unsent_bytes += n
-
-    def release_unsent(self, n: int) -> None:
-        with self._unsent_lock:
-            self.unsent_bytes -= n
 
     def check_unsent(self) -> None:
         """Raise :class:`UnsentRepliesExceeded` when the conversation plus the unsent replies are over the cap."""

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from multiprocessing.managers import BaseManager
 from typing import Any
 
-from envs.serving.environment import GymTextEnvironment, SessionClosedError
+from envs.serving.environment import GymTextEnvironment, SessionClosedError, UnsentReplyCount
 
 from envs.grader_process import _SpawnContext
 from envs.grader_queue import GRADING_CLIENT, grading_client
@@ -145,7 +145,7 @@ class WorkerPool:
         self._hosts.clear()
 
 
-class WorkerEnvironment:
+class WorkerEnvironment(UnsentReplyCount):
     """The server's handle of a session whose env lives in a worker process: built (on the session's thread) by
     asking the emptiest worker to build the env; :meth:`call` runs a session operation there; the unsent-bytes
     accounting of :class:`GymTextEnvironment` (``hold_unsent``, ``release_unsent``, ``unsent_bytes``) is kept here,
@@ -163,8 +163,8 @@ class WorkerEnvironment:
         self.worker_pid = pool.pids[self._index]
         self._key = uuid.uuid4().hex
         self.env_id, self.max_session_bytes = env_id, max_session_bytes
-        self.unsent_bytes, self.session_bytes = 0, 0
-        self._unsent_lock = threading.Lock()
+        self.session_bytes = 0
+        self._init_unsent()
         self._closed = False
         try:
             self._host.open(self._key, env_id, dict(env_kwargs or {}), max_session_bytes)
@@ -181,14 +181,6 @@ class WorkerEnvironment:
         if held:
             self.hold_unsent(held)
         return out
-
-    def hold_unsent(self, n: int) -> None:
-        with self._unsent_lock:
-            self.unsent_bytes += n
-
-    def release_unsent(self, n: int) -> None:
-        with self._unsent_lock:
-            self.unsent_bytes -= n
 
     def close(self) -> None:
         if self._closed:
