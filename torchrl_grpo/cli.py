@@ -126,8 +126,7 @@ def run_sft_then_grpo(cfg: DictConfig) -> dict:
     grpo_summary = run_trainer(None, grpo_cfg, report=False)
     t_all = time.perf_counter() - t0
     base, sft_m = sft_summary.get("eval_start"), grpo_summary.get("eval_start")
-    grpo_m = grpo_summary.get("eval_end") or (grpo_summary.get("last") if "eval/accuracy" in
-                                              (grpo_summary.get("last") or {}) else None)
+    grpo_m = _final_evaluation(grpo_summary)
     out = {"base": base, "sft": sft_m, "grpo": grpo_m, "sft_phase": sft_summary, "grpo_phase": grpo_summary,
            "wall_s": {"sft_phase": t_sft, "grpo_phase": t_all - t_sft, "total": t_all}}
     try:
@@ -153,8 +152,13 @@ def result_line(cfg: DictConfig, result: dict, run_dir: str) -> str:
     label = "pass^1 (greedy)" if str(cfg.econfig.env_id).startswith("tau2") else "greedy accuracy"
     if cfg.eval_only:
         return headline(None, result, run_dir, label=label)
-    after = result.get("eval_end") or (result.get("last") if "eval/accuracy" in (result.get("last") or {}) else None)
-    return headline(result.get("eval_start"), after, run_dir, label=label)
+    return headline(result.get("eval_start"), _final_evaluation(result), run_dir, label=label)
+
+
+def _final_evaluation(summary: dict) -> dict | None:
+    """A run's last evaluation: ``eval_end``, else the ``every`` one merged into ``last``, else None."""
+    last = summary.get("last") or {}
+    return summary.get("eval_end") or (last if "eval/accuracy" in last else None)
 
 
 def evaluate_only(trainer, cfg: DictConfig) -> dict:
