@@ -88,6 +88,18 @@ def test_tool_methods_are_the_env_tools_with_their_schemas(env_id, user):
             assert got["parameters"]["properties"][p]["description"]
 
 
+def test_a_solo_env_whose_ticket_is_a_user_message_has_no_customer_to_message():
+    """tau2 solo with ``solo_ticket="user"`` (the laptop recipe's setting): the opening holds a user message (the
+    ticket) but no customer answers, so the class offers the env's tools and no ``send_message_to_user``."""
+    kwargs = {"user": "solo", "solo_ticket": "user", "split": "generated_test"}
+    env = gym.make("tau2/mock-v0", disable_env_checker=True, **kwargs)
+    obs, info = env.reset(options={"index": 0})
+    assert [m["role"] for m in obs] == ["system", "user"]
+    methods = _tool_methods(environment_factory("tau2/mock-v0", **kwargs))
+    assert set(methods) == {t["function"]["name"] for t in info["tools"]}
+    assert SEND_MESSAGE_TOOL not in methods
+
+
 def _gold_can_solve(task, solo: bool) -> bool:
     """False where the gold actions cannot score: a reward resting on an env assertion no gold action performs
     (mock ``update_task_with_history_and_env_assertions``: no gold actions), or information to communicate in solo

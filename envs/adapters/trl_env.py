@@ -61,7 +61,8 @@ once per rollout and logged as ``rewards/<class name>/mean``.
   the method returns the env's tool message, so an ``"Error: ..."`` answer (``info["action_error"]``) reaches the
   model as the tool's reply, exactly the text our own collector shows it, and never raises;
 * ``send_message_to_user(content)`` where the env has a customer (its opening observation has a ``user``
-  message): TRL ends an episode on a plain reply, so talking to the customer must be a tool; it returns the
+  message and the env is not tau2 solo, whose ``solo_ticket="user"`` ticket is a user message no one answers; a
+  served env is judged by its opening alone): TRL ends an episode on a plain reply, so talking to the customer must be a tool; it returns the
   customer's answer;
 * ``reset(**row)`` resets the env on the row's ``task_id`` (or ``index``) and returns the customer's opening
   message (``None`` in solo mode, where the prompt already holds everything); it raises ``ValueError`` when the
@@ -584,18 +585,20 @@ def environment_factory(env_id: str | None = None, *, url: str | None = None, as
             probe.close()
         if env_id is not None and served != env_id:
             raise ValueError(f"the server at {url} serves {served!r}, not {env_id!r}")
-        env_id, do_nothing = served, _DONE_CALL
+        env_id, do_nothing, solo = served, _DONE_CALL, False
     else:
         probe = _make(env_id, _offline(make_kwargs))
         try:
             obs, info = _probe(probe)
             do_nothing = copy.deepcopy(probe.unwrapped.do_nothing_action)
+            solo = bool(getattr(probe.unwrapped, "solo", False))  # tau2 solo_ticket="user": a ticket, no customer
         finally:
             probe.close()
     tools = info.get("tools") or []
     if not tools:
         raise ValueError(f"{env_id} has no tools: a one-turn env is trained with reward_funcs=reward_function({env_id!r})")
-    has_user = any(m.get("role") == "user" for m in obs)
+    # a customer to message: a user turn in the opening, unless the env is solo (its ticket may be a user message)
+    has_user = not solo and any(m.get("role") == "user" for m in obs)
     members: dict[str, Any] = {"_env_id": env_id, "_url": url, "_make_kwargs": dict(make_kwargs), "_has_user": has_user,
                                "_do_nothing_action": do_nothing, "_recipe": recipe, "__module__": __name__,
                                "_bounds": bounds}
