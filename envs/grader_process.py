@@ -100,7 +100,7 @@ from envs.contract import GRADER_FAILURE_KINDS, grader_flags
 from envs.grader_queue import GRADING_CLIENT, FairSlots
 
 __all__ = ["GraderFailure", "GraderPool", "FAILURE_KINDS", "DEFAULT_CPU_S", "DEFAULT_WALL_S", "DEFAULT_MEMORY_BYTES",
-           "DEFAULT_PREPARE_CPU_S", "DEFAULT_WORKERS", "register_worker_module", "default_pool", "close_default_pool", "grade"]
+           "DEFAULT_PREPARE_CPU_S", "DEFAULT_WORKERS", "SpawnContext", "register_worker_module", "default_pool", "close_default_pool", "grade"]
 
 #: The kinds of failure a graded call can end in (also the ``info`` flags the envs set: :func:`envs.contract.grader_flags`).
 FAILURE_KINDS = GRADER_FAILURE_KINDS
@@ -305,7 +305,10 @@ class _ForkServerContext(multiprocessing.context.ForkServerContext):
     Process = _ForkServerWorker
 
 
-class _SpawnContext(multiprocessing.context.SpawnContext):
+class SpawnContext(multiprocessing.context.SpawnContext):
+    """multiprocessing's spawn context whose processes start a fresh interpreter that does not run the caller's
+    ``__main__`` script again (the grader workers' way; also :mod:`envs.serving.workers`' session workers)."""
+
     Process = _SpawnWorker
 
 
@@ -361,7 +364,7 @@ class GraderPool:
                     self._root = tempfile.mkdtemp(prefix="grader-workers-")
                 self._pool_modules = modules
                 if _in_forked_child:  # Python 3.11's fork server cannot be reached from a fork of its owner
-                    ctx = _SpawnContext()
+                    ctx = SpawnContext()
                 else:
                     ctx = _ForkServerContext()
                     ctx.set_forkserver_preload([__name__, *_PRELOAD, *modules])

@@ -123,3 +123,35 @@ def test_a_bad_env_build_in_a_worker_is_a_500_naming_it():
         r = httpx.post(url + "/sessions", timeout=120)
         assert r.status_code == 500 and "no_such_kwarg" in r.json()["detail"], r.text
         assert httpx.get(url + "/sessions", timeout=60).json()["active"] == 0
+
+
+def test_a_dead_worker_is_replaced_when_the_next_session_is_placed():
+    """A worker killed under its sessions: a request of theirs answers 503 naming it (the connection kept) and closes the session, the next session opened starts a fresh worker
+    in its place and plays there, and the dead worker's sessions do not count against the new one."""
+    import signal
+
+    app = build_app(ENV_ID, max_sessions=4, idle_timeout_s=600, workers=1)
+    with serve_app(app, timeout_s=900) as (url, _):
+        with httpx.Client(base_url=url, timeout=120) as c:
+            old = c.post("/sessions").json()["session_id"]
+            c.post(f"/sessions/{old}/reset", json={"index": 0}).raise_for_status()
+            (dead,) = [int(k) for k in c.get("/sessions").json()["workers"]]
+            os.kill(dead, signal.SIGKILL)
+            t0 = time.time()
+            while _alive(dead) and time.time() - t0 < 30:
+                time.sleep(0.1)
+            r = c.post(f"/sessions/{old}/step", json={"action": {"content": "<answer>0</answer>"}})
+            assert r.status_code == 503 and "worker process" in r.json()["detail"], r.text
+            new = c.post("/sessions").json()["session_id"]
+            workers = {int(k): v for k, v in c.get("/sessions").json()["workers"].items()}
+            assert dead not in workers and workers == {next(iter(workers)): 1}, workers
+            r = c.post(f"/sessions/{new}/reset", json={"index": 3})
+            assert r.status_code == 200, r.text
+            action = _answer(r.json()["observation"]["messages"][-1]["content"], right=True)
+            r = c.post(f"/sessions/{new}/step", json={"action": {"content": action}})
+            assert r.status_code == 200 and r.json()["reward"] == _in_process_reward(3, action) == 1.0, r.text
+            assert c.delete(f"/sessions/{old}").status_code == 404  # closed when its worker was found gone
+            assert set(c.get("/sessions").json()["workers"].values()) == {1}
+            c.delete(f"/sessions/{new}")
+            listing = c.get("/sessions").json()
+            assert listing["active"] == 0 and set(listing["workers"].values()) == {0}, listing

@@ -12,6 +12,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("envs.serve needs the [serve] extra: pip install -e '.[serve]' (openenv-core)") from e
 
 from envs.serving.environment import _dumps, _http_call
+from envs.serving.workers import WorkerGoneError
 from envs.serving.sessions import _ChunkedReply, _Sessions, _json, _open_failed
 
 
@@ -31,6 +32,8 @@ async def _session_call(sessions: _Sessions, session_id: str, op: str, raw: byte
     sessions.touch(session_id)
     try:
         status, body, end = await sessions.run(session_id, env, _http_call, op, raw)
+    except WorkerGoneError as e:  # the session's worker process has ended: the session is gone (closed by run)
+        return _json(e.status, _dumps({"detail": str(e), "code": e.code}))
     finally:
         sessions.touch(session_id)
     if end:  # the session is over (its output went over the cap): free its env before answering

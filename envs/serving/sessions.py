@@ -19,7 +19,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 
 from envs.serving.limits import REPLY_CHUNK_BYTES
 from envs.serving.environment import GymTextEnvironment, _dumps
-from envs.serving.workers import WorkerPool
+from envs.serving.workers import WorkerGoneError, WorkerPool
 from envs.grader_queue import carrying_client
 
 
@@ -78,8 +78,13 @@ class _Sessions:
     async def run(self, sid: str, env: Any, fn: Callable, *args: Any) -> Any:
         """``fn(env, *args)`` on session ``sid``'s thread -- in the session's worker process when ``env`` is a
         :class:`~envs.serving.workers.WorkerEnvironment` (``fn`` then a module-level function, sent by name): every
-        route's env work goes through here. Raises: what ``fn`` raises."""
-        return await self.server._run_in_session_executor(sid, env.call, fn, *args)
+        route's env work goes through here. Raises: what ``fn`` raises; ``WorkerGoneError`` when the session's worker
+        process has ended (the session is closed first: it is lost with its worker)."""
+        try:
+            return await self.server._run_in_session_executor(sid, env.call, fn, *args)
+        except WorkerGoneError:
+            await self.destroy(sid)
+            raise
 
     async def destroy(self, sid: str) -> None:
         """Close ``sid`` (its env closed on its thread) and forget it."""

@@ -21,8 +21,9 @@ whichever worker accepts it, so ``POST /sessions/{id}/step`` on a new connection
 ``/ws?session_id=``) would reach a worker that does not hold the session; making it reach the owner would take a
 balancer in front, which this is not.
 
-Limits: a worker that dies takes its sessions with it (their requests answer 500) and is not replaced (restart the
-server); each worker has its own grader pool (``envs.grader_process``: per-client fairness holds within a worker, the
+Limits: a worker that dies takes its sessions with it (their requests answer 500); it is replaced by a fresh worker
+when the next session is placed (:meth:`WorkerPool.place`), and the dead worker's sessions, when they close, no
+longer count against its replacement; each worker has its own grader pool (``envs.grader_process``: per-client fairness holds within a worker, the
 request's client carried there); each session holds one local socket to its worker while it is open (``python -m
 envs.serve --workers`` adds ``max_sessions`` to the descriptor reserve, :func:`envs.serving.descriptors.fit_descriptors`);
 a session's operation costs a round trip to its worker (pickled arguments and reply: tens of microseconds for a step).
@@ -30,6 +31,8 @@ a session's operation costs a round trip to its worker (pickled arguments and re
 from __future__ import annotations
 
 import functools
+import logging
+import multiprocessing
 import os
 import threading
 import uuid
@@ -37,12 +40,39 @@ from collections.abc import Callable
 from multiprocessing.managers import BaseManager
 from typing import Any
 
-from envs.serving.environment import GymTextEnvironment, SessionClosedError, UnsentReplyCount
+from envs.serving.environment import ClientError, GymTextEnvironment, SessionClosedError, UnsentReplyCount
 
-from envs.grader_process import _SpawnContext
+from envs.grader_process import SpawnContext
 from envs.grader_queue import GRADING_CLIENT, grading_client
 
-__all__ = ["SessionHost", "WorkerEnvironment", "WorkerPool"]
+__all__ = ["SessionHost", "WorkerEnvironment", "WorkerGoneError", "WorkerPool"]
+
+log = logging.getLogger(__name__)
+
+
+def _ended(pid: int) -> bool:
+    """Whether process ``pid`` has ended: gone, or a zombie (on Linux, from ``/proc``). Read from the system rather
+    than from ``multiprocessing.active_children()``: where another part of the process reaps children
+    (``waitpid(-1)``), multiprocessing's own poll fails and counts the ended process as running."""
+    multiprocessing.active_children()  # reap what multiprocessing can
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+class WorkerGoneError(ClientError, RuntimeError):
+    """The session's worker process has ended (killed, crashed): the session is lost; a new one is placed on a fresh
+    worker. HTTP 503."""
+
+    status, code = 503, "WORKER_ERROR"
 
 
 class SessionHost:
@@ -106,29 +136,66 @@ class WorkerPool:
         self._hosts: list[Any] = []
         self.pids: list[int] = []
         self._open = [0] * n
+        self._generation = [0] * n
+        #: Workers replaced after their process ended.
+        self.replaced = 0
         self._lock = threading.Lock()
 
     def start(self) -> None:
         """Start the workers (each imports the env families: seconds). Raises: what a worker's start raises."""
         for _ in range(self.n):
-            # a fresh interpreter (the server has threads by now) that does not run the caller's main script again
-            m = _Manager(ctx=_SpawnContext())
-            m.start()
-            host = m.SessionHost()
+            m, host, pid = self._start_one()
             self._managers.append(m)
             self._hosts.append(host)
-            self.pids.append(host.pid())
+            self.pids.append(pid)
+        self._generation = [0] * self.n
 
-    def place(self) -> tuple[int, Any]:
-        """``(index, host)`` of the worker with the fewest open sessions, counted as holding one more."""
+    @staticmethod
+    def _start_one() -> tuple[_Manager, Any, int]:
+        # a fresh interpreter (the server has threads by now) that does not run the caller's main script again
+        m = _Manager(ctx=SpawnContext())
+        m.start()
+        host = m.SessionHost()
+        return m, host, host.pid()
+
+    def _replace_dead(self) -> None:
+        """Under ``_lock``: start a fresh worker in the place of each one whose process has ended (killed, crashed).
+        (:func:`_ended`; an ended worker is reaped, not left a zombie.)"""
+        for i, pid in enumerate(self.pids):
+            if not _ended(pid):
+                continue
+            m, host, new_pid = self._start_one()
+            old = self._managers[i]
+            self._managers[i], self._hosts[i], self.pids[i] = m, host, new_pid
+            self._open[i] = 0  # the dead worker's sessions are gone; their release() no longer counts here
+            self._generation[i] += 1
+            self.replaced += 1
+            log.warning("session worker %d (pid %d) had ended; replaced by pid %d", i, pid, new_pid)
+            try:
+                old.shutdown()
+            except Exception:  # noqa: BLE001, S110 - its process is already gone
+                pass
+
+    def place(self) -> tuple[int, int, Any, int]:
+        """``(index, generation, host, pid)`` of the worker with the fewest open sessions, counted as holding one
+        more; a worker whose process has ended is replaced first."""
         with self._lock:
+            self._replace_dead()
             i = min(range(self.n), key=self._open.__getitem__)
             self._open[i] += 1
-            return i, self._hosts[i]
+            return i, self._generation[i], self._hosts[i], self.pids[i]
 
-    def release(self, i: int) -> None:
+    def release(self, i: int, generation: int) -> None:
+        """A session placed on worker ``i`` (of ``generation``) has closed; a replaced worker's sessions count no more."""
         with self._lock:
-            self._open[i] -= 1
+            if self._generation[i] == generation:
+                self._open[i] -= 1
+
+    def alive(self, i: int, generation: int) -> bool:
+        """Whether worker ``i`` of ``generation`` is still the one running (not replaced, its process not ended)."""
+        with self._lock:
+            pid = self.pids[i] if self._generation[i] == generation else None
+        return pid is not None and not _ended(pid)
 
     def open_sessions(self) -> dict[int, int]:
         """Open sessions per worker pid."""
@@ -159,8 +226,7 @@ class WorkerEnvironment(UnsentReplyCount):
     def __init__(self, pool: WorkerPool, env_id: str, env_kwargs: dict | None = None,
                  max_session_bytes: int | None = None):
         self._pool = pool
-        self._index, self._host = pool.place()
-        self.worker_pid = pool.pids[self._index]
+        self._index, self._generation, self._host, self.worker_pid = pool.place()
         self._key = uuid.uuid4().hex
         self.env_id, self.max_session_bytes = env_id, max_session_bytes
         self.session_bytes = 0
@@ -169,15 +235,21 @@ class WorkerEnvironment(UnsentReplyCount):
         try:
             self._host.open(self._key, env_id, dict(env_kwargs or {}), max_session_bytes)
         except BaseException:
-            pool.release(self._index)
+            pool.release(self._index, self._generation)
             raise
 
     def call(self, fn: Callable, *args: Any) -> Any:
         """``fn(env, *args)`` in the worker, on the session's env (``fn`` a module-level function: it is sent by
-        name). Raises: what ``fn`` raises there (pickled back)."""
+        name). Raises: what ``fn`` raises there (pickled back); :class:`WorkerGoneError` when the worker has ended."""
         with self._unsent_lock:
             unsent = self.unsent_bytes
-        out, held, self.session_bytes = self._host.call(self._key, fn, args, unsent, GRADING_CLIENT.get())
+        try:
+            out, held, self.session_bytes = self._host.call(self._key, fn, args, unsent, GRADING_CLIENT.get())
+        except (EOFError, OSError) as e:  # the connection to the worker broke; fn's own errors come back as raised
+            if self._pool.alive(self._index, self._generation):
+                raise
+            raise WorkerGoneError(f"the session's worker process (pid {self.worker_pid}) has ended, and the "
+                                  "session with it; open a new session") from e
         if held:
             self.hold_unsent(held)
         return out
@@ -188,8 +260,11 @@ class WorkerEnvironment(UnsentReplyCount):
         self._closed = True
         try:
             self._host.close(self._key)
+        except (EOFError, OSError):
+            if self._pool.alive(self._index, self._generation):
+                raise  # else the worker has ended and its env with it: nothing is left to close
         finally:
-            self._pool.release(self._index)
+            self._pool.release(self._index, self._generation)
 
 
 def worker_factory(pool: WorkerPool, env_id: str, env_kwargs: dict, max_session_bytes: int | None) -> Callable:
