@@ -247,3 +247,57 @@ def test_the_openenv_client_reads_a_sane_reply():
     assert obs == [{"role": "user", "content": "hi"}] and info["tools"][0]["function"]["name"] == "done"
     with pytest.raises(ValueError, match="ClientBounds"):
         OpenEnvTextEnv(url, bounds={"max_reply_bytes": 1})
+
+
+# ------------------------------------------------------------------------------- timeout_s covers sending too
+def test_a_request_a_server_does_not_read_times_out_within_timeout_s():
+    """A server that completes the WebSocket handshake and then never reads: the client's send fills the socket and
+    websockets' sync send has no timeout of its own. ``timeout_s`` bounds the send as it bounds the reply."""
+    import base64
+    import hashlib
+    import socket
+    import threading
+
+    from envs.adapters.remote_env import RemoteEnv
+
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    held = []
+
+    def accept():
+        conn, _ = srv.accept()
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += conn.recv(4096)
+        key = [ln.split(b":", 1)[1].strip() for ln in head.split(b"\r\n") if ln.lower().startswith(b"sec-websocket-key")][0]
+        accept_key = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+        conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                     b"Sec-WebSocket-Accept: " + accept_key + b"\r\n\r\n")
+        held.append(conn)  # and never read again
+
+    threading.Thread(target=accept, daemon=True).start()
+    env = RemoteEnv(f"http://127.0.0.1:{srv.getsockname()[1]}", timeout_s=2)
+    out: dict = {}
+
+    def victim():
+        t0 = time.perf_counter()
+        try:
+            env.step("x" * (32 << 20))  # far more than the socket buffers hold
+        except BaseException as e:  # noqa: BLE001 - recorded and checked below
+            out["raised"] = e
+        out["seconds"] = time.perf_counter() - t0
+
+    t = threading.Thread(target=victim, daemon=True)
+    t.start()
+    t.join(30)
+    try:
+        assert not t.is_alive(), "the send was still blocked after 30 s (timeout_s=2)"
+        assert isinstance(out.get("raised"), TimeoutError), out
+        assert out["seconds"] < 10, out
+    finally:
+        for c in held:
+            c.close()
+        srv.close()

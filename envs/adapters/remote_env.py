@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import urllib.parse
 from typing import Any
 
@@ -177,7 +178,7 @@ class RemoteEnv:
 
     Args:
         url: the server, ``http://host:port`` or ``ws://host:port`` (``/ws`` is added).
-        timeout_s: seconds to wait for the connection and for each reply (> 0).
+        timeout_s: seconds to wait for the connection, for each request to be sent and for each reply (> 0).
         bounds: what a reply may cost (:class:`ClientBounds`; module docstring): by default at most 8 MiB after
             decompression, JSON nested at most 64 deep with at most 100,000 arrays/objects; no redirect to
             another origin.
@@ -217,8 +218,38 @@ class RemoteEnv:
             raise
         return parse_reply(raw, self.bounds)
 
+    def _send(self, text: str) -> None:
+        """Send one request, within ``timeout_s``: websockets' sync ``send`` has no timeout and blocks for as long as
+        a server that does not read leaves the socket full, so a timer shuts the socket down when the time is up
+        (the connection is then unusable, as after any timeout) and :class:`TimeoutError` is raised."""
+        import socket
+
+        timed_out = threading.Event()
+
+        def abort() -> None:
+            timed_out.set()
+            try:
+                self._ws.socket.shutdown(socket.SHUT_RDWR)
+            except OSError:  # already closed
+                pass
+
+        timer = threading.Timer(self.timeout_s, abort)
+        timer.daemon = True
+        timer.start()
+        try:
+            self._ws.send(text)
+        except Exception as e:
+            if timed_out.is_set():
+                raise TimeoutError(f"the request was not sent within {self.timeout_s:g} s (the server at {self.url} "
+                                   f"does not read it)") from e
+            raise
+        finally:
+            timer.cancel()
+        if timed_out.is_set():  # sent, but only as the time ran out: the socket is shut now
+            raise TimeoutError(f"the request was not sent within {self.timeout_s:g} s (the server at {self.url})")
+
     def _call(self, kind: str, data: Any = None) -> dict:
-        self._ws.send(json.dumps({"type": kind, "data": data}))
+        self._send(json.dumps({"type": kind, "data": data}))
         reply = self._recv()
         if not isinstance(reply, dict):
             raise RemoteEnvError(f"unexpected reply {reply!r:.200}", "BAD_REPLY")
