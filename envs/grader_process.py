@@ -100,7 +100,7 @@ from envs.contract import GRADER_FAILURE_KINDS, grader_flags
 from envs.grader_queue import GRADING_CLIENT, FairSlots
 
 __all__ = ["GraderFailure", "GraderPool", "FAILURE_KINDS", "DEFAULT_CPU_S", "DEFAULT_WALL_S", "DEFAULT_MEMORY_BYTES",
-           "DEFAULT_PREPARE_CPU_S", "DEFAULT_WORKERS", "SpawnContext", "register_worker_module", "default_pool", "close_default_pool", "grade"]
+           "DEFAULT_PREPARE_CPU_S", "DEFAULT_WORKERS", "SpawnContext", "process_alive", "register_worker_module", "default_pool", "close_default_pool", "grade"]
 
 #: The kinds of failure a graded call can end in (also the ``info`` flags the envs set: :func:`envs.contract.grader_flags`).
 FAILURE_KINDS = GRADER_FAILURE_KINDS
@@ -464,7 +464,7 @@ class GraderPool:
             if len(parts) < 3 or parts[0] != "worker" or not parts[1].isdigit():
                 continue
             pid = int(parts[1])
-            if pid == dead or (pid not in live and not _alive(pid)):
+            if pid == dead or (pid not in live and not process_alive(pid)):
                 shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
     def worker_pids(self) -> list[int]:
@@ -488,13 +488,21 @@ class GraderPool:
             shutil.rmtree(root, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists and is not a zombie (``/proc/<pid>/stat``)."""
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (``/proc/<pid>/stat`` where there is a ``/proc``). Read
+    from the system, not from multiprocessing's bookkeeping: where another part of the process reaps children
+    (``waitpid(-1)``), multiprocessing's own poll fails and counts an ended child as running."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # it exists (another user's)
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
     except FileNotFoundError:
-        return False
+        return not os.path.isdir("/proc/self")  # gone since the signal; or no /proc here, and it exists
     except (OSError, IndexError):
         return True  # unreadable: assume alive (its directory stays until close)
 

@@ -157,7 +157,8 @@ the guard, every route, the session registry (cap, idle reaper, unsent bytes) an
 once, when opened, on the worker with the fewest open sessions, and every later request of it, on any connection and
 protocol, goes to that worker (``GET /sessions`` lists open sessions per worker pid). uvicorn's own ``--workers`` is
 not used: its workers share the listening socket, so a session id on a new connection would reach whichever worker
-accepted it. A worker that dies takes its sessions with it (500s); the next session placed starts a fresh one in its place.
+accepted it. A worker that dies takes its sessions with it (503s);
+the next session placed starts a fresh one in its place.
 
 Sessions are isolated because each owns its env instance (tau2: its own copy-on-write database,
 :mod:`envs.tau2.cow`) and runs it on its own single thread; session ids are random UUIDs.

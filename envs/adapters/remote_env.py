@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import socket
 import threading
 import urllib.parse
 from typing import Any
@@ -222,8 +223,6 @@ class RemoteEnv:
         """Send one request, within ``timeout_s``: websockets' sync ``send`` has no timeout and blocks for as long as
         a server that does not read leaves the socket full, so a timer shuts the socket down when the time is up
         (the connection is then unusable, as after any timeout) and :class:`TimeoutError` is raised."""
-        import socket
-
         timed_out = threading.Event()
 
         def abort() -> None:

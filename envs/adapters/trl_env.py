@@ -62,8 +62,8 @@ once per rollout and logged as ``rewards/<class name>/mean``.
   model as the tool's reply, exactly the text our own collector shows it, and never raises;
 * ``send_message_to_user(content)`` where the env has a customer (its opening observation has a ``user``
   message and the env is not tau2 solo, whose ``solo_ticket="user"`` ticket is a user message no one answers; a
-  served env is judged by its opening alone): TRL ends an episode on a plain reply, so talking to the customer must be a tool; it returns the
-  customer's answer;
+  served env is judged by its opening alone): TRL ends an episode on a plain reply, so talking to the customer must
+  be a tool; it returns the customer's answer;
 * ``reset(**row)`` resets the env on the row's ``task_id`` (or ``index``) and returns the customer's opening
   message (``None`` in solo mode, where the prompt already holds everything); it raises ``ValueError`` when the
   row's prompt does not match the env's opening (a dataset built for another split or configuration);

@@ -21,7 +21,8 @@ whichever worker accepts it, so ``POST /sessions/{id}/step`` on a new connection
 ``/ws?session_id=``) would reach a worker that does not hold the session; making it reach the owner would take a
 balancer in front, which this is not.
 
-Limits: a worker that dies takes its sessions with it (their requests answer 500); it is replaced by a fresh worker
+Limits: a worker that dies takes its sessions with it (a request of one answers an error -- HTTP 503, WORKER_ERROR --
+and closes it); it is replaced by a fresh worker
 when the next session is placed (:meth:`WorkerPool.place`), and the dead worker's sessions, when they close, no
 longer count against its replacement; each worker has its own grader pool (``envs.grader_process``: per-client fairness holds within a worker, the
 request's client carried there); each session holds one local socket to its worker while it is open (``python -m
@@ -42,30 +43,12 @@ from typing import Any
 
 from envs.serving.environment import ClientError, GymTextEnvironment, SessionClosedError, UnsentReplyCount
 
-from envs.grader_process import SpawnContext
+from envs.grader_process import SpawnContext, process_alive
 from envs.grader_queue import GRADING_CLIENT, grading_client
 
 __all__ = ["SessionHost", "WorkerEnvironment", "WorkerGoneError", "WorkerPool"]
 
 log = logging.getLogger(__name__)
-
-
-def _ended(pid: int) -> bool:
-    """Whether process ``pid`` has ended: gone, or a zombie (on Linux, from ``/proc``). Read from the system rather
-    than from ``multiprocessing.active_children()``: where another part of the process reaps children
-    (``waitpid(-1)``), multiprocessing's own poll fails and counts the ended process as running."""
-    multiprocessing.active_children()  # reap what multiprocessing can
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
-        return False
 
 
 class WorkerGoneError(ClientError, RuntimeError):
@@ -148,7 +131,6 @@ class WorkerPool:
             self._managers.append(m)
             self._hosts.append(host)
             self.pids.append(pid)
-        self._generation = [0] * self.n
 
     @staticmethod
     def _start_one() -> tuple[_Manager, Any, int]:
@@ -159,10 +141,11 @@ class WorkerPool:
         return m, host, host.pid()
 
     def _replace_dead(self) -> None:
-        """Under ``_lock``: start a fresh worker in the place of each one whose process has ended (killed, crashed).
-        (:func:`_ended`; an ended worker is reaped, not left a zombie.)"""
+        """Under ``_lock``: start a fresh worker in the place of each one whose process has ended (killed, crashed;
+        :func:`envs.grader_process.process_alive`), after reaping what multiprocessing can (no zombie is left)."""
+        multiprocessing.active_children()
         for i, pid in enumerate(self.pids):
-            if not _ended(pid):
+            if process_alive(pid):
                 continue
             m, host, new_pid = self._start_one()
             old = self._managers[i]
@@ -195,7 +178,8 @@ class WorkerPool:
         """Whether worker ``i`` of ``generation`` is still the one running (not replaced, its process not ended)."""
         with self._lock:
             pid = self.pids[i] if self._generation[i] == generation else None
-        return pid is not None and not _ended(pid)
+        multiprocessing.active_children()
+        return pid is not None and process_alive(pid)
 
     def open_sessions(self) -> dict[int, int]:
         """Open sessions per worker pid."""
