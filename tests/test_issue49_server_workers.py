@@ -20,6 +20,7 @@ pytest.importorskip("openenv", reason="envs.serve needs the optional extra [serv
 
 import gymnasium as gym
 import httpx
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 from envs.serve import build_app
@@ -155,3 +156,46 @@ def test_a_dead_worker_is_replaced_when_the_next_session_is_placed():
             c.delete(f"/sessions/{new}")
             listing = c.get("/sessions").json()
             assert listing["active"] == 0 and set(listing["workers"].values()) == {0}, listing
+
+
+def _kill_and_wait(pid: int) -> None:
+    import signal
+
+    os.kill(pid, signal.SIGKILL)
+    t0 = time.time()
+    while _alive(pid) and time.time() - t0 < 30:
+        time.sleep(0.1)
+
+
+def test_a_dead_worker_over_the_websocket_and_mcp_is_an_error_naming_it_and_the_session_closes():
+    """The same dead worker over the other protocols: a WebSocket step answers an error message with code
+    ``WORKER_ERROR`` naming the worker process, then the socket closes with 1011 (it closed with 1000, a normal close,
+    and no message before), a ``/sessions/{id}/mcp`` tool call
+    answers an error result naming it, and both sessions are closed (their ids are gone, the server keeps serving)."""
+    app = build_app(ENV_ID, max_sessions=4, idle_timeout_s=600, workers=1)
+    with serve_app(app, timeout_s=900) as (url, _):
+        with httpx.Client(base_url=url, timeout=120) as c, \
+                ws_connect(url.replace("http", "ws") + "/ws", open_timeout=120) as ws:
+            ws.send(json.dumps({"type": "reset", "data": {"index": 0}}))
+            assert json.loads(ws.recv(timeout=120))["type"] == "observation"
+            sid = c.post("/sessions").json()["session_id"]
+            c.post(f"/sessions/{sid}/reset", json={"index": 1}).raise_for_status()
+            (dead,) = [int(k) for k in c.get("/sessions").json()["workers"]]
+            assert c.get("/sessions").json()["active"] == 2
+            _kill_and_wait(dead)
+            ws.send(json.dumps({"type": "step", "data": {"content": "<answer>0</answer>"}}))
+            reply = json.loads(ws.recv(timeout=120))
+            assert reply["type"] == "error" and reply["data"]["code"] == "WORKER_ERROR", reply
+            assert "worker process" in reply["data"]["message"], reply
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=60)
+            assert closed.value.rcvd.code == 1011, closed.value  # an error close, not 1000 (normal)
+            rpc = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "respond", "arguments": {
+                "content": "<answer>0</answer>"}}}
+            r = c.post(f"/sessions/{sid}/mcp", json=rpc, headers={"accept": "application/json, text/event-stream",
+                                                                  "mcp-protocol-version": "2025-06-18"})
+            assert r.status_code in (200, 503), r.text
+            assert "worker process" in r.text, r.text
+            assert c.get(f"/sessions/{sid}/state").status_code == 404  # closed when its worker was found gone
+            assert c.get("/sessions").json()["active"] == 0
+            assert c.get("/health").status_code == 200

@@ -10,11 +10,16 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("envs.serve needs the [serve] extra: pip install -e '.[serve]' (openenv-core)") from e
 
 from envs.serving.environment import ClientError, GymTextEnvironment, _dumps, _parse, _run
+from envs.serving.workers import WorkerGoneError
 from envs.serving.sessions import _Sessions
 
 
 def _ws_error(message: str, code: str) -> str:
     return _dumps({"type": "error", "data": {"message": message, "code": code}})
+
+
+#: close code -> reason sent with it (1000, a normal close, has none)
+_CLOSE_REASONS = {1008: "session over: max_session_bytes", 1011: "session lost: its worker process ended"}
 
 
 def _ws_call(env: GymTextEnvironment, text: str) -> tuple[str, str | None]:
@@ -82,7 +87,8 @@ async def _ws_open(websocket: WebSocket, sessions: _Sessions, env_id: str) -> tu
 async def _ws_serve(websocket: WebSocket, sessions: _Sessions, sid: str, env: GymTextEnvironment,
                     owns: bool = True) -> None:
     """Serve ``websocket``'s messages on session ``sid`` (:func:`_ws_call` on the session's thread) until the client
-    leaves or closes, the reaper closes the session, or its output goes over the cap (close code 1008); then close the
+    leaves or closes, the reaper closes the session, its output goes over the cap (close code 1008) or its worker process
+    ended (an error message ``WORKER_ERROR``, then close code 1011; the session is lost); then close the
     socket and -- if the socket ``owns`` its session (else it was attached to it: the session goes on, until closed or
     idle-expired) -- the session. Each reply counts as unsent until the socket has taken it (a client that does not
     read is dropped after the send timeout)."""
@@ -102,12 +108,16 @@ async def _ws_serve(websocket: WebSocket, sessions: _Sessions, sid: str, env: Gy
                 reply, then = _ws_error("binary frames are not served: send JSON text", "INVALID_JSON"), None
                 env.hold_unsent(len(reply))
             else:
-                reply, then = await sessions.run(sid, env, _ws_call, text)
+                try:
+                    reply, then = await sessions.run(sid, env, _ws_call, text)
+                except WorkerGoneError as e:  # the session is closed already (lost with its worker): say why, close 1011
+                    reply, then, close_code = _ws_error(str(e), e.code), "end", 1011
+                    env.hold_unsent(len(reply))
             sessions.touch(sid)
             try:
                 if then == "close":
                     break
-                if then == "end":  # free the env before answering
+                if then == "end" and close_code != 1011:  # free the env before answering
                     await sessions.destroy(sid)
                     close_code = 1008
                 await websocket.send_text(reply)  # waits while the client does not read (dropped after send_timeout_s)
@@ -122,7 +132,7 @@ async def _ws_serve(websocket: WebSocket, sessions: _Sessions, sid: str, env: Gy
         if owns or close_code == 1008:
             await sessions.destroy(sid)
         try:
-            await websocket.close(code=close_code, reason="session over: max_session_bytes" if close_code == 1008 else None)
+            await websocket.close(code=close_code, reason=_CLOSE_REASONS.get(close_code))
         except RuntimeError:
             pass
 
