@@ -453,10 +453,31 @@ print(json.dumps(lat))
 """
 
 
+#: where the prober runs: ``{"cpus": [..] | None, "nice": int}`` (``--probe-cpus``, ``--probe-nice``; main sets it)
+PROBE_PLACEMENT: dict = {"cpus": None, "nice": 0}
+
+
+def _placed(cpus: list[int] | None, nice: int = 0):
+    """A ``preexec_fn`` that pins the child to ``cpus`` (None: inherit) and adds ``nice`` to its niceness."""
+    def apply() -> None:
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+        if nice:
+            os.nice(nice)
+    return apply
+
+
+def _cpu_list(text: str) -> list[int] | None:
+    """``"0"`` / ``"0,1"`` -> ``[0]`` / ``[0, 1]``; ``""`` -> None (inherit)."""
+    return [int(c) for c in text.split(",")] if text else None
+
+
 async def health_probe(url: str, stop: asyncio.Event) -> list[float]:
-    """``/health`` latencies (s) from a prober process of its own (:data:`_PROBE`) until ``stop`` is set."""
+    """``/health`` latencies (s) from a prober process of its own (:data:`_PROBE`, placed by
+    :data:`PROBE_PLACEMENT`) until ``stop`` is set."""
     proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _PROBE, url, stdin=subprocess.PIPE,
-                                                stdout=subprocess.PIPE)
+                                                stdout=subprocess.PIPE,
+                                                preexec_fn=_placed(PROBE_PLACEMENT["cpus"], PROBE_PLACEMENT["nice"]))
     await stop.wait()
     out, _ = await proc.communicate(b"")
     lat = json.loads(out)
@@ -569,7 +590,7 @@ def _summary(domain: str, label: str, sessions: int, episodes: list[dict], ph: d
 
 
 def bench_domain(domain: str, sessions: int, n_tasks: int, timeout: float, adv: dict | None, workers: int = 0,
-                 start_timeout: float = 60.0) -> list[dict]:
+                 start_timeout: float = 60.0, server_cpus: list[int] | None = None) -> list[dict]:
     episodes = gold_episodes(domain, n_tasks)
     port = _free_port()
     # adversarial sessions: inside the cap, beside the honest
@@ -583,7 +604,8 @@ def bench_domain(domain: str, sessions: int, n_tasks: int, timeout: float, adv: 
     if adv is not None:
         cmd += ["--max-body-bytes", str(adv["max_body"]), "--max-session-bytes", str(adv["max_session_bytes"]),
                 "--header-timeout", str(adv["header_timeout"]), "--send-timeout", str(adv["send_timeout"])]
-    server = subprocess.Popen(cmd, cwd=ROOT)  # ``-m`` puts the cwd (this checkout) first on the server's sys.path
+    # ``-m`` puts the cwd (this checkout) first on the server's sys.path; its workers inherit its CPU affinity
+    server = subprocess.Popen(cmd, cwd=ROOT, preexec_fn=_placed(server_cpus))
     url = f"http://127.0.0.1:{port}"
     out = []
     try:
@@ -613,18 +635,27 @@ def bench_domain(domain: str, sessions: int, n_tasks: int, timeout: float, adv: 
     return out
 
 
+def _placement_text(placement: dict | None) -> str:
+    """Where server, clients and prober ran, in words."""
+    if not placement or not any((placement.get("server_cpus"), placement.get("client_cpus"), placement.get("probe_cpus"))):
+        return "server, its workers, clients and the /health prober share it"
+    return (f"server and its workers on CPUs {placement['server_cpus'] or 'inherited'}, clients and adversaries on "
+            f"{placement['client_cpus'] or 'inherited'}, the /health prober on {placement['probe_cpus'] or 'the clients'} "
+            f"at niceness {placement.get('probe_nice', 0):+d} (relative)")
+
+
 def to_markdown(rep: dict) -> str:
     lines = [
         "# openenv_serve_load: `python -m envs.serve` under concurrent gold-replay sessions, with and without adversaries (loopback)",
         "",
         f"Command: `{rep['command']}`  ",
         f"Date: {rep['date']}; Python {rep['python']}; " + ", ".join(f"{k} {v}" for k, v in rep["versions"].items())
-        + f"; {rep['cpus']} CPUs, CPU affinity {rep['cpu_affinity']} (server and clients share it), niceness "
-        f"{rep.get('niceness')}; load average "
+        + f"; {rep['cpus']} CPUs, CPU affinity {rep['cpu_affinity']} ({_placement_text(rep.get('placement'))}), "
+        f"niceness {rep.get('niceness')}; load average "
         f"before/after: {rep['loadavg_before']} / {rep['loadavg_after']}  ",
         f"Server: `python -m envs.serve` with `--workers {rep.get('server_workers', 0)}` (0: every session in the "
         "server's process; N: sessions in N worker processes, the server process keeping sockets, routes and "
-        "`/health`); the server and its workers inherit this process's CPU affinity and niceness. Server RSS counts "
+        "`/health`); the server and its workers inherit this process's niceness. Server RSS counts "
         "the server process only (not its workers).  ",
         f"Adversary settings: {rep['adversaries']}",
         "",
@@ -893,12 +924,20 @@ def main(argv=None) -> dict:
     p.add_argument("--server-workers", type=int, default=0,
                    help="the server's --workers: sessions in N worker processes (default 0: in the server's process)")
     p.add_argument("--start-timeout", type=float, default=60.0, help="seconds the server may take to answer /health")
+    p.add_argument("--server-cpus", default="", help="CPUs of the server and its workers, e.g. 0 (default: inherit)")
+    p.add_argument("--client-cpus", default="", help="CPUs of this process (clients, adversaries), e.g. 1")
+    p.add_argument("--probe-cpus", default="", help="CPUs of the /health prober process (default: the clients')")
+    p.add_argument("--probe-nice", type=int, default=0, help="niceness added to the prober's (negative: needs root)")
     p.add_argument("--note", default="", help="a line added to the report (e.g. the machine's state)")
     p.add_argument("--out", default="openenv_serve_load", help="results file stem under benchmarks/results/")
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
     from importlib.metadata import version
 
+    server_cpus, client_cpus = _cpu_list(args.server_cpus), _cpu_list(args.client_cpus)
+    PROBE_PLACEMENT.update(cpus=_cpu_list(args.probe_cpus), nice=args.probe_nice)
+    if client_cpus:
+        os.sched_setaffinity(0, client_cpus)
     marker = str(Path(tempfile.mkdtemp(prefix="serve_load_")) / "code_payload_ran.txt")
     adv = None if args.no_adversaries else {
         "huge": args.huge, "state_loops": args.state_loops, "half_open": args.half_open, "max_body": args.max_body_bytes,
@@ -914,6 +953,8 @@ def main(argv=None) -> dict:
         "cpu_affinity": sorted(os.sched_getaffinity(0)),
         "niceness": os.nice(0),
         "server_workers": args.server_workers,
+        "placement": {"server_cpus": server_cpus, "client_cpus": client_cpus, "probe_cpus": PROBE_PLACEMENT["cpus"],
+                      "probe_nice": args.probe_nice},
         "loadavg_before": [round(x, 2) for x in os.getloadavg()],
         "adversaries": adv,
         "note": args.note,
@@ -921,7 +962,7 @@ def main(argv=None) -> dict:
     }
     for d in args.domains:
         rep["domains"] += bench_domain(d, args.sessions, args.tasks, args.timeout, adv, args.server_workers,
-                                       args.start_timeout)
+                                       args.start_timeout, server_cpus)
     rep["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     md = to_markdown(rep)
     print(md)
