@@ -131,6 +131,31 @@ def test_partial_reward_mode_returns_progress():
     assert r == info["reward_partial"] and 0.0 < r < 1.0
 
 
+def test_partial_on_stop_pays_progress_only_when_the_agent_ended_the_episode():
+    """``reward="partial_on_stop"``: half the gold then ``done`` earns the progress reward (as ``"partial"``); the
+    same half cut at ``max_steps`` earns 0.0 (``"partial"`` pays it anyway); the whole gold earns 1.0."""
+    env = gym.make("tau2/mock-v0", split="generated_train", user="solo", reward="partial_on_stop")
+    u = env.unwrapped
+    i = next(i for i in range(200) if sum(a.get("name") != "get_users" for a in
+                                           u.tasks[i].evaluation_criteria.model_dump()["actions"]) >= 2)
+    env.reset(options={"index": i})
+    actions = u.demonstration({"index": i})
+    r, term, _, info = _play(env, actions)
+    assert term and r == info["reward_binary"] == 1.0
+    writes = [k for k, a in enumerate(actions) if "get_users" not in str(a)][:-1]  # the done is last
+    env.reset(options={"index": i})
+    half = [a for k, a in enumerate(actions[:-1]) if k != writes[-1]]
+    r, term, _, info = _play(env, half + actions[-1:])
+    assert term and info["reward_binary"] == 0.0 and 0.0 < info["reward_partial"] < 1.0
+    assert r == info["reward_partial"]
+    cut = gym.make("tau2/mock-v0", split="generated_train", user="solo", reward="partial_on_stop", max_steps=len(half))
+    cut.reset(options={"index": i})
+    r, term, trunc, info = _play(cut, half)
+    assert trunc and not term and info["reward_partial"] > 0.0 and r == 0.0
+    with pytest.raises(ValueError, match="reward must be one of"):
+        gym.make("tau2/mock-v0", reward="partial_if_done")
+
+
 #: tau2 mock tasks whose gold (``demonstration``, replayed) scores 0 in tau2's own evaluator too, by user mode, and why:
 #: update_task_with_history_and_env_assertions lists no gold actions (the gold is the stop alone) while its reward
 #: basis is an env assertion that task_2 is completed; update_task_with_initialization_data's basis includes

@@ -34,7 +34,7 @@ USER_KINDS = ("solo", "scripted", "llm", "callable")
 #: message after a system prompt that is then the same for every task of the domain).
 SOLO_TICKET_PLACES = ("system", "user")
 #: Accepted values of ``reward=``.
-REWARD_KINDS = ("binary", "partial")
+REWARD_KINDS = ("binary", "partial", "partial_on_stop")
 _OPTION_KEYS = frozenset({"task_id", "index"})
 #: Default ``max_tool_calls_per_action``: most tool calls one action may make (tau2 sets no bound; its gold
 #: demonstrations make one call per message).
@@ -151,8 +151,10 @@ class Tau2Env(gym.Env):
         user_llm_args: extra litellm arguments (``temperature`` defaults to 0.0).
         max_steps: actions per episode before truncation (>= 1).
         max_errors: tool errors per episode that end it (``too_many_errors``); ``None`` = no limit.
-        reward: ``"binary"`` (tau2's reward is returned) or ``"partial"`` (the progress reward
-            is returned); both are always in ``info``.
+        reward: ``"binary"`` (tau2's reward is returned), ``"partial"`` (the progress reward
+            is returned, whatever the termination) or ``"partial_on_stop"`` (the progress reward when the episode
+            ended with an agent or user stop, 0.0 otherwise: a truncated or failed episode earns nothing, so the
+            progress reward cannot pay for never ending; binary 1.0 stays 1.0); both values are always in ``info``.
         evaluator: ``"fast"`` (default; live environment + cached gold databases) or ``"tau2"``
             (tau2's ``evaluate_simulation`` itself; slower, same value).
         scripted_max_turns: replies after which the scripted customer hangs up.
@@ -764,7 +766,14 @@ class Tau2Env(gym.Env):
         if failure is not None:
             self._end_info.update({k: v for k, v in failure.items() if k != ACTION_ERROR})
             self._last_action_error = "; ".join(e for e in (self._last_action_error, failure[ACTION_ERROR]) if e)
-        reward = partial if self.reward_kind == "partial" else binary
+        if self.reward_kind == "partial":
+            reward = partial
+        elif self.reward_kind == "partial_on_stop":
+            from .rewards import PASSING_TERMINATIONS
+
+            reward = partial if reason in PASSING_TERMINATIONS else 0.0
+        else:
+            reward = binary
         return obs, reward, reason != "max_steps", reason == "max_steps", self._info()
 
     # ------------------------------------------------------------------------------------------

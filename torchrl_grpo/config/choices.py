@@ -83,7 +83,7 @@ USERS = ("scripted", "llm", "local")
 
 #: ``econfig.reward`` (tau2 envs, ``envs.tau2.env.Tau2Env(reward=)``): tau2's binary reward or its partial / progress
 #: reward; equal to ``envs.tau2.env.REWARD_KINDS`` (see the module docstring).
-TAU2_REWARD_KINDS = ("binary", "partial")
+TAU2_REWARD_KINDS = ("binary", "partial", "partial_on_stop")
 
 #: ``allocation_mode`` engines (:func:`torchrl_grpo.config.parse_allocation_mode`): inference engines (the rollout
 #: backends themselves) and training engines (``train.strategy``-like).

@@ -62,7 +62,7 @@ class EnvConfig:
     user_llm: Optional[str] = None
     user_llm_base_url: Optional[str] = None
     user_llm_args: dict = field(default_factory=dict)
-    reward: str = "binary"  # tau2: binary | partial
+    reward: str = "binary"  # tau2: binary | partial | partial_on_stop
     # tau2: a file of tasks in tau2's Task schema (JSON list or JSON lines; envs/tau2/task_file.py) served instead of
     # the split, for both datasets; train_dataset.path / valid_dataset.path, when set, name each dataset's own file
     tasks_path: Optional[str] = None
