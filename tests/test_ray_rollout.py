@@ -61,6 +61,7 @@ def _check_batch(batch, trainer, step):
         assert batch["worker"][batch["group_id"] == g].unique().numel() == 1
 
 
+@pytest.mark.slow  # 3 GRPO steps over two Ray workers: ~60 s idle, 177 s loaded (the unit stage's second slowest)
 def test_two_workers_train_and_stay_in_sync(ray_session, tmp_path, gsm8k_dir):
     trainer, batches = _trainer(tmp_path, gsm8k_dir)
     try:

@@ -43,6 +43,7 @@ def _fit(cfg, run_dir, signal_at=None):
         trainer.close()
 
 
+@pytest.mark.slow  # a whole SFT run with evaluations and checkpoints: 153 s loaded
 def test_sft_saves_checkpoints_and_evaluates_on_the_runs_schedules(tmp_path):
     over = {"checkpoint": {"every": 2, "save_final": True, "keep_last": 0},
             "eval": {"every": 2, "at_start": False, "at_end": False, "n_problems": 1},

@@ -25,7 +25,8 @@ def tau2_cfg(domain, split, **over):
     return OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.create(base), OmegaConf.create(over))
 
 
-@pytest.mark.parametrize("domain,split", [("mock", "base"), ("telecom", "small")])
+# telecom small (a ~11k-token first prompt, 3 turns): the slowest unit test (~90 s idle, 262 s loaded): slow stage
+@pytest.mark.parametrize("domain,split", [("mock", "base"), pytest.param("telecom", "small", marks=pytest.mark.slow)])
 def test_one_grpo_step_on_tau2(tmp_path, domain, split):
     trainer = build_trainer(tau2_cfg(domain, split), tmp_path)
     m = trainer.train_step()
