@@ -25,7 +25,7 @@ from .messages import openai_tool_call, openai_tool_message, tau2_to_openai
 from .task_file import load_task_file
 from .tasks import DEFAULT_SPLIT, load_tasks
 
-__all__ = ["Tau2Env", "USER_KINDS", "REWARD_KINDS", "SOLO_TICKET_PLACES", "DO_NOTHING_ACTION", "MAX_TOOL_CALLS_PER_ACTION",
+__all__ = ["Tau2Env", "USER_KINDS", "REWARD_KINDS", "PARTIAL_ON_STOP_WEIGHT", "SOLO_TICKET_PLACES", "DO_NOTHING_ACTION", "MAX_TOOL_CALLS_PER_ACTION",
            "MAX_TOOL_RESULT_CHARS"]
 
 #: Accepted values of ``user=`` (a callable is accepted too, like ``user_fn=``).
@@ -33,6 +33,8 @@ USER_KINDS = ("solo", "scripted", "llm", "callable")
 #: Accepted values of ``solo_ticket=``: where a solo episode shows the ticket (tau2's system prompt, or a first user
 #: message after a system prompt that is then the same for every task of the domain).
 SOLO_TICKET_PLACES = ("system", "user")
+#: ``reward="partial_on_stop"``: what an unsolved episode ended by a stop earns per unit of progress (a solved one: 1.0)
+PARTIAL_ON_STOP_WEIGHT = 0.5
 #: Accepted values of ``reward=``.
 REWARD_KINDS = ("binary", "partial", "partial_on_stop")
 _OPTION_KEYS = frozenset({"task_id", "index"})
@@ -152,9 +154,12 @@ class Tau2Env(gym.Env):
         max_steps: actions per episode before truncation (>= 1).
         max_errors: tool errors per episode that end it (``too_many_errors``); ``None`` = no limit.
         reward: ``"binary"`` (tau2's reward is returned), ``"partial"`` (the progress reward
-            is returned, whatever the termination) or ``"partial_on_stop"`` (the progress reward when the episode
-            ended with an agent or user stop, 0.0 otherwise: a truncated or failed episode earns nothing, so the
-            progress reward cannot pay for never ending; binary 1.0 stays 1.0); both values are always in ``info``.
+            is returned, whatever the termination) or ``"partial_on_stop"``: 1.0 when tau2's reward is 1.0, else
+            :data:`PARTIAL_ON_STOP_WEIGHT` (0.5) x the progress reward when the agent (or customer) ended the episode,
+            0.0 when it was truncated or failed -- an unfinished episode earns nothing (the progress reward cannot
+            pay for never ending) and any unsolved one less than a solved one (every gold write matched with an
+            extra write that breaks the database is progress 1.0, not a success); both values are always in
+            ``info``.
         evaluator: ``"fast"`` (default; live environment + cached gold databases) or ``"tau2"``
             (tau2's ``evaluate_simulation`` itself; slower, same value).
         scripted_max_turns: replies after which the scripted customer hangs up.
@@ -771,7 +776,8 @@ class Tau2Env(gym.Env):
         elif self.reward_kind == "partial_on_stop":
             from .rewards import PASSING_TERMINATIONS
 
-            reward = partial if reason in PASSING_TERMINATIONS else 0.0
+            reward = binary if binary >= 1.0 else (PARTIAL_ON_STOP_WEIGHT * partial if reason in PASSING_TERMINATIONS
+                                                    else 0.0)
         else:
             reward = binary
         return obs, reward, reason != "max_steps", reason == "max_steps", self._info()
