@@ -136,7 +136,8 @@ def test_partial_reward_mode_returns_progress():
 def test_partial_on_stop_pays_progress_only_when_the_agent_ended_the_episode():
     """``reward="partial_on_stop"``: half the gold then ``done`` earns half the progress reward; the same half cut at
     ``max_steps`` earns 0.0 (``"partial"`` pays it anyway); the whole gold earns 1.0; the whole gold plus a write
-    that breaks the database (progress 1.0, tau2's reward 0.0) earns 0.5, not a success."""
+    that breaks the database (tau2's reward 0.0) is not a success: its progress stays below 1.0 (it was 1.0, which an
+    evaluation counting reward >= 1.0 as success took for one)."""
     env = gym.make("tau2/mock-v0", split="generated_train", user="solo", reward="partial_on_stop")
     u = env.unwrapped
     i = next(i for i in range(200) if sum(a.get("name") != "get_users" for a in
@@ -155,7 +156,9 @@ def test_partial_on_stop_pays_progress_only_when_the_agent_ended_the_episode():
     extra = {"role": "assistant", "content": None, "tool_calls": [{"id": "extra", "type": "function", "function": {
         "name": "create_task", "arguments": json.dumps({"user_id": "user_1", "title": "an extra task"})}}]}
     r, term, _, info = _play(env, actions[:-1] + [extra] + actions[-1:])  # after every gold write, before done
-    assert term and info["reward_binary"] == 0.0 and info["reward_partial"] == 1.0 and r == 0.5
+    n_writes = len(writes)
+    assert term and info["reward_binary"] == 0.0, info
+    assert info["reward_partial"] == n_writes / (n_writes + 1) < 1.0 and r == 0.5 * info["reward_partial"], info
     cut = gym.make("tau2/mock-v0", split="generated_train", user="solo", reward="partial_on_stop", max_steps=len(half))
     cut.reset(options={"index": i})
     r, term, trunc, info = _play(cut, half)

@@ -26,9 +26,11 @@ Partial reward -- :func:`partial_reward`, in [0, 1]::
             + env assertions + communicate_info strings of the task
     matched = gold WRITE actions matched (tau2's Action.compare_with_tool_call) by a tool call
               that ran without error, + env assertions met, + communicate_info found
-    partial = 1.0                      if the binary reward is 1.0
-            = matched / len(items)     if items
-            = binary reward            otherwise
+    partial = 1.0                        if the binary reward is 1.0
+            = matched / (len(items) + 1) if items (the success counts as one more item, so that an unsolved
+                                         episode -- every gold write made, plus one that breaks the database --
+                                         stays below a solved one's 1.0, which evaluations count as success)
+            = binary reward              otherwise
 
 It is computed whatever the termination reason (a truncated episode still shows its progress).
 """
@@ -230,4 +232,4 @@ def partial_reward(
         matched += sum(1 for c in checks if c.met)
     if total == 0:
         return float(binary_reward)
-    return matched / total
+    return matched / (total + 1)  # the success itself is the last item: an unsolved episode stays below 1.0
