@@ -6,9 +6,9 @@ tau2's evaluator (which rebuilds two environments from disk per call) is the slo
 do-nothing and perturbed comparisons use every task for telecom and every 10th task elsewhere
 (the do-nothing reward of every task is still computed and checked to be in range).
 """
-import gymnasium as gym
 import json
 
+import gymnasium as gym
 import pytest
 
 import envs

@@ -157,8 +157,7 @@ class Tau2Env(gym.Env):
             is returned, whatever the termination) or ``"partial_on_stop"``: 1.0 when tau2's reward is 1.0, else
             :data:`PARTIAL_ON_STOP_WEIGHT` (0.5) x the progress reward when the agent (or customer) ended the episode,
             0.0 when it was truncated or failed -- an unfinished episode earns nothing (the progress reward cannot
-            pay for never ending) and any unsolved one less than a solved one (every gold write matched with an
-            extra write that breaks the database is progress 1.0, not a success); both values are always in
+            pay for never ending) and an unsolved one at most half a solved one; both values are always in
             ``info``.
         evaluator: ``"fast"`` (default; live environment + cached gold databases) or ``"tau2"``
             (tau2's ``evaluate_simulation`` itself; slower, same value).
