@@ -1,0 +1,33 @@
+"""benchmarks/tau2_eval_breakdown.py: per-intent pass^1 of generated mock evaluations, counted from the rows."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from envs.tau2.generated_tasks import generate_split
+
+_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "tau2_eval_breakdown.py"
+_spec = importlib.util.spec_from_file_location("tau2_eval_breakdown", _PATH)
+bd = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bd)
+
+
+def test_counts_each_task_under_every_intent_it_has_and_its_intent_count():
+    tasks = {t["id"]: t for t in generate_split("generated_test")}
+    two = next(t for t in tasks.values() if len(bd.intents(t)) == 2 and len(set(bd.intents(t))) == 2)
+    one = next(t for t in tasks.values() if bd.intents(t) == ["set_status"])
+    rows = [{"step": 0, "mode": "greedy", "task_id": two["id"], "reward": 1.0, "tool_calls": [{}, {}],
+             "termination_reason": "agent_stop"},
+            {"step": 0, "mode": "greedy", "task_id": one["id"], "reward": 0.5, "tool_calls": [],
+             "termination_reason": "max_steps"},
+            {"step": 8, "mode": "greedy", "task_id": one["id"], "reward": 1.0, "tool_calls": [{}],
+             "termination_reason": "agent_stop"}]
+    out = bd.breakdown(rows, tasks)
+    first = out[(0, "greedy")]
+    assert first["n"] == 2 and first["pass^1"] == 0.5 and first["calls_per_episode"] == 1.0  # 0.5 is not solved
+    assert first["terminations"] == {"agent_stop": 1, "max_steps": 1}
+    a, b = bd.intents(two)
+    assert first["by"][a] == first["by"][b] == [1, 1] and first["by"]["2 intents"] == [1, 1]
+    assert first["by"]["set_status"][1] == 1 + ("set_status" in (a, b)) and first["by"]["1 intents"] == [0, 1]
+    assert out[(8, "greedy")]["by"] == {"set_status": [1, 1], "1 intents": [1, 1]}
+    assert bd.intents(None) == ["?"]
