@@ -390,7 +390,12 @@ class _TimedH11Protocol(_WriteDeadline, H11Protocol):
             self._disarm()
 
     def handle_websocket_upgrade(self, event) -> None:
+        """Hand the WebSocket protocol the real transport: through :class:`_LingeringTransport` its close became an HTTP
+        lingering close (the upgrade request's h11 state is ``SEND_BODY``), a half-close after which the WebSocket
+        could not answer the client's close frame (``Cannot call write() after write_eof()`` on every session at
+        shutdown; issue 49)."""
         self._disarm()
+        self.transport = self.transport._transport
         super().handle_websocket_upgrade(event)
 
     def on_response_complete(self) -> None:
