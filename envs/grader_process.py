@@ -39,12 +39,18 @@ Bounds of one graded call (:class:`GraderPool`, defaults of :func:`default_pool`
   ``tempfile.gettempdir()``), made under one directory per pool that :meth:`GraderPool.close` removes, so a grader
   (or a dataset it rebuilds) writing a relative path cannot touch the caller's directory (issue 42: a reasoning-gym
   ``codeio`` snippet wrote ``sailor_performance.csv`` into the checkout). Containment, not a sandbox: an absolute
-  path is still reachable. ``sys.path``'s relative entries (``''``) are made absolute first.
+  path is still reachable. ``sys.path``'s relative entries (``''``) are made absolute first. A worker's directory is
+  removed once the worker has ended, however it was replaced (killed at a bound, stopped at the wall clock, killed
+  from outside, retired with its pool): looked for after every call whose worker died and after any call once the
+  pool's workers have changed (issue 49: each killed worker's directory stayed until the pool closed).
 
 A worker past a bound is killed and replaced by pebble (``pebble.ProcessPool``, the maintained process-pool library:
 per-task timeouts, worker replacement); the caller gets a :class:`GraderFailure`, never an exception, and the env
 answers reward 0 with ``info["action_error"]`` = :attr:`GraderFailure.action_error` and ``info["grader_timeout"]`` /
 ``info["grader_memory"]`` / ``info["grader_error"]`` set. :attr:`GraderPool.counts` counts each kind per pool.
+pebble gives up on its whole pool when a worker ends while no call runs (killed from outside while idle: the OOM
+killer, an operator; every later call raised ``RuntimeError``): the pool is then replaced and the call that met it
+runs once more in the new one (:attr:`GraderPool.broken_pools` counts them).
 
 Workers are cheap to reuse: they start from a fork server that imported the grader modules once
 (:func:`register_worker_module`; ``reasoning_gym`` and sympy take seconds to import), run each module's
@@ -345,11 +351,15 @@ class GraderPool:
         self._modules = modules
         self._pool: pebble.ProcessPool | None = None
         self._root: str | None = None  # the workers' private directories are made under it; removed at close
+        self._dir_pids: frozenset[int] = frozenset()  # the worker pids when dead workers' directories were last looked for
+        self._dirs_pending = False  # a directory whose worker left the pool was kept then (its process still ending)
         self._pool_modules: tuple[str, ...] = ()
         self._pid = os.getpid()
         self._lock = threading.Lock()
         #: Failed calls by kind (:data:`FAILURE_KINDS`), and ``"wall_retries"``: calls retried after a wall timeout.
         self.counts: dict[str, int] = dict.fromkeys((*FAILURE_KINDS, "wall_retries"), 0)
+        #: pebble pools replaced because they broke (a worker ended while no call ran: :meth:`_started`).
+        self.broken_pools = 0
         self._finalized_in: int | None = None  # the pid whose multiprocessing finalizer closes this pool
 
     def _started(self) -> pebble.ProcessPool:
@@ -358,6 +368,16 @@ class GraderPool:
             if self._pool is not None and self._pid == os.getpid() and modules != self._pool_modules:
                 old, self._pool = self._pool, None  # a grader module registered since: new workers import it
                 old.close()  # its calls in progress finish; then its workers end
+                threading.Thread(target=old.join, name="grader-pool-retire", daemon=True).start()
+            if self._pool is not None and self._pid == os.getpid() and not self._pool.active:
+                # pebble gives up on a whole pool when a worker ends while no call runs (a worker killed from
+                # outside while idle: the OOM killer, an operator): "All workers expired", then every schedule
+                # raises RuntimeError. Replace it: its calls have failed already (BrokenProcessPool), its other
+                # workers are stopped.
+                old, self._pool = self._pool, None
+                self.broken_pools += 1
+                _log.warning("grader pool: pebble's pool broke (a worker ended while idle); starting a new one")
+                old.stop()
                 threading.Thread(target=old.join, name="grader-pool-retire", daemon=True).start()
             if self._pool is None or self._pid != os.getpid():
                 if self._root is None or self._pid != os.getpid():  # a forked child's own (its parent removes its)
@@ -408,9 +428,10 @@ class GraderPool:
         client = GRADING_CLIENT.get()
         for attempt in (0, 1):
             with self._slots.held(client):  # pebble's own queue is first come, first served: it never holds one
-                future = self._started().schedule(_run_in_worker, args=(fn, args, cpu_s, prepare, self.prepare_cpu_s),
-                                                  timeout=wall_s)
+                pool = self._started()
                 try:
+                    future = pool.schedule(_run_in_worker, args=(fn, args, cpu_s, prepare, self.prepare_cpu_s),
+                                           timeout=wall_s)
                     status, value = future.result()
                 except concurrent.futures.TimeoutError:
                     self._remove_dead_dirs()  # pebble is stopping this one: removed at a later call's failure
@@ -424,7 +445,12 @@ class GraderPool:
                     self._remove_dead_dirs(e.pid)
                     return None, self._expired(e.exitcode, cpu_s, prepare is not None)
                 except Exception as e:  # noqa: BLE001 -- the pool itself failed (e.g. an unpicklable result)
+                    # pebble's pool broke under the call (BrokenProcessPool), or just before it (RuntimeError from
+                    # schedule): not the call's fault (a worker killed while idle): once more, in a new pool
+                    if attempt == 0 and pool is self._pool and not pool.active:  # (not closed meanwhile)
+                        continue  # _started replaces it
                     return None, self._failed("grader_error", f"{type(e).__name__}: {e}"[:500])
+            self._tidy_dirs()
             if status == "ok":
                 return value, None
             return None, self._failed("grader_memory" if status == "memory" else "grader_error", value)
@@ -447,25 +473,43 @@ class GraderPool:
             self.counts[kind] += 1
         return GraderFailure(kind, message)
 
+    def _tidy_dirs(self) -> None:
+        """After a call that returned: look for dead workers' directories (:meth:`_remove_dead_dirs`) when the pool's
+        workers changed since the last look, or a directory was kept then because its process was still ending. A
+        worker can be replaced without any call of ours seeing it end (killed from outside while idle; stopped by
+        pebble after its wall-clock timeout was reported; retired with its pool when a grader module was
+        registered). Cost when nothing changed: one comparison of the worker pids."""
+        live = frozenset(self.worker_pids())
+        if live != self._dir_pids or self._dirs_pending:
+            self._remove_dead_dirs()
+
     def _remove_dead_dirs(self, dead: int | None = None) -> None:
         """Remove the private directory (``worker-<pid>-*``) of the worker ``dead`` (pebble reported it ended) and of
-        every other worker of this pool that is dead: neither a live worker nor a live process. A pid reused meanwhile
-        keeps its old directory until :meth:`close`."""
+        every other worker of this pool that is dead: neither a live worker nor a live process (one still ending is
+        looked at again after a later call: :meth:`_tidy_dirs`). A pid reused meanwhile keeps its old directory until
+        :meth:`close`."""
         root = self._root
         if root is None or self._pid != os.getpid():
             return
-        live = set(self.worker_pids())
+        live = frozenset(self.worker_pids())
         try:
             names = os.listdir(root)
         except OSError:
             return
+        pending = False
         for name in names:
             parts = name.split("-")
             if len(parts) < 3 or parts[0] != "worker" or not parts[1].isdigit():
                 continue
             pid = int(parts[1])
-            if pid == dead or (pid not in live and not process_alive(pid)):
+            if pid in live and pid != dead:
+                continue
+            if pid == dead or not process_alive(pid):
                 shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            else:  # not a worker of the pool now (retired, being stopped) or not yet listed (starting): look again
+                pending = True
+        with self._lock:
+            self._dir_pids, self._dirs_pending = live, pending
 
     def worker_pids(self) -> list[int]:
         """The pids of the live workers (empty before the first call and after :meth:`close`)."""
