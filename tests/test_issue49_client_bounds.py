@@ -172,7 +172,14 @@ PAST_THE_DEPTH_CUT = {"N": {"type": "object", "examples": json.loads("[" * 24 + 
                             "properties": {"a": {"$ref": "#/$defs/N"}, "b": {"$ref": "#/$defs/N"}}}}
 
 
-@pytest.mark.parametrize("defs", [SELF_REFERENCING, PAST_THE_DEPTH_CUT], ids=["string", "past_depth_cut"])
+#: The issue's own size: 6 MiB (MemoryError at a 3 GiB limit after 30 s), inside the 8 MiB reply window.
+SELF_REFERENCING_6MIB = {"N": {**SELF_REFERENCING["N"], "description": "d" * (6 << 20)}}
+#: Non-ASCII (each character 2 bytes of the reply, 6 of JSON text): 1 MiB of characters, copied 128 times.
+SELF_REFERENCING_WIDE = {"N": {**SELF_REFERENCING["N"], "description": "\u00e9" * (1 << 20)}}
+
+
+@pytest.mark.parametrize("defs", [SELF_REFERENCING, PAST_THE_DEPTH_CUT, SELF_REFERENCING_6MIB, SELF_REFERENCING_WIDE],
+                         ids=["string", "past_depth_cut", "string_6MiB", "non_ascii"])
 def test_a_large_string_in_self_referencing_defs_is_refused_by_its_expanded_bytes(defs):
     """2 MiB inside a ``$defs`` object that refers to itself twice: ``environment_factory(url=...)`` raises
     ``RemoteBoundError`` ``max_schema_bytes`` quickly, its memory near the baseline (it used to build 256 MiB of
@@ -301,3 +308,42 @@ def test_a_request_a_server_does_not_read_times_out_within_timeout_s():
         for c in held:
             c.close()
         srv.close()
+
+
+# ------------------------------------------------------------------------------- 2b. bytes as JSON writes them
+#: One character of each kind and the bytes compact JSON (``json.dumps``, ``ensure_ascii``) writes for it: a quote
+#: or a backslash 2, a control character or a non-ASCII one 6 (``\u00e9``), one outside the BMP 12 (a surrogate pair).
+ESCAPED = {"quote": ('"', 2), "backslash": ("\\", 2), "control": ("\x01", 6), "latin": ("\u00e9", 6),
+           "cjk": ("\u4e2d", 6), "emoji": ("\U0001F600", 12)}
+
+
+@pytest.mark.parametrize("kind", list(ESCAPED))
+def test_the_byte_bound_counts_the_bytes_json_writes_not_characters(kind):
+    """A string whose characters fit ``max_schema_bytes`` but whose JSON text does not (each character written as 2
+    to 12 bytes) is refused: the schema goes into the docstring and, from there, into every prompt as JSON text. The
+    same schema within a bound of its JSON size builds."""
+    from envs.adapters.trl_env import environment_factory
+
+    char, width = ESCAPED[kind]
+    bound = 100_000
+    n = bound // 2 + 1_000  # n characters < bound <= n * width bytes
+    tool = {"type": "function", "function": {"name": "boom", "description": "x", "parameters": {
+        "type": "object", "required": ["arg"], "properties": {"arg": {
+            "type": "object", "properties": {"a": {"type": "string"}}, "examples": [char * n]}}}}}
+    assert len(json.dumps(char * n)) == n * width + 2
+    with hostile_server(_opening([tool])) as (url, _):
+        with pytest.raises(RemoteBoundError, match="max_schema_bytes"):
+            environment_factory(url=url, bounds=ClientBounds(max_schema_bytes=bound))
+        cls = environment_factory(url=url, bounds=ClientBounds(max_schema_bytes=n * width + 1_000))
+    assert char * 16 in json.loads(cls.boom.__doc__.split("JSON schema: ", 1)[1].split("\n", 1)[0])["examples"][0]
+
+
+def test_a_schema_strings_size_is_what_json_dumps_writes():
+    from envs.adapters.trl_env import _json_size, _text_size
+
+    rng = random.Random(49)
+    alphabet = ["a", " ", '"', "\\", "\x01", "\x7f", "\n", "\u00e9", "\u4e2d", "\U0001F600", "~"]
+    for _ in range(5_000):
+        s = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12)))
+        assert _text_size(s) == len(json.dumps(s)), repr(s)
+        assert _json_size({s: 1}) == 2 + len(json.dumps(s)) + 2, repr(s)  # braces, the key, its colon and comma

@@ -145,20 +145,30 @@ def _probe(env: gym.Env) -> tuple[list[dict], dict]:
 # ---------------------------------------------------------------------------------------------------------------
 # OpenAI tool schema -> a Python method TRL (transformers.get_json_schema) turns back into a schema
 # ---------------------------------------------------------------------------------------------------------------
+def _text_size(text: str) -> int:
+    """Bytes of ``json.dumps(text)`` (quotes included, ``ensure_ascii`` as ``json.dumps`` writes by default): a quote
+    or backslash is 2 bytes, a control or non-ASCII character 6 (``\\u00e9``), one outside the BMP 12. Printable ASCII
+    is counted without building the text (the common case); other text is encoded once (C, linear; at most 12 bytes
+    per character, and the budget is charged at least as much, so the encoding done before a refusal is bounded)."""
+    if text.isascii() and text.isprintable():
+        return len(text) + 2 + text.count('"') + text.count("\\")
+    return len(json.dumps(text))
+
+
 def _json_size(value: Any) -> int:
     """Bytes of compact JSON text ``value``'s own node takes (its children are paid for as nodes of their own): a
-    string its characters + 2 quotes, a key its characters + 4 (quotes, colon, comma), an integer its decimal digits
-    (bounded from its bits), a list 2 + a comma per item. Escapes are not counted: ``json.dumps`` writes a
-    non-ASCII or control character as ``\\uXXXX`` (up to 12 bytes for one character), so the docstring text is at
-    most ~6x what this counts."""
+    string its JSON text (:func:`_text_size`: escapes included), a key its JSON text + 2 (colon, comma), an integer
+    its decimal digits (bounded from its bits), a list 2 + a comma per item; as ``json.dumps`` writes the schema into
+    the method's docstring (and a chat template into every prompt). Counting characters instead let a schema of
+    control or non-ASCII characters write up to 12x the bound (issue 49 audit)."""
     if isinstance(value, str):
-        return len(value) + 2
+        return _text_size(value)
     if isinstance(value, bool) or value is None:
         return 5
     if isinstance(value, int):
         return value.bit_length() // 3 + 2
     if isinstance(value, dict):
-        return 2 + sum(len(k) + 4 if isinstance(k, str) else 24 for k in value)
+        return 2 + sum(_text_size(k) + 2 if isinstance(k, str) else 24 for k in value)
     if isinstance(value, (list, tuple)):
         return 2 + len(value)
     return 24  # a float (repr at most 24 characters), or anything else a local env put there
@@ -292,7 +302,8 @@ def _tool_method(schema: dict, asynchronous: bool = False,
     sig_required, sig_optional, arg_docs, annotations = [], [], [], {}
     for pname, raw in props.items():
         if not pname.isidentifier() or keyword.iskeyword(pname) or pname == "self":
-            raise ValueError(f"tool {name!r}: parameter {pname!r} is not a Python identifier")
+            raise ValueError(f"tool {name!r}: parameter {pname!r:.100} is not a Python identifier")
+        budget.spend_bytes(_text_size(pname) + 2)  # the parameter's name (not a node of its schema)
         prop = _resolve_refs(raw, defs, budget)
         hint, complete = _hint(prop)
         desc = _one_line(prop.get("description") or prop.get("title") or pname)
@@ -317,7 +328,7 @@ def _tool_method(schema: dict, asynchronous: bool = False,
             return self._call_tool(name, kwargs)
 
     description = _one_line(fn_schema.get("description") or name)
-    budget.spend_bytes(len(description) + len(name))
+    budget.spend_bytes(_text_size(description) + _text_size(name))
     doc = description + ("\n\nArgs:\n" + "\n".join(arg_docs) if arg_docs else "")
     doc += "\n\nReturns:\n    The environment's answer."
     tool.__name__ = tool.__qualname__ = name
