@@ -83,6 +83,53 @@ def test_length_dependent_rope_is_read_from_either_attribute_and_any_shape(kw, w
     assert length_dependent_rope(_cfg(**kw)) == want
 
 
+#: Configs as transformers' own config classes build them (rope_scaling given the 4.x way is standardised into
+#: rope_parameters): whether their RoPE follows the sequence length, for each architecture that ships a scaling.
+_PHI_FACTORS = {"short_factor": [1.0] * 48, "long_factor": [2.0] * 48}
+CONFIG_CLASSES = {
+    "qwen2_dynamic": ("Qwen2Config", dict(rope_scaling={"type": "dynamic", "factor": 2.0}), True),
+    "mistral_dynamic": ("MistralConfig", dict(rope_parameters={"rope_type": "dynamic", "factor": 2.0}), True),
+    "gpt_neox_dynamic": ("GPTNeoXConfig", dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), True),
+    "falcon_dynamic": ("FalconConfig", dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), True),
+    "phi3_longrope": ("Phi3Config", dict(rope_scaling={"type": "longrope", **_PHI_FACTORS},
+                                         original_max_position_embeddings=4096, max_position_embeddings=131072), True),
+    "phi3_longrope_parameters": ("Phi3Config", dict(rope_parameters={"rope_type": "longrope", **_PHI_FACTORS,
+                                                                     "original_max_position_embeddings": 4096},
+                                                    max_position_embeddings=131072), True),
+    "gemma3_per_layer_dynamic": ("Gemma3TextConfig", dict(rope_parameters={
+        "full_attention": {"rope_type": "dynamic", "factor": 2.0}, "sliding_attention": {"rope_type": "default"}}),
+        True),
+    "llama_default": ("LlamaConfig", {}, False),
+    "llama_linear": ("LlamaConfig", dict(rope_scaling={"type": "linear", "factor": 2.0}), False),
+    "llama_yarn": ("LlamaConfig", dict(rope_parameters={"rope_type": "yarn", "factor": 4.0}), False),
+    "llama3": ("LlamaConfig", dict(rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                    "high_freq_factor": 4.0,
+                                                    "original_max_position_embeddings": 1024}), False),
+    "qwen3_yarn": ("Qwen3Config", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                      "original_max_position_embeddings": 32768}), False),
+    "gemma3_per_layer_linear": ("Gemma3TextConfig", dict(rope_parameters={
+        "full_attention": {"rope_type": "linear", "factor": 8.0}, "sliding_attention": {"rope_type": "default"}}),
+        False),
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIG_CLASSES))
+def test_the_rule_reads_each_architectures_own_config(name):
+    """Length-dependent RoPE (``dynamic``, ``longrope``) is never called exact, whichever architecture carries it and
+    however its config spells it; scalings computed once (``linear``, ``yarn``, ``llama3``) keep every path."""
+    cls, kw, length_dependent = CONFIG_CLASSES[name]
+    if not hasattr(transformers, cls):
+        pytest.skip(f"transformers {transformers.__version__} has no {cls}")
+    cfg = getattr(transformers, cls)(**kw)
+    cfg._attn_implementation = "sdpa"
+    model = SimpleNamespace(config=cfg)
+    assert (length_dependent_rope(cfg) is not None) == length_dependent
+    assert (exact_log_probs_refusal(model) is not None) == length_dependent
+    assert (shared_prefix_refusal(model) is not None) == length_dependent
+    if length_dependent:
+        assert fixed_shape_decode_refusal(model, columns=8) is not None
+
+
 def test_alibi_is_read_from_each_models_config():
     assert uses_alibi(transformers.MptConfig())  # attn_config.alibi, True by default
     assert not uses_alibi(transformers.MptConfig(attn_config={"alibi": False}))
@@ -147,7 +194,8 @@ def test_the_refused_prefix_sharing_is_inexact_across_the_original_length(name, 
                                                    "original_max_position_embeddings": 8}, max_position_embeddings=32),
     lambda: _model("LlamaConfig", rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8}),
-], ids=["yarn", "llama3"])
+    lambda: _model("LlamaConfig", rope_parameters={"rope_type": "linear", "factor": 4.0}, max_position_embeddings=8),
+], ids=["yarn", "llama3", "linear"])
 def test_rope_scaled_once_at_start_up_keeps_every_fast_path_past_its_original_length(make):
     model = make()
     assert exact_log_probs_refusal(model) is None and shared_prefix_refusal(model) is None

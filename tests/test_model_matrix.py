@@ -15,9 +15,9 @@ backend's prompt-prefix cache and the group fan-out all bite.
 Position schemes (issue 49): RoPE whose frequencies follow the sequence length (Llama ``dynamic``, Phi-3
 ``longrope``: the fixed-shape decode and the shared-prefix update refused, behaviour log-probs reported inexact; here
 within their original length, where every path is exact: across it no path is, tests/test_exact_paths_positions.py),
-YaRN (not length dependent: its fixed-shape decode runs past its original length of 8) and ALiBi: MPT counts its
-biases on key columns (the prompt-prefix cache refused), Bloom and Falcon count real tokens of the attention mask
-(the cache runs and is exact).
+YaRN and linear scaling (not length dependent: their fixed-shape decode runs past an original length of 8) and
+ALiBi: MPT counts its biases on key columns (the prompt-prefix cache refused), Bloom and Falcon count real tokens of
+the attention mask (the cache runs and is exact).
 """
 from __future__ import annotations
 
@@ -67,6 +67,8 @@ MATRIX = {
     "llama_yarn": ("LlamaConfig", "sdpa", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0,
                                                                "original_max_position_embeddings": 8},
                                            "max_position_embeddings": 32}, "static"),
+    "llama_linear": ("LlamaConfig", "sdpa", {"rope_parameters": {"rope_type": "linear", "factor": 4.0},
+                                             "max_position_embeddings": 8}, "static"),  # computed once: exact
     "mpt": ("MptConfig", "eager", {}, "eager"),  # ALiBi on key columns
     "bloom": ("BloomConfig", "eager", {}, "eager"),  # ALiBi on the attention mask's count of real tokens
     "falcon_alibi": ("FalconConfig", "eager", {"alibi": True, "new_decoder_architecture": False, "multi_query": False},
