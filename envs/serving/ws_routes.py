@@ -2,6 +2,8 @@
 ``?session_id=ID``, attached to an open session: OpenEnv 0.10's ``MCPToolClient``)."""
 from __future__ import annotations
 
+import asyncio
+
 try:  # the optional extra [serve]
     from fastapi import FastAPI
     from openenv.core.env_server.exceptions import SessionCapacityError
@@ -85,18 +87,21 @@ async def _ws_open(websocket: WebSocket, sessions: _Sessions, env_id: str) -> tu
 
 
 async def _ws_serve(websocket: WebSocket, sessions: _Sessions, sid: str, env: GymTextEnvironment,
-                    owns: bool = True) -> None:
+                    owns: bool = True, first: asyncio.Future | None = None) -> None:
     """Serve ``websocket``'s messages on session ``sid`` (:func:`_ws_call` on the session's thread) until the client
     leaves or closes, the reaper closes the session, its output goes over the cap (close code 1008) or its worker process
     ended (an error message ``WORKER_ERROR``, then close code 1011; the session is lost); then close the
     socket and -- if the socket ``owns`` its session (else it was attached to it: the session goes on, until closed or
     idle-expired) -- the session. Each reply counts as unsent until the socket has taken it (a client that does not
-    read is dropped after the send timeout)."""
+    read is dropped after the send timeout). ``first``: the socket's first message, already being received."""
     sessions.sockets[sid] = websocket
     close_code = 1000
     try:
         while True:
-            msg = await websocket.receive()
+            if first is not None:
+                msg, first = await first, None
+            else:
+                msg = await websocket.receive()
             if msg["type"] == "websocket.disconnect":
                 break
             if sid not in sessions.server._sessions:  # reaped meanwhile
@@ -137,13 +142,36 @@ async def _ws_serve(websocket: WebSocket, sessions: _Sessions, sid: str, env: Gy
             pass
 
 
+def _drop(pending: asyncio.Future) -> None:
+    """Cancel ``pending`` (a receive no longer wanted); if it has completed, what it raised is taken, not logged."""
+    pending.cancel()
+    if pending.done() and not pending.cancelled():
+        pending.exception()
+
+
 def _add_websocket_route(app: FastAPI, sessions: _Sessions, env_id: str) -> None:
     """``/ws``: one WebSocket = one session (:func:`_ws_open`, then :func:`_ws_serve`); ``/ws?session_id=ID``: the
-    socket attached to the open session ``ID`` (:func:`_ws_attach`), which outlives it."""
+    socket attached to the open session ``ID`` (:func:`_ws_attach`), which outlives it.
+
+    The first message of a new session's socket is received while its env is built (issue 49): uvicorn stops reading a
+    socket while a message waits for the app, and reading is what answers the keepalive (the client's pings, the pongs
+    to the server's); a ``reset`` sent at once then left the socket unread for the whole build -- tens of seconds with
+    512 sessions opening together -- and either end's keepalive closed it (1011). Messages after the first still wait
+    unread in uvicorn's queue, as before (one at a time)."""
     @app.websocket("/ws")
     async def ws_session(websocket: WebSocket) -> None:
         await websocket.accept()
         attach = websocket.query_params.get("session_id")
-        opened = await (_ws_attach(websocket, sessions, attach) if attach else _ws_open(websocket, sessions, env_id))
+        if attach:
+            first, opened = None, await _ws_attach(websocket, sessions, attach)
+        else:
+            first = asyncio.ensure_future(websocket.receive())
+            try:
+                opened = await _ws_open(websocket, sessions, env_id)
+            except BaseException:
+                _drop(first)
+                raise
+            if opened is None:
+                _drop(first)
         if opened is not None:
-            await _ws_serve(websocket, sessions, *opened, owns=not attach)
+            await _ws_serve(websocket, sessions, *opened, owns=not attach, first=first)
