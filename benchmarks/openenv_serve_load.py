@@ -46,6 +46,16 @@ target: 512 retail sessions, ``/health`` p99 < 100 ms), ``--start-timeout`` give
 start it; the report gives ``/health`` p50 / p99 / max and passes ``--max-connections`` sized for the sessions and
 adversaries.
 
+Clients (issue 49): ``--client-procs K`` spreads the honest sessions over K spawned processes, each its own event loop
+(session ``i`` in process ``i % K``; started before the clock, released together; the adversaries stay in this
+process): one loop driving 512 clients lagged seconds, and that lag was in every latency it took.
+``--client-ping-interval`` is the honest WebSocket clients' keepalive (default 0: none; websockets' own is 20 s, and a
+client loop that misses its pong deadline closes its own connection -- the server's keepalive still runs). Placement:
+``--server-cpus`` (the server and its workers), ``--client-cpus`` (this process and its client processes),
+``--probe-cpus`` / ``--probe-nice`` (the ``/health`` prober, always a process of its own). ``--server-lag`` starts the
+server through ``benchmarks/serve_loop_lag.py``: per phase, how late its event loop ran a callback handed to it every
+10 ms (p50 / p99 / max), its CPU time, and the loop thread's stacks sampled while it stalled.
+
 Run pinned to one core (server and clients share it)::
 
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 taskset -c 0 python benchmarks/openenv_serve_load.py
@@ -64,8 +74,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import json
+import multiprocessing
 import os
 import platform
 import socket
@@ -124,9 +136,30 @@ def gold_episodes(domain: str, n_tasks: int) -> list[dict]:
     return out
 
 
+#: The honest WebSocket clients' keepalive ping interval (s; ``None``: no pings), ``--client-ping-interval``. websockets'
+#: default (a ping every 20 s, the connection failed with 1011 when its pong is not handled within 20 s) measures the
+#: *client's* loop as much as the server: 512 clients on one loaded core closed their own connections (issue 49,
+#: attempt 4). The server's own pings (uvicorn's, every 20 s) still run.
+CLIENT_PING: dict = {"interval": None}
+
+
+class _Client(GenericEnvClient):
+    """OpenEnv's ``GenericEnvClient`` whose WebSocket keepalive is :data:`CLIENT_PING` (its ``connect`` passes
+    websockets' default); everything else is OpenEnv's."""
+
+    async def connect(self) -> "_Client":
+        if self._ws is None:
+            try:
+                self._ws = await ws_connect(self._ws_url, open_timeout=self._connect_timeout,
+                                            max_size=self._max_message_size, ping_interval=CLIENT_PING["interval"])
+            except Exception as e:
+                raise ConnectionError(f"Failed to connect to {self._ws_url}: {e}") from e
+        return self
+
+
 async def one_session(url: str, ep: dict, start: asyncio.Event) -> dict:
     await start.wait()
-    client = GenericEnvClient(base_url=url, message_timeout_s=120)
+    client = _Client(base_url=url, message_timeout_s=120, connect_timeout_s=60)
     await client.connect()  # the server builds this session's env here (timed: part of sessions/s)
     try:
         t0 = time.perf_counter()
@@ -174,15 +207,82 @@ async def one_mcp_session(url: str, ep: dict, start: asyncio.Event) -> dict:
             await http.delete(f"/sessions/{sid}")
 
 
-async def load(url: str, episodes: list[dict], sessions: int) -> tuple[list[dict], float]:
+async def load(url: str, episodes: list[dict], ids) -> tuple[list[dict], float]:
+    """Honest sessions ``ids`` (session ``i``: episode ``i % len(episodes)``, MCP when ``i % MCP_EVERY == MCP_EVERY -
+    1``), all started at once on this loop: their results and the wall time."""
     start = asyncio.Event()
     tasks = [asyncio.create_task((one_mcp_session if i % MCP_EVERY == MCP_EVERY - 1 else one_session)(
-        url, episodes[i % len(episodes)], start)) for i in range(sessions)]
+        url, episodes[i % len(episodes)], start)) for i in ids]
     await asyncio.sleep(0)
     t0 = time.perf_counter()
     start.set()
     results = await asyncio.gather(*tasks)
     return results, time.perf_counter() - t0
+
+
+def _client_main(url: str, episodes: list[dict], ids: list[int], conn, ping: float | None) -> None:
+    """A client process (:func:`load_spread`): says ``"ready"`` on ``conn``, waits for ``"go"``, runs the sessions
+    ``ids`` on an event loop of its own and sends back ``("ok", results)`` or ``("error", traceback)``."""
+    CLIENT_PING["interval"] = ping
+    try:
+        conn.send("ready")
+        conn.recv()
+        conn.send(("ok", asyncio.run(load(url, episodes, ids))[0]))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which fails the run
+        import traceback
+        conn.send(("error", traceback.format_exc()))
+
+
+#: How many processes run the honest clients (``--client-procs``; 1: this process, beside the adversaries).
+CLIENT_PROCS: dict = {"n": 1}
+
+
+async def load_spread(url: str, episodes: list[dict], sessions: int) -> tuple[list[dict], float]:
+    """:func:`load` of ``sessions`` honest sessions, spread over :data:`CLIENT_PROCS` processes (session ``i`` in
+    process ``i % n``), each its own event loop (issue 49: one loop driving 512 clients lagged seconds, which the
+    latencies and its keepalive measured). The processes are started (spawned: imports) before the clock starts,
+    then all released at once; they inherit this process's CPU affinity and niceness. Wall: release to the last
+    process's last session."""
+    n = min(CLIENT_PROCS["n"], sessions)
+    if n <= 1:
+        return await load(url, episodes, range(sessions))
+    ctx = multiprocessing.get_context("spawn")
+    loop = asyncio.get_running_loop()
+    pool = concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="client-pipe")
+    pipes, children = [], []
+    try:
+        for k in range(n):
+            here, there = ctx.Pipe()
+            child = ctx.Process(target=_client_main, args=(url, episodes, list(range(k, sessions, n)), there,
+                                                          CLIENT_PING["interval"]), daemon=True)
+            child.start()
+            there.close()
+            pipes.append(here)
+            children.append(child)
+        for c in pipes:
+            assert await loop.run_in_executor(pool, c.recv) == "ready"
+        t0 = time.perf_counter()
+        for c in pipes:
+            c.send("go")
+
+        wall = [0.0]
+
+        async def collect(c) -> list[dict]:
+            status, out = await loop.run_in_executor(pool, c.recv)
+            wall[0] = time.perf_counter() - t0
+            if status != "ok":
+                raise RuntimeError(f"a client process failed:\n{out}")
+            return out
+
+        parts = await asyncio.gather(*(collect(c) for c in pipes))
+        return [r for part in parts for r in part], wall[0]
+    finally:
+        for child in children:
+            child.join(5)
+            if child.is_alive():
+                child.kill()
+                child.join(5)
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 # ------------------------------------------------------------------ adversaries (bounded in count; stop when the honest load ends)
@@ -509,7 +609,7 @@ async def phase(url: str, port: int, episodes: list[dict], sessions: int, adv: d
                 adv_slow_readers(url, port, ix[k % len(ix)], 6, stop, adv["send_timeout"]))
         await asyncio.sleep(0.2)  # let them start first
     try:
-        results, wall = await load(url, episodes, sessions)
+        results, wall = await load_spread(url, episodes, sessions)
     finally:
         stop.set()
     health = await probe
@@ -581,6 +681,7 @@ def _summary(domain: str, label: str, sessions: int, episodes: list[dict], ph: d
         "rewards_equal_in_process": not mismatches,
         "mismatches": mismatches[:5],
         "adversaries": ph["adversaries"],
+        "window": ph["window"],
     }
     print(f"[{domain} {label}] {sessions} sessions in {wall:.2f} s: step p50 {out['step_p50_ms']:.1f} ms p99 "
           f"{out['step_p99_ms']:.1f} ms, /health p50 {out['health_p50_ms']:.1f} p99 {out['health_p99_ms']:.1f} max "
@@ -589,15 +690,42 @@ def _summary(domain: str, label: str, sessions: int, episodes: list[dict], ph: d
     return out
 
 
+def _loop_summary(lag_file: Path, t0: float, t1: float) -> dict | None:
+    """The server's event loop between unix times ``t0`` and ``t1``, from :mod:`benchmarks.serve_loop_lag`'s file:
+    callback delay p50 / p99 / max (ms) and the most frequent stacks sampled while it stalled (``None``: no file)."""
+    try:
+        rep = json.loads(lag_file.read_text())
+    except (OSError, ValueError):
+        return None
+    acks = [a for t, a in rep["acks"] if t0 <= t <= t1]
+    stacks: dict[str, int] = {}
+    for t, stack in rep["stalls"]:
+        if t0 <= t <= t1:
+            stacks[stack] = stacks.get(stack, 0) + 1
+    top = sorted(stacks.items(), key=lambda kv: -kv[1])[:8]
+    cpu = [c for c in rep["cpu"] if t0 <= c[0] <= t1]
+    loop_cpu, proc_cpu = ((cpu[-1][1] - cpu[0][1], cpu[-1][2] - cpu[0][2]) if len(cpu) > 1 else (None, None))
+    span = cpu[-1][0] - cpu[0][0] if len(cpu) > 1 else None
+    return {"ack_n": len(acks), "ack_p50_ms": round(1e3 * _pct(acks, 50), 1) if acks else None,
+            "ack_p99_ms": round(1e3 * _pct(acks, 99), 1) if acks else None,
+            "ack_max_ms": round(1e3 * max(acks), 1) if acks else None,
+            "stall_samples": sum(stacks.values()), "top_stall_stacks": top,
+            "loop_cpu_s": None if loop_cpu is None else round(loop_cpu, 2),
+            "process_cpu_s": None if proc_cpu is None else round(proc_cpu, 2),
+            "cpu_span_s": None if span is None else round(span, 1)}
+
+
 def bench_domain(domain: str, sessions: int, n_tasks: int, timeout: float, adv: dict | None, workers: int = 0,
-                 start_timeout: float = 60.0, server_cpus: list[int] | None = None) -> list[dict]:
+                 start_timeout: float = 60.0, server_cpus: list[int] | None = None, server_lag: bool = False) -> list[dict]:
     episodes = gold_episodes(domain, n_tasks)
     port = _free_port()
     # adversarial sessions: inside the cap, beside the honest
     extra = 0 if adv is None else adv["huge"] + adv["state_loops"] + adv["floods"] + adv["slow_readers"] + 6
     # connections: one per honest session (WebSocket, or an MCP agent's HTTP ones), the adversaries' and the probe's
     conns = 2 * sessions + extra + (0 if adv is None else adv["half_open"] + 6 * adv["slow_readers"]) + 64
-    cmd = [sys.executable, "-m", "envs.serve", f"tau2/{domain}-v0", "--port", str(port),
+    lag_file = Path(tempfile.mkdtemp(prefix="serve_lag_")) / "loop.json"
+    launcher = [str(ROOT / "benchmarks" / "serve_loop_lag.py"), str(lag_file)] if server_lag else ["-m", "envs.serve"]
+    cmd = [sys.executable, *launcher, f"tau2/{domain}-v0", "--port", str(port),
            "--max-sessions", str(sessions + extra), "--idle-timeout", "300", "--max-connections", str(conns)]
     if workers:
         cmd += ["--workers", str(workers)]
@@ -620,15 +748,14 @@ def bench_domain(domain: str, sessions: int, n_tasks: int, timeout: float, adv: 
                 raise RuntimeError(f"server for {domain} did not start")
             time.sleep(0.2)
         # warm the server's domain (first env build: imports, database) so it is not timed as load
-        asyncio.run(asyncio.wait_for(load(url, episodes[:1], 1), timeout))
-        rss0 = _idle_rss(url, server.pid)
-        ph = asyncio.run(asyncio.wait_for(phase(url, port, episodes, sessions, None), timeout))
-        out.append(_summary(domain, "honest", sessions, episodes, ph, _rss_mb(server.pid), rss0, _idle_rss(url, server.pid)))
-        if adv is not None:
+        asyncio.run(asyncio.wait_for(load(url, episodes[:1], range(1)), timeout))
+        for label, a in (("honest", None), ("honest + adversaries", adv)) if adv is not None else (("honest", None),):
             rss0 = _idle_rss(url, server.pid)
-            ph = asyncio.run(asyncio.wait_for(phase(url, port, episodes, sessions, adv), timeout))
-            out.append(_summary(domain, "honest + adversaries", sessions, episodes, ph, _rss_mb(server.pid), rss0,
-                                _idle_rss(url, server.pid), adv["marker"]))
+            t0 = time.time()
+            ph = asyncio.run(asyncio.wait_for(phase(url, port, episodes, sessions, a), timeout))
+            ph["window"] = (t0, time.time())
+            out.append(_summary(domain, label, sessions, episodes, ph, _rss_mb(server.pid), rss0,
+                                _idle_rss(url, server.pid), None if a is None else a["marker"]))
     finally:
         server.terminate()
         try:
@@ -636,16 +763,27 @@ def bench_domain(domain: str, sessions: int, n_tasks: int, timeout: float, adv: 
         except subprocess.TimeoutExpired:  # seen with --workers 2 after a client failure at 512 sessions: do not leak it
             server.kill()
             server.wait(30)
+    if server_lag:
+        for row in out:
+            row["server_loop"] = _loop_summary(lag_file, *row.pop("window"))
+            print(f"[{domain} {row['phase']}] server loop: {row['server_loop']}", flush=True)
+    else:
+        for row in out:
+            row.pop("window")
     return out
 
 
 def _placement_text(placement: dict | None) -> str:
     """Where server, clients and prober ran, in words."""
+    procs = (placement or {}).get("client_procs", 1)
+    clients = (f"the honest clients in {procs} processes (an event loop each), the adversaries in the benchmark's"
+               if procs > 1 else "the honest clients and the adversaries in the benchmark's one process")
+    probe = f"the /health prober a process of its own at niceness {(placement or {}).get('probe_nice', 0):+d} (relative)"
     if not placement or not any((placement.get("server_cpus"), placement.get("client_cpus"), placement.get("probe_cpus"))):
-        return "server, its workers, clients and the /health prober share it"
+        return f"server, its workers, clients and the prober share it; {clients}; {probe}"
     return (f"server and its workers on CPUs {placement['server_cpus'] or 'inherited'}, clients and adversaries on "
-            f"{placement['client_cpus'] or 'inherited'}, the /health prober on {placement['probe_cpus'] or 'the clients'} "
-            f"at niceness {placement.get('probe_nice', 0):+d} (relative)")
+            f"{placement['client_cpus'] or 'inherited'}, the /health prober on {placement['probe_cpus'] or 'the clients'}; "
+            f"{clients}; {probe}")
 
 
 def to_markdown(rep: dict) -> str:
@@ -677,6 +815,17 @@ def to_markdown(rep: dict) -> str:
             f"| {d['mean_reward']:.2f} | {'yes' if d['rewards_equal_in_process'] else 'NO'} "
             f"| {len(d.get('violations', [])) or 'none'} |"
         )
+    loops = [d for d in rep["domains"] if d.get("server_loop")]
+    if loops:
+        lines += ["", ("Server event loop (`--server-lag`, benchmarks/serve_loop_lag.py: delay of a callback handed to "
+                       "the loop every 10 ms; stacks of the loop thread sampled while one was over 50 ms late):"), ""]
+        for d in loops:
+            lp = d["server_loop"]
+            lines.append(f"- {d['domain']} {d['phase']}: delay p50 / p99 / max {lp['ack_p50_ms']} / {lp['ack_p99_ms']} / "
+                         f"{lp['ack_max_ms']} ms over {lp['ack_n']} callbacks; loop thread CPU {lp['loop_cpu_s']} s, "
+                         f"server process CPU {lp['process_cpu_s']} s (workers not counted) in {lp['cpu_span_s']} s; "
+                         f"{lp['stall_samples']} stall samples, "
+                         f"most frequent: " + "; ".join(f"{n}x `{st}`" for st, n in lp["top_stall_stacks"][:4]))
     lines += ["", "What the adversaries got (per domain, 'honest + adversaries' phase):", ""]
     for d in rep["domains"]:
         if d["adversaries"]:
@@ -932,6 +1081,12 @@ def main(argv=None) -> dict:
     p.add_argument("--client-cpus", default="", help="CPUs of this process (clients, adversaries), e.g. 1")
     p.add_argument("--probe-cpus", default="", help="CPUs of the /health prober process (default: the clients')")
     p.add_argument("--probe-nice", type=int, default=0, help="niceness added to the prober's (negative: needs root)")
+    p.add_argument("--client-procs", type=int, default=1,
+                   help="processes running the honest clients, each its own event loop (default 1: this process)")
+    p.add_argument("--client-ping-interval", type=float, default=0.0,
+                   help="the honest WebSocket clients' keepalive ping interval, s (default 0: no client pings)")
+    p.add_argument("--server-lag", action="store_true",
+                   help="start the server through benchmarks/serve_loop_lag.py: its event loop's delay and stall stacks")
     p.add_argument("--note", default="", help="a line added to the report (e.g. the machine's state)")
     p.add_argument("--out", default="openenv_serve_load", help="results file stem under benchmarks/results/")
     p.add_argument("--no-write", action="store_true")
@@ -940,6 +1095,8 @@ def main(argv=None) -> dict:
 
     server_cpus, client_cpus = _cpu_list(args.server_cpus), _cpu_list(args.client_cpus)
     PROBE_PLACEMENT.update(cpus=_cpu_list(args.probe_cpus), nice=args.probe_nice)
+    CLIENT_PROCS["n"] = args.client_procs
+    CLIENT_PING["interval"] = args.client_ping_interval or None
     if client_cpus:
         os.sched_setaffinity(0, client_cpus)
     marker = str(Path(tempfile.mkdtemp(prefix="serve_load_")) / "code_payload_ran.txt")
@@ -958,7 +1115,8 @@ def main(argv=None) -> dict:
         "niceness": os.nice(0),
         "server_workers": args.server_workers,
         "placement": {"server_cpus": server_cpus, "client_cpus": client_cpus, "probe_cpus": PROBE_PLACEMENT["cpus"],
-                      "probe_nice": args.probe_nice},
+                      "probe_nice": args.probe_nice, "client_procs": args.client_procs},
+        "client_ping_interval_s": CLIENT_PING["interval"],
         "loadavg_before": [round(x, 2) for x in os.getloadavg()],
         "adversaries": adv,
         "note": args.note,
@@ -966,7 +1124,7 @@ def main(argv=None) -> dict:
     }
     for d in args.domains:
         rep["domains"] += bench_domain(d, args.sessions, args.tasks, args.timeout, adv, args.server_workers,
-                                       args.start_timeout, server_cpus)
+                                       args.start_timeout, server_cpus, args.server_lag)
     rep["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     md = to_markdown(rep)
     print(md)
