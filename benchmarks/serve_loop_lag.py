@@ -27,9 +27,7 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import envs.serve as serve  # noqa: E402 - after the checkout is on the path
+import envs.serve as serve  # the package is installed (README's set-up): no sys.path edit (tests/test_no_sys_path_edits.py)
 
 #: Seconds between the watchdog's callbacks (and between its stack samples during a stall).
 TICK_S = 0.01
