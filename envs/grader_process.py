@@ -362,23 +362,30 @@ class GraderPool:
         self.broken_pools = 0
         self._finalized_in: int | None = None  # the pid whose multiprocessing finalizer closes this pool
 
+    def _retire(self, stop: bool) -> None:
+        """Detach the current pebble pool (the next :meth:`_started` makes a new one) and let it end on a thread of
+        its own: ``stop=False`` closes it (its calls in progress finish, then its workers end), ``stop=True`` stops its
+        workers at once. Called with ``self._lock`` held."""
+        old, self._pool = self._pool, None
+        if stop:
+            old.stop()
+        else:
+            old.close()
+        threading.Thread(target=old.join, name="grader-pool-retire", daemon=True).start()
+
     def _started(self) -> pebble.ProcessPool:
         with self._lock:
             modules = tuple(_WORKER_MODULES) if self._modules is None else tuple(self._modules)
             if self._pool is not None and self._pid == os.getpid() and modules != self._pool_modules:
-                old, self._pool = self._pool, None  # a grader module registered since: new workers import it
-                old.close()  # its calls in progress finish; then its workers end
-                threading.Thread(target=old.join, name="grader-pool-retire", daemon=True).start()
+                self._retire(stop=False)  # a grader module registered since: new workers import it
             if self._pool is not None and self._pid == os.getpid() and not self._pool.active:
                 # pebble gives up on a whole pool when a worker ends while no call runs (a worker killed from
                 # outside while idle: the OOM killer, an operator): "All workers expired", then every schedule
                 # raises RuntimeError. Replace it: its calls have failed already (BrokenProcessPool), its other
                 # workers are stopped.
-                old, self._pool = self._pool, None
                 self.broken_pools += 1
                 _log.warning("grader pool: pebble's pool broke (a worker ended while idle); starting a new one")
-                old.stop()
-                threading.Thread(target=old.join, name="grader-pool-retire", daemon=True).start()
+                self._retire(stop=True)
             if self._pool is None or self._pid != os.getpid():
                 if self._root is None or self._pid != os.getpid():  # a forked child's own (its parent removes its)
                     self._root = tempfile.mkdtemp(prefix="grader-workers-")
