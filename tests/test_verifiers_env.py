@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import types
 
 import pytest
 
@@ -331,3 +333,73 @@ def test_message_conversions():
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
     with pytest.raises(TypeError):
         assistant_action({"role": "user", "content": "x"})
+
+
+# --- a rollout cancelled during its env's step (issue 49, the 0.3 adapter's twin of tests/test_verifiers_v1_cancel.py)
+SLOW_ID = "VerifiersCancel/SlowStep-v0"
+
+
+class SlowStepEnv(gym.Env):
+    """``step`` blocks until :attr:`let_steps_end` is set; :attr:`overlaps` counts calls that began while another call
+    on the same env ran."""
+
+    let_steps_end = threading.Event()
+    step_started = threading.Event()
+
+    def __init__(self):
+        self.observation_space, self.action_space = gym.spaces.Text(100), gym.spaces.Text(100)
+        self.busy, self.overlaps = False, 0
+
+    def reset(self, *, seed=None, options=None):
+        self.overlaps += self.busy
+        return [{"role": "user", "content": "go"}], {}
+
+    def step(self, action):
+        self.overlaps += self.busy
+        self.busy = True
+        SlowStepEnv.step_started.set()
+        SlowStepEnv.let_steps_end.wait(60)
+        self.busy = False
+        return [{"role": "user", "content": "ok"}], 1.0, True, False, {}
+
+
+gym.register(SLOW_ID, entry_point=SlowStepEnv, disable_env_checker=True)
+
+
+def test_a_rollout_cancelled_during_a_step_returns_its_env_only_after_the_step():
+    """verifiers 0.3's ``MultiTurnEnv.rollout`` runs the turn loop under ``asyncio.wait_for(..., timeout_seconds)`` and
+    its cleanup handlers in ``finally``: a timeout cancels ``env_response`` while ``env.step`` goes on in its thread,
+    then ``release_env`` runs. The env must not go back to the pool (where the next rollout's ``setup_state`` would
+    reset it) before that step has finished."""
+    from envs.adapters.env_pool import EnvPool
+    from envs.adapters.verifiers_env import _classes
+
+    GymToolEnv = _classes()[0]
+    pool = EnvPool(lambda: gym.make(SLOW_ID))
+    rollouts = types.SimpleNamespace(_pool=pool, _episodes={})  # what the hooks use of the env (self)
+    state = {"trajectory_id": "t1", "info": {"task_id": "0"}}
+
+    async def main():
+        await GymToolEnv.setup_state(rollouts, state)
+        turn = asyncio.create_task(GymToolEnv.env_response(rollouts, [{"role": "assistant", "content": "x"}], state))
+        assert await asyncio.to_thread(SlowStepEnv.step_started.wait, 60)
+        turn.cancel()  # verifiers' timeout
+        with pytest.raises(asyncio.CancelledError):
+            await turn
+        await GymToolEnv.release_env(rollouts, state)  # verifiers' cleanup, in rollout's finally
+        stepping = [e.unwrapped for e in pool._all if e.unwrapped.busy]
+        assert len(stepping) == 1 and stepping[0] not in [e.unwrapped for e in pool._idle], \
+            "the env of a running step went back to the pool"
+        SlowStepEnv.let_steps_end.set()
+        for _ in range(1000):
+            if stepping[0] in [e.unwrapped for e in pool._idle]:
+                break
+            await asyncio.sleep(0.01)
+        assert stepping[0] in [e.unwrapped for e in pool._idle] and not stepping[0].busy
+        assert stepping[0].overlaps == 0 and not rollouts._episodes
+
+    try:
+        asyncio.run(main())
+    finally:
+        SlowStepEnv.let_steps_end.set()
+        pool.close()

@@ -48,7 +48,8 @@ Where a verifiers rollout differs from our collector's episode:
 3. verifiers checks its ``max_turns`` before it hands a reply to the env: with ``max_turns=k`` the env sees the
    first ``k - 1`` of the model's messages (the episode is cut, reward 0, unless the env ended before).
 4. Rollouts run concurrently on one event loop: env calls run in worker threads (``asyncio.to_thread``), one env per
-   rollout, so an LLM customer's latency overlaps across rollouts.
+   rollout, so an LLM customer's latency overlaps across rollouts. A rollout that verifiers' timeout cancels during a
+   step gives its env back only once that step has finished (:class:`envs.adapters.env_pool.Lease`).
 
 This module never imports ``torchrl_grpo``.
 """
@@ -202,18 +203,20 @@ def _classes() -> tuple[type, type]:
             super().__init__(**kwargs)
 
         async def setup_state(self, state, **kwargs):
-            env = await asyncio.to_thread(self._pool.acquire)
-            self._episodes[state["trajectory_id"]] = env
+            # one lease per rollout, ended by release_env (verifiers' cleanup, also after its timeout cancelled a
+            # turn): the env goes back to the pool only once no call on it runs (EnvPool.lease, issue 49)
+            lease = await self._pool.lease().__aenter__()
+            self._episodes[state["trajectory_id"]] = lease
             task_id = str(state["info"]["task_id"])
-            obs, _ = await asyncio.to_thread(env.reset, options={"task_id": task_id})
+            obs, _ = await lease.run(lease.env.reset, options={"task_id": task_id})
             state["prompt"] = normalize_messages(to_vf_messages(obs), field_name="prompt")
             state[GYM_STATE_KEY] = episode_summary(task_id)
             return state
 
         async def env_response(self, messages, state, **kwargs):
-            env = self._episodes[state["trajectory_id"]]
+            lease = self._episodes[state["trajectory_id"]]
             action = assistant_action(messages[-1])
-            obs, reward, terminated, truncated, info = await asyncio.to_thread(env.step, action)
+            obs, reward, terminated, truncated, info = await lease.run(lease.env.step, action)
             summary = state[GYM_STATE_KEY]
             summary["steps"] += 1
             reply = normalize_messages(to_vf_messages(obs), field_name="env_response")
@@ -224,9 +227,9 @@ def _classes() -> tuple[type, type]:
 
         @vf.cleanup
         async def release_env(self, state, **kwargs):
-            env = self._episodes.pop(state.get("trajectory_id"), None)
-            if env is not None:
-                self._pool.release(env)
+            lease = self._episodes.pop(state.get("trajectory_id"), None)
+            if lease is not None:
+                await lease.__aexit__(None, None, None)
 
         @vf.teardown
         async def close_envs(self):
