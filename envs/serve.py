@@ -147,7 +147,9 @@ replies encoded on a pool of :data:`~envs.serving.limits.PARSE_THREADS` threads,
 ``/sessions/{id}/mcp`` (which parses each body again) runs on an event loop of its own; the event loop only moves
 bytes, so ``/health`` and other sessions stay responsive (issue 49: 1 MiB of ``[0,0,...]`` parsed on the loop held it
 ~0.6 s; a body now holds it at most for one C-level parse, and integers are checked by a Python call only when the
-text holds a run of digits over the limit).
+text holds a run of digits over the limit). A session's thread is started off the loop (on a starter thread,
+:mod:`envs.serving.session_threads`: ``Thread.start()`` waits for the new thread to be scheduled), and WebSocket
+messages are not compressed unless ``--ws-compression`` (permessage-deflate runs on the loop, per message).
 Replies are encoded as UTF-8 with errors replaced (a lone surrogate an env echoes becomes ``?``), so a
 reply can always be sent.
 
@@ -181,7 +183,6 @@ from envs.serving.protocols import add_mcp_protocols
 try:  # the optional extra [serve]
     import uvicorn
     from fastapi import FastAPI
-    from openenv.core.env_server.http_server import HTTPEnvServer
     from openenv.core.env_server.types import ConcurrencyConfig
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("envs.serve needs the [serve] extra: pip install -e '.[serve]' (openenv-core)") from e
@@ -193,7 +194,8 @@ from envs.serving.limits import (
 )
 from envs.serving.environment import GymTextEnvironment, TextAction, TextObservation, TextState
 from envs.serving.guard import _Guard, uvicorn_config
-from envs.serving.sessions import _Sessions, _add_lifecycle
+from envs.serving.sessions import _Sessions, _SessionServer, _add_lifecycle
+from envs.serving.session_threads import SessionThreads
 from envs.serving.session_routes import _add_session_routes
 from envs.serving.stateless_routes import _add_stateless_routes
 from envs.serving.ws_routes import _add_websocket_route
@@ -250,10 +252,11 @@ def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int 
     pool = _worker_pool(workers)
     factory = (worker_factory(pool, env_id, dict(env_kwargs or {}), max_session_bytes) if pool is not None else
                functools.partial(GymTextEnvironment, env_id, dict(env_kwargs or {}), max_session_bytes))
-    # OpenEnv's session registry (cap, one thread per session, env built and closed on it); its reaper is off
-    # (ours, _Sessions.reap_forever, runs on `clock`), and its routes are not registered (see the module docstring).
-    server = HTTPEnvServer(factory, TextAction, TextObservation,
-                           concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions, session_timeout=None))
+    # OpenEnv's session registry (cap, one thread per session, env built and closed on it; the threads started off the
+    # event loop); its reaper is off (ours, _Sessions.reap_forever, runs on `clock`), and its routes are not registered
+    # (see the module docstring).
+    server = _SessionServer(factory, TextAction, TextObservation, threads=SessionThreads(),
+                            concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions, session_timeout=None))
     app = FastAPI(title=f"envs.serve: {env_id}", version="0", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.openenv_server = server
     app.state.env_id = env_id
@@ -320,6 +323,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="a browser Origin to serve, e.g. http://localhost:3000 (repeatable; default: none)")
     p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                    help="a Host name to serve besides loopback and the bind address (repeatable; '*': any)")
+    p.add_argument("--ws-compression", action="store_true",
+                   help="WebSocket permessage-deflate (default off: it costs event-loop CPU per message, for JSON "
+                        "on loopback or a LAN)")
     p.add_argument("--workers", type=int, default=0,
                    help="sessions' envs in N worker processes, each session kept on one (default 0: in this process)")
     p.add_argument("--env-kwargs", default="{}", help='JSON kwargs for gym.make, e.g. \'{"split": "test"}\'')
@@ -350,7 +356,7 @@ def main(argv: list[str] | None = None) -> None:
     reserve = FD_RESERVE + (a.max_sessions + 32 * a.workers if a.workers else 0)
     _Server(uvicorn_config(app, host=a.host, port=a.port, max_body_bytes=a.max_body_bytes, header_timeout_s=a.header_timeout,
                            send_timeout_s=a.send_timeout, max_connections=a.max_connections, log_level=a.log_level,
-                           fd_reserve=reserve),
+                           fd_reserve=reserve, ws_per_message_deflate=a.ws_compression),
             env_id=a.env_id).run()
 
 

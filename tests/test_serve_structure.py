@@ -105,17 +105,17 @@ def test_each_protocol_in_its_own_module():
 
 
 def test_one_session_registry_and_one_set_of_bounds_built_by_build_app_only():
-    """``HTTPEnvServer`` (the cap and threads), ``_Sessions`` (the registry) and ``_Guard`` (the transport bounds) are
-    built in ``build_app`` and nowhere else, so a route gets the server's registry and sits behind its guard; every
-    ``DEFAULT_*`` bound is defined once, in ``envs/serving/limits.py``."""
+    """``_SessionServer`` (OpenEnv's ``HTTPEnvServer``: the cap and threads), ``_Sessions`` (the registry) and
+    ``_Guard`` (the transport bounds) are built in ``build_app`` and nowhere else, so a route gets the server's
+    registry and sits behind its guard; every ``DEFAULT_*`` bound is defined once, in ``envs/serving/limits.py``."""
     built = {}
     for name, path in _modules().items():
         for fn_name, fn in _functions(path).items():
             for node in ast.walk(fn):
                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
-                        node.func.id in ("HTTPEnvServer", "_Sessions", "_Guard"):
+                        node.func.id in ("HTTPEnvServer", "_SessionServer", "_Sessions", "_Guard"):
                     built.setdefault(node.func.id, []).append(f"{name}.{fn_name}")
-    assert built == {k: ["serve.build_app"] for k in ("HTTPEnvServer", "_Sessions", "_Guard")}, built
+    assert built == {k: ["serve.build_app"] for k in ("_SessionServer", "_Sessions", "_Guard")}, built
     defined = {}
     for name, path in _modules().items():
         for node in ast.parse(path.read_text(encoding="utf-8")).body:

@@ -3,7 +3,7 @@ over one session registry and one set of bounds.
 
 Shared: ``limits`` (every bound's default, :func:`_check_bounds`), ``environment`` (one session's env, the wire
 models, the errors, one request's work on the session's thread), ``sessions`` (the session registry: cap, threads,
-idle reaper; the chunked reply), ``guard`` (the ASGI guard in front of every route and uvicorn's timed protocols).
+idle reaper; the chunked reply), ``session_threads`` (each session's thread, started off the event loop), ``guard`` (the ASGI guard in front of every route and uvicorn's timed protocols).
 
 Protocols: ``session_routes`` (``/sessions...`` over HTTP), ``stateless_routes`` (OpenEnv's ``/reset``, ``/step``,
 ``/state``), ``ws_routes`` (``/ws``), ``info_routes`` (``/health``, ``/schema``, ``/metadata``, the 404),

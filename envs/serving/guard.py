@@ -409,12 +409,19 @@ class _TimedH11Protocol(_WriteDeadline, H11Protocol):
 def uvicorn_config(app, *, host: str = "127.0.0.1", port: int = 8000, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S,
                    max_connections: int = DEFAULT_MAX_CONNECTIONS, backlog: int = DEFAULT_BACKLOG,
-                   fd_reserve: int = FD_RESERVE, log_level: str = "warning", **kwargs):
+                   fd_reserve: int = FD_RESERVE, ws_per_message_deflate: bool = False, log_level: str = "warning",
+                   **kwargs):
     """The ``uvicorn.Config`` that serves ``app``: WebSocket messages capped at ``max_body_bytes``, the h11
     protocol with a ``header_timeout_s`` head deadline (:class:`_TimedH11Protocol`), HTTP and WebSocket connections
     dropped when a reply is not taken within ``send_timeout_s`` seconds of their send buffer filling up, and at most
     ``max_connections`` open connections (default :data:`DEFAULT_MAX_CONNECTIONS`, 256; one more is answered 503 and
     closed, lingering only within :data:`LINGER_SLOTS`) with a listen ``backlog`` (default :data:`DEFAULT_BACKLOG`).
+
+    WebSocket compression (permessage-deflate, ``ws_per_message_deflate``) is off unless asked for, where uvicorn has
+    it on: it compresses every message and decompresses every client's on the event loop -- CPU that delays every
+    other connection, ``/health`` included (issue 49: the second most frequent stack of the loop's stalls over 50 ms at
+    512 sessions with the adversaries, 36 of 150 samples) -- to save bytes of JSON that crosses loopback or a LAN.
+    Turn it on (``--ws-compression``) for clients far away on a slow link.
 
     File descriptors (:func:`envs.serving.descriptors.fit_descriptors`): the process's soft ``RLIMIT_NOFILE`` is raised
     to its hard limit, and where connections, backlog and lingering refusals would still not fit under it with a
@@ -438,4 +445,4 @@ def uvicorn_config(app, *, host: str = "127.0.0.1", port: int = 8000, max_body_b
     http = type("TimedH11Protocol", (_TimedH11Protocol,), timers)
     ws = type("TimedWSProtocol", (_TimedWSProtocol,), {"send_timeout_s": float(send_timeout_s)})
     return uvicorn.Config(app, host=host, port=port, http=http, ws=ws, ws_max_size=max_body_bytes, log_level=log_level,
-                          backlog=budget.backlog, **kwargs)
+                          ws_per_message_deflate=ws_per_message_deflate, backlog=budget.backlog, **kwargs)

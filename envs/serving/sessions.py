@@ -1,9 +1,10 @@
-"""The server's one session registry (:class:`_Sessions`: OpenEnv's ``HTTPEnvServer`` cap and threads, last
-use, the idle reaper) and what every route shares to answer: :class:`_ChunkedReply`, :func:`_json`,
-:func:`_open_failed`."""
+"""The server's one session registry (:class:`_Sessions`: OpenEnv's ``HTTPEnvServer`` cap and threads -- as
+:class:`_SessionServer`, each session's thread started off the event loop --, last use, the idle reaper) and what every
+route shares to answer: :class:`_ChunkedReply`, :func:`_json`, :func:`_open_failed`."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 
 from envs.serving.limits import REPLY_CHUNK_BYTES
 from envs.serving.environment import GymTextEnvironment, _dumps
+from envs.serving.session_threads import SessionThread, SessionThreads
 from envs.serving.workers import WorkerGoneError, WorkerPool
 from envs.grader_queue import carrying_client
 
@@ -50,6 +52,58 @@ class _ChunkedReply(Response):
                 await self._after()
 
 
+#: ``(server, thread)``: the thread a :class:`_SessionServer` lends to the session its ``_create_session`` is opening in
+#: this task (a context variable: each task, so each concurrent open, sees only its own).
+_LENT: contextvars.ContextVar[tuple[HTTPEnvServer, SessionThread] | None] = contextvars.ContextVar("_LENT", default=None)
+
+
+class _SessionServer(HTTPEnvServer):
+    """OpenEnv's ``HTTPEnvServer`` (the cap, one thread per session, each env built and closed on its thread) whose
+    sessions' threads are started off the event loop: each is a :class:`~envs.serving.session_threads.SessionThread`
+    made on ``threads``' starter (why: :mod:`envs.serving.session_threads`). ``threads`` is started and closed with
+    the app (:func:`_add_lifecycle`).
+
+    The seam (openenv-core 0.3.0; ``_create_session`` is wrapped, not copied): OpenEnv picks a new session's executor
+    in ``_create_session`` -- ``self._shared_session_executor`` if that is not ``None``, else a new
+    ``ThreadPoolExecutor(max_workers=1)`` -- and shuts a session's executor down only when it ``is not
+    self._shared_session_executor``. Every read of that attribute in its source: (1) ``__init__`` sets it (``None``,
+    or one executor for all sessions when the factory's class sets ``REQUIRES_SINGLE_THREAD_EXECUTOR``,
+    ``_requires_single_thread_executor``); (2) ``_create_session`` reads it twice to pick the executor; (3) its failure
+    path (the factory raised) and (4) ``_cleanup_session_resources`` (a session's close, and ``_create_session``'s MCP
+    failure path) compare with it before ``shutdown``; (5) ``register_routes``' shutdown hook shuts it down (we do not
+    register OpenEnv's routes). Here it is a property: inside the task running this class's ``_create_session`` it
+    is the thread lent to that open (:data:`_LENT`), everywhere else what OpenEnv set. So (2) hands the new session its
+    own started thread; (3) and (4) in that task leave it running, and the wrapper shuts it down when the open fails;
+    (4) in any other task (every close) sees OpenEnv's ``None`` and shuts the session's thread down as before. When
+    OpenEnv's shared executor exists nothing is lent: every session shares its one thread, as the env asks."""
+
+    def __init__(self, *args: Any, threads: SessionThreads, **kwargs: Any):
+        self.threads = threads
+        super().__init__(*args, **kwargs)
+
+    @property
+    def _shared_session_executor(self) -> Any:
+        lent = _LENT.get()
+        return lent[1] if lent is not None and lent[0] is self else self._openenv_shared_executor
+
+    @_shared_session_executor.setter
+    def _shared_session_executor(self, executor: Any) -> None:
+        self._openenv_shared_executor = executor
+
+    async def _create_session(self) -> tuple[str, Any]:
+        if self._openenv_shared_executor is not None or len(self._sessions) >= self._max_concurrent_envs:
+            return await super()._create_session()  # one thread for all, or refused at the cap: none to lend
+        thread = await self.threads.new()
+        token = _LENT.set((self, thread))
+        try:
+            return await super()._create_session()
+        except BaseException:
+            thread.shutdown(wait=False)  # OpenEnv took it for the shared executor and left it running
+            raise
+        finally:
+            _LENT.reset(token)
+
+
 class _Sessions:
     """The app's open sessions: OpenEnv's session registry ``server`` (an ``HTTPEnvServer``: the cap, one thread per
     session, each env built and closed on its thread; its own reaper off) plus when each session was last used
@@ -57,7 +111,7 @@ class _Sessions:
     than ``idle_timeout_s`` (``None``: never), looking every ``reap_interval_s`` real seconds (``None``: ``idle_timeout_s
     / 4`` within [0.05, 5])."""
 
-    def __init__(self, server: HTTPEnvServer, clock: Callable[[], float], idle_timeout_s: float | None,
+    def __init__(self, server: _SessionServer, clock: Callable[[], float], idle_timeout_s: float | None,
                  reap_interval_s: float | None, workers: WorkerPool | None = None):
         self.server, self.clock, self.workers = server, clock, workers
         # a session's graded calls are its request's client's (envs.grader_queue): carried to the session's thread
@@ -115,10 +169,11 @@ class _Sessions:
 
 
 def _add_lifecycle(app: FastAPI, sessions: _Sessions) -> None:
-    """On startup, start ``sessions``' worker processes (if any: in a thread, they take seconds) and its idle reaper
-    (``app.state.reaper``; none without an idle timeout); on shutdown, stop the reaper, close every session, stop the
-    workers."""
+    """On startup, start the sessions' thread starter (:class:`~envs.serving.session_threads.SessionThreads`), the
+    worker processes (if any: in a thread, they take seconds) and the idle reaper (``app.state.reaper``; none without
+    an idle timeout); on shutdown, stop the reaper, close every session, stop the starter and the workers."""
     async def _start() -> None:
+        sessions.server.threads.start()
         if sessions.workers is not None:
             await asyncio.get_running_loop().run_in_executor(None, sessions.workers.start)
         if sessions.idle_timeout_s is not None:
@@ -130,6 +185,7 @@ def _add_lifecycle(app: FastAPI, sessions: _Sessions) -> None:
             task.cancel()
         for sid in list(sessions.server._sessions):
             await sessions.destroy(sid)
+        sessions.server.threads.close()
         if sessions.workers is not None:
             await asyncio.get_running_loop().run_in_executor(None, sessions.workers.shutdown)
 
