@@ -537,14 +537,17 @@ async def adv_slow_readers(url: str, port: int, index: int, n: int, stop: asynci
 
 #: The /health prober, run in a process of its own: in the clients' event loop (512 sessions' clients on one loop) its
 #: latencies were the loop's lag as much as the server's (issue 49). Polls every 20 ms, a fresh connection each, until
-#: its stdin closes; prints the latencies (s) as JSON; exits 1 on a non-200.
+#: its stdin closes; prints the latencies (s) as JSON; exits 1 on a non-200. One ``httpx.Client`` without keep-alive (a
+#: fresh connection per probe, as before): until 2026-12-06 each probe was ``httpx.get``, which builds a client --
+#: an SSL context loading the CA bundle, ~21 ms of the prober's CPU on an idle machine -- inside the timed span.
 _PROBE = """
 import json, sys, threading, time, httpx
 url, done, lat = sys.argv[1], threading.Event(), []
 threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+client = httpx.Client(timeout=60, limits=httpx.Limits(max_keepalive_connections=0))
 while not done.is_set() and len(lat) < 5000:
     t0 = time.perf_counter()
-    r = httpx.get(url + "/health", timeout=60)
+    r = client.get(url + "/health")
     lat.append(time.perf_counter() - t0)
     if r.status_code != 200:
         print(json.dumps({"error": r.status_code, "text": r.text[:300]})); sys.exit(1)
