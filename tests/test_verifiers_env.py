@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import types
 
 import pytest
@@ -31,6 +30,7 @@ import gymnasium as gym  # noqa: E402
 
 import envs  # noqa: E402
 from envs.adapters.verifiers_env import GYM_STATE_KEY, assistant_action, load_environment, to_vf_messages  # noqa: E402
+from tests.toy_envs import SlowStepEnv  # noqa: E402
 
 gym.register_envs(envs)
 
@@ -336,34 +336,7 @@ def test_message_conversions():
 
 
 # --- a rollout cancelled during its env's step (issue 49, the 0.3 adapter's twin of tests/test_verifiers_v1_cancel.py)
-SLOW_ID = "VerifiersCancel/SlowStep-v0"
-
-
-class SlowStepEnv(gym.Env):
-    """``step`` blocks until :attr:`let_steps_end` is set; :attr:`overlaps` counts calls that began while another call
-    on the same env ran."""
-
-    let_steps_end = threading.Event()
-    step_started = threading.Event()
-
-    def __init__(self):
-        self.observation_space, self.action_space = gym.spaces.Text(100), gym.spaces.Text(100)
-        self.busy, self.overlaps = False, 0
-
-    def reset(self, *, seed=None, options=None):
-        self.overlaps += self.busy
-        return [{"role": "user", "content": "go"}], {}
-
-    def step(self, action):
-        self.overlaps += self.busy
-        self.busy = True
-        SlowStepEnv.step_started.set()
-        SlowStepEnv.let_steps_end.wait(60)
-        self.busy = False
-        return [{"role": "user", "content": "ok"}], 1.0, True, False, {}
-
-
-gym.register(SLOW_ID, entry_point=SlowStepEnv, disable_env_checker=True)
+SLOW_ID = "SlowStep-v0"  # tests.toy_envs.SlowStepEnv
 
 
 def test_a_rollout_cancelled_during_a_step_returns_its_env_only_after_the_step():
@@ -375,6 +348,7 @@ def test_a_rollout_cancelled_during_a_step_returns_its_env_only_after_the_step()
     from envs.adapters.verifiers_env import _classes
 
     GymToolEnv = _classes()[0]
+    SlowStepEnv.rearm()
     pool = EnvPool(lambda: gym.make(SLOW_ID))
     rollouts = types.SimpleNamespace(_pool=pool, _episodes={})  # what the hooks use of the env (self)
     state = {"trajectory_id": "t1", "info": {"task_id": "0"}}

@@ -10,49 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import types
 
 import pytest
 
 vf = pytest.importorskip("verifiers.v1", reason="needs verifiers 0.4 (verifiers.v1) in its own venv")
 
-import gymnasium as gym  # noqa: E402
 
 from envs.adapters import verifiers_v1_env  # noqa: E402
 from envs.adapters.verifiers_v1_env import GymEnv  # noqa: E402
+from tests.toy_envs import SlowStepEnv  # noqa: E402
 
-GYM_ID = "VerifiersV1Cancel/SlowStep-v0"
-
-
-class SlowStepEnv(gym.Env):
-    """``step`` blocks until :attr:`let_steps_end` is set; :attr:`overlaps` counts calls that began while another
-    call on the same env ran."""
-
-    let_steps_end = threading.Event()
-    step_started = threading.Event()
-
-    def __init__(self):
-        self.observation_space = gym.spaces.Text(100)
-        self.action_space = gym.spaces.Text(100)
-        self.busy, self.overlaps = False, 0
-
-    def reset(self, *, seed=None, options=None):
-        if self.busy:
-            self.overlaps += 1
-        return [{"role": "user", "content": "go"}], {}
-
-    def step(self, action):
-        if self.busy:
-            self.overlaps += 1
-        self.busy = True
-        SlowStepEnv.step_started.set()
-        SlowStepEnv.let_steps_end.wait(60)
-        self.busy = False
-        return [{"role": "user", "content": "ok"}], 1.0, True, False, {}
-
-
-gym.register(GYM_ID, entry_point=SlowStepEnv, disable_env_checker=True)
+GYM_ID = "SlowStep-v0"  # tests.toy_envs.SlowStepEnv
 
 
 class _Interaction:
@@ -77,6 +46,7 @@ class _Agents:
 
 def test_a_rollout_cancelled_during_a_step_returns_its_env_only_after_the_step():
     task = types.SimpleNamespace(data=types.SimpleNamespace(gym_id=GYM_ID, make_kwargs={}, task_id="0"))
+    SlowStepEnv.rearm()
     pool = verifiers_v1_env._pool(GYM_ID, {})
 
     async def main():

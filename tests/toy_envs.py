@@ -1,10 +1,13 @@
-"""A tiny verifiable text task for end-to-end trainer tests (no data files, instant rewards).
+"""A tiny verifiable text task for end-to-end trainer tests (no data files, instant rewards), and an env whose step
+blocks (:class:`SlowStepEnv`, for the adapters' cancellation tests).
 
 ``ToyVowels-v0``: the prompt asks for vowels; the reward is the fraction of the reply's characters that are
 lowercase vowels (in [0, 1]). A random policy already scores 0.1-0.4 with spread inside every group, so GRPO has
 signal from step one and a learning policy visibly raises the mean reward.
 """
 from __future__ import annotations
+
+import threading
 
 import gymnasium as gym
 from gymnasium.envs.registration import register, registry
@@ -70,3 +73,37 @@ class ToyFlakyEnv(ToyVowelsEnv):
 
 if "ToyFlaky-v0" not in registry:
     register(id="ToyFlaky-v0", entry_point="tests.toy_envs:ToyFlakyEnv")
+
+
+class SlowStepEnv(gym.Env):
+    """``step`` blocks until :attr:`let_steps_end` is set (:meth:`rearm` clears both events for a new test);
+    :attr:`overlaps` counts calls that began while another call on the same env ran. Observations are chat messages,
+    as the verifiers adapters expect."""
+
+    let_steps_end = threading.Event()
+    step_started = threading.Event()
+
+    def __init__(self):
+        self.observation_space, self.action_space = gym.spaces.Text(100), gym.spaces.Text(100)
+        self.busy, self.overlaps = False, 0
+
+    @classmethod
+    def rearm(cls) -> None:
+        cls.let_steps_end.clear()
+        cls.step_started.clear()
+
+    def reset(self, *, seed=None, options=None):
+        self.overlaps += self.busy
+        return [{"role": "user", "content": "go"}], {}
+
+    def step(self, action):
+        self.overlaps += self.busy
+        self.busy = True
+        SlowStepEnv.step_started.set()
+        SlowStepEnv.let_steps_end.wait(60)
+        self.busy = False
+        return [{"role": "user", "content": "ok"}], 1.0, True, False, {}
+
+
+if "SlowStep-v0" not in registry:
+    register(id="SlowStep-v0", entry_point="tests.toy_envs:SlowStepEnv", disable_env_checker=True)
