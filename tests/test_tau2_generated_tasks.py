@@ -170,3 +170,40 @@ def test_solo_ticket_user_shares_the_system_prompt_and_keeps_every_reward():
     assert len(systems) == 1  # one system prompt for every task: a prefix the trainer computes once
     with pytest.raises(ValueError, match="solo_ticket"):
         _env("generated_test", solo_ticket="assistant")
+
+
+def test_gold_reads_first_opens_every_demonstration_with_the_read_and_keeps_its_reward():
+    """Tau2Env(gold_reads_first=["get_users"]): every demonstration calls get_users first, exactly once at its head
+    (a gold that already opens with it is not given a second), the rest is the gold unchanged, and the replay scores
+    1.0 (a read does not change the database)."""
+    plain = _env("generated_test").unwrapped
+    env = _env("generated_test", gold_reads_first=["get_users"])
+    u = env.unwrapped
+    opened_with_lookup = 0
+    for i in range(0, u.num_tasks, 4):
+        gold = plain.demonstration({"index": i})
+        demo = u.demonstration({"index": i})
+        names = [m["tool_calls"][0]["function"]["name"] for m in demo if m.get("tool_calls")]
+        gold_names = [m["tool_calls"][0]["function"]["name"] for m in gold if m.get("tool_calls")]
+        assert names[0] == "get_users"
+        if gold_names[0] == "get_users":
+            opened_with_lookup += 1
+            assert demo == gold
+        else:
+            assert names[1:] == gold_names and demo[1:] == gold
+            assert json.loads(demo[0]["tool_calls"][0]["function"]["arguments"]) == {}
+        assert _play(env, i, demo)[0] == 1.0, u.task_ids[i]
+    assert 0 < opened_with_lookup < len(range(0, u.num_tasks, 4))
+
+
+@pytest.mark.parametrize("bad, match", [(["create_task"], "not a read-only agent tool"),
+                                        (["nope"], "not a read-only agent tool"),
+                                        ("get_users", "a list of tool names")])
+def test_gold_reads_first_rejects_a_write_an_unknown_tool_or_a_bare_string(bad, match):
+    with pytest.raises(ValueError, match=match):
+        _env("generated_test", gold_reads_first=bad)
+
+
+def test_gold_reads_first_rejects_a_read_that_needs_arguments():
+    with pytest.raises(ValueError, match="requires arguments"):
+        gym.make("tau2/airline-v0", split="test", gold_reads_first=["get_user_details"])

@@ -141,6 +141,8 @@ class Tau2Domain:
         # as a side effect of a call (tau2's sync_tools hook, overridden by telecom).
         self._share_reads_ok = type(base).sync_tools is Environment.sync_tools
         self._read_tools = {n for n in base.tools.tools if base.tools.tool_type(n) == ToolType.READ}
+        #: names of the agent's tau2 tools of type READ (they never change the database)
+        self.read_tool_names = frozenset(self._read_tools)
         kits = [base.tools] + ([base.user_tools] if base.user_tools is not None else [])
         #: names of tau2 tools of type WRITE (agent and user tool kits), for the partial reward
         self.write_tool_names = frozenset(n for kit in kits for n in kit.tools if kit.tool_type(n) == ToolType.WRITE)

@@ -10,6 +10,7 @@ import os
 import time
 import uuid
 import warnings
+from collections.abc import Sequence
 from copy import deepcopy
 from typing import Any, Callable
 
@@ -173,6 +174,13 @@ class Tau2Env(gym.Env):
         solo_ticket: where a solo episode shows the ticket: ``"system"`` (tau2's ``SYSTEM_PROMPT_SOLO``, default) or
             ``"user"`` (the system message is tau2's solo prompt up to its ``<ticket>`` block, the same for every task;
             the ticket, in the same tags, is the first user message). Divergence 9 below.
+        gold_reads_first: names of the agent's read-only tools without required arguments (tau2 ``ToolType.READ``;
+            mock: ``["get_users"]``) that :meth:`demonstration` calls first, before the task's gold actions, unless
+            the gold already opens with that call: supervised data in which every episode reads before it writes, so
+            a policy's first call is no decision it must learn from the ticket (benchmarks/results/tau2_mock_recipe.md
+            run 9: a warm start that looked up on some tasks and not others lost the lookup under GRPO). Reads do not
+            change the database, so the replay scores what the gold scores. Episodes, rewards and ``reset`` are
+            unchanged. Default: none.
 
     Raises:
         ValueError: unknown domain, split, user kind, reward kind or evaluator; solo mode for a
@@ -180,7 +188,8 @@ class Tau2Env(gym.Env):
             ``user_fn``; ``max_steps < 1``; ``max_tool_calls_per_action`` or ``max_tool_result_chars`` < 1; a tasks
             file that cannot be served (:class:`envs.tau2.task_file.TaskFileError`, naming the file, task and
             field; :class:`~envs.tau2.task_file.TaskFileNotFoundError` when it does not exist) or holding a task
-            this configuration cannot play (solo mode: no ``ticket``, customer turns in its history).
+            this configuration cannot play (solo mode: no ``ticket``, customer turns in its history); a
+            ``gold_reads_first`` name that is not a read-only agent tool of the domain or that requires arguments.
 
     ## Where we diverge from tau2, and why
 
@@ -284,6 +293,7 @@ class Tau2Env(gym.Env):
         max_tool_result_chars: int = MAX_TOOL_RESULT_CHARS,
         tasks_path: str | os.PathLike | None = None,
         solo_ticket: str = "system",
+        gold_reads_first: Sequence[str] = (),
     ):
         set_tau2_logging(tau2_logging_default() if tau2_logging is None else bool(tau2_logging))
         if callable(user):
@@ -337,6 +347,7 @@ class Tau2Env(gym.Env):
         self.max_tool_calls_per_action = int(max_tool_calls_per_action)
         self.max_tool_result_chars = int(max_tool_result_chars)
         self.solo_ticket = solo_ticket
+        self.gold_reads_first = self._check_reads_first(gold_reads_first)
         if self.tasks_path is not None:
             self._check_file_tasks_playable()
 
@@ -438,7 +449,21 @@ class Tau2Env(gym.Env):
         why = self._unplayable(task)
         if why is not None:
             raise ValueError(why)
-        return oracle_actions(task, self.solo)
+        return oracle_actions(task, self.solo, reads_first=self.gold_reads_first)
+
+    def _check_reads_first(self, names) -> tuple[str, ...]:
+        if isinstance(names, str):
+            raise ValueError(f"gold_reads_first must be a list of tool names, got the string {names!r}")
+        out = tuple(names or ())
+        for name in out:
+            if name not in self.domain.read_tool_names:
+                raise ValueError(f"gold_reads_first: {name!r} is not a read-only agent tool of tau2 "
+                                 f"{self.domain_name}; its read-only tools: {sorted(self.domain.read_tool_names)}")
+            required = self.domain.params[name].model_json_schema().get("required") or []
+            if required:
+                raise ValueError(f"gold_reads_first: {name!r} requires arguments {required}; only a read without "
+                                 "required arguments can open every demonstration")
+        return out
 
     # ------------------------------------------------------------------------------------------
     # reset

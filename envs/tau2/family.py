@@ -31,6 +31,8 @@ def make_kwargs(section: dict, split: str, dataset_path: str | None, runtime) ->
         kw["tasks_path"] = str(tasks_path)
     if section.get("solo_ticket", "system") != "system":  # Tau2Env(solo_ticket=): where a solo episode shows its ticket
         kw["solo_ticket"] = section["solo_ticket"]
+    if section.get("gold_reads_first"):  # Tau2Env(gold_reads_first=): reads that open every demonstration
+        kw["gold_reads_first"] = list(section["gold_reads_first"])
     user = runtime.get("user") or "solo"
     if user == "local":
         if runtime.get("user_fn") is None:
@@ -78,5 +80,6 @@ FAMILY = register_family(EnvFamily(
     ids={**{f"tau2/{d}-v0": ("envs.tau2.env:Tau2Env", {"domain": d}) for d in DOMAINS},
          "tau2/agent-gym-v0": "envs.tau2.agent_gym_compat:AgentGymCompatEnv"},
     config={"domain": "telecom", "max_steps": 30, "reward": "binary", "user_llm": None, "user_llm_base_url": None,
-            "user_llm_args": {}, "tasks_path": None, "solo_ticket": "system"},
+            "user_llm_args": {}, "tasks_path": None, "solo_ticket": "system",
+            "gold_reads_first": []},
     make_kwargs=make_kwargs, check_data=check_data, config_ids=("tau2",), compat_ids=("tau2/agent-gym-v0",)))

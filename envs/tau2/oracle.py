@@ -9,7 +9,8 @@ Sequence for a task: one assistant message per gold action, as a tool call (in s
 customer's gold actions are called by the agent, tau2 routes them to the user tools; without
 solo mode they are skipped -- the customer would have to perform them); then, if the task lists
 ``communicate_info``, one message to the customer containing all of it; then the stop: a
-``done`` call in solo mode, ``###STOP###`` otherwise.
+``done`` call in solo mode, ``###STOP###`` otherwise. ``reads_first`` (``Tau2Env(gold_reads_first=)``) puts calls of
+read-only tools without arguments before the gold actions, unless the gold already opens with them.
 """
 from __future__ import annotations
 
@@ -30,10 +31,16 @@ def _gold(task: "Task", solo: bool) -> list:
     return [a for a in actions if solo or a.requestor == "assistant"]
 
 
-def oracle_actions(task: "Task", solo: bool) -> list[dict]:
-    """Assistant message dicts replaying ``task``'s gold actions (see module docstring)."""
+def oracle_actions(task: "Task", solo: bool, reads_first: tuple[str, ...] = ()) -> list[dict]:
+    """Assistant message dicts replaying ``task``'s gold actions (see module docstring); ``reads_first``: names of
+    read-only tools without arguments called first (each unless the gold's calls already open with it)."""
     out: list[dict] = []
-    for i, a in enumerate(_gold(task, solo)):
+    gold = _gold(task, solo)
+    opening = [a.name for a in gold[:len(reads_first)]]
+    for j, name in enumerate(reads_first):
+        if name not in opening:
+            out.append({"role": "assistant", "content": None, "tool_calls": [openai_tool_call(f"read_{j}", name, {})]})
+    for i, a in enumerate(gold):
         out.append({"role": "assistant", "content": None, "tool_calls": [openai_tool_call(f"gold_{i}", a.name, a.arguments)]})
     infos = (task.evaluation_criteria.communicate_info or []) if task.evaluation_criteria is not None else []
     if infos:

@@ -69,6 +69,9 @@ class EnvConfig:
     # tau2 solo mode: the ticket in tau2's system prompt (system) or as a first user message (user: the system prompt
     # and tool schemas are then one prefix shared by every task; envs/tau2/env.py divergence 9)
     solo_ticket: str = "system"
+    # tau2: read-only tools without arguments every gold demonstration calls first (SFT data; mock: [get_users]);
+    # envs/tau2/env.py Tau2Env(gold_reads_first=)
+    gold_reads_first: list = field(default_factory=list)
     system_prompt: Optional[str] = None
     # ReasoningGym-v1 (envs/reasoning_gym): one generator `task` or a weighted mix `tasks` {name: weight}; task_config
     # its config (with `tasks`: {name: config}); level the library curriculum's global level; the splits' generator
