@@ -19,6 +19,7 @@ loop's time goes, not an exact profile.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import sys
@@ -58,7 +59,17 @@ class Watchdog:
         threading.Thread(target=self._run, name="loop-watchdog", daemon=True).start()
 
     def _stack(self) -> str:
-        frame = sys._current_frames().get(self.loop_thread)
+        # sys._current_frames() holds the interpreter's thread-list lock while it builds its dict; a garbage collection
+        # started there ran a finalizer (an unclosed transport's __del__), which handed the GIL to a thread that then
+        # waited for that lock to start a thread, and the whole server hung (CPython 3.11.7, a 512-session run of
+        # openenv_serve_load.py, 2026-12-06). So no automatic collection while it runs.
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            frame = sys._current_frames().get(self.loop_thread)
+        finally:
+            if enabled:
+                gc.enable()
         if frame is None:
             return "?"
         return " < ".join(f"{Path(f.filename).name}:{f.name}:{f.lineno}"
