@@ -719,7 +719,8 @@ def _loop_summary(lag_file: Path, t0: float, t1: float) -> dict | None:
 
 
 def bench_domain(domain: str, sessions: int, n_tasks: int, timeout: float, adv: dict | None, workers: int = 0,
-                 start_timeout: float = 60.0, server_cpus: list[int] | None = None, server_lag: bool = False) -> list[dict]:
+                 start_timeout: float = 60.0, server_cpus: list[int] | None = None, server_lag: bool = False,
+                 server_args: list[str] = ()) -> list[dict]:
     episodes = gold_episodes(domain, n_tasks)
     port = _free_port()
     # adversarial sessions: inside the cap, beside the honest
@@ -732,6 +733,7 @@ def bench_domain(domain: str, sessions: int, n_tasks: int, timeout: float, adv: 
            "--max-sessions", str(sessions + extra), "--idle-timeout", "300", "--max-connections", str(conns)]
     if workers:
         cmd += ["--workers", str(workers)]
+    cmd += list(server_args)
     if adv is not None:
         cmd += ["--max-body-bytes", str(adv["max_body"]), "--max-session-bytes", str(adv["max_session_bytes"]),
                 "--header-timeout", str(adv["header_timeout"]), "--send-timeout", str(adv["send_timeout"])]
@@ -798,7 +800,8 @@ def to_markdown(rep: dict) -> str:
         + f"; {rep['cpus']} CPUs, CPU affinity {rep['cpu_affinity']} ({_placement_text(rep.get('placement'))}), "
         f"niceness {rep.get('niceness')}; load average "
         f"before/after: {rep['loadavg_before']} / {rep['loadavg_after']}  ",
-        f"Server: `python -m envs.serve` with `--workers {rep.get('server_workers', 0)}` (0: every session in the "
+        f"Server: `python -m envs.serve` with `--workers {rep.get('server_workers', 0)}`"
+        + "".join(f" `{a}`" for a in rep.get("server_args", [])) + " (0: every session in the "
         "server's process; N: sessions in N worker processes, the server process keeping sockets, routes and "
         "`/health`); the server and its workers inherit this process's niceness. Server RSS counts "
         "the server process only (not its workers).  ",
@@ -1080,6 +1083,8 @@ def main(argv=None) -> dict:
     p.add_argument("--server-workers", type=int, default=0,
                    help="the server's --workers: sessions in N worker processes (default 0: in the server's process)")
     p.add_argument("--start-timeout", type=float, default=60.0, help="seconds the server may take to answer /health")
+    p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                   help="one more argument of python -m envs.serve, e.g. --server-arg=--session-nice=0 (repeatable)")
     p.add_argument("--server-cpus", default="", help="CPUs of the server and its workers, e.g. 0 (default: inherit)")
     p.add_argument("--client-cpus", default="", help="CPUs of this process (clients, adversaries), e.g. 1")
     p.add_argument("--probe-cpus", default="", help="CPUs of the /health prober process (default: the clients')")
@@ -1117,6 +1122,7 @@ def main(argv=None) -> dict:
         "cpu_affinity": sorted(os.sched_getaffinity(0)),
         "niceness": os.nice(0),
         "server_workers": args.server_workers,
+        "server_args": args.server_arg,
         "placement": {"server_cpus": server_cpus, "client_cpus": client_cpus, "probe_cpus": PROBE_PLACEMENT["cpus"],
                       "probe_nice": args.probe_nice, "client_procs": args.client_procs},
         "client_ping_interval_s": CLIENT_PING["interval"],
@@ -1127,7 +1133,7 @@ def main(argv=None) -> dict:
     }
     for d in args.domains:
         rep["domains"] += bench_domain(d, args.sessions, args.tasks, args.timeout, adv, args.server_workers,
-                                       args.start_timeout, server_cpus, args.server_lag)
+                                       args.start_timeout, server_cpus, args.server_lag, args.server_arg)
     rep["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     md = to_markdown(rep)
     print(md)

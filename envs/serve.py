@@ -160,7 +160,14 @@ once, when opened, on the worker with the fewest open sessions, and every later 
 protocol, goes to that worker (``GET /sessions`` lists open sessions per worker pid). uvicorn's own ``--workers`` is
 not used: its workers share the listening socket, so a session id on a new connection would reach whichever worker
 accepted it. A worker that dies takes its sessions with it (503s);
-the next session placed starts a fresh one in its place.
+the next session placed starts a fresh one in its place. The event loop sends each session operation to its worker
+itself, over one link per worker (:mod:`envs.serving.worker_link`): no thread of this process runs for it.
+
+Priority (``--session-nice N``, default :data:`~envs.serving.limits.DEFAULT_SESSION_NICE` = 10; Linux): each
+session's thread and each worker process runs at N above the event loop's niceness, so that when the cores are busy
+``/health``, admission and every socket's bytes are served before session work. A server already at niceness 19 (or
+``--session-nice 0``) runs both at the same priority. On a machine shared with other work the sessions then also yield
+to that work.
 
 Sessions are isolated because each owns its env instance (tau2: its own copy-on-write database,
 :mod:`envs.tau2.cow`) and runs it on its own single thread; session ids are random UUIDs.
@@ -191,11 +198,12 @@ from envs.serving.limits import (
     DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_INFLIGHT_BODY_BYTES, DEFAULT_MAX_SESSION_BYTES, DEFAULT_SEND_TIMEOUT_S, FD_RESERVE, LOOPBACK_HOSTS,
     MAX_JSON_CONTAINERS, MAX_JSON_INT_DIGITS, MAX_JSON_NESTING, SMALL_BODY_BYTES, _check_bounds,
+    DEFAULT_SESSION_NICE,
 )
 from envs.serving.environment import GymTextEnvironment, TextAction, TextObservation, TextState
 from envs.serving.guard import _Guard, uvicorn_config
 from envs.serving.sessions import _Sessions, _SessionServer, _add_lifecycle
-from envs.serving.session_threads import SessionThreads
+from envs.serving.session_threads import SessionThreads, check_nice
 from envs.serving.session_routes import _add_session_routes
 from envs.serving.stateless_routes import _add_stateless_routes
 from envs.serving.ws_routes import _add_websocket_route
@@ -213,7 +221,7 @@ def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int 
               body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S, allowed_origins: list[str] | tuple = (),
               allowed_hosts: list[str] | tuple = LOOPBACK_HOSTS, clock: Callable[[], float] = time.monotonic,
               reap_interval_s: float | None = None, max_inflight_body_bytes: int = DEFAULT_MAX_INFLIGHT_BODY_BYTES,
-              workers: int = 0):
+              workers: int = 0, session_nice: int = DEFAULT_SESSION_NICE):
     """The ASGI app serving ``env_id`` (see the module docstring for routes, errors and bounds).
 
     Args:
@@ -240,22 +248,26 @@ def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int 
             in ``N`` worker processes (started with the app), a session placed once on the emptiest and kept there
             (:mod:`envs.serving.workers`; ``env_id`` must then be registered by ``import envs``, and the env's state
             lives in the worker: ``tau2``'s database, its graders).
+        session_nice: niceness (0-19, default :data:`~envs.serving.limits.DEFAULT_SESSION_NICE`) each session's thread
+            and each worker process adds to the niceness of the thread calling this (the event loop's): session work
+            yields the CPU to ``/health``, admission and every socket's bytes (Linux; 0: the same priority).
 
     Raises:
         gymnasium.error.Error: ``env_id`` is not registered (checked at once, not at the first session).
-        ValueError: a non-positive bound, or ``workers`` < 0.
+        ValueError: a non-positive bound, ``workers`` < 0, or ``session_nice`` not an integer in [0, 19].
     """
     gym.spec(env_id)  # fail fast on an unknown id
     _check_bounds(max_sessions, idle_timeout_s, max_body_bytes, body_timeout_s, max_session_bytes)
     if max_inflight_body_bytes < max_body_bytes:
         raise ValueError(f"max_inflight_body_bytes ({max_inflight_body_bytes}) must be >= max_body_bytes ({max_body_bytes})")
-    pool = _worker_pool(workers)
+    threads = SessionThreads(nice=session_nice)  # checks session_nice
+    pool = _worker_pool(workers, session_nice)
     factory = (worker_factory(pool, env_id, dict(env_kwargs or {}), max_session_bytes) if pool is not None else
                functools.partial(GymTextEnvironment, env_id, dict(env_kwargs or {}), max_session_bytes))
     # OpenEnv's session registry (cap, one thread per session, env built and closed on it; the threads started off the
     # event loop); its reaper is off (ours, _Sessions.reap_forever, runs on `clock`), and its routes are not registered
     # (see the module docstring).
-    server = _SessionServer(factory, TextAction, TextObservation, threads=SessionThreads(),
+    server = _SessionServer(factory, TextAction, TextObservation, threads=threads,
                             concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions, session_timeout=None))
     app = FastAPI(title=f"envs.serve: {env_id}", version="0", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.openenv_server = server
@@ -272,12 +284,12 @@ def build_app(env_id: str, env_kwargs: dict | None = None, *, max_sessions: int 
                   allowed_origins=list(allowed_origins), max_inflight_body_bytes=max_inflight_body_bytes)
 
 
-def _worker_pool(workers: int) -> WorkerPool | None:
-    """``None`` for ``workers == 0``, else a (not yet started) pool of ``workers`` processes. Raises: ValueError
-    ``workers`` < 0."""
+def _worker_pool(workers: int, nice: int = 0) -> WorkerPool | None:
+    """``None`` for ``workers == 0``, else a (not yet started) pool of ``workers`` processes at ``nice`` above this
+    thread. Raises: ValueError ``workers`` < 0."""
     if workers < 0:
         raise ValueError(f"workers must be >= 0, got {workers}")
-    return WorkerPool(workers) if workers else None
+    return WorkerPool(workers, nice) if workers else None
 
 
 class _Server(uvicorn.Server):
@@ -328,6 +340,9 @@ def main(argv: list[str] | None = None) -> None:
                         "on loopback or a LAN)")
     p.add_argument("--workers", type=int, default=0,
                    help="sessions' envs in N worker processes, each session kept on one (default 0: in this process)")
+    p.add_argument("--session-nice", type=int, default=DEFAULT_SESSION_NICE,
+                   help="niceness the sessions' threads and worker processes add to the event loop's (0-19, default "
+                        f"{DEFAULT_SESSION_NICE}: /health and admission are served first when the CPUs are busy; 0: same)")
     p.add_argument("--env-kwargs", default="{}", help='JSON kwargs for gym.make, e.g. \'{"split": "test"}\'')
     p.add_argument("--log-level", default="warning")
     a = p.parse_args(argv)
@@ -337,6 +352,10 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--env-kwargs is not JSON: {e}")
     if not isinstance(env_kwargs, dict):
         p.error("--env-kwargs must be a JSON object")
+    try:
+        check_nice(a.session_nice, "--session-nice")
+    except ValueError as e:
+        p.error(str(e))
     try:
         gym.spec(a.env_id)
     except gym.error.Error as e:
@@ -351,8 +370,9 @@ def main(argv: list[str] | None = None) -> None:
     app = build_app(a.env_id, env_kwargs, max_sessions=a.max_sessions, idle_timeout_s=a.idle_timeout or None,
                     max_body_bytes=a.max_body_bytes, max_session_bytes=a.max_session_bytes or None,
                     body_timeout_s=a.body_timeout, allowed_origins=a.allow_origin, allowed_hosts=hosts,
-                    max_inflight_body_bytes=a.max_inflight_body_bytes, workers=a.workers)
-    # with workers, each open session holds a local socket to its worker (and OpenEnv's shared pool, 32 threads, may)
+                    max_inflight_body_bytes=a.max_inflight_body_bytes, workers=a.workers, session_nice=a.session_nice)
+    # with workers, a margin of one descriptor per session (sessions reach their worker over one link per worker now)
+    # and OpenEnv's shared pool (32 threads) may hold some
     reserve = FD_RESERVE + (a.max_sessions + 32 * a.workers if a.workers else 0)
     _Server(uvicorn_config(app, host=a.host, port=a.port, max_body_bytes=a.max_body_bytes, header_timeout_s=a.header_timeout,
                            send_timeout_s=a.send_timeout, max_connections=a.max_connections, log_level=a.log_level,

@@ -93,6 +93,12 @@ REPLY_CHUNK_BYTES = 256 * 1024
 PARSE_THREADS = 2
 
 
+#: Niceness the sessions' work runs at above the server's event loop (``python -m envs.serve --session-nice``): each
+#: session's thread and each worker process (:mod:`envs.serving.session_threads`, :mod:`envs.serving.workers`), so
+#: that ``/health`` and admission are answered first when the cores are busy (issue 49's load target).
+DEFAULT_SESSION_NICE = 10
+
+
 #: Longest ``episode_id`` accepted by ``reset``.
 MAX_EPISODE_ID_CHARS = 256
 

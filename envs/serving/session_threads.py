@@ -13,25 +13,55 @@ elsewhere: ``ThreadPoolExecutor.submit`` starts its thread under the same global
 ``submit`` takes, so a starter thread waiting for a new pool thread to be scheduled would still hold up the loop's
 next ``submit`` (any session's step). A :class:`SessionThread` starts its thread in its constructor, without that lock,
 and its ``submit`` takes only its own lock.
+
+Session work runs below the event loop's CPU priority (``nice``, ``python -m envs.serve --session-nice``): each
+:class:`SessionThread` raises its own thread's niceness by ``nice`` when it starts (:func:`lower_priority`; Linux lets
+an unprivileged process raise a single thread's niceness), so that when the cores are busy the scheduler runs the
+loop -- ``/health``, admission, every socket's bytes -- before the sessions' work.
 """
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
 import itertools
+import os
 import queue
+import sys
 import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["SessionThread", "SessionThreads"]
+__all__ = ["MAX_NICE", "SessionThread", "SessionThreads", "check_nice", "lower_priority"]
 
 _names = itertools.count()
 
+#: Highest niceness Linux gives a thread or process (the lowest CPU priority).
+MAX_NICE = 19
 
-def _serve(calls: queue.SimpleQueue) -> None:
-    """A :class:`SessionThread`'s loop: run each ``(future, fn, args, kwargs)`` in order until ``None``."""
+
+def check_nice(nice: int, name: str = "session_nice") -> int:
+    """``nice`` if it is an integer in ``[0, MAX_NICE]``. Raises: ValueError (naming ``name``) otherwise -- a negative
+    value would raise the sessions' priority above the event loop's (and needs privileges)."""
+    if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= MAX_NICE:
+        raise ValueError(f"{name} must be an integer in [0, {MAX_NICE}] (niceness added to the session work's, "
+                         f"relative to the event loop's), got {nice!r}")
+    return nice
+
+
+def lower_priority(nice: int) -> None:
+    """Add ``nice`` to the calling thread's niceness (capped at :data:`MAX_NICE`); only this thread's (and the threads
+    it starts later: Linux gives a new thread its creator's niceness). A no-op for ``nice == 0`` and off Linux, where
+    niceness is per process, not per thread."""
+    if nice and sys.platform == "linux":
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(MAX_NICE, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+
+
+def _serve(calls: queue.SimpleQueue, nice: int = 0) -> None:
+    """A :class:`SessionThread`'s loop: lower its thread's priority by ``nice``, then run each ``(future, fn, args,
+    kwargs)`` in order until ``None``."""
+    lower_priority(nice)
     while (item := calls.get()) is not None:
         future, fn, args, kwargs = item
         del item
@@ -56,13 +86,16 @@ class SessionThread(concurrent.futures.Executor):
     ends; ``wait`` joins it (not from the thread itself). The thread is a daemon so that a session nobody closed does
     not keep the process alive (the server closes every session on shutdown); dropping the executor unclosed ends
     its thread too, like a ``ThreadPoolExecutor``'s.
+
+    ``nice``: niceness the thread adds to its own before it runs any call (:func:`lower_priority`; 0: none). Raises:
+    ValueError for a ``nice`` outside ``[0, MAX_NICE]``.
     """
 
-    def __init__(self, name: str | None = None):
+    def __init__(self, name: str | None = None, nice: int = 0):
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._shut = False
-        self.thread = threading.Thread(target=_serve, args=(self._calls,), daemon=True,
+        self.thread = threading.Thread(target=_serve, args=(self._calls, check_nice(nice, "nice")), daemon=True,
                                        name=name or f"envs-serve-session-{next(_names)}")
         self.thread.start()
         weakref.finalize(self, self._calls.put, None)
@@ -107,10 +140,14 @@ class SessionThreads:
 
     No reserve of threads made ahead: a session's open already awaits its env's build on the new thread (and, with
     ``--workers``, a worker process), so one more hop to the starter (~0.1 ms on an idle machine) is not where its
-    time goes, and no idle threads wait for sessions that may never come."""
+    time goes, and no idle threads wait for sessions that may never come.
 
-    def __init__(self, name: str = "envs-serve-thread-starter"):
+    ``nice``: each session thread's niceness above the server's (:class:`SessionThread`). Raises: ValueError for a
+    ``nice`` outside ``[0, MAX_NICE]``."""
+
+    def __init__(self, name: str = "envs-serve-thread-starter", nice: int = 0):
         self.name = name
+        self.nice = check_nice(nice)
         self._starter: concurrent.futures.ThreadPoolExecutor | None = None
 
     def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
@@ -125,7 +162,7 @@ class SessionThreads:
     async def new(self) -> SessionThread:
         """A new :class:`SessionThread`, its thread started on the starter. A cancelled wait shuts down the thread
         made for it."""
-        made = self._pool().submit(SessionThread)
+        made = self._pool().submit(SessionThread, nice=self.nice)
         try:
             return await asyncio.wrap_future(made)
         except asyncio.CancelledError:

@@ -21,7 +21,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 from envs.serving.limits import REPLY_CHUNK_BYTES
 from envs.serving.environment import GymTextEnvironment, _dumps
 from envs.serving.session_threads import SessionThread, SessionThreads
-from envs.serving.workers import WorkerGoneError, WorkerPool
+from envs.serving.workers import WorkerEnvironment, WorkerGoneError, WorkerPool
 from envs.grader_queue import carrying_client
 
 
@@ -130,11 +130,13 @@ class _Sessions:
             self.last_seen[sid] = self.clock()
 
     async def run(self, sid: str, env: Any, fn: Callable, *args: Any) -> Any:
-        """``fn(env, *args)`` on session ``sid``'s thread -- in the session's worker process when ``env`` is a
-        :class:`~envs.serving.workers.WorkerEnvironment` (``fn`` then a module-level function, sent by name): every
-        route's env work goes through here. Raises: what ``fn`` raises; ``WorkerGoneError`` when the session's worker
+        """``fn(env, *args)`` on session ``sid``'s thread -- or, when ``env`` is a
+        :class:`~envs.serving.workers.WorkerEnvironment`, sent from this loop to the session's thread in its worker
+        process (``fn`` then a module-level function, sent by name): every route's env work goes through here. Raises: what ``fn`` raises; ``WorkerGoneError`` when the session's worker
         process has ended (the session is closed first: it is lost with its worker)."""
         try:
+            if isinstance(env, WorkerEnvironment):  # over the loop's link: no thread of this process runs for it
+                return await env.acall(fn, *args)
             return await self.server._run_in_session_executor(sid, env.call, fn, *args)
         except WorkerGoneError:
             await self.destroy(sid)
@@ -175,6 +177,7 @@ def _add_lifecycle(app: FastAPI, sessions: _Sessions) -> None:
     async def _start() -> None:
         sessions.server.threads.start()
         if sessions.workers is not None:
+            sessions.workers.loop = asyncio.get_running_loop()
             await asyncio.get_running_loop().run_in_executor(None, sessions.workers.start)
         if sessions.idle_timeout_s is not None:
             app.state.reaper = asyncio.create_task(sessions.reap_forever())
@@ -187,6 +190,8 @@ def _add_lifecycle(app: FastAPI, sessions: _Sessions) -> None:
             await sessions.destroy(sid)
         sessions.server.threads.close()
         if sessions.workers is not None:
+            sessions.workers.close_links()
+            sessions.workers.loop = None
             await asyncio.get_running_loop().run_in_executor(None, sessions.workers.shutdown)
 
     app.router.on_startup.append(_start)
