@@ -81,6 +81,50 @@ def test_calls_go_concurrently_out_of_order_with_large_payloads_and_errors():
     asyncio.run(main())
 
 
+def _refuse_to_unpickle():
+    raise RuntimeError("cannot be rebuilt here")
+
+
+class Unloadable:
+    """Pickles, but unpickling it raises (a function the other side cannot import, an exception class whose
+    constructor wants other arguments)."""
+
+    def __reduce__(self):
+        return _refuse_to_unpickle, ()
+
+
+class NeedsTwo(Exception):
+    def __init__(self, a, b):
+        super().__init__(f"{a} and {b}")
+
+
+def _make_unloadable(env):
+    return Unloadable()
+
+
+def _raise_needs_two(env):
+    raise NeedsTwo(1, 2)
+
+
+def test_what_does_not_unpickle_fails_that_call_only_and_the_link_serves_on():
+    host = _Host()
+    server = LinkServer({"call": host.submit})
+
+    async def main():
+        link = await connect(server.address)
+        with pytest.raises(RuntimeError, match="cannot be rebuilt here"):  # a request the worker cannot load
+            await asyncio.wait_for(link.call("call", "a", _echo, (Unloadable(),), 0, None), 10)
+        with pytest.raises(RuntimeError, match="could not be unpickled here"):  # a result the server cannot load
+            await asyncio.wait_for(link.call("call", "a", _make_unloadable, (), 0, None), 10)
+        with pytest.raises(RuntimeError, match="could not be unpickled here"):  # an exception that does not rebuild
+            await asyncio.wait_for(link.call("call", "a", _raise_needs_two, (), 0, None), 10)
+        assert await asyncio.wait_for(link.call("call", "a", _echo, (1,), 0, None), 10) == ((1,), 0, None)
+        assert link.broken is None
+        link.close()
+
+    asyncio.run(main())
+
+
 def test_a_broken_link_fails_the_waiting_call_and_every_later_one():
     host = _Host()
     server = LinkServer({"call": host.submit})

@@ -12,7 +12,10 @@ Wire: :mod:`multiprocessing.connection`'s own -- a :class:`~multiprocessing.conn
 in the worker, opened by :func:`connect` with the same authentication handshake as the manager's (the process's
 ``authkey``; a blocking handshake, done once per worker and loop on a thread), then messages framed as
 ``Connection.send_bytes`` frames them (a 4-byte big-endian signed length, or ``-1`` and an 8-byte length), each a
-pickle: a request ``(id, op, args)``, a reply ``(id, ok, value)`` (``value`` the result, or what it raised). In the
+pickle: a request ``(id, op, args)``, a reply ``(id, ok, value)`` (``value`` the result, or what it raised), with
+``args`` and ``value`` pickled again inside, so that one that does not unpickle at the other end (a function the
+worker cannot import, an exception class whose constructor needs other arguments) fails that call only, as it does
+over a manager's connection of its own, instead of the link of every session of the worker. In the
 worker (:class:`LinkServer`) one thread per connection reads requests and hands each to its handler (``op``: a
 session's ``open``, ``call`` or ``close``), which puts it on the session's own thread there, in the order they came,
 so a session's operations still run one at a time and sessions run concurrently; replies are written as they finish,
@@ -79,13 +82,15 @@ class LinkServer:
 
         def reply(rid: int, future) -> None:
             try:
-                msg = (rid, True, future.result())
+                ok, value = True, future.result()
             except BaseException as e:  # noqa: BLE001 - handed to the caller, as a manager does
-                msg = (rid, False, e)
+                ok, value = False, e
             try:
-                data = pickle.dumps(msg, pickle.HIGHEST_PROTOCOL)
+                inner = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
             except Exception as e:  # noqa: BLE001 - the result or error does not pickle: say so
-                data = pickle.dumps((rid, False, RuntimeError(f"the worker's reply could not be pickled: {e!r}")))
+                ok, inner = False, pickle.dumps(RuntimeError(f"the worker's reply could not be pickled: {e!r}"))
+            del value
+            data = pickle.dumps((rid, ok, inner), pickle.HIGHEST_PROTOCOL)
             with write:
                 try:
                     conn.send_bytes(data)
@@ -94,12 +99,12 @@ class LinkServer:
 
         while True:
             try:
-                rid, op, args = conn.recv()
+                rid, op, inner = conn.recv()
             except (EOFError, OSError):
                 conn.close()
                 return
             try:
-                future = self._handlers[op](*args)
+                future = self._handlers[op](*pickle.loads(inner))
             except BaseException as e:  # noqa: BLE001 - e.g. the session is closed: its reply is the error
                 future = _failed(e)
             future.add_done_callback(functools.partial(reply, rid))
@@ -128,13 +133,19 @@ class Link:
                 (n,) = _HEAD.unpack(await self._reader.readexactly(4))
                 if n == -1:
                     (n,) = _LONG.unpack(await self._reader.readexactly(8))
-                rid, ok, value = pickle.loads(await self._reader.readexactly(n))
+                rid, ok, inner = pickle.loads(await self._reader.readexactly(n))
                 future = self._pending.pop(rid, None)
-                if future is not None and not future.done():
-                    if ok:
-                        future.set_result(value)
-                    else:
-                        future.set_exception(value)
+                if future is None or future.done():  # its caller was cancelled
+                    continue
+                try:
+                    value = pickle.loads(inner)
+                except Exception as e:  # noqa: BLE001 - that reply only
+                    ok, value = False, RuntimeError(f"the worker's reply could not be unpickled here: {e!r}")
+                del inner
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)
                 del value
         except BaseException as e:  # noqa: BLE001 - EOF, a reset, cancellation: every waiting call fails
             self._break(EOFError(f"the link to the session worker broke: {type(e).__name__}: {e}"))
@@ -155,7 +166,7 @@ class Link:
         if self.broken is not None:
             raise EOFError(str(self.broken))
         rid = next(self._ids)
-        data = pickle.dumps((rid, op, args), pickle.HIGHEST_PROTOCOL)
+        data = pickle.dumps((rid, op, pickle.dumps(args, pickle.HIGHEST_PROTOCOL)), pickle.HIGHEST_PROTOCOL)
         future = asyncio.get_running_loop().create_future()
         self._pending[rid] = future
         try:
