@@ -29,7 +29,7 @@ from websockets.sync.client import connect as ws_connect
 from envs.serve import build_app
 from envs.serving.environment import SessionClosedError
 from envs.serving.worker_link import LinkServer, connect
-from envs.serving.workers import WorkerEnvironment
+from envs.serving.workers import WorkerEnvironment, WorkerPool
 from tests.served import serve_app
 
 
@@ -185,3 +185,33 @@ def test_a_server_with_workers_never_runs_a_sessions_operation_on_a_thread_of_it
             time.sleep(0.1)
         assert c.get("/sessions").json()["active"] == 0
     assert not {"open", "call", "close"} & set(proxied), proxied  # opens and closes went over the link too
+
+
+def _pid(env):
+    import os
+    return os.getpid()
+
+
+def test_a_broken_link_to_a_live_worker_is_made_again_by_the_next_call():
+    pool = WorkerPool(1)
+    pool.start()
+    (address,) = pool._addresses
+
+    async def main():
+        await pool.call(address, "open", "s1", "DigitSum-v0", {}, None)
+        link = await pool.link(address)
+        link._writer.transport.abort()
+        for _ in range(100):
+            if link.broken is not None:
+                break
+            await asyncio.sleep(0.05)
+        assert link.broken is not None
+        out, _, _ = await pool.call(address, "call", "s1", _pid, (), 0, None)  # the env lives on in the worker
+        assert out == pool.pids[0] and (await pool.link(address)) is not link
+        await pool.call(address, "close", "s1")
+        pool.close_links()
+
+    try:
+        asyncio.run(main())
+    finally:
+        pool.shutdown()

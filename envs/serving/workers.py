@@ -279,11 +279,13 @@ class WorkerPool:
 
     async def link(self, address: Any) -> Link:
         """The running loop's link to the worker listening at ``address``, connected by the first call (one per loop
-        and worker, shared by its sessions). Raises: what connecting raises (the next call tries again)."""
+        and worker, shared by its sessions) and again after it broke. Raises: what connecting raises (the next call
+        tries again; a worker that has ended refuses)."""
         key = (asyncio.get_running_loop(), address)
         with self._links_lock:
             made = self._links.get(key)
-            if made is None or (made.done() and (made.cancelled() or made.exception() is not None)):
+            if made is None or (made.done() and (made.cancelled() or made.exception() is not None
+                                                 or made.result().broken is not None)):
                 made = self._links[key] = asyncio.get_running_loop().create_task(connect(address))
         return await asyncio.shield(made)
 
