@@ -392,26 +392,30 @@ class WorkerEnvironment(UnsentReplyCount):
         """``fn(env, *args)`` in the worker, on the session's env (``fn`` a module-level function: it is sent by
         name), from a thread. Raises: what ``fn`` raises there (pickled back); :class:`WorkerGoneError` when the
         worker has ended."""
-        with self._unsent_lock:
-            unsent = self.unsent_bytes
         try:
-            out, held, self.session_bytes = self._remote("call", fn, args, unsent, GRADING_CLIENT.get())
+            reply = self._remote("call", fn, args, self._unsent_now(), GRADING_CLIENT.get())
         except (EOFError, OSError) as e:  # the link to the worker broke; fn's own errors come back as raised
             raise self._gone(e) from e
-        if held:
-            self.hold_unsent(held)
-        return out
+        return self._settle(reply)
 
     async def acall(self, fn: Callable, *args: Any) -> Any:
         """:meth:`call` from an event loop, over that loop's link to the worker: no thread of this process runs for
         it. Raises: as :meth:`call`."""
-        with self._unsent_lock:
-            unsent = self.unsent_bytes
         try:
-            out, held, self.session_bytes = await self._pool.call(self._address, "call", self._key, fn, args, unsent,
-                                                                  GRADING_CLIENT.get())
+            reply = await self._pool.call(self._address, "call", self._key, fn, args, self._unsent_now(),
+                                          GRADING_CLIENT.get())
         except (EOFError, OSError) as e:
             raise self._gone(e) from e
+        return self._settle(reply)
+
+    def _unsent_now(self) -> int:
+        """The bytes of this session's replies not sent yet, sent with a call (:meth:`SessionHost.run`)."""
+        with self._unsent_lock:
+            return self.unsent_bytes
+
+    def _settle(self, reply: tuple[Any, int, int]) -> Any:
+        """A call's ``(result, bytes it counted as unsent, session bytes)``: the counts kept here, the result returned."""
+        out, held, self.session_bytes = reply
         if held:
             self.hold_unsent(held)
         return out
