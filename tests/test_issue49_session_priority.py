@@ -148,7 +148,15 @@ def test_worker_processes_and_their_threads_run_below_the_loop():
 
 
 def _worker_niceness(pid: int) -> dict[int, int]:
-    return {int(t): os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+    """The niceness of each live thread of process ``pid`` (a thread that ends between the listing and the read is
+    left out: a worker starts and ends short-lived threads of its own)."""
+    out = {}
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out[int(t)] = os.getpriority(os.PRIO_PROCESS, int(t))
+        except ProcessLookupError:
+            pass
+    return out
 
 
 def test_a_replacement_worker_started_from_a_lowered_thread_is_not_lowered_twice():

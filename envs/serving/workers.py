@@ -193,11 +193,19 @@ def _set_niceness(niceness: int) -> None:
     if sys.platform != "linux":  # pragma: no cover - per-process niceness
         os.nice(max(0, niceness - os.nice(0)))
         return
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.setpriority(os.PRIO_PROCESS, int(tid), max(niceness, os.getpriority(os.PRIO_PROCESS, int(tid))))
-        except ProcessLookupError:  # that thread has ended meanwhile
-            pass
+    # A thread started while the others are being set may inherit its maker's old niceness: list again until a
+    # listing shows no thread not yet set.
+    done: set[str] = set()
+    while True:
+        tids = set(os.listdir("/proc/self/task")) - done
+        if not tids:
+            return
+        for tid in tids:
+            try:
+                os.setpriority(os.PRIO_PROCESS, int(tid), max(niceness, os.getpriority(os.PRIO_PROCESS, int(tid))))
+            except ProcessLookupError:  # that thread has ended meanwhile
+                pass
+        done |= tids
 
 
 _Manager.register("SessionHost", SessionHost)
