@@ -207,3 +207,39 @@ def test_gold_reads_first_rejects_a_write_an_unknown_tool_or_a_bare_string(bad, 
 def test_gold_reads_first_rejects_a_read_that_needs_arguments():
     with pytest.raises(ValueError, match="requires arguments"):
         gym.make("tau2/airline-v0", split="test", gold_reads_first=["get_user_details"])
+
+
+def test_select_tasks_keeps_the_range_and_the_short_tasks_and_the_cli_writes_a_servable_file(tmp_path, capsys):
+    from envs.tau2.generated_tasks import intents, main, select_tasks
+
+    chosen = select_tasks("generated_train", max_intents=1, start=256, stop=400)
+    every = generate_split("generated_train")
+    expected = [t for t in every[256:400] if "+" not in t["description"]["purpose"]]
+    assert chosen == expected and 0 < len(chosen) < 144  # order kept, nothing else dropped
+    assert {len(intents(t)) for t in chosen} == {1}
+    assert {len(intents(t)) for t in every} == {1, 2, 3}
+    assert main(["generated_train", "--max-intents", "1", "--start", "256", "--stop", "400"]) == 0
+    path = tmp_path / "train.json"
+    path.write_text(capsys.readouterr().out)
+    env = gym.make("tau2/mock-v0", tasks_path=str(path), user="solo", max_steps=12)
+    assert env.unwrapped.task_ids == [t["id"] for t in chosen]  # the file's tasks, in file order
+    reward, _ = _play(env, 0, env.unwrapped.demonstration({"index": 0}))
+    assert reward == 1.0  # a selected task keeps its gold
+
+
+@pytest.mark.parametrize("kw, match", [({"max_intents": 0}, "max_intents"), ({"start": -1}, "start")])
+def test_select_tasks_rejects_a_bad_selection(kw, match):
+    from envs.tau2.generated_tasks import select_tasks
+
+    with pytest.raises(ValueError, match=match):
+        select_tasks("generated_train", **kw)
+
+
+def test_the_cli_refuses_an_empty_selection_and_intents_refuses_a_foreign_task(capsys):
+    from envs.tau2.generated_tasks import intents, main
+
+    with pytest.raises(SystemExit) as e:
+        main(["generated_test", "--start", "500"])
+    assert e.value.code == 2 and "empty" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="not a generated mock task"):
+        intents({"id": "0", "description": {"purpose": "a tau2 registry task"}})

@@ -44,8 +44,8 @@ import json
 import random
 from typing import Any
 
-__all__ = ["GENERATED_SPLITS", "SPLIT_SIZES", "SPLIT_SEEDS", "SPLIT_DIGESTS", "generate_split", "generated_tasks", "split_digest",
-           "split_json"]
+__all__ = ["GENERATED_SPLITS", "SPLIT_SIZES", "SPLIT_SEEDS", "SPLIT_DIGESTS", "generate_split", "generated_tasks", "intents",
+           "select_tasks", "split_digest", "split_json"]
 
 #: split name -> number of tasks
 SPLIT_SIZES = {"generated_train": 2000, "generated_test": 200}
@@ -293,11 +293,64 @@ def generated_tasks(split: str) -> tuple[Any, ...]:
     return tuple(Task.model_validate(t) for t in generate_split(split))
 
 
-if __name__ == "__main__":  # pragma: no cover - a tasks file for tasks_path=, or the digests
+def intents(task: dict) -> tuple[str, ...]:
+    """The sub-intents a generated task was composed of, in ticket order (from its ``description.purpose``, e.g.
+    ``("create_named", "delete")``).
+
+    Raises:
+        ValueError: ``task`` is not a generated task (no ``generated mock task (...)`` purpose).
+    """
+    purpose = ((task.get("description") or {}).get("purpose") or "")
+    head = "generated mock task ("
+    if not (purpose.startswith(head) and purpose.endswith(")")):
+        raise ValueError(f"task {task.get('id')!r} is not a generated mock task (purpose {purpose[:80]!r})")
+    return tuple(purpose[len(head):-1].split("+"))
+
+
+def select_tasks(split: str, *, max_intents: int | None = None, start: int = 0, stop: int | None = None) -> list[dict]:
+    """Tasks ``start:stop`` of a generated split (its index order), keeping those of at most ``max_intents``
+    sub-intents (``None``: all): a training set for ``train_dataset.path`` (a curriculum of shorter tasks, or tasks
+    disjoint from the first ``start`` that an SFT phase used), written by ``python -m envs.tau2.generated_tasks``.
+
+    Raises:
+        ValueError: an unknown split, ``max_intents`` < 1, or ``start`` < 0.
+    """
+    if max_intents is not None and int(max_intents) < 1:
+        raise ValueError(f"max_intents must be >= 1, got {max_intents!r}")
+    if int(start) < 0:
+        raise ValueError(f"start must be >= 0, got {start!r}")
+    tasks = generate_split(split)[start:stop]
+    return [t for t in tasks if max_intents is None or len(intents(t)) <= max_intents]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m envs.tau2.generated_tasks SPLIT [--max-intents K] [--start N] [--stop M]``: the split (or the
+    selection of :func:`select_tasks`) as a JSON tasks file on stdout; with no split, each split's digest."""
+    import argparse
     import sys
 
-    if len(sys.argv) == 2 and sys.argv[1] in SPLIT_SIZES:
-        sys.stdout.write(split_json(sys.argv[1]) + "\n")
-    else:
+    p = argparse.ArgumentParser(prog="python -m envs.tau2.generated_tasks", description=main.__doc__)
+    p.add_argument("split", nargs="?", choices=GENERATED_SPLITS)
+    p.add_argument("--max-intents", type=int, default=None, help="keep tasks of at most K sub-intents (1-3)")
+    p.add_argument("--start", type=int, default=0, help="first task index (e.g. past the SFT phase's sft.limit)")
+    p.add_argument("--stop", type=int, default=None, help="one past the last task index")
+    a = p.parse_args(argv)
+    if a.split is None:
         for s in GENERATED_SPLITS:
             print(s, split_digest(s))
+        return 0
+    if a.max_intents is None and a.start == 0 and a.stop is None:
+        sys.stdout.write(split_json(a.split) + "\n")
+        return 0
+    try:
+        tasks = select_tasks(a.split, max_intents=a.max_intents, start=a.start, stop=a.stop)
+    except ValueError as e:
+        p.error(str(e))
+    if not tasks:
+        p.error("the selection is empty")
+    sys.stdout.write(json.dumps(tasks, sort_keys=True, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - exercised through main() in tests
+    raise SystemExit(main())
