@@ -7,23 +7,41 @@ Each ``eval_episodes.jsonl`` row (``step``, ``mode``, ``task_id``, ``reward``, `
 ``termination_reason``) is matched to its ``generated_test`` task (:mod:`envs.tau2.generated_tasks`), whose
 ``description.purpose`` names its sub-intents (``generated mock task (set_status+delete)``). Prints, per evaluation
 (step, mode): n, pass^1 (reward >= 1.0), tool calls per episode, terminations, then solved / tasks for each intent
-(a task with two intents counts in both) and for 1, 2 and 3 intents. The table in
+(a task with two intents counts in both) and for 1, 2 and 3 intents; then the first greedy evaluation given against
+the last, task by task (:func:`mcnemar`: the tasks solved by only one of them and the exact McNemar p-value). The table in
 benchmarks/results/tau2_mock_recipe.md (run 3) is this script's output.
 """
 from __future__ import annotations
 
 import collections
 import json
+import math
 import sys
 
 from envs.tau2.generated_tasks import generate_split
+from envs.tau2.generated_tasks import intents as generated_intents
 
 
 def intents(task: dict | None) -> list[str]:
-    """The sub-intents of a generated task (``["?"]`` for a task not in ``generated_test``)."""
-    if task is None:
-        return ["?"]
-    return task["description"]["purpose"].split("(", 1)[1].rstrip(")").split("+")
+    """The sub-intents of a generated task (:func:`envs.tau2.generated_tasks.intents`; ``["?"]`` for a task not in
+    ``generated_test``)."""
+    return ["?"] if task is None else list(generated_intents(task))
+
+
+def mcnemar(first: dict[str, float], last: dict[str, float]) -> dict:
+    """Paired comparison of two greedy evaluations on the same tasks (``{task_id: reward}``; solved: reward >= 1.0):
+    ``{"n", "both", "neither", "only_first", "only_last", "p"}``, ``p`` the exact two-sided McNemar p-value (a binomial
+    test of the discordant pairs at 1/2; McNemar 1947, Psychometrika 12(2), exact form: Fay 2010, R Journal 2(1)).
+    Tasks in only one of the two are left out."""
+    ids = sorted(set(first) & set(last))
+    a = [first[i] >= 1.0 for i in ids]
+    b = [last[i] >= 1.0 for i in ids]
+    only_first = sum(x and not y for x, y in zip(a, b))
+    only_last = sum(y and not x for x, y in zip(a, b))
+    d, k = only_first + only_last, min(only_first, only_last)
+    p = 1.0 if d == 0 else min(1.0, 2 * sum(math.comb(d, i) for i in range(k + 1)) / 2 ** d)
+    return {"n": len(ids), "both": sum(x and y for x, y in zip(a, b)), "neither": sum(not (x or y) for x, y in zip(a, b)),
+            "only_first": only_first, "only_last": only_last, "p": p}
 
 
 def breakdown(rows: list[dict], tasks: dict[str, dict]) -> dict:
@@ -48,6 +66,7 @@ def breakdown(rows: list[dict], tasks: dict[str, dict]) -> dict:
 
 def main(paths: list[str]) -> None:
     tasks = {t["id"]: t for t in generate_split("generated_test")}
+    greedy: list[tuple[str, dict[str, float]]] = []  # every greedy evaluation, in the order given
     for path in paths:
         with open(path) as f:
             rows = [json.loads(line) for line in f if line.strip()]
@@ -55,6 +74,14 @@ def main(paths: list[str]) -> None:
             print(f"{path} step {step} {mode}: n={b['n']} pass^1={b['pass^1']:.3f} "
                   f"calls/episode={b['calls_per_episode']:.2f} {b['terminations']}")
             print("    " + ", ".join(f"{k} {s}/{n}" for k, (s, n) in b["by"].items()))
+            if mode == "greedy":
+                greedy.append((f"{path} step {step}", {r["task_id"]: r["reward"] for r in rows
+                                                       if r["step"] == step and r["mode"] == mode}))
+    if len(greedy) >= 2:  # the first evaluation given against the last, task by task
+        (name_a, a), (name_b, b) = greedy[0], greedy[-1]
+        m = mcnemar(a, b)
+        print(f"paired ({name_a} -> {name_b}): n={m['n']} solved by both {m['both']}, neither {m['neither']}, "
+              f"only the first {m['only_first']}, only the last {m['only_last']}; exact McNemar p={m['p']:.3g}")
 
 
 if __name__ == "__main__":

@@ -31,3 +31,13 @@ def test_counts_each_task_under_every_intent_it_has_and_its_intent_count():
     assert first["by"]["set_status"][1] == 1 + ("set_status" in (a, b)) and first["by"]["1 intents"] == [0, 1]
     assert out[(8, "greedy")]["by"] == {"set_status": [1, 1], "1 intents": [1, 1]}
     assert bd.intents(None) == ["?"]
+
+
+def test_mcnemar_counts_discordant_tasks_and_gives_the_exact_binomial_p():
+    first = {"a": 1.0, "b": 0.0, "c": 0.0, "d": 1.0, "e": 0.5, "x": 1.0}
+    last = {"a": 1.0, "b": 1.0, "c": 1.0, "d": 0.0, "e": 1.0, "y": 0.0}
+    m = bd.mcnemar(first, last)
+    assert (m["n"], m["both"], m["neither"], m["only_first"], m["only_last"]) == (5, 1, 0, 1, 3)
+    assert abs(m["p"] - 2 * (1 + 4) / 16) < 1e-12  # d=4, k=1: 2 * (C(4,0) + C(4,1)) / 2^4 = 0.625
+    assert bd.mcnemar({"a": 1.0}, {"a": 1.0})["p"] == 1.0  # no discordant pair
+    assert bd.mcnemar({str(i): 0.0 for i in range(10)}, {str(i): 1.0 for i in range(10)})["p"] == 2 / 2 ** 10
