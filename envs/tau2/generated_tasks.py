@@ -339,9 +339,6 @@ def main(argv: list[str] | None = None) -> int:
         for s in GENERATED_SPLITS:
             print(s, split_digest(s))
         return 0
-    if a.max_intents is None and a.start == 0 and a.stop is None:
-        sys.stdout.write(split_json(a.split) + "\n")
-        return 0
     try:
         tasks = select_tasks(a.split, max_intents=a.max_intents, start=a.start, stop=a.stop)
     except ValueError as e:
