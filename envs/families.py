@@ -54,7 +54,8 @@ class EnvFamily:
         ids: Gymnasium id -> entry point ``"module:Class"``, or ``("module:Class", registration kwargs)``.
         config: its config section: ``econfig`` key -> default (``system_prompt`` included when it reads one).
         make_kwargs: one split's ``(env_id, gym.make kwargs)``. ``runtime`` holds values the trainer derives:
-            ``user`` (who plays a tau2 customer, ``None`` elsewhere) and ``user_fn`` (a local model user or None).
+            ``user`` (who plays a tau2 customer, ``None`` elsewhere), ``user_fn`` (a local model user or None) and
+            ``max_intents`` (tau2: ``train_dataset.max_intents`` for the train split, else None; others ignore it).
         check_data: loads both splits' data; returns ``{"train_dataset": source, "valid_dataset": source}`` (a
             file path, a hub id, or the generator's seeds and sizes), or ``{}`` when the data ships with a package.
         config_ids: further ``econfig.env_id`` spellings the family answers (tau2: ``"tau2"`` + ``econfig.domain``).

@@ -84,7 +84,8 @@ def run_sft_then_grpo(cfg: DictConfig) -> dict:
     GRPO from it, in one run dir.
 
     1. SFT (:class:`torchrl_grpo.training.sft_trainer.SFTTrainer`) in ``<run_dir>/sft``: ``sft.epochs`` over the
-       gold demonstrations of the first ``sft.limit`` train tasks at ``sft.lr`` (null: ``optimizer.lr``), after
+       gold demonstrations of the first ``sft.limit`` train tasks at ``sft.lr`` (null: ``optimizer.lr``; the whole
+       split's first tasks: ``train_dataset.start`` / ``max_intents`` select the GRPO phase's tasks only), after
        scoring the base model on the first ``sft.base_eval_problems`` valid tasks (0: not scored); writes
        ``<run_dir>/sft/sft_model``.
     2. GRPO (the trainer the config asks for) from ``<run_dir>/sft/sft_model`` in ``<run_dir>``, evaluated on the
@@ -117,6 +118,7 @@ def run_sft_then_grpo(cfg: DictConfig) -> dict:
             "eval.at_start": s.base_eval_problems > 0, "eval.at_end": False, "eval.every": 0,
             "eval.n_problems": s.base_eval_problems or cfg.eval.n_problems, "sft.save_model": True,
             "train_dataset.limit": s.limit if s.limit is not None else cfg.train_dataset.limit,
+            "train_dataset.start": 0, "train_dataset.max_intents": None,
             "optimizer.lr": s.lr if s.lr is not None else cfg.optimizer.lr,
             "checkpoint.every": 0, "checkpoint.save_final": False})
     log.info("sft.before_grpo: SFT phase in %s, then GRPO from %s/sft_model", sft_dir, sft_dir)

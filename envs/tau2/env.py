@@ -181,6 +181,11 @@ class Tau2Env(gym.Env):
             run 9: a warm start that looked up on some tasks and not others lost the lookup under GRPO). Reads do not
             change the database, so the replay scores what the gold scores. Episodes, rewards and ``reset`` are
             unchanged. Default: none.
+        max_intents: keep only the tasks of at most this many sub-intents in :meth:`usable_task_indices` (the task
+            list a trainer draws from): a curriculum of short tickets on the generated mock splits
+            (:func:`envs.tau2.generated_tasks.intents`; benchmarks/results/tau2_mock_recipe.md run 10: GRPO trained
+            on 1-intent tasks lifted held-out pass^1 on 1- and 2-intent tasks). ``reset`` still plays any index.
+            ``None`` (default): all tasks.
 
     Raises:
         ValueError: unknown domain, split, user kind, reward kind or evaluator; solo mode for a
@@ -189,7 +194,8 @@ class Tau2Env(gym.Env):
             file that cannot be served (:class:`envs.tau2.task_file.TaskFileError`, naming the file, task and
             field; :class:`~envs.tau2.task_file.TaskFileNotFoundError` when it does not exist) or holding a task
             this configuration cannot play (solo mode: no ``ticket``, customer turns in its history); a
-            ``gold_reads_first`` name that is not a read-only agent tool of the domain or that requires arguments.
+            ``gold_reads_first`` name that is not a read-only agent tool of the domain or that requires arguments;
+            ``max_intents`` < 1 or set on tasks that are not generated (no sub-intents in their purpose).
 
     ## Where we diverge from tau2, and why
 
@@ -294,6 +300,7 @@ class Tau2Env(gym.Env):
         tasks_path: str | os.PathLike | None = None,
         solo_ticket: str = "system",
         gold_reads_first: Sequence[str] = (),
+        max_intents: int | None = None,
     ):
         set_tau2_logging(tau2_logging_default() if tau2_logging is None else bool(tau2_logging))
         if callable(user):
@@ -350,6 +357,7 @@ class Tau2Env(gym.Env):
         self.gold_reads_first = self._check_reads_first(gold_reads_first)
         if self.tasks_path is not None:
             self._check_file_tasks_playable()
+        self.max_intents = self._check_max_intents(max_intents)
 
         self.tools = self.domain.tool_schemas(self.solo)
         self._tool_names = self.domain.agent_tool_set(self.solo)
@@ -412,15 +420,36 @@ class Tau2Env(gym.Env):
         """The first ``limit`` (``None``: all) task indices this env can play as configured, ascending.
 
         Drops the tasks ``reset`` would refuse (:meth:`_unplayable`: customer turns in the history of a
-        solo-mode task), read from the task data without resetting.
+        solo-mode task), read from the task data without resetting, and with ``max_intents`` the tasks of more
+        sub-intents.
         """
         out: list[int] = []
         for i, task in enumerate(self.tasks.tasks):
             if limit is not None and len(out) >= limit:
                 break
-            if self._unplayable(task) is None:
+            if self._unplayable(task) is None and (self._intents is None or len(self._intents[i]) <= self.max_intents):
                 out.append(i)
         return out
+
+    def _check_max_intents(self, max_intents) -> int | None:
+        """``max_intents`` as an int (None: no filter), with each task's sub-intents in ``self._intents``.
+
+        Raises:
+            ValueError: ``max_intents`` not an int >= 1, or a task that is not a generated one (naming it).
+        """
+        self._intents = None
+        if max_intents is None:
+            return None
+        if isinstance(max_intents, bool) or not isinstance(max_intents, int) or max_intents < 1:
+            raise ValueError(f"max_intents must be an int >= 1 or None, got {max_intents!r}")
+        from envs.tau2.generated_tasks import intents
+
+        try:
+            self._intents = [intents(t) for t in self.tasks.tasks]
+        except ValueError as e:
+            raise ValueError(f"max_intents={max_intents} filters generated mock tasks by their sub-intents "
+                             f"(split {self.split!r} of {self.domain_name!r}): {e}") from None
+        return max_intents
 
     @property
     def do_nothing_action(self) -> dict:

@@ -14,7 +14,9 @@ def make_kwargs(section: dict, split: str, dataset_path: str | None, runtime) ->
     (``solo`` | ``scripted`` | ``llm`` | ``local``, resolved from ``econfig.solo_mode`` / ``user`` / ``user_llm`` by
     the trainer's config rules); ``local`` plays the customer with ``runtime["user_fn"]`` (``user="callable"``);
     ``llm`` adds ``user_llm``, ``user_llm_base_url`` and ``user_llm_args``. The domain is ``econfig.domain`` for
-    ``env_id=tau2``, else the id's.
+    ``env_id=tau2``, else the id's. ``runtime["max_intents"]`` (the trainer's ``train_dataset.max_intents``, given for
+    the train split only), when set, becomes ``Tau2Env(max_intents=)``: train on generated tasks of at most that many
+    sub-intents.
 
     Tasks: ``tasks_path`` (a file of tau2 tasks, :mod:`envs.tau2.task_file`) is the dataset's own path
     (``train_dataset.path`` / ``valid_dataset.path``; the trainer gives ``valid_dataset`` the train path when it has
@@ -41,6 +43,8 @@ def make_kwargs(section: dict, split: str, dataset_path: str | None, runtime) ->
         kw["user_fn"] = runtime["user_fn"]
         user = "callable"
     kw["user"] = user
+    if runtime.get("max_intents") is not None:
+        kw["max_intents"] = int(runtime["max_intents"])
     if user == "llm":
         kw.update(user_llm=section["user_llm"], user_llm_base_url=section["user_llm_base_url"],
                   user_llm_args=dict(section["user_llm_args"] or {}))

@@ -293,14 +293,18 @@ def generated_tasks(split: str) -> tuple[Any, ...]:
     return tuple(Task.model_validate(t) for t in generate_split(split))
 
 
-def intents(task: dict) -> tuple[str, ...]:
+def intents(task) -> tuple[str, ...]:
     """The sub-intents a generated task was composed of, in ticket order (from its ``description.purpose``, e.g.
-    ``("create_named", "delete")``).
+    ``("create_named", "delete")``). ``task``: a task as a dict (a tasks file's JSON) or a tau2 ``Task``.
 
     Raises:
         ValueError: ``task`` is not a generated task (no ``generated mock task (...)`` purpose).
     """
-    purpose = ((task.get("description") or {}).get("purpose") or "")
+    if isinstance(task, dict):
+        purpose = (task.get("description") or {}).get("purpose") or ""
+    else:
+        purpose = getattr(getattr(task, "description", None), "purpose", None) or ""
+        task = {"id": getattr(task, "id", None)}
     head = "generated mock task ("
     if not (purpose.startswith(head) and purpose.endswith(")")):
         raise ValueError(f"task {task.get('id')!r} is not a generated mock task (purpose {purpose[:80]!r})")

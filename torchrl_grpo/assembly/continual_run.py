@@ -31,7 +31,7 @@ from torchrl_grpo.continual.algorithms import ALGORITHMS, CLAlgorithm
 from torchrl_grpo.continual.task_checkpoints import read_resume_state
 from torchrl_grpo.continual.settings import ContinualSettings
 from torchrl_grpo.continual.trainer import ContinualTrainer
-from torchrl_grpo.rollout.env_side import EnvSide, make_env_fn, usable_task_indices
+from torchrl_grpo.rollout.env_side import EnvSide, make_env_fn, train_task_indices
 from torchrl_grpo.training.components import Components
 
 __all__ = ["build_continual_trainer", "check_continual", "validate_cl_config", "check_domain_tasks", "domain_sides",
@@ -69,8 +69,10 @@ def check_domain_tasks(dcfg, domain: str) -> dict[str, int]:
     out = {}
     for kind, ds, limit in (("train", dcfg.train_dataset, dcfg.train_dataset.limit),
                             ("eval", dcfg.valid_dataset, dcfg.eval.n_problems)):
+        train = kind == "train"
         env_id, kw = env_kwargs_from_config(dcfg, ds.split, ds.path or dcfg.train_dataset.path,
-                                            user_fn=lambda *a, **k: "")
+                                            user_fn=lambda *a, **k: "",
+                                            max_intents=dcfg.train_dataset.max_intents if train else None)
         if kw.get("user") == "callable":
             kw = {k: v for k, v in kw.items() if k != "user_fn"} | {"user": "scripted"}
         try:
@@ -78,7 +80,7 @@ def check_domain_tasks(dcfg, domain: str) -> dict[str, int]:
         except (ValueError, KeyError, FileNotFoundError) as e:
             raise ValueError(f"cl domain {domain!r}: cannot build its {kind} env ({ds.split!r} split): {e}") from None
         try:
-            n = len(usable_task_indices(env, limit))
+            n = len(train_task_indices(env, limit, int(dcfg.train_dataset.start) if train else 0))
         finally:
             env.close()
         if n < 1:

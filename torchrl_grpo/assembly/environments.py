@@ -63,7 +63,8 @@ def env_family(cfg) -> tuple[EnvFamily | None, dict]:
     return family, family.section(econfig)
 
 
-def env_kwargs_from_config(cfg, split: str, dataset_path: str | None = None, user_fn=None) -> tuple[str, dict]:
+def env_kwargs_from_config(cfg, split: str, dataset_path: str | None = None, user_fn=None,
+                           max_intents: int | None = None) -> tuple[str, dict]:
     """Map the ``econfig`` / dataset sections to ``(env_id, gym.make kwargs)`` with the family's
     :attr:`~envs.families.EnvFamily.make_kwargs`; an id registered by no family gets ``{"split": split}``.
 
@@ -71,6 +72,7 @@ def env_kwargs_from_config(cfg, split: str, dataset_path: str | None = None, use
     otherwise ``econfig.user`` (scripted | llm | local) or, when null, ``econfig.user_llm``. A ``local`` user plays
     the customer with ``user_fn`` (a :class:`torchrl_grpo.rollout.local_user.LocalUser` built by
     :func:`build_env_side`); ``llm`` selects tau2's LLM user ``user_llm`` against ``user_llm_base_url``.
+    ``max_intents`` (``train_dataset.max_intents``, the train split's only): tau2's ``Tau2Env(max_intents=)``.
 
     Raises:
         ValueError: an unknown env id or ``econfig.params`` key (:func:`env_family`), contradicting user settings
@@ -80,7 +82,8 @@ def env_kwargs_from_config(cfg, split: str, dataset_path: str | None = None, use
     family, section = env_family(cfg)
     if family is None:
         return cfg.econfig.env_id, {"split": split}
-    return family.make_kwargs(section, split, dataset_path, {"user": tau2_user(cfg.econfig), "user_fn": user_fn})
+    return family.make_kwargs(section, split, dataset_path, {"user": tau2_user(cfg.econfig), "user_fn": user_fn,
+                                                             "max_intents": max_intents})
 
 
 def check_data(cfg) -> dict[str, str]:
@@ -123,9 +126,11 @@ def build_env_side(cfg, backend: RolloutBackend, tokenizer, sampling: SamplingCo
     user_fn = None
     if tau2_user(cfg.econfig) == "local":
         user_fn = LocalUser(backend, tokenizer, local_user_sampling(sampling, cfg.seed))
-    train = env_kwargs_from_config(cfg, cfg.train_dataset.split, cfg.train_dataset.path, user_fn=user_fn)
+    train = env_kwargs_from_config(cfg, cfg.train_dataset.split, cfg.train_dataset.path, user_fn=user_fn,
+                                   max_intents=cfg.train_dataset.max_intents)
     valid = env_kwargs_from_config(cfg, cfg.valid_dataset.split, cfg.valid_dataset.path or cfg.train_dataset.path,
                                    user_fn=user_fn)
     return make_env_side(train, valid, backend, tokenizer, sampling, max_turns=cfg.econfig.max_turns,
                          max_context_tokens=cfg.rollout.max_context_tokens, seed=cfg.seed,
-                         train_limit=cfg.train_dataset.limit, n_eval=cfg.eval.n_problems, user_fn=user_fn)
+                         train_limit=cfg.train_dataset.limit, train_start=cfg.train_dataset.start,
+                         n_eval=cfg.eval.n_problems, user_fn=user_fn)

@@ -45,7 +45,9 @@ class DatasetConfig:
 @dataclass
 class TrainDatasetConfig(DatasetConfig):
     split: str = "train"
-    limit: Optional[int] = None  # use only the first N problems / tasks
+    limit: Optional[int] = None  # use only the first N problems / tasks (of those from `start` on)
+    start: int = 0  # train on the tasks whose index in the split is >= start (past an SFT phase's first sft.limit)
+    max_intents: Optional[int] = None  # tau2 generated splits: only tasks of <= K sub-intents (Tau2Env(max_intents=))
 
 
 @dataclass

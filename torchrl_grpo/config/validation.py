@@ -88,6 +88,14 @@ def validate_config(cfg) -> None:
     for key in ("sft.epochs", "sft.minibatch_size", "sft.rft_samples"):
         if OmegaConf.select(cfg, key) < 1:
             raise ValueError(f"config {key} must be >= 1, got {OmegaConf.select(cfg, key)}")
+    if cfg.train_dataset.start < 0:
+        raise ValueError(f"config train_dataset.start must be >= 0, got {cfg.train_dataset.start}")
+    if cfg.train_dataset.max_intents is not None:
+        if cfg.train_dataset.max_intents < 1:
+            raise ValueError(f"config train_dataset.max_intents must be >= 1 or null, got {cfg.train_dataset.max_intents}")
+        if not str(cfg.econfig.env_id).startswith("tau2"):
+            raise ValueError("config train_dataset.max_intents selects generated tau2 mock tasks by their sub-intents; "
+                             f"econfig.env_id={cfg.econfig.env_id!r} has none (leave it null)")
     if cfg.sft.limit is not None and cfg.sft.limit < 1:
         raise ValueError(f"config sft.limit must be >= 1 or null, got {cfg.sft.limit}")
     if cfg.sft.base_eval_problems < 0:

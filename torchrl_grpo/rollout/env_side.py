@@ -18,7 +18,7 @@ from torchrl_grpo.backends.base import RolloutBackend, SamplingConfig
 from torchrl_grpo.rollout.collector import GroupCollector
 from torchrl_grpo.rollout.evaluation import do_nothing_baseline
 
-__all__ = ["make_env_fn", "num_tasks", "usable_task_indices", "EnvSide", "make_env_side"]
+__all__ = ["make_env_fn", "num_tasks", "usable_task_indices", "train_task_indices", "EnvSide", "make_env_side"]
 
 gym.register_envs(envs)
 
@@ -65,6 +65,16 @@ def usable_task_indices(env: gym.Env, limit: int | None = None) -> list[int]:
     return out
 
 
+def train_task_indices(env: gym.Env, limit: int | None = None, start: int = 0) -> list[int]:
+    """The train tasks of a run: the first ``limit`` (None: all) of :func:`usable_task_indices` whose index in the
+    split is >= ``start`` (``train_dataset.limit`` / ``train_dataset.start``), ascending. With ``start=0`` this is
+    :func:`usable_task_indices` itself."""
+    if not start:
+        return usable_task_indices(env, limit)
+    out = [i for i in usable_task_indices(env, None) if i >= int(start)]
+    return out if limit is None else out[:int(limit)]
+
+
 @dataclass
 class EnvSide:
     """The env half of a run for one environment (:func:`make_env_side`): the train and eval collectors on a shared
@@ -106,7 +116,8 @@ class EnvSide:
 
 def make_env_side(train: tuple[str, dict], valid: tuple[str, dict], backend: RolloutBackend, tokenizer,
                   sampling: SamplingConfig, *, max_turns: int, max_context_tokens: int, seed: int,
-                  train_limit: int | None = None, n_eval: int | None = None, user_fn=None) -> EnvSide:
+                  train_limit: int | None = None, n_eval: int | None = None, user_fn=None,
+                  train_start: int = 0) -> EnvSide:
     """The collectors and task lists of one environment on an existing backend.
 
     Args:
@@ -116,20 +127,24 @@ def make_env_side(train: tuple[str, dict], valid: tuple[str, dict], backend: Rol
         sampling: the run's sampling settings (the collectors' default; evaluation derives its own from it).
         max_turns: agent turns per episode; max_context_tokens: the context budget of an episode (tokens).
         seed: the train collector's seed (the eval collector takes ``seed + 1``).
-        train_limit: the first ``train_limit`` usable train tasks (None: all).
+        train_limit: the first ``train_limit`` usable train tasks (None: all) of those from ``train_start`` on.
+        train_start: only train tasks whose index in the split is >= ``train_start`` (``train_dataset.start``: e.g.
+            past the first ``sft.limit`` tasks an SFT phase learned from).
         n_eval: the first ``n_eval`` usable eval tasks (``EnvSide.eval_tasks``; None: all).
         user_fn: the local LLM user (:class:`torchrl_grpo.rollout.local_user.LocalUser`) batching customer turns,
             or None.
 
     Raises:
-        ValueError: an empty train split.
+        ValueError: an empty train split (or selection).
     """
     env_id, kw = train
     collector = GroupCollector(make_env_fn(env_id, **kw), backend, tokenizer, sampling, max_turns=max_turns,
                                max_context_tokens=max_context_tokens, seed=seed, user_batcher=user_fn)
-    train_tasks = usable_task_indices(collector.probe_env, train_limit)
+    train_tasks = train_task_indices(collector.probe_env, train_limit, train_start)
     if len(train_tasks) < 1:
-        raise ValueError(f"train split {kw.get('split')!r} of {env_id} has no tasks")
+        raise ValueError(f"train split {kw.get('split')!r} of {env_id} has no tasks"
+                         + (f" from index {train_start} on" if train_start else "")
+                         + (f" of at most {kw['max_intents']} sub-intents" if kw.get("max_intents") else ""))
     vid, vkw = valid
     eval_collector = GroupCollector(make_env_fn(vid, **vkw), backend, tokenizer, sampling, max_turns=max_turns,
                                     max_context_tokens=max_context_tokens, seed=seed + 1, user_batcher=user_fn)
