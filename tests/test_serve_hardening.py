@@ -374,3 +374,33 @@ def test_idle_timeout_on_an_injected_clock():
             assert time.time() - t0 < 10, "idle HTTP session not reaped"
             time.sleep(0.02)
         assert c.post(f"/sessions/{a}/step", json={"action": {"content": "z"}}).status_code == 404
+
+
+def _get_health(s: socket.socket) -> bytes:
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    data = b""
+    with contextlib.suppress(ConnectionResetError):
+        while b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}"):
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    return data
+
+
+def test_an_idle_keep_alive_connection_outlives_a_clients_5_s_pool_expiry():
+    """The 512-session benchmark lost an honest request (``httpx.RemoteProtocolError: Server disconnected without
+    sending a response`` on an MCP session's ``GET /state`` after its episode): uvicorn closes an idle keep-alive
+    connection after 5 s, exactly httpx's pool expiry, so a client whose loop read the last reply late reused a
+    connection the server was closing. Idle keep-alive connections now live ``header_timeout_s`` after their last
+    response (the head deadline, default 10 s), then close."""
+    with _serve(_echo_app(), header_timeout_s=7.0) as url:
+        s = socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+        s.settimeout(10)
+        assert _get_health(s).startswith(b"HTTP/1.1 200")
+        time.sleep(5.6)  # past uvicorn's default 5 s keep-alive, inside header_timeout_s
+        assert _get_health(s).startswith(b"HTTP/1.1 200")  # the same connection answers
+        time.sleep(7.6)  # past header_timeout_s after the last response: the idle connection is closed
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+            assert _get_health(s) == b""
+        s.close()

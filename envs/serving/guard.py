@@ -423,6 +423,12 @@ def uvicorn_config(app, *, host: str = "127.0.0.1", port: int = 8000, max_body_b
     512 sessions with the adversaries, 36 of 150 samples) -- to save bytes of JSON that crosses loopback or a LAN.
     Turn it on (``--ws-compression``) for clients far away on a slow link.
 
+    Keep-alive: an idle HTTP connection is closed ``header_timeout_s`` after its last response (the head deadline;
+    uvicorn's own ``timeout_keep_alive`` is set to the same value, where its default of 5 s equals httpx's pool
+    expiry: a client that read the last reply a moment late reused a connection the server was closing, and its next
+    request failed with "Server disconnected without sending a response" -- an honest session of the 512-session
+    benchmark, issue 49). Keep ``header_timeout_s`` above your clients' pool expiry (httpx: 5 s).
+
     File descriptors (:func:`envs.serving.descriptors.fit_descriptors`): the process's soft ``RLIMIT_NOFILE`` is raised
     to its hard limit, and where connections, backlog and lingering refusals would still not fit under it with a
     reserve of ``fd_reserve`` (default :data:`FD_RESERVE`, for grader workers and env files; ``python -m envs.serve
@@ -444,5 +450,6 @@ def uvicorn_config(app, *, host: str = "127.0.0.1", port: int = 8000, max_body_b
               "max_connections": budget.max_connections, "linger_slots": budget.linger_slots, "_lingering": [0]}
     http = type("TimedH11Protocol", (_TimedH11Protocol,), timers)
     ws = type("TimedWSProtocol", (_TimedWSProtocol,), {"send_timeout_s": float(send_timeout_s)})
+    kwargs.setdefault("timeout_keep_alive", float(header_timeout_s))
     return uvicorn.Config(app, host=host, port=port, http=http, ws=ws, ws_max_size=max_body_bytes, log_level=log_level,
                           ws_per_message_deflate=ws_per_message_deflate, backlog=budget.backlog, **kwargs)
