@@ -52,7 +52,9 @@ process): one loop driving 512 clients lagged seconds, and that lag was in every
 ``--client-ping-interval`` is the honest WebSocket clients' keepalive (default 0: none; websockets' own is 20 s, and a
 client loop that misses its pong deadline closes its own connection -- the server's keepalive still runs). Placement:
 ``--server-cpus`` (the server and its workers), ``--client-cpus`` (this process and its client processes),
-``--probe-cpus`` / ``--probe-nice`` (the ``/health`` prober, always a process of its own). ``--server-lag`` starts the
+``--probe-cpus`` / ``--probe-nice`` (the ``/health`` prober, always a process of its own), ``--server-nice`` (added to
+the server's niceness, and so its workers': negative puts the server above the clients and adversaries on shared cores,
+standing in for clients on other machines without halving the server's CPU as ``--server-cpus`` does). ``--server-lag`` starts the
 server through ``benchmarks/serve_loop_lag.py``: per phase, how late its event loop ran a callback handed to it every
 10 ms (p50 / p99 / max), its CPU time, and the loop thread's stacks sampled while it stalled.
 
@@ -720,7 +722,7 @@ def _loop_summary(lag_file: Path, t0: float, t1: float) -> dict | None:
 
 def bench_domain(domain: str, sessions: int, n_tasks: int, timeout: float, adv: dict | None, workers: int = 0,
                  start_timeout: float = 60.0, server_cpus: list[int] | None = None, server_lag: bool = False,
-                 server_args: list[str] = ()) -> list[dict]:
+                 server_args: list[str] = (), server_nice: int = 0) -> list[dict]:
     episodes = gold_episodes(domain, n_tasks)
     port = _free_port()
     # adversarial sessions: inside the cap, beside the honest
@@ -738,7 +740,7 @@ def bench_domain(domain: str, sessions: int, n_tasks: int, timeout: float, adv: 
         cmd += ["--max-body-bytes", str(adv["max_body"]), "--max-session-bytes", str(adv["max_session_bytes"]),
                 "--header-timeout", str(adv["header_timeout"]), "--send-timeout", str(adv["send_timeout"])]
     # ``-m`` puts the cwd (this checkout) first on the server's sys.path; its workers inherit its CPU affinity
-    server = subprocess.Popen(cmd, cwd=ROOT, preexec_fn=_placed(server_cpus))
+    server = subprocess.Popen(cmd, cwd=ROOT, preexec_fn=_placed(server_cpus, server_nice))
     url = f"http://127.0.0.1:{port}"
     out = []
     try:
@@ -784,6 +786,10 @@ def _placement_text(placement: dict | None) -> str:
     clients = (f"the honest clients in {procs} processes (an event loop each), the adversaries in the benchmark's"
                if procs > 1 else "the honest clients and the adversaries in the benchmark's one process")
     probe = f"the /health prober a process of its own at niceness {(placement or {}).get('probe_nice', 0):+d} (relative)"
+    if (placement or {}).get("server_nice"):
+        probe += (f"; the server (and so its workers, whose session work runs --session-nice above it) at niceness "
+                  f"{placement['server_nice']:+d} (relative): clients and adversaries yield the cores to it, as if they "
+                  f"ran on other machines")
     if not placement or not any((placement.get("server_cpus"), placement.get("client_cpus"), placement.get("probe_cpus"))):
         return f"server, its workers, clients and the prober share it; {clients}; {probe}"
     return (f"server and its workers on CPUs {placement['server_cpus'] or 'inherited'}, clients and adversaries on "
@@ -803,7 +809,7 @@ def to_markdown(rep: dict) -> str:
         f"Server: `python -m envs.serve` with `--workers {rep.get('server_workers', 0)}`"
         + "".join(f" `{a}`" for a in rep.get("server_args", [])) + " (0: every session in the "
         "server's process; N: sessions in N worker processes, the server process keeping sockets, routes and "
-        "`/health`); the server and its workers inherit this process's niceness. Server RSS counts "
+        "`/health`); the server and its workers inherit this process's niceness plus `--server-nice`. Server RSS counts "
         "the server process only (not its workers).  ",
         f"Adversary settings: {rep['adversaries']}",
         "",
@@ -1089,6 +1095,9 @@ def main(argv=None) -> dict:
     p.add_argument("--client-cpus", default="", help="CPUs of this process (clients, adversaries), e.g. 1")
     p.add_argument("--probe-cpus", default="", help="CPUs of the /health prober process (default: the clients')")
     p.add_argument("--probe-nice", type=int, default=0, help="niceness added to the prober's (negative: needs root)")
+    p.add_argument("--server-nice", type=int, default=0,
+                   help="niceness added to the server's and its workers' (negative: needs root): the clients and "
+                        "adversaries, which would run on other machines, then yield the shared cores to the server")
     p.add_argument("--client-procs", type=int, default=1,
                    help="processes running the honest clients, each its own event loop (default 1: this process)")
     p.add_argument("--client-ping-interval", type=float, default=0.0,
@@ -1124,7 +1133,7 @@ def main(argv=None) -> dict:
         "server_workers": args.server_workers,
         "server_args": args.server_arg,
         "placement": {"server_cpus": server_cpus, "client_cpus": client_cpus, "probe_cpus": PROBE_PLACEMENT["cpus"],
-                      "probe_nice": args.probe_nice, "client_procs": args.client_procs},
+                      "probe_nice": args.probe_nice, "server_nice": args.server_nice, "client_procs": args.client_procs},
         "client_ping_interval_s": CLIENT_PING["interval"],
         "loadavg_before": [round(x, 2) for x in os.getloadavg()],
         "adversaries": adv,
@@ -1133,7 +1142,8 @@ def main(argv=None) -> dict:
     }
     for d in args.domains:
         rep["domains"] += bench_domain(d, args.sessions, args.tasks, args.timeout, adv, args.server_workers,
-                                       args.start_timeout, server_cpus, args.server_lag, args.server_arg)
+                                       args.start_timeout, server_cpus, args.server_lag, args.server_arg,
+                                       args.server_nice)
     rep["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     md = to_markdown(rep)
     print(md)

@@ -301,13 +301,14 @@ def intents(task) -> tuple[str, ...]:
         ValueError: ``task`` is not a generated task (no ``generated mock task (...)`` purpose).
     """
     if isinstance(task, dict):
+        task_id = task.get("id")
         purpose = (task.get("description") or {}).get("purpose") or ""
     else:
+        task_id = getattr(task, "id", None)
         purpose = getattr(getattr(task, "description", None), "purpose", None) or ""
-        task = {"id": getattr(task, "id", None)}
     head = "generated mock task ("
     if not (purpose.startswith(head) and purpose.endswith(")")):
-        raise ValueError(f"task {task.get('id')!r} is not a generated mock task (purpose {purpose[:80]!r})")
+        raise ValueError(f"task {task_id!r} is not a generated mock task (purpose {purpose[:80]!r})")
     return tuple(purpose[len(head):-1].split("+"))
 
 
