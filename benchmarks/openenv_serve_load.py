@@ -785,16 +785,16 @@ def _placement_text(placement: dict | None) -> str:
     procs = (placement or {}).get("client_procs", 1)
     clients = (f"the honest clients in {procs} processes (an event loop each), the adversaries in the benchmark's"
                if procs > 1 else "the honest clients and the adversaries in the benchmark's one process")
-    probe = f"the /health prober a process of its own at niceness {(placement or {}).get('probe_nice', 0):+d} (relative)"
+    niceness = f"the /health prober a process of its own at niceness {(placement or {}).get('probe_nice', 0):+d} (relative)"
     if (placement or {}).get("server_nice"):
-        probe += (f"; the server (and so its workers, whose session work runs --session-nice above it) at niceness "
-                  f"{placement['server_nice']:+d} (relative): clients and adversaries yield the cores to it, as if they "
-                  f"ran on other machines")
+        niceness += (f"; the server (and so its workers, whose session work runs --session-nice above it) at "
+                     f"niceness {placement['server_nice']:+d} (relative): clients and adversaries yield the cores to it, "
+                     f"as if they ran on other machines")
     if not placement or not any((placement.get("server_cpus"), placement.get("client_cpus"), placement.get("probe_cpus"))):
-        return f"server, its workers, clients and the prober share it; {clients}; {probe}"
+        return f"server, its workers, clients and the prober share it; {clients}; {niceness}"
     return (f"server and its workers on CPUs {placement['server_cpus'] or 'inherited'}, clients and adversaries on "
             f"{placement['client_cpus'] or 'inherited'}, the /health prober on {placement['probe_cpus'] or 'the clients'}; "
-            f"{clients}; {probe}")
+            f"{clients}; {niceness}")
 
 
 def to_markdown(rep: dict) -> str:
