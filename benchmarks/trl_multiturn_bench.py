@@ -325,18 +325,21 @@ class TRLSide:
                 if side.trainer.accelerator.device.type == "cuda":
                     torch.cuda.synchronize()
                 side.marks["step_end"].append(time.perf_counter())
-                _print_step("trl ", side.step_record(len(side.marks["step_end"]) - 1))
                 if between_steps(len(side.marks["step_end"]) - 1):
                     control.should_training_stop = True
                 side.marks["resume"].append(time.perf_counter())
 
             def on_log(self, a, state, control, logs=None, **kw):
+                # TRL logs a step's reward after its on_step_end (where ours runs): its line is printed here
                 if logs and "reward" in logs:
                     side.logs.append(dict(logs))
+                    _print_step("trl ", side.step_record(len(side.logs) - 1))
 
         self.trainer.remove_callback(PrinterCallback)
         self.trainer.add_callback(Interleave())
         self.trainer.train()
+        for k in range(len(self.logs), len(self.marks["step_end"])):  # steps TRL never logged: printed without reward
+            _print_step("trl ", self.step_record(k))
         if len(self.rollouts) != len(self.marks["step_end"]):
             raise RuntimeError(f"TRL ran {len(self.marks['step_end'])} optimizer steps but {len(self.rollouts)} "
                                "rollouts: one generation per optimizer step was expected")

@@ -55,3 +55,8 @@ def test_one_warmup_and_one_timed_step_per_side_give_finite_numbers(tmp_path):
     assert res["trl"]["trl_args"]["generation_kwargs"] == {"max_new_tokens": 4}
     assert res["evals"]["time_to_target_s"] == {"ours": None, "trl": None, "ours_sft": None, "trl_sft": None}
     assert len(res["loadavg_before"]) == 3 and res["versions"]["trl"] and res["meta"]["device"] == "cpu"
+    # each step's console line shows the reward the results record for it (TRL's line used to print before TRL had
+    # logged that step's reward: 'reward -' for every TRL step while the table had the numbers)
+    for side, tag in (("ours", "[ours]"), ("trl", "[trl ]")):
+        printed = [ln.rsplit(" reward ", 1)[1].split()[0] for ln in p.stdout.splitlines() if ln.startswith(tag + " step ")]
+        assert printed == [f"{s['reward_mean']:.3f}" for s in res[side]["steps"]], (side, printed, p.stdout[-3000:])
