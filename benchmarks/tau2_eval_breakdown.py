@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import json
 import math
+import os
 import sys
 
 from envs.tau2.generated_tasks import generate_split
@@ -65,6 +66,16 @@ def breakdown(rows: list[dict], tasks: dict[str, dict]) -> dict:
 
 
 def main(paths: list[str]) -> None:
+    """Print the breakdown of each ``eval_episodes.jsonl`` in ``paths``.
+
+    Raises:
+        SystemExit: with the usage for no path or ``-h`` / ``--help``; naming the file for a path that is missing.
+    """
+    if not paths or any(p in ("-h", "--help") for p in paths):
+        raise SystemExit(__doc__)
+    for path in paths:
+        if not os.path.isfile(path):
+            raise SystemExit(f"tau2_eval_breakdown: no such file: {path}")
     tasks = {t["id"]: t for t in generate_split("generated_test")}
     greedy: list[tuple[str, dict[str, float]]] = []  # every greedy evaluation, in the order given
     for path in paths:
@@ -85,6 +96,4 @@ def main(paths: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
-        raise SystemExit(__doc__)
     main(sys.argv[1:])

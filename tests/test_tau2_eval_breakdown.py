@@ -41,3 +41,15 @@ def test_mcnemar_counts_discordant_tasks_and_gives_the_exact_binomial_p():
     assert abs(m["p"] - 2 * (1 + 4) / 16) < 1e-12  # d=4, k=1: 2 * (C(4,0) + C(4,1)) / 2^4 = 0.625
     assert bd.mcnemar({"a": 1.0}, {"a": 1.0})["p"] == 1.0  # no discordant pair
     assert bd.mcnemar({str(i): 0.0 for i in range(10)}, {str(i): 1.0 for i in range(10)})["p"] == 2 / 2 ** 10
+
+
+def test_help_and_a_missing_file_are_clear_exits_not_tracebacks(tmp_path):
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        bd.main(["--help"])
+    assert "eval_episodes.jsonl" in str(e.value.code)  # the usage (module docstring), not a file named --help
+    missing = tmp_path / "nope.jsonl"
+    with pytest.raises(SystemExit) as e:
+        bd.main([str(missing)])
+    assert str(missing) in str(e.value.code) and "no such file" in str(e.value.code)
