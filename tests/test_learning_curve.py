@@ -40,3 +40,29 @@ def test_plot_from_metrics_jsonl(tmp_path):
                        text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert (tmp_path / "learning_curve.png").read_bytes()[:8] == PNG
+
+
+def test_an_sft_run_draws_its_loss_and_a_lone_evaluation_shows_its_interval(tmp_path, monkeypatch):
+    # sft.py logs sft/nll (no reward/mean) and one evaluation at its end: the training panel was empty and the
+    # Wilson band of a single point had no width (nothing visible)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figs = []
+    real_close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: (figs.append(fig), real_close(fig)))
+    rows = [{"step": s, "sft/nll": 1.0 / s} for s in range(1, 6)] + [{"step": 5, "eval/accuracy": 0.37}]
+    m = tmp_path / "metrics.jsonl"
+    m.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert plot_learning_curve(m, tmp_path / "lc.png", n_eval=200) is not None
+    left, right = figs[-1].axes
+    assert [ln.get_label() for ln in left.lines] == ["SFT loss (sft/nll)"]
+    assert len(right.containers) == 1  # the lone point's interval, as an error bar
+    (lo, hi), = [seg[:, 1] for seg in right.containers[0].lines[2][0].get_segments()]
+    assert (round(lo, 3), round(hi, 3)) == tuple(round(x, 3) for x in wilson_interval(0.37, 200))
+    # without n_eval (the CLI redraw of a run made with output_dir=, which has no .hydra/): the logged eval/n_tasks
+    m.write_text("\n".join(json.dumps(r) for r in rows[:-1] + [{**rows[-1], "eval/n_tasks": 200.0}]) + "\n")
+    assert plot_learning_curve(m, tmp_path / "lc2.png") is not None
+    assert len(figs[-1].axes[1].containers) == 1

@@ -4,7 +4,7 @@ Drawn from the run's ``metrics.jsonl`` (one JSON object per logged step, :class:
 StatsLogger`) at the end of :meth:`torchrl_grpo.training.grpo_trainer.GRPOTrainer.fit` into ``<run_dir>/learning_curve.png`` (and
 wandb); ``python -m torchrl_grpo.reporting.learning_curve RUN_DIR`` redraws it.
 
-Left panel: ``reward/mean`` (mean final reward of the step's episodes) and, when logged,
+Left panel: ``reward/mean`` (mean final reward of the step's episodes; an SFT run's ``sft/nll`` instead) and, when logged,
 ``episode/truncated_fraction`` (episodes cut at ``max_new_tokens``: a curve whose reward rises while this falls to
 0 with shrinking responses is the reward-hacking pattern of issue 14). Right panel: ``eval/accuracy`` (greedy success
 rate on the fixed eval tasks) with a Wilson 95% interval (Wilson 1927) when ``eval.n_problems`` is known, and
@@ -47,10 +47,11 @@ def plot_learning_curve(metrics_path: str | Path, out_path: str | Path, n_eval: 
     Args:
         metrics_path: the run's ``metrics.jsonl``.
         out_path: the PNG to write (its folder must exist).
-        n_eval: problems per evaluation (``eval.n_problems``) for the Wilson intervals; ``None``: no intervals.
+        n_eval: problems per evaluation (``eval.n_problems``) for the Wilson intervals; ``None``: the logged
+            ``eval/n_tasks`` when every evaluation logged the same count, else no intervals.
 
     Returns:
-        ``out_path``, or ``None`` when the file holds neither a train reward nor an evaluation (nothing to draw).
+        ``out_path``, or ``None`` when the file holds no train reward, SFT loss or evaluation (nothing to draw).
 
     Raises:
         FileNotFoundError: ``metrics_path`` does not exist.
@@ -69,23 +70,33 @@ def plot_learning_curve(metrics_path: str | Path, out_path: str | Path, n_eval: 
             except json.JSONDecodeError as err:
                 raise ValueError(f"{metrics_path}:{i}: not JSON ({err.msg})") from None
     rs, rv = _series(rows, "reward/mean")
+    ns, nv = _series(rows, "sft/nll")
     es, ev = _series(rows, "eval/accuracy")
-    if not rs and not es:
+    if not rs and not ns and not es:
         return None
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     if rs:
         left.plot(rs, rv, marker="o", ms=3, label="train reward (batch mean)")
+    elif ns:  # an SFT run (sft.py): its loss
+        left.plot(ns, nv, marker="o", ms=3, label="SFT loss (sft/nll)")
     ts, tv = _series(rows, "episode/truncated_fraction")
     if ts:
         left.plot(ts, tv, ls="--", color="grey", label="truncated fraction")
     left.set_xlabel("step")
     left.set_title("training")
     left.legend(loc="best", fontsize=8)
+    if not n_eval:  # the evaluation's own count, when it logged one (eval/n_tasks)
+        counts = {int(v) for v in _series(rows, "eval/n_tasks")[1] if v >= 1}
+        n_eval = counts.pop() if len(counts) == 1 else None
     if es:
         right.plot(es, ev, marker="o", label="greedy accuracy")
         if n_eval:
             lo, hi = zip(*(wilson_interval(min(max(v, 0.0), 1.0), n_eval) for v in ev))
-            right.fill_between(es, lo, hi, alpha=0.2, label=f"95% Wilson interval (n={n_eval})")
+            label = f"95% Wilson interval (n={n_eval})"
+            if len(es) > 1:
+                right.fill_between(es, lo, hi, alpha=0.2, label=label)
+            else:  # a band over one step has no width: an error bar
+                right.errorbar(es, ev, yerr=[[ev[0] - lo[0]], [hi[0] - ev[0]]], fmt="none", capsize=4, label=label)
     for key in sorted({k for r in rows for k in r if k.startswith("eval/pass^")}):
         ks, kv = _series(rows, key)
         right.plot(ks, kv, marker="s", ms=3, label=key.split("/", 1)[1])
