@@ -3,6 +3,8 @@
 
     python benchmarks/experiments/tau2_mock_summary.py --recipe RUN_DIR [RUN_DIR ...] [--control SFT_RUN_DIR ...] \
         [--write benchmarks/results/tau2_mock_recipe]
+    python benchmarks/experiments/tau2_mock_summary.py --start RECIPE_RUN_DIR --grpo GRPO_RUN_DIR [GRPO_RUN_DIR ...] \
+        [--write STEM]
 
 A recipe run dir is what ``python grpo.py --config-name grpo_tau2_mock output_dir=RUN_DIR seed=S`` wrote
 (``warm_start.json``: the base, SFT and GRPO evaluations and the phases' wall seconds; ``metrics.jsonl`` of the GRPO
@@ -12,6 +14,12 @@ phase; ``sft/`` the SFT phase). A control run dir is an ``sft.py`` run of the sa
 GRPO phase's time went (generation / env / update seconds per step when logged). Across seeds: the mean gain with a
 t-interval (:func:`stats.mean_ci`) and, on the shared test tasks, McNemar's exact test of SFT vs GRPO episodes
 (:func:`stats.mcnemar_exact`; pairs from ``eval_episodes.jsonl``, greedy rows at the first and last step).
+
+``--start`` / ``--grpo``: GRPO-only runs (``grpo.py ... actor.path=RECIPE_RUN_DIR/sft/sft_model
+sft.before_grpo=false eval.at_start=false``) from the SFT model a recipe run saved. Base and SFT are that recipe
+run's (``warm_start.json``; SFT's greedy rows are its first step's in ``eval_episodes.jsonl``), GRPO is each run's
+last evaluation (``metrics.jsonl``), paired with SFT on the shared tasks. The PNG draws every row with its Wilson
+interval.
 """
 from __future__ import annotations
 
@@ -86,6 +94,50 @@ def recipe_row(run_dir: Path) -> dict:
             "paired": _paired(run_dir), "time_split": _time_split(run_dir)}
 
 
+def _greedy_outcomes(run_dir: Path, which: str) -> dict[str, bool]:
+    """task_id -> solved, of the greedy rows at the ``first`` or ``last`` step of ``run_dir/eval_episodes.jsonl``."""
+    path = run_dir / "eval_episodes.jsonl"
+    if not path.is_file():
+        return {}
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    rows = [r for r in rows if r.get("mode") == "greedy"]
+    if not rows:
+        return {}
+    step = (min if which == "first" else max)(r["step"] for r in rows)
+    return {r["task_id"]: r["reward"] >= 1.0 for r in rows if r["step"] == step}
+
+
+def continued_row(start_dir: Path, run_dir: Path) -> dict:
+    """A GRPO-only run from the SFT model the recipe run ``start_dir`` saved, as a :func:`recipe_row`-shaped row.
+
+    Raises:
+        FileNotFoundError: ``start_dir`` has no ``warm_start.json``.
+        ValueError: ``run_dir`` logged no evaluation (no ``eval/accuracy`` row in its ``metrics.jsonl``).
+    """
+    ws = json.loads((start_dir / "warm_start.json").read_text())
+    evals = [r for r in read_metrics(run_dir) if "eval/accuracy" in r]
+    if not evals:
+        raise ValueError(f"{run_dir}: no eval/accuracy row in metrics.jsonl (did the run finish its evaluation?)")
+    base, sft, grpo = _acc(ws.get("base")), _acc(ws.get("sft")), _acc(evals[-1])
+    disjoint = None
+    if sft and grpo:
+        disjoint = wilson(round(grpo[0] * grpo[1]), grpo[1])[0] > wilson(round(sft[0] * sft[1]), sft[1])[1]
+    a, g = _greedy_outcomes(start_dir, "first"), _greedy_outcomes(run_dir, "last")
+    common = sorted(set(a) & set(g))
+    paired = (sum(a[t] and not g[t] for t in common), sum(g[t] and not a[t] for t in common)) if common else None
+    rewards = [r["reward/mean"] for r in read_metrics(run_dir) if "reward/mean" in r]
+    return {"run_dir": str(run_dir), "start": str(start_dir), "base": base, "sft": sft, "grpo": grpo,
+            "disjoint": disjoint, "wall_min": {"grpo_phase": round(sum(
+                r.get("time/step_s", 0.0) for r in read_metrics(run_dir)) / 60, 1)},
+            "paired": paired, "time_split": _time_split(run_dir), "train_reward": rewards}
+
+
+def _label(run_dir: str) -> str:
+    """A run's name for tables: its folder, or ``parent/run`` when the folder is the generic ``run``."""
+    p = Path(run_dir)
+    return f"{p.parent.name}/{p.name}" if p.name == "run" else p.name
+
+
 def control_row(run_dir: Path) -> dict:
     evals = [r for r in read_metrics(run_dir) if "eval/accuracy" in r]
     last = evals[-1] if evals else None
@@ -102,14 +154,14 @@ def render(recipes: list[dict], controls: list[dict]) -> str:
         w = r["wall_min"]
         pair = r["paired"]
         pv = f"{pair[0]} / {pair[1]} (p={mcnemar_exact(*pair):.3g})" if pair else "-"
-        lines.append(f"| {os.path.basename(r['run_dir'])} | {r.get('seed', '?')} | {_fmt(r['base'])} | {_fmt(r['sft'])} "
+        lines.append(f"| {_label(r['run_dir'])} | {r.get('seed', '?')} | {_fmt(r['base'])} | {_fmt(r['sft'])} "
                      f"| {_fmt(r['grpo'])} | {'yes' if r['disjoint'] else 'no'} | {w.get('sft_phase', '?')} / "
                      f"{w.get('grpo_phase', '?')} / {w.get('total', '?')} | {pv} |")
     gains = [r["grpo"][0] - r["sft"][0] for r in recipes if r["sft"] and r["grpo"]]
     if len(gains) >= 2:
-        lo, hi = mean_ci(gains)
-        lines.append(f"\nGRPO - SFT over {len(gains)} seeds: mean {statistics.mean(gains):+.3f}, 95% t-interval "
-                     f"[{lo:+.3f}, {hi:+.3f}]")
+        m, half = mean_ci(gains)  # (mean, half-width of the Student-t 95% interval)
+        lines.append(f"\nGRPO - SFT over {len(gains)} seeds: mean {m:+.3f}, 95% t-interval "
+                     f"[{m - half:+.3f}, {m + half:+.3f}]")
     elif gains:
         lines.append(f"\nGRPO - SFT (one seed): {gains[0]:+.3f}")
     if controls:
@@ -117,18 +169,24 @@ def render(recipes: list[dict], controls: list[dict]) -> str:
         for c in controls:
             lines.append(f"| {os.path.basename(c['run_dir'])} | {_fmt(c['eval'])} | {c['sft_steps']} | {c['sft_s']} |")
     lines += ["", "GRPO phase, median per step: " + "; ".join(
-        f"{os.path.basename(r['run_dir'])}: " + ", ".join(f"{k} {v:.3g}" for k, v in r["time_split"].items() if k != "steps")
+        f"{_label(r['run_dir'])}: " + ", ".join(f"{k} {v:.3g}" for k, v in r["time_split"].items() if k != "steps")
         for r in recipes)]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--recipe", nargs="+", type=Path, required=True)
+    ap.add_argument("--recipe", nargs="*", type=Path, default=[])
     ap.add_argument("--control", nargs="*", type=Path, default=[])
+    ap.add_argument("--start", type=Path, default=None, help="the recipe run dir whose sft/sft_model --grpo runs start from")
+    ap.add_argument("--grpo", nargs="*", type=Path, default=[], help="GRPO-only run dirs from --start's SFT model")
     ap.add_argument("--write", type=Path, default=None, help="stem: writes STEM.md, STEM.json, STEM.png")
     a = ap.parse_args(argv)
-    recipes = [recipe_row(p) for p in a.recipe]
+    if bool(a.start) != bool(a.grpo):
+        ap.error("--start and --grpo go together")
+    if not a.recipe and not a.grpo:
+        ap.error("give --recipe RUN_DIR ... or --start RUN_DIR --grpo RUN_DIR ...")
+    recipes = [recipe_row(p) for p in a.recipe] + [continued_row(a.start, p) for p in a.grpo]
     controls = [control_row(p) for p in a.control]
     md = render(recipes, controls)
     print(md)
@@ -138,14 +196,19 @@ def main(argv: list[str] | None = None) -> int:
 
             plt = pyplot()
             fig, ax = plt.subplots(figsize=(6, 4))
-            for r in recipes:
-                pts = [(i, x) for i, x in enumerate((r["base"], r["sft"], r["grpo"])) if x]
-                ax.plot([i for i, _ in pts], [x[0] for _, x in pts], "o-", label=f"seed {r.get('seed')}")
+            for j, r in enumerate(recipes):
+                pts = [(i + 0.04 * j, x) for i, x in enumerate((r["base"], r["sft"], r["grpo"])) if x]
+                ys = [x[0] for _, x in pts]
+                ci = [wilson(round(x[0] * x[1]), x[1]) for _, x in pts]
+                ax.errorbar([i for i, _ in pts], ys, yerr=[[y - lo for y, (lo, _) in zip(ys, ci)],
+                                                           [hi - y for y, (_, hi) in zip(ys, ci)]],
+                            fmt="o-", capsize=4, label=f"seed {r['seed']}" if r.get("seed") is not None
+                            else _label(r["run_dir"]))
             for c in controls:
                 if c["eval"]:
                     ax.plot([2], [c["eval"][0]], "kx", ms=9, label="SFT-only control")
             ax.set_xticks([0, 1, 2], ["base", "SFT", "GRPO"])
-            ax.set_ylabel("greedy pass^1, generated_test")
+            ax.set_ylabel("greedy pass^1, generated_test (95% Wilson)")
             ax.set_ylim(-0.02, 1.02)
             ax.legend(fontsize=8)
             fig.tight_layout()
