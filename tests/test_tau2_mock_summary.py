@@ -34,7 +34,7 @@ def test_the_across_seed_interval_is_mean_plus_minus_the_t_half_width(tmp_path):
     rows = [summary.recipe_row(_recipe(tmp_path, f"s{i}", i, 0.5, g)) for i, g in enumerate((0.55, 0.60, 0.65), 1)]
     md = summary.render(rows, [])
     m, hw = st.mean_ci([0.05, 0.10, 0.15])
-    assert f"mean {m:+.3f}, 95% t-interval [{m - hw:+.3f}, {m + hw:+.3f}]" in md, md
+    assert f"over 3 runs (seeds 1, 2, 3): mean {m:+.3f}, 95% t-interval [{m - hw:+.3f}, {m + hw:+.3f}]" in md, md
 
 
 def _continued(tmp_path: Path) -> tuple[Path, Path]:

@@ -160,7 +160,8 @@ def render(recipes: list[dict], controls: list[dict]) -> str:
     gains = [r["grpo"][0] - r["sft"][0] for r in recipes if r["sft"] and r["grpo"]]
     if len(gains) >= 2:
         m, half = mean_ci(gains)  # (mean, half-width of the Student-t 95% interval)
-        lines.append(f"\nGRPO - SFT over {len(gains)} seeds: mean {m:+.3f}, 95% t-interval "
+        seeds = ", ".join(str(r.get("seed", "?")) for r in recipes if r["sft"] and r["grpo"])
+        lines.append(f"\nGRPO - SFT over {len(gains)} runs (seeds {seeds}): mean {m:+.3f}, 95% t-interval "
                      f"[{m - half:+.3f}, {m + half:+.3f}]")
     elif gains:
         lines.append(f"\nGRPO - SFT (one seed): {gains[0]:+.3f}")
