@@ -1,6 +1,6 @@
 """benchmarks/experiments/tau2_mock_summary.py: the laptop tau2 recipe's table and PNG from run dirs (issue 48).
 
-Fake run dirs (the files ``grpo.py`` writes: ``warm_start.json``, ``metrics.jsonl``, ``eval_episodes.jsonl``); no model.
+Fake run dirs (what `grpo.py` writes: `warm_start.json`, `metrics.jsonl`, `eval_episodes.jsonl`); no model.
 """
 import json
 from pathlib import Path
@@ -56,7 +56,9 @@ def test_a_grpo_only_run_takes_base_and_sft_from_its_start_and_pairs_with_the_st
     row = summary.continued_row(start, run)
     assert row["base"] == (0.0, 50) and row["sft"] == (0.5, 200) and row["grpo"] == (0.75, 4)
     # SFT (start's step 0): t0, t1 solved; GRPO (run's last greedy step): t0, t2, t3 -> only SFT t1, only GRPO t2, t3
-    assert row["paired"] == (1, 2)
+    assert row["paired"] == (1, 2) and row["seed"] is None  # a run dir from before grpo.py wrote config.yaml
+    (run / "config.yaml").write_text("seed: 7\n")
+    assert summary.continued_row(start, run)["seed"] == 7
     assert row["train_reward"] == [0.5, 0.75] and row["wall_min"] == {"grpo_phase": round(200 / 60, 1)}
     lo_g, _ = st.wilson(3, 4)
     assert row["disjoint"] == (lo_g > st.wilson(100, 200)[1])

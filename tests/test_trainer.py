@@ -57,6 +57,9 @@ def test_fit_writes_metrics_and_checkpoints(tmp_path):
     trainer.close()
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
+    # the run dir keeps its resolved config, as an SFT run's does (a run with output_dir= had none: issue 48's
+    # GRPO-only runs could not be told apart by seed from their dirs)
+    assert OmegaConf.load(tmp_path / "config.yaml").train.steps == 3
     assert all("reward/mean" in r and "ess" in r and "clip_fraction" in r for r in rows)
     ck = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert ck == ["step_000002", "step_000003"]

@@ -126,7 +126,12 @@ def continued_row(start_dir: Path, run_dir: Path) -> dict:
     common = sorted(set(a) & set(g))
     paired = (sum(a[t] and not g[t] for t in common), sum(g[t] and not a[t] for t in common)) if common else None
     rewards = [r["reward/mean"] for r in read_metrics(run_dir) if "reward/mean" in r]
-    return {"run_dir": str(run_dir), "start": str(start_dir), "base": base, "sft": sft, "grpo": grpo,
+    seed = None
+    if (run_dir / "config.yaml").is_file():  # grpo.py writes it into the run dir (runs before 2026-12-07 lack it)
+        from omegaconf import OmegaConf
+
+        seed = OmegaConf.load(run_dir / "config.yaml").get("seed")
+    return {"run_dir": str(run_dir), "start": str(start_dir), "seed": seed, "base": base, "sft": sft, "grpo": grpo,
             "disjoint": disjoint, "wall_min": {"grpo_phase": round(sum(
                 r.get("time/step_s", 0.0) for r in read_metrics(run_dir)) / 60, 1)},
             "paired": paired, "time_split": _time_split(run_dir), "train_reward": rewards}
@@ -136,6 +141,10 @@ def _label(run_dir: str) -> str:
     """A run's name for tables: its folder, or ``parent/run`` when the folder is the generic ``run``."""
     p = Path(run_dir)
     return f"{p.parent.name}/{p.name}" if p.name == "run" else p.name
+
+
+def _seed(row: dict) -> str:
+    return "?" if row.get("seed") is None else str(row["seed"])
 
 
 def control_row(run_dir: Path) -> dict:
@@ -154,13 +163,13 @@ def render(recipes: list[dict], controls: list[dict]) -> str:
         w = r["wall_min"]
         pair = r["paired"]
         pv = f"{pair[0]} / {pair[1]} (p={mcnemar_exact(*pair):.3g})" if pair else "-"
-        lines.append(f"| {_label(r['run_dir'])} | {r.get('seed', '?')} | {_fmt(r['base'])} | {_fmt(r['sft'])} "
+        lines.append(f"| {_label(r['run_dir'])} | {_seed(r)} | {_fmt(r['base'])} | {_fmt(r['sft'])} "
                      f"| {_fmt(r['grpo'])} | {'yes' if r['disjoint'] else 'no'} | {w.get('sft_phase', '?')} / "
                      f"{w.get('grpo_phase', '?')} / {w.get('total', '?')} | {pv} |")
     gains = [r["grpo"][0] - r["sft"][0] for r in recipes if r["sft"] and r["grpo"]]
     if len(gains) >= 2:
         m, half = mean_ci(gains)  # (mean, half-width of the Student-t 95% interval)
-        seeds = ", ".join(str(r.get("seed", "?")) for r in recipes if r["sft"] and r["grpo"])
+        seeds = ", ".join(_seed(r) for r in recipes if r["sft"] and r["grpo"])
         lines.append(f"\nGRPO - SFT over {len(gains)} runs (seeds {seeds}): mean {m:+.3f}, 95% t-interval "
                      f"[{m - half:+.3f}, {m + half:+.3f}]")
     elif gains:
@@ -179,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--recipe", nargs="*", type=Path, default=[])
     ap.add_argument("--control", nargs="*", type=Path, default=[])
-    ap.add_argument("--start", type=Path, default=None, help="the recipe run dir whose sft/sft_model --grpo runs start from")
+    ap.add_argument("--start", type=Path, default=None,
+                    help="the recipe run dir whose sft/sft_model the --grpo runs start from")
     ap.add_argument("--grpo", nargs="*", type=Path, default=[], help="GRPO-only run dirs from --start's SFT model")
     ap.add_argument("--write", type=Path, default=None, help="stem: writes STEM.md, STEM.json, STEM.png")
     a = ap.parse_args(argv)
@@ -203,8 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                 ci = [wilson(round(x[0] * x[1]), x[1]) for _, x in pts]
                 ax.errorbar([i for i, _ in pts], ys, yerr=[[y - lo for y, (lo, _) in zip(ys, ci)],
                                                            [hi - y for y, (_, hi) in zip(ys, ci)]],
-                            fmt="o-", capsize=4, label=f"seed {r['seed']}" if r.get("seed") is not None
-                            else _label(r["run_dir"]))
+                            fmt="o-", capsize=4, label=f"{_label(r['run_dir'])}, seed {_seed(r)}")
             for c in controls:
                 if c["eval"]:
                     ax.plot([2], [c["eval"][0]], "kx", ms=9, label="SFT-only control")

@@ -310,8 +310,8 @@ class GRPOTrainer:
         """Train for ``train.steps`` steps (from the resumed step) on the loop shell
         (:func:`torchrl_grpo.training.loop.run_loop`): evaluation at start (step 0 only) / every ``eval.every`` / at
         end, a checkpoint every ``checkpoint.every`` steps and at the end (``checkpoint.save_final``), the learning
-        curve. Returns the summary: ``load_time_s``, ``eval_start`` / ``eval_end``, ``checkpoint``, ``last`` (the
-        last step's metrics), ``learning_curve``.
+        curve; ``<run_dir>/config.yaml`` first, the run's resolved config. Returns the summary: ``load_time_s``,
+        ``eval_start`` / ``eval_end``, ``checkpoint``, ``last`` (the last step's metrics), ``learning_curve``.
 
         SIGINT / SIGTERM stop it cleanly (:mod:`torchrl_grpo.training.interrupt`): the step in flight is finished and logged,
         a checkpoint of it is written (``checkpoint.on_interrupt``, unless one exists) and the exception re-raised.
@@ -322,6 +322,8 @@ class GRPOTrainer:
         """
         s = self.settings
         ev = s.eval_n_problems > 0
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(s.config_yaml)  # the resolved config of this run, as SFT's
         return run_loop(
             lambda _: self.train_step(), max(0, s.steps - self.step), position=lambda: self.step, logger=self.logger,
             last=s.steps, log=log,
