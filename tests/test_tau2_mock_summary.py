@@ -84,3 +84,16 @@ def test_a_grpo_only_run_without_an_evaluation_is_a_clear_error(tmp_path):
     (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5}) + "\n")
     with pytest.raises(ValueError, match="no eval/accuracy"):
         summary.continued_row(start, run)
+
+
+def test_a_recipe_run_pairs_its_first_and_last_greedy_steps_and_ignores_sampled_rows(tmp_path):
+    d = _recipe(tmp_path, "r", 1, 0.5, 0.75)
+    assert summary.recipe_row(d)["paired"] is None  # no eval_episodes.jsonl: nothing to pair
+    _episodes(d / "eval_episodes.jsonl", 0, {"t0": True, "t1": True, "t2": False, "t3": False})
+    _episodes(d / "eval_episodes.jsonl", 8, {"t0": True, "t1": True, "t2": True, "t3": True}, mode="sampled")
+    _episodes(d / "eval_episodes.jsonl", 16, {"t0": False, "t1": True, "t2": True, "t3": True})
+    assert summary.recipe_row(d)["paired"] == (1, 2)  # only SFT: t0; only GRPO: t2, t3 (step 8 is sampled)
+    e = _recipe(tmp_path, "e", 1, 0.5, 0.75)  # the end evaluated other tasks than the start: nothing shared
+    _episodes(e / "eval_episodes.jsonl", 0, {"t0": True})
+    _episodes(e / "eval_episodes.jsonl", 16, {"t9": True})
+    assert summary.recipe_row(e)["paired"] is None

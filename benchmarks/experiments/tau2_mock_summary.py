@@ -48,20 +48,19 @@ def _fmt(x: tuple[float, int] | None) -> str:
     return f"{p:.3f} (n={n}) [{lo:.3f}, {hi:.3f}]"
 
 
-def _paired(run_dir: Path) -> tuple[int, int] | None:
-    """(b, c): tasks SFT solved and GRPO did not, and the reverse (greedy rows, first vs last step)."""
-    path = run_dir / "eval_episodes.jsonl"
-    if not path.is_file():
-        return None
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    rows = [r for r in rows if r.get("mode") == "greedy"]
-    if not rows:
-        return None
-    first, last = min(r["step"] for r in rows), max(r["step"] for r in rows)
-    a = {r["task_id"]: r["reward"] >= 1.0 for r in rows if r["step"] == first}
-    g = {r["task_id"]: r["reward"] >= 1.0 for r in rows if r["step"] == last}
+def _pair(a: dict[str, bool], g: dict[str, bool]) -> tuple[int, int] | None:
+    """(b, c): tasks solved by ``a`` and not ``g``, and the reverse, over the task ids both hold (None: none shared)."""
     common = sorted(set(a) & set(g))
+    if not common:
+        return None
     return sum(a[t] and not g[t] for t in common), sum(g[t] and not a[t] for t in common)
+
+
+def _disjoint(sft: tuple[float, int] | None, grpo: tuple[float, int] | None) -> bool | None:
+    """GRPO's Wilson 95% interval entirely above SFT's (None: either is missing)."""
+    if not (sft and grpo):
+        return None
+    return wilson(round(grpo[0] * grpo[1]), grpo[1])[0] > wilson(round(sft[0] * sft[1]), sft[1])[1]
 
 
 def _time_split(run_dir: Path) -> dict:
@@ -78,9 +77,6 @@ def _time_split(run_dir: Path) -> dict:
 def recipe_row(run_dir: Path) -> dict:
     ws = json.loads((run_dir / "warm_start.json").read_text())
     base, sft, grpo = _acc(ws.get("base")), _acc(ws.get("sft")), _acc(ws.get("grpo"))
-    disjoint = None
-    if sft and grpo:
-        disjoint = wilson(round(grpo[0] * grpo[1]), grpo[1])[0] > wilson(round(sft[0] * sft[1]), sft[1])[1]
     cfg = {}
     cfg_path = run_dir / "config.yaml"
     if cfg_path.is_file():
@@ -89,9 +85,10 @@ def recipe_row(run_dir: Path) -> dict:
         c = OmegaConf.load(cfg_path)
         cfg = {"seed": c.get("seed"), "steps": c.train.steps, "batch_size": c.train.batch_size,
                "n_samples": c.gconfig.n_samples}
-    return {"run_dir": str(run_dir), **cfg, "base": base, "sft": sft, "grpo": grpo, "disjoint": disjoint,
+    return {"run_dir": str(run_dir), **cfg, "base": base, "sft": sft, "grpo": grpo, "disjoint": _disjoint(sft, grpo),
             "wall_min": {k: round(v / 60, 1) for k, v in ws.get("wall_s", {}).items()},
-            "paired": _paired(run_dir), "time_split": _time_split(run_dir)}
+            "paired": _pair(_greedy_outcomes(run_dir, "first"), _greedy_outcomes(run_dir, "last")),
+            "time_split": _time_split(run_dir)}
 
 
 def _greedy_outcomes(run_dir: Path, which: str) -> dict[str, bool]:
@@ -119,12 +116,7 @@ def continued_row(start_dir: Path, run_dir: Path) -> dict:
     if not evals:
         raise ValueError(f"{run_dir}: no eval/accuracy row in metrics.jsonl (did the run finish its evaluation?)")
     base, sft, grpo = _acc(ws.get("base")), _acc(ws.get("sft")), _acc(evals[-1])
-    disjoint = None
-    if sft and grpo:
-        disjoint = wilson(round(grpo[0] * grpo[1]), grpo[1])[0] > wilson(round(sft[0] * sft[1]), sft[1])[1]
-    a, g = _greedy_outcomes(start_dir, "first"), _greedy_outcomes(run_dir, "last")
-    common = sorted(set(a) & set(g))
-    paired = (sum(a[t] and not g[t] for t in common), sum(g[t] and not a[t] for t in common)) if common else None
+    paired = _pair(_greedy_outcomes(start_dir, "first"), _greedy_outcomes(run_dir, "last"))
     rewards = [r["reward/mean"] for r in read_metrics(run_dir) if "reward/mean" in r]
     seed = None
     if (run_dir / "config.yaml").is_file():  # grpo.py writes it into the run dir (runs before 2026-12-07 lack it)
@@ -132,7 +124,7 @@ def continued_row(start_dir: Path, run_dir: Path) -> dict:
 
         seed = OmegaConf.load(run_dir / "config.yaml").get("seed")
     return {"run_dir": str(run_dir), "start": str(start_dir), "seed": seed, "base": base, "sft": sft, "grpo": grpo,
-            "disjoint": disjoint, "wall_min": {"grpo_phase": round(sum(
+            "disjoint": _disjoint(sft, grpo), "wall_min": {"grpo_phase": round(sum(
                 r.get("time/step_s", 0.0) for r in read_metrics(run_dir)) / 60, 1)},
             "paired": paired, "time_split": _time_split(run_dir), "train_reward": rewards}
 
