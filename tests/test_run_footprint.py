@@ -53,3 +53,24 @@ def test_a_resumable_checkpoint_when_asked(tmp_path):
     ckpt = tmp_path / "checkpoints" / "step_000002"
     assert (ckpt / "optimizer.pt").is_file() and (ckpt / "COMPLETE.json").is_file()
     assert (tmp_path / "final_model" / "model.safetensors").is_file()
+
+
+def test_a_rank_other_than_0_writes_no_config_file(tmp_path):
+    """Under torchrun every rank ran ``fit``, and every rank wrote ``<run_dir>/config.yaml`` (the same file, at once:
+    a reader could see it truncated); rank 0 writes it, as it writes checkpoints and the final model."""
+    from torchrl_grpo.distributed.data_parallel import SINGLE
+
+    class Rank1:
+        rank, world_size, enabled, is_main = 1, 2, True, False
+
+        def __getattr__(self, name):  # the rest of the DataParallel interface: as one process
+            return getattr(SINGLE, name)
+
+    cfg = _default_cfg(tmp_path, "train.steps=1", "eval.n_problems=0")
+    trainer = build_trainer(cfg, tmp_path)
+    trainer.components.dp = Rank1()
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    assert not (tmp_path / "config.yaml").exists(), sorted(p.name for p in tmp_path.rglob("*") if p.is_file())

@@ -322,8 +322,9 @@ class GRPOTrainer:
         """
         s = self.settings
         ev = s.eval_n_problems > 0
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(s.config_yaml)  # the resolved config of this run, as SFT's
+        if self.dp.is_main:  # one writer: under torchrun every rank runs fit (as checkpoints and the final model)
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.yaml").write_text(s.config_yaml)  # the resolved config of this run, as SFT's
         return run_loop(
             lambda _: self.train_step(), max(0, s.steps - self.step), position=lambda: self.step, logger=self.logger,
             last=s.steps, log=log,
