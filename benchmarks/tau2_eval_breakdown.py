@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import collections
 import json
-import math
 import os
 import sys
 
 from envs.tau2.generated_tasks import generate_split
 from envs.tau2.generated_tasks import intents as generated_intents
+# the instruments' shared statistics: the package experiments/ beside this script (benchmarks/ is sys.path[0])
+from experiments.stats import mcnemar_exact
 
 
 def intents(task: dict | None) -> list[str]:
@@ -31,16 +32,15 @@ def intents(task: dict | None) -> list[str]:
 
 def mcnemar(first: dict[str, float], last: dict[str, float]) -> dict:
     """Paired comparison of two greedy evaluations on the same tasks (``{task_id: reward}``; solved: reward >= 1.0):
-    ``{"n", "both", "neither", "only_first", "only_last", "p"}``, ``p`` the exact two-sided McNemar p-value (a binomial
-    test of the discordant pairs at 1/2; McNemar 1947, Psychometrika 12(2), exact form: Fay 2010, R Journal 2(1)).
-    Tasks in only one of the two are left out."""
+    ``{"n", "both", "neither", "only_first", "only_last", "p"}``, ``p`` the exact two-sided McNemar p-value of the
+    discordant counts (:func:`experiments.stats.mcnemar_exact`; McNemar 1947, Psychometrika 12(2), exact form: Fay
+    2010, R Journal 2(1)). Tasks in only one of the two are left out."""
     ids = sorted(set(first) & set(last))
     a = [first[i] >= 1.0 for i in ids]
     b = [last[i] >= 1.0 for i in ids]
     only_first = sum(x and not y for x, y in zip(a, b))
     only_last = sum(y and not x for x, y in zip(a, b))
-    d, k = only_first + only_last, min(only_first, only_last)
-    p = 1.0 if d == 0 else min(1.0, 2 * sum(math.comb(d, i) for i in range(k + 1)) / 2 ** d)
+    p = mcnemar_exact(only_first, only_last)
     return {"n": len(ids), "both": sum(x and y for x, y in zip(a, b)), "neither": sum(not (x or y) for x, y in zip(a, b)),
             "only_first": only_first, "only_last": only_last, "p": p}
 

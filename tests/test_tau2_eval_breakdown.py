@@ -2,11 +2,19 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 from envs.tau2.generated_tasks import generate_split
 
 _PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "tau2_eval_breakdown.py"
+# the script imports ``experiments.stats`` (benchmarks/experiments/, found beside it when run): that package first
+_EXP = _PATH.parent / "experiments"
+if "experiments" not in sys.modules:
+    _pkg = importlib.util.spec_from_file_location("experiments", _EXP / "__init__.py",
+                                                  submodule_search_locations=[str(_EXP)])
+    sys.modules["experiments"] = importlib.util.module_from_spec(_pkg)
+    _pkg.loader.exec_module(sys.modules["experiments"])
 _spec = importlib.util.spec_from_file_location("tau2_eval_breakdown", _PATH)
 bd = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bd)
@@ -53,3 +61,21 @@ def test_help_and_a_missing_file_are_clear_exits_not_tracebacks(tmp_path):
     with pytest.raises(SystemExit) as e:
         bd.main([str(missing)])
     assert str(missing) in str(e.value.code) and "no such file" in str(e.value.code)
+
+
+def test_runs_from_its_own_command_line_in_another_directory(tmp_path):
+    """``python benchmarks/tau2_eval_breakdown.py FILE`` from anywhere: it finds ``experiments.stats`` beside it (no
+    path edit) and prints each evaluation and the paired comparison of the first and last."""
+    import json
+    import subprocess
+
+    task = generate_split("generated_test")[0]["id"]
+    rows = [{"step": s, "mode": "greedy", "task_id": task, "reward": r, "tool_calls": [],
+             "termination_reason": "agent_stop"} for s, r in ((0, 0.0), (8, 1.0))]
+    path = tmp_path / "eval_episodes.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    p = subprocess.run([sys.executable, str(_PATH), str(path)], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "step 0 greedy: n=1 pass^1=0.000" in p.stdout and "step 8 greedy: n=1 pass^1=1.000" in p.stdout
+    assert "only the first 0, only the last 1; exact McNemar p=1" in p.stdout, p.stdout  # one discordant task
