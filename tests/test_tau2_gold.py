@@ -137,7 +137,7 @@ def test_partial_on_stop_pays_progress_only_when_the_agent_ended_the_episode():
     """``reward="partial_on_stop"``: half the gold then ``done`` earns half the progress reward; the same half cut at
     ``max_steps`` earns 0.0 (``"partial"`` pays it anyway); the whole gold earns 1.0; the whole gold plus a write
     that breaks the database (tau2's reward 0.0) is not a success: its progress stays below 1.0 (it was 1.0, which an
-    evaluation counting reward >= 1.0 as success took for one)."""
+    evaluation counting reward >= 1.0 as success took for one), and the extra write takes one matched item back."""
     env = gym.make("tau2/mock-v0", split="generated_train", user="solo", reward="partial_on_stop")
     u = env.unwrapped
     i = next(i for i in range(200) if sum(a.get("name") != "get_users" for a in
@@ -158,13 +158,44 @@ def test_partial_on_stop_pays_progress_only_when_the_agent_ended_the_episode():
     r, term, _, info = _play(env, actions[:-1] + [extra] + actions[-1:])  # after every gold write, before done
     n_writes = len(writes)
     assert term and info["reward_binary"] == 0.0, info
-    assert info["reward_partial"] == n_writes / (n_writes + 1) < 1.0 and r == 0.5 * info["reward_partial"], info
+    assert info["reward_partial"] == (n_writes - 1) / (n_writes + 1) and r == 0.5 * info["reward_partial"], info
     cut = gym.make("tau2/mock-v0", split="generated_train", user="solo", reward="partial_on_stop", max_steps=len(half))
     cut.reset(options={"index": i})
     r, term, trunc, info = _play(cut, half)
     assert trunc and not term and info["reward_partial"] > 0.0 and r == 0.0
     with pytest.raises(ValueError, match="reward must be one of"):
         gym.make("tau2/mock-v0", reward="partial_if_done")
+
+
+def test_a_write_the_gold_does_not_make_takes_progress_back():
+    """The progress reward paid for every gold write found and charged nothing for a wrong one, so more writes could
+    only raise it: trained with ``partial_on_stop``, GRPO made more of them (writes beyond the gold's in its 200 greedy
+    held-out episodes: 71 -> 125; benchmarks/results/tau2_mock_recipe.md, "partial_on_stop"). Each successful write
+    call that matches no gold write now takes one matched item back, down to 0; a missing gold write still costs
+    only its own item."""
+    env = gym.make("tau2/mock-v0", split="generated_train", user="solo", reward="partial")
+    u = env.unwrapped
+    names = [[a["name"] for a in t.evaluation_criteria.model_dump()["actions"]] for t in u.tasks[:200]]
+    i = next(i for i, n in enumerate(names) if len([x for x in n if x != "get_users"]) >= 2
+             and "transfer_to_human_agents" not in n)
+    n = len([x for x in names[i] if x != "get_users"])  # the gold writes
+    actions = u.demonstration({"index": i})
+
+    def extra(k):
+        return {"role": "assistant", "content": None, "tool_calls": [{"id": f"extra{k}", "type": "function",
+                "function": {"name": "create_task", "arguments": json.dumps({"user_id": "user_1",
+                                                                             "title": f"an extra task {k}"})}}]}
+
+    env.reset(options={"index": i})
+    r, term, _, info = _play(env, actions[:-1] + [extra(0)] + actions[-1:])
+    assert term and info["reward_binary"] == 0.0 and r == (n - 1) / (n + 1), info
+    env.reset(options={"index": i})
+    r, *_ = _play(env, actions[:-1] + [extra(k) for k in range(n + 1)] + actions[-1:])
+    assert r == 0.0  # more wrong writes than right ones: the floor
+    writes = [k for k, a in enumerate(actions[:-1]) if "get_users" not in str(a)]
+    env.reset(options={"index": i})
+    r, *_ = _play(env, [a for k, a in enumerate(actions) if k != writes[-1]])
+    assert r == (n - 1) / (n + 1)  # one gold write missing, nothing extra
 
 
 #: tau2 mock tasks whose gold (``demonstration``, replayed) scores 0 in tau2's own evaluator too, by user mode, and why:

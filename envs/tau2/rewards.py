@@ -26,11 +26,13 @@ Partial reward -- :func:`partial_reward`, in [0, 1]::
             + env assertions + communicate_info strings of the task
     matched = gold WRITE actions matched (tau2's Action.compare_with_tool_call) by a tool call
               that ran without error, + env assertions met, + communicate_info found
-    partial = 1.0                        if the binary reward is 1.0
-            = matched / (len(items) + 1) if items (the success counts as one more item, so that an unsolved
-                                         episode -- every gold write made, plus one that breaks the database --
-                                         stays below a solved one's 1.0, which evaluations count as success)
-            = binary reward              otherwise
+    extra   = WRITE tool calls that ran without error and match no gold WRITE action
+    partial = 1.0                                      if the binary reward is 1.0
+            = max(0, matched - extra) / (len(items) + 1) if items (the success counts as one more item, so
+                                                       that an unsolved episode stays below a solved one's 1.0,
+                                                       which evaluations count as success; an extra write takes a
+                                                       matched item back, so more writes cannot raise the reward)
+            = binary reward                            otherwise
 
 It is computed whatever the termination reason (a truncated episode still shows its progress).
 """
@@ -211,6 +213,9 @@ def partial_reward(
     write = domain.write_tool_names
     gold_writes = [a for a in criteria.actions or [] if a.name in write]
     matched = sum(1 for a in gold_writes if any(a.compare_with_tool_call(tc) for tc in calls))
+    # a write the gold does not make takes one matched item back (floor 0 below): without it more writes could only
+    # raise the reward, and GRPO learned to add them (benchmarks/results/tau2_mock_recipe.md, "partial_on_stop")
+    unmatched = sum(1 for tc in calls if tc.name in write and not any(a.compare_with_tool_call(tc) for a in gold_writes))
     total = len(gold_writes)
     assertions = criteria.env_assertions or []
     if assertions:
@@ -232,4 +237,4 @@ def partial_reward(
         matched += sum(1 for c in checks if c.met)
     if total == 0:
         return float(binary_reward)
-    return matched / (total + 1)  # the success itself is the last item: an unsolved episode stays below 1.0
+    return max(0, matched - unmatched) / (total + 1)  # the success is the last item: unsolved stays below 1.0
