@@ -121,6 +121,12 @@ def test_fast_and_tau2_evaluators_agree():
         assert results[0] == results[2] and results[1] == results[3]
 
 
+def _extra_write(k: int = 0) -> dict:
+    """An assistant action creating a task no gold makes (a write that breaks the database)."""
+    return {"role": "assistant", "content": None, "tool_calls": [{"id": f"extra{k}", "type": "function", "function": {
+        "name": "create_task", "arguments": json.dumps({"user_id": "user_1", "title": f"an extra task {k}"})}}]}
+
+
 def test_partial_reward_mode_returns_progress():
     env = gym.make("tau2/telecom-v0", reward="partial")
     u = env.unwrapped
@@ -153,9 +159,7 @@ def test_partial_on_stop_pays_progress_only_when_the_agent_ended_the_episode():
     assert term and info["reward_binary"] == 0.0 and 0.0 < info["reward_partial"] < 1.0
     assert r == 0.5 * info["reward_partial"]
     env.reset(options={"index": i})
-    extra = {"role": "assistant", "content": None, "tool_calls": [{"id": "extra", "type": "function", "function": {
-        "name": "create_task", "arguments": json.dumps({"user_id": "user_1", "title": "an extra task"})}}]}
-    r, term, _, info = _play(env, actions[:-1] + [extra] + actions[-1:])  # after every gold write, before done
+    r, term, _, info = _play(env, actions[:-1] + [_extra_write()] + actions[-1:])  # after every gold write, before done
     n_writes = len(writes)
     assert term and info["reward_binary"] == 0.0, info
     assert info["reward_partial"] == (n_writes - 1) / (n_writes + 1) and r == 0.5 * info["reward_partial"], info
@@ -180,17 +184,11 @@ def test_a_write_the_gold_does_not_make_takes_progress_back():
              and "transfer_to_human_agents" not in n)
     n = len([x for x in names[i] if x != "get_users"])  # the gold writes
     actions = u.demonstration({"index": i})
-
-    def extra(k):
-        return {"role": "assistant", "content": None, "tool_calls": [{"id": f"extra{k}", "type": "function",
-                "function": {"name": "create_task", "arguments": json.dumps({"user_id": "user_1",
-                                                                             "title": f"an extra task {k}"})}}]}
-
     env.reset(options={"index": i})
-    r, term, _, info = _play(env, actions[:-1] + [extra(0)] + actions[-1:])
+    r, term, _, info = _play(env, actions[:-1] + [_extra_write(0)] + actions[-1:])
     assert term and info["reward_binary"] == 0.0 and r == (n - 1) / (n + 1), info
     env.reset(options={"index": i})
-    r, *_ = _play(env, actions[:-1] + [extra(k) for k in range(n + 1)] + actions[-1:])
+    r, *_ = _play(env, actions[:-1] + [_extra_write(k) for k in range(n + 1)] + actions[-1:])
     assert r == 0.0  # more wrong writes than right ones: the floor
     writes = [k for k, a in enumerate(actions[:-1]) if "get_users" not in str(a)]
     env.reset(options={"index": i})
