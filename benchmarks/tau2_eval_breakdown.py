@@ -7,9 +7,10 @@ Each ``eval_episodes.jsonl`` row (``step``, ``mode``, ``task_id``, ``reward``, `
 ``termination_reason``) is matched to its ``generated_test`` task (:mod:`envs.tau2.generated_tasks`), whose
 ``description.purpose`` names its sub-intents (``generated mock task (set_status+delete)``). Prints, per evaluation
 (step, mode): n, pass^1 (reward >= 1.0), tool calls per episode, terminations, then solved / tasks for each intent
-(a task with two intents counts in both) and for 1, 2 and 3 intents; then the first greedy evaluation given against
-the last, task by task (:func:`mcnemar`: the tasks solved by only one of them and the exact McNemar p-value). The table in
-benchmarks/results/tau2_mock_recipe.md (run 3) is this script's output.
+(a task with two intents counts in both) and for 1, 2 and 3 intents, and the episodes' write calls against their gold
+(:func:`write_counts`); then the first greedy evaluation given against the last, task by task (:func:`mcnemar`: the
+tasks solved by only one of them and the exact McNemar p-value). The table in benchmarks/results/tau2_mock_recipe.md
+(run 3) is this script's output.
 """
 from __future__ import annotations
 
@@ -45,8 +46,36 @@ def mcnemar(first: dict[str, float], last: dict[str, float]) -> dict:
             "only_first": only_first, "only_last": only_last, "p": p}
 
 
+#: The mock domain's WRITE tools (tau2's ``ToolType.WRITE``; ``get_domain("mock").write_tool_names``, checked by
+#: tests/test_tau2_eval_breakdown.py): what an episode changes the database with.
+WRITE_TOOLS = frozenset({"create_task", "update_task_status"})
+TRANSFER_TOOL = "transfer_to_human_agents"
+
+
+def write_counts(rows: list[dict], tasks: dict[str, dict]) -> dict[str, int]:
+    """How many write calls the episodes made against their task's gold, counted by name, not arguments
+    (:data:`WRITE_TOOLS`; a call that failed counts too): ``{"more", "fewer"}`` episodes with more / fewer write calls
+    than their gold's write actions, ``"beyond"`` the write calls past the gold's count and ``"short"`` the gold's
+    write actions past the episode's (summed over episodes), ``"update_task_status"`` calls, and ``"transfer"``
+    episodes that called :data:`TRANSFER_TOOL`. A task not in ``tasks`` counts as a gold of no writes."""
+    out = dict.fromkeys(("more", "fewer", "beyond", "short", "update_task_status", "transfer"), 0)
+    for r in rows:
+        task = tasks.get(r["task_id"]) or {}
+        gold = sum(a.get("name") in WRITE_TOOLS for a in (task.get("evaluation_criteria") or {}).get("actions") or [])
+        names = [c.get("name") for c in r["tool_calls"]]
+        made = sum(n in WRITE_TOOLS for n in names)
+        out["more"] += made > gold
+        out["fewer"] += made < gold
+        out["beyond"] += max(0, made - gold)
+        out["short"] += max(0, gold - made)
+        out["update_task_status"] += names.count("update_task_status")
+        out["transfer"] += TRANSFER_TOOL in names
+    return out
+
+
 def breakdown(rows: list[dict], tasks: dict[str, dict]) -> dict:
-    """``{(step, mode): {"n", "pass^1", "calls_per_episode", "terminations", "by": {key: [solved, n]}}}``."""
+    """``{(step, mode): {"n", "pass^1", "calls_per_episode", "terminations", "by": {key: [solved, n]},
+    "writes": write_counts(...)}}``."""
     groups: dict[tuple, list[dict]] = collections.defaultdict(list)
     for r in rows:
         groups[(r["step"], r["mode"])].append(r)
@@ -61,7 +90,7 @@ def breakdown(rows: list[dict], tasks: dict[str, dict]) -> dict:
         out[key] = {"n": len(rs), "pass^1": sum(r["reward"] >= 1.0 for r in rs) / len(rs),
                     "calls_per_episode": sum(len(r["tool_calls"]) for r in rs) / len(rs),
                     "terminations": dict(collections.Counter(r["termination_reason"] for r in rs)),
-                    "by": dict(sorted(by.items()))}
+                    "by": dict(sorted(by.items())), "writes": write_counts(rs, tasks)}
     return out
 
 
@@ -85,6 +114,10 @@ def main(paths: list[str]) -> None:
             print(f"{path} step {step} {mode}: n={b['n']} pass^1={b['pass^1']:.3f} "
                   f"calls/episode={b['calls_per_episode']:.2f} {b['terminations']}")
             print("    " + ", ".join(f"{k} {s}/{n}" for k, (s, n) in b["by"].items()))
+            w = b["writes"]
+            print(f"    write calls against the gold: episodes with more {w['more']}, fewer {w['fewer']}; calls beyond "
+                  f"{w['beyond']}, gold writes short {w['short']}; update_task_status {w['update_task_status']}; "
+                  f"episodes transferring {w['transfer']}")
             if mode == "greedy":
                 greedy.append((f"{path} step {step}", {r["task_id"]: r["reward"] for r in rows
                                                        if r["step"] == step and r["mode"] == mode}))

@@ -51,6 +51,32 @@ def test_mcnemar_counts_discordant_tasks_and_gives_the_exact_binomial_p():
     assert bd.mcnemar({str(i): 0.0 for i in range(10)}, {str(i): 1.0 for i in range(10)})["p"] == 2 / 2 ** 10
 
 
+def test_write_counts_tally_write_calls_against_the_gold_by_name():
+    """Episodes with more / fewer write calls than their gold, the calls past it, the gold writes short of it,
+    update_task_status calls and transfers; WRITE_TOOLS is the mock domain's own WRITE set."""
+    from envs.tau2.domain import get_domain
+
+    assert bd.WRITE_TOOLS == get_domain("mock").write_tool_names
+    tasks = {t["id"]: t for t in generate_split("generated_test")}
+    four = next(t for t in tasks.values() if sum(a["name"] in bd.WRITE_TOOLS
+                                                 for a in t["evaluation_criteria"]["actions"]) == 4)
+
+    def row(*names):
+        return {"step": 0, "mode": "greedy", "task_id": four["id"], "reward": 0.0, "termination_reason": "agent_stop",
+                "tool_calls": [{"name": n, "arguments": "{}"} for n in names]}
+
+    w = ["create_task", "update_task_status"]
+    rows = [row("get_users", *w, *w, "update_task_status", "done"),  # 5 writes: 1 beyond
+            row("get_users", "create_task", "transfer_to_human_agents"),  # 1 write: 3 short, a transfer
+            row(*w, *w),  # as many as the gold (arguments are not compared)
+            {**row("update_task_status"), "task_id": "not_a_test_task"}]  # no gold: 1 beyond
+    assert bd.write_counts(rows, tasks) == {"more": 2, "fewer": 1, "beyond": 2, "short": 3,
+                                            "update_task_status": 6, "transfer": 1}
+    assert bd.breakdown(rows, tasks)[(0, "greedy")]["writes"] == bd.write_counts(rows, tasks)
+    assert bd.write_counts([], tasks) == dict.fromkeys(("more", "fewer", "beyond", "short", "update_task_status",
+                                                         "transfer"), 0)
+
+
 def test_help_and_a_missing_file_are_clear_exits_not_tracebacks(tmp_path):
     import pytest
 
