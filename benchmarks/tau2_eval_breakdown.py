@@ -22,7 +22,7 @@ import sys
 from envs.tau2.generated_tasks import generate_split
 from envs.tau2.generated_tasks import intents as generated_intents
 # the instruments' shared statistics: the package experiments/ beside this script (benchmarks/ is sys.path[0])
-from experiments.stats import mcnemar_exact
+from experiments.stats import mcnemar_exact, paired_counts
 
 
 def intents(task: dict | None) -> list[str]:
@@ -36,14 +36,8 @@ def mcnemar(first: dict[str, float], last: dict[str, float]) -> dict:
     ``{"n", "both", "neither", "only_first", "only_last", "p"}``, ``p`` the exact two-sided McNemar p-value of the
     discordant counts (:func:`experiments.stats.mcnemar_exact`; McNemar 1947, Psychometrika 12(2), exact form: Fay
     2010, R Journal 2(1)). Tasks in only one of the two are left out."""
-    ids = sorted(set(first) & set(last))
-    a = [first[i] >= 1.0 for i in ids]
-    b = [last[i] >= 1.0 for i in ids]
-    only_first = sum(x and not y for x, y in zip(a, b))
-    only_last = sum(y and not x for x, y in zip(a, b))
-    p = mcnemar_exact(only_first, only_last)
-    return {"n": len(ids), "both": sum(x and y for x, y in zip(a, b)), "neither": sum(not (x or y) for x, y in zip(a, b)),
-            "only_first": only_first, "only_last": only_last, "p": p}
+    m = paired_counts({i: r >= 1.0 for i, r in first.items()}, {i: r >= 1.0 for i, r in last.items()})
+    return {**m, "p": mcnemar_exact(m["only_first"], m["only_last"])}
 
 
 #: The mock domain's WRITE tools (tau2's ``ToolType.WRITE``; ``get_domain("mock").write_tool_names``, checked by

@@ -47,6 +47,13 @@ def test_mcnemar_exact_by_hand():
 
 
 # ------------------------------------------------------------------------------------------------ stats (new)
+def test_paired_counts_over_the_shared_tasks_only():
+    first = {"a": True, "b": False, "c": False, "d": True, "x": True}
+    last = {"a": True, "b": True, "c": False, "d": False, "y": False}
+    assert st.paired_counts(first, last) == {"n": 4, "both": 1, "neither": 1, "only_first": 1, "only_last": 1}
+    assert st.paired_counts({"a": True}, {"b": True})["n"] == 0
+
+
 def test_welch_of_two_constant_arms_is_exact_and_its_df_is_welch_satterthwaite():
     assert st.welch_ci([0.3, 0.3], [0.2, 0.2]) == (pytest.approx(0.1), 0.0)
     # unequal variances: v_a = 0.01/3, v_b = 0.0001/3 -> df = (v_a + v_b)^2 / (v_a^2/2 + v_b^2/2) = 2 * 1.01^2 / 1.0001

@@ -76,6 +76,15 @@ def welch_ci(a: list[float], b: list[float]) -> tuple[float, float]:
     return d, t95(max(1.0, df)) * math.sqrt(se2)
 
 
+def paired_counts(first: dict[str, bool], last: dict[str, bool]) -> dict[str, int]:
+    """Two runs' outcomes on the same tasks (``{task_id: solved}``), over the ids both hold: ``{"n", "both",
+    "neither", "only_first", "only_last"}`` (``only_first`` / ``only_last``: :func:`mcnemar_exact`'s ``b`` / ``c``)."""
+    ids = sorted(set(first) & set(last))
+    pairs = [(bool(first[i]), bool(last[i])) for i in ids]
+    return {"n": len(ids), "both": sum(a and b for a, b in pairs), "neither": sum(not (a or b) for a, b in pairs),
+            "only_first": sum(a and not b for a, b in pairs), "only_last": sum(b and not a for a, b in pairs)}
+
+
 def mcnemar_exact(b: int, c: int) -> float:
     """Two-sided exact McNemar p-value for paired binary outcomes (McNemar, 1947; the exact binomial form): ``b``
     tasks solved only by the first run, ``c`` only by the second; under "no difference" each discordant task goes

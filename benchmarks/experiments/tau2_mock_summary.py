@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 from harness import read_metrics, write_outputs
-from stats import mcnemar_exact, mean_ci, wilson
+from stats import mcnemar_exact, mean_ci, paired_counts, wilson
 
 
 def _acc(m: dict | None) -> tuple[float, int] | None:
@@ -50,10 +50,8 @@ def _fmt(x: tuple[float, int] | None) -> str:
 
 def _pair(a: dict[str, bool], g: dict[str, bool]) -> tuple[int, int] | None:
     """(b, c): tasks solved by ``a`` and not ``g``, and the reverse, over the task ids both hold (None: none shared)."""
-    common = sorted(set(a) & set(g))
-    if not common:
-        return None
-    return sum(a[t] and not g[t] for t in common), sum(g[t] and not a[t] for t in common)
+    m = paired_counts(a, g)
+    return (m["only_first"], m["only_last"]) if m["n"] else None
 
 
 def _disjoint(sft: tuple[float, int] | None, grpo: tuple[float, int] | None) -> bool | None:
